@@ -1,0 +1,453 @@
+"""What both cgroup backends share: the limits record, the key rule and the interface.
+
+Nothing here knows a cgroup version. The backends (``_v1.py``, ``_v2.py``)
+say which directories a job has and which files hold its limits; the
+:class:`Backend` base class lists, empties, kills and removes them the same
+way for both. File access lives in ``_fs.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+
+from geco import log
+from geco.cgroup._fs import (
+    cgroup_error,
+    poll_until,
+    proc_cgroups,
+    read_pids,
+    remove_tree,
+    signal_pid,
+    walk_dirs,
+)
+from geco.errors import CgroupError
+
+__all__ = ["Backend", "Limits", "check_key", "check_name", "is_under", "job_key", "warn_once"]
+
+_log = log.get("cgroup")
+
+# Job and task ids are decimal without leading zeros, so one job has exactly
+# one directory name ("42.1", never "042.1"), and nothing like "..", "/" or a
+# newline can reach a path.
+_KEY_RE = re.compile(r"(0|[1-9][0-9]{0,18})\.(0|[1-9][0-9]{0,18})")
+# The kernel's list syntax for cpuset.cpus / cpuset.mems: "0-3,8,10-11".
+_LIST_RE = re.compile(r"[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*")
+# kill() repeats its sweep while new pids keep appearing (a forking job); a
+# SIGKILLed process cannot fork again, so this bound is never reached in practice.
+_KILL_ROUNDS = 100
+
+_warned: set[str] = set()
+
+
+def warn_once(key: str, msg: str, *args: object) -> None:
+    """Log a warning about a node-wide condition once per process (not once per job)."""
+    if key not in _warned:
+        _warned.add(key)
+        _log.warning(msg, *args)
+
+
+def check_key(key: str) -> str:
+    """Return ``key`` when it names a job cgroup, else raise.
+
+    Parameters
+    ----------
+    key:
+        ``"<job>.<task>"``, both decimal without leading zeros (``"42.1"``).
+
+    Raises
+    ------
+    CgroupError
+        when the key is anything else (``"../x"``, ``"1/2"``, ``"."``, ``""``).
+    """
+    if not isinstance(key, str) or _KEY_RE.fullmatch(key) is None:
+        raise CgroupError("a job cgroup key must be <job>.<task> in decimal digits "
+                          f"without leading zeros (e.g. 42.1), got {key!r}")
+    return key
+
+
+def job_key(job: int, task: int) -> str:
+    """Return the cgroup key of array task ``task`` of job ``job`` (``job_key(42, 1) == "42.1"``).
+
+    Raises
+    ------
+    CgroupError
+        when either id is negative or not an int.
+    """
+    if isinstance(job, bool) or isinstance(task, bool) or not isinstance(job, int) \
+            or not isinstance(task, int):
+        raise CgroupError(f"job and task ids must be ints, got {job!r} and {task!r}")
+    return check_key(f"{job}.{task}")
+
+
+def check_name(name: str) -> str:
+    """Return ``name`` when it can be the GECO parent's directory name, else raise.
+
+    Raises
+    ------
+    CgroupError
+        when the name is empty, ``.``/``..``, or holds ``/`` or a NUL byte.
+    """
+    if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\0" in name:
+        raise CgroupError(f"the cgroup name must be one directory name (not '.', '..', "
+                          f"no '/'), got {name!r}")
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What the kernel enforces for one job on this node. ``0``/``""`` always mean "no limit".
+
+    Attributes
+    ----------
+    cpus:
+        Kernel list syntax (``"0-1,4"``); ``""`` = all of the GECO parent's cpus.
+    mems:
+        NUMA nodes in the same syntax; ``""`` = all of the parent's.
+    memory:
+        RAM limit in bytes (v1 ``memory.limit_in_bytes``, v2 ``memory.max``).
+    memory_swap:
+        RAM+swap limit in bytes (v1 ``memory.memsw.limit_in_bytes``; v2 expresses
+        it as ``memory.max`` plus ``memory.swap.max`` = ``memory_swap - ram``).
+    pids:
+        Maximum number of tasks (threads count), ``pids.max``.
+
+    Raises
+    ------
+    CgroupError
+        when a list is not in the kernel's syntax or a number is negative.
+    """
+
+    cpus: str = ""
+    mems: str = ""
+    memory: int = 0
+    memory_swap: int = 0
+    pids: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("cpus", "mems"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or (value and _LIST_RE.fullmatch(value) is None):
+                raise CgroupError(f"Limits.{name} must be a kernel list such as 0-3,8 "
+                                  f"or empty, got {value!r}")
+        for name in ("memory", "memory_swap", "pids"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise CgroupError(f"Limits.{name} must be a whole number >= 0 "
+                                  f"(0 = no limit), got {value!r}")
+
+    @property
+    def ram(self) -> int:
+        """The RAM limit the kernel gets: the smaller of ``memory`` and ``memory_swap``.
+
+        RAM can never exceed RAM+swap, and cgroup v1 refuses a RAM limit above
+        the memsw limit, so a RAM+swap-only request also caps RAM (0 = none).
+        """
+        given = [v for v in (self.memory, self.memory_swap) if v > 0]
+        return min(given) if given else 0
+
+
+def _key_sort(key: str) -> tuple[int, int]:
+    job, _, task = key.partition(".")
+    return int(job), int(task)
+
+
+def is_under(cgpath: str, parent: str) -> bool:
+    """True when cgroup path ``cgpath`` is ``parent`` or inside it."""
+    return cgpath == parent or cgpath.startswith(parent.rstrip("/") + "/")
+
+
+class Backend(ABC):
+    """One cgroup hierarchy layout (v1 or v2) and the GECO parent inside it.
+
+    Job cgroups live in a parent directory named after the configuration's
+    cgroup name (``GECO``); a job's key is ``"<job>.<task>"``. Every method
+    raises :class:`~geco.errors.CgroupError` (errno and path in its fields,
+    the ``OSError`` chained) and never a bare ``OSError``.
+    """
+
+    version: int
+
+    def __init__(self, name: str, proc: Path) -> None:
+        self.name = check_name(name)
+        self.proc = proc
+
+    # -- layout (per version) -------------------------------------------------
+
+    @property
+    @abstractmethod
+    def controllers(self) -> tuple[str, ...]:
+        """The controllers geco manages in this layout (``cpuset``, ``memory``, ...)."""
+
+    @abstractmethod
+    def parent_paths(self) -> dict[str, Path]:
+        """Return controller -> GECO parent directory."""
+
+    @abstractmethod
+    def paths(self, key: str) -> dict[str, Path]:
+        """Return controller -> the job's directory (for messages and tests).
+
+        Raises
+        ------
+        CgroupError
+            when the key is not ``<job>.<task>``.
+        """
+
+    @abstractmethod
+    def cgroup_paths(self, key: str) -> dict[str, str]:
+        """Return the job's paths as ``/proc/<pid>/cgroup`` shows them.
+
+        Keyed like :func:`proc_cgroups`: by v1 controller, or ``""`` for cgroup2.
+        """
+
+    @abstractmethod
+    def ensure_root(self) -> None:
+        """Create the GECO parent(s) and make the controllers usable below them.
+
+        Raises
+        ------
+        CgroupError
+            when the parent cannot be created or set up.
+        """
+
+    @abstractmethod
+    def available_cpus(self) -> str:
+        """Return the GECO parent's cpus, in kernel list syntax: what geco may hand out.
+
+        Raises
+        ------
+        CgroupError
+            when the parent does not exist (``ensure_root`` not run) or cannot be read.
+        """
+
+    @abstractmethod
+    def available_mems(self) -> str:
+        """Return the GECO parent's NUMA nodes, in kernel list syntax.
+
+        Raises
+        ------
+        CgroupError
+            when the parent does not exist or cannot be read.
+        """
+
+    @abstractmethod
+    def create(self, key: str, limits: Limits) -> None:
+        """Create the job's cgroups with ``limits``, ready for its first process.
+
+        Idempotent: an existing cgroup is kept and only the files whose value
+        differs are written, so a repeat (prolog after gecod, a retried hook)
+        is harmless and a half-made cgroup from a crash is completed. When the
+        kernel refuses a limit, directories this call created are removed
+        again, so a failed create leaves nothing behind.
+
+        Raises
+        ------
+        CgroupError
+            when the key is bad or the kernel refuses a directory or a limit.
+        """
+
+    @abstractmethod
+    def read_limits(self, key: str) -> Limits:
+        """Return the limits the kernel has for the job (for ``geco status`` and restarts).
+
+        Raises
+        ------
+        CgroupError
+            when the job's cgroup does not exist or cannot be read.
+        """
+
+    @abstractmethod
+    def add_pid(self, key: str, pid: int) -> None:
+        """Move process ``pid`` (all its threads) into the job's cgroup in every controller.
+
+        Raises
+        ------
+        CgroupError
+            when the process is gone (says so), or the kernel refuses the move.
+        """
+
+    @abstractmethod
+    def move_to_cgroups_of(self, pid: int, other_pid: int) -> None:
+        """Put process ``pid`` into the cgroups ``other_pid`` is in, in every managed controller.
+
+        The epilog uses it to step itself (and the shepherd) back out to
+        sge_execd's cgroups before it kills and removes the job's.
+
+        Raises
+        ------
+        CgroupError
+            when either process is gone or the kernel refuses the move.
+        """
+
+    @abstractmethod
+    def freeze(self, key: str, timeout: float = 10.0) -> None:
+        """Stop every process of the job and wait until the kernel reports it frozen.
+
+        Raises
+        ------
+        CgroupError
+            when there is no freezer, or the job is not frozen within ``timeout`` s.
+        """
+
+    @abstractmethod
+    def thaw(self, key: str, timeout: float = 10.0) -> None:
+        """Let the job's processes run again and wait until the kernel reports it thawed.
+
+        Raises
+        ------
+        CgroupError
+            when there is no freezer, or the job is not thawed within ``timeout`` s.
+        """
+
+    @abstractmethod
+    def kill(self, key: str) -> int:
+        """SIGKILL every process of the job; return how many processes were signalled.
+
+        Does not wait: follow with :meth:`wait_empty`. A missing cgroup is 0.
+
+        Raises
+        ------
+        CgroupError
+            when the cgroup cannot be read or written.
+        """
+
+    @abstractmethod
+    def usage(self, key: str) -> dict[str, int]:
+        """Return memory accounting of the job: only the figures this kernel provides.
+
+        Keys (bytes or counts): ``memory_peak``, ``memory_current``,
+        ``memory_max_events`` (times usage hit the limit: v1 memory.failcnt
+        plus memory.memsw.failcnt, v2 memory.events ``max``), ``oom_kill``; v1 adds ``memsw_peak`` (RAM+swap),
+        v2 adds ``swap_peak`` and ``swap_current`` (swap alone).
+
+        Raises
+        ------
+        CgroupError
+            when the job's memory cgroup does not exist or cannot be read.
+        """
+
+    # -- shared behaviour -----------------------------------------------------
+
+    def _dirs(self, key: str) -> list[Path]:
+        """The job's distinct directories (co-mounted controllers share one)."""
+        return list(dict.fromkeys(self.paths(key).values()))
+
+    def exists(self, key: str) -> bool:
+        """True when any part of the job's cgroup exists (something to use or clean up).
+
+        Raises
+        ------
+        CgroupError
+            when the key is bad.
+        """
+        return any(d.is_dir() for d in self._dirs(check_key(key)))
+
+    def keys(self) -> list[str]:
+        """Return the keys of the job cgroups that exist now (in any controller), sorted."""
+        found: set[str] = set()
+        for parent in dict.fromkeys(self.parent_paths().values()):
+            try:
+                entries = list(os.scandir(parent))
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise cgroup_error("cannot list the job cgroups", exc, path=parent) from exc
+            found.update(e.name for e in entries
+                         if e.is_dir(follow_symlinks=False) and _KEY_RE.fullmatch(e.name))
+        return sorted(found, key=_key_sort)
+
+    def pids(self, key: str) -> list[int]:
+        """Return the pids in the job's cgroup (and any sub-cgroup), in every controller.
+
+        Raises
+        ------
+        CgroupError
+            when the key is bad or a ``cgroup.procs`` cannot be read.
+        """
+        found: set[int] = set()
+        for top in self._dirs(check_key(key)):
+            for sub in walk_dirs(top):
+                found.update(read_pids(sub))
+        return sorted(found)
+
+    def contains(self, key: str, pid: int) -> bool:
+        """True when ``pid`` is in the job's cgroup (or below it) in every managed controller.
+
+        Read from ``/proc/<pid>/cgroup``: the kernel's word, not geco's memory.
+        A process that is gone is not contained.
+
+        Raises
+        ------
+        CgroupError
+            when the key is bad or ``/proc/<pid>/cgroup`` cannot be read.
+        """
+        want = self.cgroup_paths(check_key(key))
+        have = proc_cgroups(self.proc, pid)
+        if have is None:
+            return False
+        return all(k in have and is_under(have[k], path) for k, path in want.items())
+
+    def _is_member(self, key: str, pid: int) -> bool:
+        """True when ``pid`` is in the job's cgroup in at least one managed controller."""
+        have = proc_cgroups(self.proc, pid)
+        if have is None:
+            return False
+        return any(k in have and is_under(have[k], path)
+                   for k, path in self.cgroup_paths(key).items())
+
+    def _sigkill_all(self, key: str) -> int:
+        """SIGKILL every member until a sweep finds no new pid; return how many were signalled."""
+        seen: set[int] = set()
+        signalled = 0
+        for _ in range(_KILL_ROUNDS):
+            new = [p for p in self.pids(key) if p not in seen]
+            if not new:
+                break
+            for pid in new:
+                seen.add(pid)
+                if signal_pid(pid, signal.SIGKILL, lambda p: self._is_member(key, p)):
+                    signalled += 1
+        return signalled
+
+    def wait_empty(self, key: str, timeout: float) -> bool:
+        """Wait until no process is left in the job's cgroup; True if it emptied in time.
+
+        Raises
+        ------
+        CgroupError
+            when the key is bad or the cgroup cannot be read.
+        """
+        check_key(key)
+        return poll_until(lambda: not self.pids(key), timeout)
+
+    def destroy(self, key: str) -> None:
+        """Remove the job's cgroup in every controller; a cgroup that is already gone is fine.
+
+        Raises
+        ------
+        CgroupError
+            naming the pids left when the cgroup is not empty (nothing is
+            killed here: call :meth:`kill` and :meth:`wait_empty` first), or
+            when the kernel refuses for another reason.
+        """
+        busy: list[Path] = []
+        for top in self._dirs(check_key(key)):
+            busy.extend(remove_tree(top))
+        if busy:
+            left = self.pids(key)
+            what = (f"processes {' '.join(map(str, left))} are still in it" if left
+                    else "the kernel says it is busy although it lists no process")
+            raise CgroupError(f"cannot remove the cgroup of job {key}: {what}",
+                              key=key, pids=",".join(map(str, left)) or None, path=busy[0])
+        _log.debug("removed the cgroups of job %s", key)
+
+    def _require_dirs(self, key: str) -> None:
+        """Raise a clear error when the job has no cgroup at all."""
+        if not self.exists(key):
+            raise CgroupError(f"job {key} has no cgroup", key=key,
+                              path=next(iter(self.paths(key).values())))
+

@@ -1,0 +1,437 @@
+"""cgroup v1: one hierarchy per controller, each with its own ``GECO/<job>.<task>`` directory.
+
+Layout: ``<hierarchy mount point>/<name>/<job>.<task>`` for cpuset and memory
+(required), and freezer and pids when they are mounted. Where each controller
+is mounted comes from ``/proc/self/mountinfo``, never from a guess:
+``/sys/fs/cgroup/<ctrl>`` today, ``/cgroup/<ctrl>`` on RHEL6, co-mounted
+``cpuset,memory`` elsewhere. The configured mount only says which mount wins
+when a controller is mounted twice.
+
+Kernel rules this module is shaped by (all checked on a real kernel by
+``tests/system/test_cgroup_v1.py``):
+
+* A cpuset with empty ``cpuset.cpus`` or ``cpuset.mems`` refuses tasks
+  (ENOSPC), so both are written before anything joins.
+* ``cpuset.cpu_exclusive=1`` makes the kernel refuse a sibling whose cpus
+  overlap (EINVAL), but a cpuset may only be exclusive when its parent is
+  (EACCES otherwise). So job cpusets are exclusive only when the GECO parent
+  is, and geco makes GECO exclusive only when geco created it: an admin's
+  pre-made GECO (fewer cpus, to reserve cores) is never touched.
+* ``memory.limit_in_bytes`` may never exceed ``memory.memsw.limit_in_bytes``
+  (EINVAL), so the two writes are ordered to keep that true at every step.
+* A SIGKILLed task in a FROZEN freezer cgroup stays (state D) until thawed.
+"""
+
+from __future__ import annotations
+
+import errno
+import math
+import posixpath
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from geco import log
+from geco.cgroup._base import Backend, Limits, check_key, is_under, warn_once
+from geco.cgroup._fs import (
+    Mount,
+    make_dir,
+    poll_until,
+    proc_cgroups,
+    read_int,
+    read_keyed,
+    read_str,
+    rmdir_quietly,
+    set_value,
+    unique,
+    write_bytes,
+)
+from geco.errors import CgroupError
+
+__all__ = ["OPTIONAL", "REQUIRED", "Hierarchy", "V1Backend", "find_hierarchies"]
+
+_log = log.get("cgroup")
+
+REQUIRED = ("cpuset", "memory")
+OPTIONAL = ("freezer", "pids")
+# The kernel shows "no limit" as PAGE_COUNTER_MAX pages in bytes
+# (9223372036854771712 with 4 KiB pages); anything this large is "none".
+_UNLIMITED_FROM = 1 << 62
+# kill() freezes first so a forking job cannot outrun the sweep; a process
+# stuck in the kernel may keep the cgroup FREEZING, so do not wait long.
+_KILL_FREEZE_TIMEOUT = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Hierarchy:
+    """Where one v1 controller is mounted.
+
+    Attributes
+    ----------
+    controller: ``cpuset``, ``memory``, ``freezer`` or ``pids``.
+    mount_point: the directory the hierarchy is mounted on.
+    root: the cgroup path shown at the mount point (``/`` unless only a
+        subtree is visible); ``/proc/<pid>/cgroup`` paths start with it.
+    """
+
+    controller: str
+    mount_point: Path
+    root: str
+
+
+def find_hierarchies(mounts: Iterable[Mount], prefer: Path) -> dict[str, Hierarchy]:
+    """Return controller -> hierarchy for the v1 controllers geco uses that are mounted.
+
+    Parameters
+    ----------
+    mounts: from :func:`~geco.cgroup.parse_mountinfo`.
+    prefer: the configured cgroup mount; a controller mounted several times
+        is taken from below it first, then from the mount showing the whole
+        hierarchy (root ``/``).
+    """
+    found: dict[str, list[Mount]] = {}
+    for mount in mounts:
+        if mount.fstype != "cgroup":
+            continue
+        for ctrl in REQUIRED + OPTIONAL:
+            if ctrl in mount.super_options:
+                found.setdefault(ctrl, []).append(mount)
+
+    def rank(m: Mount) -> tuple[bool, bool]:
+        under = m.mount_point == prefer or prefer in m.mount_point.parents
+        return (not under, m.root != "/")
+
+    return {ctrl: Hierarchy(ctrl, best.mount_point, best.root)
+            for ctrl, cands in found.items()
+            for best in [min(cands, key=rank)]}
+
+
+def _limit_text(value: float) -> bytes:
+    """A memory limit as v1 takes it: bytes, or -1 for none."""
+    return b"-1" if math.isinf(value) else str(int(value)).encode("ascii")
+
+
+def _read_limit(path: Path) -> int:
+    """A v1 memory limit in bytes, 0 when unlimited."""
+    value = read_int(path)
+    return 0 if value >= _UNLIMITED_FROM else value
+
+
+class V1Backend(Backend):
+    """Job cgroups on cgroup v1 hierarchies.
+
+    Parameters
+    ----------
+    hierarchies: controller -> :class:`Hierarchy`; cpuset and memory are
+        required, freezer and pids are used when present.
+    name: the GECO parent's directory name in every hierarchy.
+    exclusive_cpus: make a geco-created GECO cpuset and the job cpusets
+        ``cpu_exclusive`` so the kernel refuses overlapping job cpus. An
+        exclusive GECO also stops any *other* cpuset on the node (docker, ...)
+        from using GECO's cpus: turn this off on nodes that need that.
+    proc: the /proc to read (tests point it elsewhere).
+
+    Raises
+    ------
+    CgroupError
+        when cpuset or memory is missing, or the name is not one directory name.
+    """
+
+    version = 1
+
+    def __init__(self, hierarchies: Mapping[str, Hierarchy], name: str = "GECO", *,
+                 exclusive_cpus: bool = True, proc: Path = Path("/proc")) -> None:
+        super().__init__(name, proc)
+        missing = [c for c in REQUIRED if c not in hierarchies]
+        if missing:
+            raise CgroupError(f"cgroup v1 needs the {' and '.join(missing)} controller "
+                              "mounted; /proc/self/mountinfo lists no such hierarchy")
+        self._hier = {c: hierarchies[c] for c in REQUIRED + OPTIONAL if c in hierarchies}
+        self.exclusive_cpus = exclusive_cpus
+
+    @classmethod
+    def from_mounts(cls, mounts: Iterable[Mount], mount: Path = Path("/sys/fs/cgroup"),
+                    name: str = "GECO", *, exclusive_cpus: bool = True,
+                    proc: Path = Path("/proc")) -> V1Backend:
+        """Build the backend from mountinfo entries (see :func:`find_hierarchies`).
+
+        Raises
+        ------
+        CgroupError
+            when cpuset or memory is not mounted.
+        """
+        return cls(find_hierarchies(mounts, mount), name, exclusive_cpus=exclusive_cpus,
+                   proc=proc)
+
+    def __repr__(self) -> str:
+        where = ", ".join(f"{c}={h.mount_point}" for c, h in self._hier.items())
+        return f"V1Backend(name={self.name!r}, {where})"
+
+    # -- layout ---------------------------------------------------------------
+
+    @property
+    def controllers(self) -> tuple[str, ...]:
+        return tuple(self._hier)
+
+    @property
+    def hierarchies(self) -> dict[str, Hierarchy]:
+        """controller -> where it is mounted."""
+        return dict(self._hier)
+
+    def parent_paths(self) -> dict[str, Path]:
+        return {c: h.mount_point / self.name for c, h in self._hier.items()}
+
+    def paths(self, key: str) -> dict[str, Path]:
+        check_key(key)
+        return {c: h.mount_point / self.name / key for c, h in self._hier.items()}
+
+    def cgroup_paths(self, key: str) -> dict[str, str]:
+        check_key(key)
+        return {c: posixpath.join(h.root, self.name, key) for c, h in self._hier.items()}
+
+    def _dir(self, ctrl: str, key: str) -> Path:
+        return self._hier[ctrl].mount_point / self.name / key
+
+    def _parent(self, ctrl: str) -> Path:
+        return self._hier[ctrl].mount_point / self.name
+
+    # -- the GECO parent ------------------------------------------------------
+
+    def ensure_root(self) -> None:
+        parents = self.parent_paths()
+        for d in unique(parents.values()):
+            created = make_dir(d)
+            if created:
+                _log.info("created the cgroup parent %s", d)
+            if d == parents["cpuset"]:
+                try:
+                    self._setup_parent_cpuset(d, created)
+                except CgroupError:
+                    if created:
+                        # an empty GECO cpuset would later look like an admin's broken one
+                        rmdir_quietly(d)
+                    raise
+
+    def _setup_parent_cpuset(self, parent: Path, created: bool) -> None:
+        """Give a geco-made GECO cpuset the root's cpus and mems; check an admin-made one."""
+        if not created:
+            for name in ("cpuset.cpus", "cpuset.mems"):
+                if not read_str(parent / name):
+                    raise CgroupError(f"the cpuset {parent} has an empty {name}, so no job "
+                                      f"could run in it; write what geco may use into it",
+                                      path=parent / name)
+            return
+        top = self._hier["cpuset"].mount_point
+        for name in ("cpuset.cpus", "cpuset.mems"):
+            set_value(parent / name, read_str(top / name))
+        if not self.exclusive_cpus:
+            return
+        try:
+            write_bytes(parent / "cpuset.cpu_exclusive", b"1")
+        except CgroupError as exc:
+            # another cpuset beside GECO shares its cpus: geco still works, the
+            # kernel just will not double-check the allocator
+            warn_once("v1-parent-exclusive",
+                      "cannot make %s cpu_exclusive (%s); job cpusets will not be "
+                      "exclusive, so only geco's allocator keeps their cpus apart",
+                      parent, exc)
+
+    def available_cpus(self) -> str:
+        return self._parent_value("cpuset.cpus")
+
+    def available_mems(self) -> str:
+        return self._parent_value("cpuset.mems")
+
+    def _parent_value(self, name: str) -> str:
+        parent = self._parent("cpuset")
+        try:
+            return read_str(parent / name)
+        except CgroupError as exc:
+            if exc.fields.get("errno") == "ENOENT":
+                raise CgroupError(f"the cpuset {parent} does not exist; gecod or the prolog "
+                                  "creates it (ensure_root)", path=parent) from exc
+            raise
+
+    def _parent_exclusive(self) -> bool:
+        if not self.exclusive_cpus:
+            return False
+        parent = self._parent("cpuset")
+        if read_str(parent / "cpuset.cpu_exclusive") == "1":
+            return True
+        warn_once("v1-parent-not-exclusive",
+                  "the cpuset %s is not cpu_exclusive, so job cpusets cannot be and the "
+                  "kernel will not refuse overlapping job cpus (geco's allocator still keeps "
+                  "them apart); write 1 to %s/cpuset.cpu_exclusive to get the kernel's check",
+                  parent, parent)
+        return False
+
+    # -- one job --------------------------------------------------------------
+
+    def create(self, key: str, limits: Limits) -> None:
+        check_key(key)
+        created: list[Path] = []
+        try:
+            for d in self._dirs(key):
+                if make_dir(d):
+                    created.append(d)
+            self._apply(key, limits)
+        except CgroupError:
+            for d in reversed(created):
+                rmdir_quietly(d)
+            raise
+        _log.debug("job %s cgroups ready (%s) with %s", key,
+                   "created" if created else "existing", limits)
+
+    def _apply(self, key: str, limits: Limits) -> None:
+        cs = self._dir("cpuset", key)
+        overlap = ("the cpus must lie within the GECO cpuset's and must not overlap "
+                   "another job's exclusive cpuset")
+        set_value(cs / "cpuset.cpus", limits.cpus or self.available_cpus(),
+                  hints={errno.EINVAL: overlap}, key=key)
+        set_value(cs / "cpuset.mems", limits.mems or self.available_mems(),
+                  hints={errno.EINVAL: "the NUMA nodes must lie within the GECO cpuset's"},
+                  key=key)
+        # "" means "all of GECO's cpus": exclusive would collide with every other job
+        if limits.cpus and self._parent_exclusive():
+            set_value(cs / "cpuset.cpu_exclusive", "1",
+                      hints={errno.EINVAL: "its cpus overlap another job's cpuset"}, key=key)
+        self._apply_memory(self._dir("memory", key), key, limits)
+        if "pids" in self._hier:
+            set_value(self._dir("pids", key) / "pids.max",
+                      str(limits.pids) if limits.pids else "max", key=key)
+        elif limits.pids:
+            warn_once("v1-no-pids", "the pids controller is not mounted: task limits "
+                      "(pids.max) are not enforced on this node")
+
+    def _apply_memory(self, md: Path, key: str, limits: Limits) -> None:
+        ram = limits.ram or math.inf
+        ram_file = md / "memory.limit_in_bytes"
+        memsw_file = md / "memory.memsw.limit_in_bytes"
+        hints = {errno.EBUSY: "the job already uses more than that and the kernel could "
+                              "not reclaim enough"}
+        if not memsw_file.exists():
+            if limits.memory_swap:
+                warn_once("v1-no-memsw",
+                          "swap accounting is off on this node (no %s; boot with "
+                          "swapaccount=1): RAM+swap limits are not enforced, only RAM",
+                          memsw_file.name)
+            write_bytes(ram_file, _limit_text(ram), hints=hints, key=key)
+            return
+        memsw = limits.memory_swap or math.inf
+        current_memsw = _read_limit(memsw_file) or math.inf
+        # RAM <= RAM+swap must hold after each write: raise the bigger one
+        # first when growing, lower the smaller one first when shrinking
+        order = [(ram_file, ram), (memsw_file, memsw)]
+        if ram > current_memsw:
+            order.reverse()
+        for path, value in order:
+            write_bytes(path, _limit_text(value), hints=hints, key=key)
+
+    def read_limits(self, key: str) -> Limits:
+        self._require_dirs(key)
+        cs, md = self._dir("cpuset", key), self._dir("memory", key)
+        memsw = md / "memory.memsw.limit_in_bytes"
+        pids = 0
+        if "pids" in self._hier:
+            text = read_str(self._dir("pids", key) / "pids.max")
+            pids = 0 if text == "max" else read_int(self._dir("pids", key) / "pids.max")
+        return Limits(cpus=read_str(cs / "cpuset.cpus"), mems=read_str(cs / "cpuset.mems"),
+                      memory=_read_limit(md / "memory.limit_in_bytes"),
+                      memory_swap=_read_limit(memsw) if memsw.exists() else 0, pids=pids)
+
+    def add_pid(self, key: str, pid: int) -> None:
+        check_key(key)
+        hints = {errno.ESRCH: f"process {pid} is gone (it exited before it could be moved)",
+                 errno.ENOENT: f"job {key} has no cgroup here (create it first)",
+                 errno.ENOSPC: "the job's cpuset has no cpus or no NUMA nodes"}
+        # cpuset first: it is the one that can refuse (ENOSPC), before memory is touched
+        for d in self._dirs(key):
+            write_bytes(d / "cgroup.procs", str(pid).encode("ascii"), hints=hints,
+                        key=key, pid=pid)
+
+    def move_to_cgroups_of(self, pid: int, other_pid: int) -> None:
+        have = proc_cgroups(self.proc, other_pid)
+        if have is None:
+            raise CgroupError(f"cannot move process {pid} to the cgroups of process "
+                              f"{other_pid}: process {other_pid} is gone", pid=pid)
+        targets = []
+        for ctrl, h in self._hier.items():
+            cgpath = have.get(ctrl)
+            if cgpath is None or not is_under(cgpath, h.root):
+                raise CgroupError(f"process {other_pid} is in no {ctrl} cgroup visible "
+                                  f"under {h.mount_point}", pid=other_pid)
+            targets.append(h.mount_point / posixpath.relpath(cgpath, h.root))
+        hints = {errno.ESRCH: f"process {pid} is gone"}
+        for d in unique(targets):
+            write_bytes(d / "cgroup.procs", str(pid).encode("ascii"), hints=hints, pid=pid)
+
+    # -- freezing and killing -------------------------------------------------
+
+    def _freezer_state(self, key: str) -> Path:
+        check_key(key)
+        if "freezer" not in self._hier:
+            raise CgroupError(f"cannot freeze or thaw job {key}: the freezer controller is "
+                              "not mounted (cgroup v1)", key=key)
+        return self._dir("freezer", key) / "freezer.state"
+
+    def _set_freezer(self, key: str, state: str, timeout: float) -> None:
+        path = self._freezer_state(key)
+        write_bytes(path, state.encode("ascii"),
+                    hints={errno.ENOENT: f"job {key} has no freezer cgroup"}, key=key)
+        # FREEZING turns into FROZEN only when the state is read again
+        if not poll_until(lambda: read_str(path) == state, timeout):
+            raise CgroupError(f"job {key} is not {state} after {timeout:g} s (freezer.state "
+                              f"says {read_str(path)}); a process may be stuck in the kernel",
+                              key=key, path=path)
+
+    def freeze(self, key: str, timeout: float = 10.0) -> None:
+        self._set_freezer(key, "FROZEN", timeout)
+
+    def thaw(self, key: str, timeout: float = 10.0) -> None:
+        self._set_freezer(key, "THAWED", timeout)
+
+    def kill(self, key: str) -> int:
+        """SIGKILL every process of the job (freezing first when the freezer is mounted).
+
+        The job is left thawed: a SIGKILLed task in a frozen v1 cgroup would
+        never exit. Returns the number of processes signalled.
+        """
+        check_key(key)
+        if not self.exists(key):
+            return 0
+        frozen = "freezer" in self._hier and self._dir("freezer", key).is_dir()
+        if frozen:
+            try:
+                self.freeze(key, _KILL_FREEZE_TIMEOUT)
+            except CgroupError as exc:
+                _log.warning("killing job %s without a complete freeze: %s", key, exc)
+        try:
+            count = self._sigkill_all(key)
+        finally:
+            if frozen:
+                self.thaw(key)
+        _log.debug("sent SIGKILL to %d processes of job %s", count, key)
+        return count
+
+    def usage(self, key: str) -> dict[str, int]:
+        check_key(key)
+        md = self._dir("memory", key)
+        if not md.is_dir():
+            raise CgroupError(f"job {key} has no memory cgroup", key=key, path=md)
+        out: dict[str, int] = {}
+        for name, file in (("memory_peak", "memory.max_usage_in_bytes"),
+                           ("memory_current", "memory.usage_in_bytes"),
+                           ("memory_max_events", "memory.failcnt"),
+                           ("memsw_peak", "memory.memsw.max_usage_in_bytes")):
+            if (md / file).exists():
+                out[name] = read_int(md / file)
+        # a charge that fails is counted once, by whichever counter refused it:
+        # memsw is tried first, so a RAM+swap limit shows only in memsw.failcnt
+        if "memory_max_events" in out and (md / "memory.memsw.failcnt").exists():
+            out["memory_max_events"] += read_int(md / "memory.memsw.failcnt")
+        if (md / "memory.oom_control").exists():
+            oom = read_keyed(md / "memory.oom_control")
+            if "oom_kill" in oom:  # Linux >= 4.13
+                out["oom_kill"] = oom["oom_kill"]
+        return out
+

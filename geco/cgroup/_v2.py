@@ -1,0 +1,310 @@
+"""cgroup v2: one unified hierarchy; job cgroups are leaves under one base directory.
+
+Layout: ``<base>/<job>.<task>``, where the base is ``<mount>/<name>`` by
+default. Under systemd the base must be inside a subtree gecod owns
+(``Delegate=yes``), e.g. ``/sys/fs/cgroup/system.slice/gecod.service/jobs``,
+because systemd rewrites ``cgroup.subtree_control`` of cgroups it considers
+its own (it may drop ``+cpuset`` on a daemon-reload).
+
+Kernel rules this module is shaped by (checked in the QEMU machine by
+``tests/vm/test_cgroup_v2.py``):
+
+* "No internal processes": a cgroup that hands controllers to its children
+  (``cgroup.subtree_control``) may not hold processes itself (EBUSY), the
+  root excepted. Job cgroups are leaves; the base and its ancestors only
+  pass controllers down.
+* An empty ``cpuset.cpus`` means "inherit the parent's"; it is written as a
+  lone newline (a zero-length write is ignored).
+* Memory: ``memory.max`` caps RAM and ``memory.swap.max`` caps swap alone.
+  geco's ``memory_swap`` is RAM+swap, so ``memory.max`` = ``Limits.ram``
+  (the smaller of the two requests) and ``memory.swap.max`` =
+  ``memory_swap - ram``: RAM+swap never exceeds ``memory_swap``, the same
+  bound cgroup v1's memsw gives. With only ``memory_swap`` requested that
+  is ``memory.max = memory_swap`` and no swap at all (v1 would let swap take
+  part of the same total; v2 cannot express a shared total). Without a
+  ``memory_swap`` request, swap is unlimited, as on v1.
+* A frozen process still dies of SIGKILL, and ``cgroup.kill`` (Linux 5.14)
+  kills the whole subtree atomically, forks included.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import posixpath
+from pathlib import Path
+
+from geco import log
+from geco.cgroup._base import Backend, Limits, check_key, is_under, warn_once
+from geco.cgroup._fs import (
+    make_dir,
+    poll_until,
+    proc_cgroups,
+    read_int,
+    read_keyed,
+    read_str,
+    rmdir_quietly,
+    set_value,
+    write_bytes,
+)
+from geco.errors import CgroupError
+
+__all__ = ["OPTIONAL", "REQUIRED", "V2Backend"]
+
+_log = log.get("cgroup")
+
+REQUIRED = ("cpuset", "memory")
+OPTIONAL = ("pids",)
+_KILL_FREEZE_TIMEOUT = 5.0
+
+
+def _max_value(path: Path) -> int:
+    """A v2 limit file (``max`` or bytes/count) as an int, 0 for ``max``."""
+    return 0 if read_str(path) == "max" else read_int(path)
+
+
+class V2Backend(Backend):
+    """Job cgroups on a cgroup2 (unified) hierarchy.
+
+    Parameters
+    ----------
+    mount_point: where cgroup2 is mounted (``/sys/fs/cgroup``).
+    name: the GECO parent's name; the base is ``<mount_point>/<name>`` unless
+        ``base`` is given.
+    base: the directory job cgroups are created in (must lie below
+        ``mount_point``), e.g. a subtree delegated to gecod by systemd.
+    mount_root: the cgroup path shown at ``mount_point`` (from mountinfo; ``/``
+        unless only a subtree is visible).
+    proc: the /proc to read.
+
+    Raises
+    ------
+    CgroupError
+        when the base is not below the mount, or cpuset or memory is not
+        available in ``<mount_point>/cgroup.controllers``.
+    """
+
+    version = 2
+
+    def __init__(self, mount_point: Path = Path("/sys/fs/cgroup"), name: str = "GECO", *,
+                 base: Path | None = None, mount_root: str = "/",
+                 proc: Path = Path("/proc")) -> None:
+        super().__init__(name, proc)
+        self.mount_point = Path(os.path.normpath(mount_point))
+        self.base = Path(os.path.normpath(base)) if base is not None \
+            else self.mount_point / self.name
+        if self.mount_point not in self.base.parents:
+            raise CgroupError(f"the cgroup base must be a directory below {self.mount_point}, "
+                              f"got {str(self.base)!r}", path=self.base)
+        self.mount_root = mount_root
+        available = read_str(self.mount_point / "cgroup.controllers").split()
+        missing = [c for c in REQUIRED if c not in available]
+        if missing:
+            raise CgroupError(f"cgroup v2 at {self.mount_point} lacks the "
+                              f"{' and '.join(missing)} controller (cgroup.controllers has: "
+                              f"{' '.join(available) or 'nothing'})",
+                              path=self.mount_point / "cgroup.controllers")
+        self._controllers = REQUIRED + tuple(c for c in OPTIONAL if c in available)
+
+    def __repr__(self) -> str:
+        return f"V2Backend(base={str(self.base)!r}, controllers={self._controllers})"
+
+    # -- layout ---------------------------------------------------------------
+
+    @property
+    def controllers(self) -> tuple[str, ...]:
+        return self._controllers
+
+    def parent_paths(self) -> dict[str, Path]:
+        return dict.fromkeys(self._controllers, self.base)
+
+    def paths(self, key: str) -> dict[str, Path]:
+        return dict.fromkeys(self._controllers, self.base / check_key(key))
+
+    def cgroup_paths(self, key: str) -> dict[str, str]:
+        rel = self.base.relative_to(self.mount_point).as_posix()
+        return {"": posixpath.join(self.mount_root, rel, check_key(key))}
+
+    def _dir(self, key: str) -> Path:
+        return self.base / check_key(key)
+
+    # -- the base -------------------------------------------------------------
+
+    def ensure_root(self) -> None:
+        d = self.mount_point
+        for part in self.base.relative_to(self.mount_point).parts:
+            self._enable_controllers(d)
+            d = d / part
+            if make_dir(d):
+                _log.info("created the cgroup parent %s", d)
+        self._enable_controllers(self.base)
+
+    def _enable_controllers(self, d: Path) -> None:
+        """Add the managed controllers missing from ``d``'s ``cgroup.subtree_control``."""
+        path = d / "cgroup.subtree_control"
+        enabled = read_str(path).split()
+        missing = [c for c in self._controllers if c not in enabled]
+        if not missing:
+            return
+        write_bytes(path, " ".join(f"+{c}" for c in missing).encode("ascii"), hints={
+            errno.EBUSY: f"{d} holds processes itself, and cgroup v2 passes controllers "
+                         "only through cgroups without processes ('no internal processes'): "
+                         "move them into a leaf cgroup, or choose another base",
+            errno.ENOENT: f"a controller is not available in {d}/cgroup.controllers: "
+                          "enable it in the parent, or have systemd delegate it "
+                          "(Delegate=yes)"})
+        _log.info("enabled %s in %s", " ".join(missing), path)
+
+    def available_cpus(self) -> str:
+        return self._base_value("cpuset.cpus.effective")
+
+    def available_mems(self) -> str:
+        return self._base_value("cpuset.mems.effective")
+
+    def _base_value(self, name: str) -> str:
+        try:
+            return read_str(self.base / name)
+        except CgroupError as exc:
+            if exc.fields.get("errno") == "ENOENT":
+                raise CgroupError(f"{self.base}/{name} does not exist; the base must be "
+                                  "created with cpuset enabled (ensure_root)",
+                                  path=self.base / name) from exc
+            raise
+
+    # -- one job --------------------------------------------------------------
+
+    def create(self, key: str, limits: Limits) -> None:
+        d = self._dir(key)
+        created = make_dir(d)
+        try:
+            self._apply(d, key, limits)
+        except CgroupError:
+            if created:
+                rmdir_quietly(d)
+            raise
+        _log.debug("job %s cgroup ready (%s) with %s", key,
+                   "created" if created else "existing", limits)
+
+    def _apply(self, d: Path, key: str, limits: Limits) -> None:
+        off = (f"the controller is not enabled for the children of {self.base} "
+               "(ensure_root enables it)")
+        set_value(d / "cpuset.cpus", limits.cpus, missing_hint=off, key=key,
+                  hints={errno.EINVAL: "the cpus must lie within the base's"})
+        set_value(d / "cpuset.mems", limits.mems, missing_hint=off, key=key,
+                  hints={errno.EINVAL: "the NUMA nodes must lie within the base's"})
+        ram = limits.ram
+        set_value(d / "memory.max", str(ram) if ram else "max", missing_hint=off, key=key,
+                  hints={errno.EBUSY: "the job already uses more than that"})
+        swap = d / "memory.swap.max"
+        if swap.exists():
+            set_value(swap, str(limits.memory_swap - ram) if limits.memory_swap else "max",
+                      key=key)
+        elif limits.memory_swap:
+            warn_once("v2-no-swap", "swap accounting is off on this node (no "
+                      "memory.swap.max): RAM+swap limits are enforced as RAM limits only")
+        if "pids" in self._controllers:
+            set_value(d / "pids.max", str(limits.pids) if limits.pids else "max", key=key)
+        elif limits.pids:
+            warn_once("v2-no-pids", "the pids controller is not available: task limits "
+                      "(pids.max) are not enforced on this node")
+
+    def read_limits(self, key: str) -> Limits:
+        d = self._dir(key)
+        self._require_dirs(key)
+        memory = _max_value(d / "memory.max")
+        memory_swap = 0
+        if (d / "memory.swap.max").exists() and memory:
+            swap_text = read_str(d / "memory.swap.max")
+            if swap_text != "max":
+                memory_swap = memory + read_int(d / "memory.swap.max")
+        pids = _max_value(d / "pids.max") if "pids" in self._controllers else 0
+        return Limits(cpus=read_str(d / "cpuset.cpus"), mems=read_str(d / "cpuset.mems"),
+                      memory=memory, memory_swap=memory_swap, pids=pids)
+
+    def add_pid(self, key: str, pid: int) -> None:
+        d = self._dir(key)
+        write_bytes(d / "cgroup.procs", str(pid).encode("ascii"), key=key, pid=pid, hints={
+            errno.ESRCH: f"process {pid} is gone (it exited before it could be moved)",
+            errno.ENOENT: f"job {key} has no cgroup here (create it first)"})
+
+    def move_to_cgroups_of(self, pid: int, other_pid: int) -> None:
+        have = proc_cgroups(self.proc, other_pid)
+        if have is None:
+            raise CgroupError(f"cannot move process {pid} to the cgroup of process "
+                              f"{other_pid}: process {other_pid} is gone", pid=pid)
+        cgpath = have.get("")
+        if cgpath is None or not is_under(cgpath, self.mount_root):
+            raise CgroupError(f"process {other_pid} is in no cgroup2 cgroup visible under "
+                              f"{self.mount_point}", pid=other_pid)
+        target = self.mount_point / posixpath.relpath(cgpath, self.mount_root)
+        write_bytes(target / "cgroup.procs", str(pid).encode("ascii"), pid=pid,
+                    hints={errno.ESRCH: f"process {pid} is gone"})
+
+    # -- freezing and killing -------------------------------------------------
+
+    def _set_frozen(self, key: str, frozen: bool, timeout: float) -> None:
+        d = self._dir(key)
+        path = d / "cgroup.freeze"
+        if not path.exists():
+            self._require_dirs(key)
+            raise CgroupError(f"cannot freeze or thaw job {key}: this kernel has no "
+                              "cgroup.freeze (the v2 freezer needs Linux 5.2)", key=key)
+        want = int(frozen)
+        write_bytes(path, str(want).encode("ascii"), key=key)
+        if not poll_until(lambda: read_keyed(d / "cgroup.events").get("frozen") == want,
+                          timeout):
+            raise CgroupError(f"job {key} is not {'frozen' if frozen else 'thawed'} after "
+                              f"{timeout:g} s (cgroup.events still says frozen "
+                              f"{1 - want})", key=key, path=d / "cgroup.events")
+
+    def freeze(self, key: str, timeout: float = 10.0) -> None:
+        self._set_frozen(key, True, timeout)
+
+    def thaw(self, key: str, timeout: float = 10.0) -> None:
+        self._set_frozen(key, False, timeout)
+
+    def kill(self, key: str) -> int:
+        """SIGKILL every process of the job and its sub-cgroups.
+
+        Uses ``cgroup.kill`` when the kernel has it (it cannot miss a fork);
+        the count returned is then the processes present just before.
+        Otherwise freezes, signals every pid and thaws.
+        """
+        d = self._dir(key)
+        if not d.is_dir():
+            return 0
+        if (d / "cgroup.kill").exists():
+            count = len(self.pids(key))
+            write_bytes(d / "cgroup.kill", b"1", key=key)
+        else:
+            freezable = (d / "cgroup.freeze").exists()
+            if freezable:
+                try:
+                    self.freeze(key, _KILL_FREEZE_TIMEOUT)
+                except CgroupError as exc:
+                    _log.warning("killing job %s without a complete freeze: %s", key, exc)
+            try:
+                count = self._sigkill_all(key)
+            finally:
+                if freezable:
+                    self.thaw(key)
+        _log.debug("sent SIGKILL to %d processes of job %s", count, key)
+        return count
+
+    def usage(self, key: str) -> dict[str, int]:
+        d = self._dir(key)
+        if not d.is_dir():
+            raise CgroupError(f"job {key} has no cgroup", key=key, path=d)
+        out: dict[str, int] = {}
+        for name, file in (("memory_peak", "memory.peak"),  # Linux >= 5.19
+                           ("memory_current", "memory.current"),
+                           ("swap_peak", "memory.swap.peak"),  # Linux >= 6.5
+                           ("swap_current", "memory.swap.current")):
+            if (d / file).exists():
+                out[name] = read_int(d / file)
+        if (d / "memory.events").exists():
+            events = read_keyed(d / "memory.events")
+            for name, field in (("memory_max_events", "max"), ("oom_kill", "oom_kill")):
+                if field in events:
+                    out[name] = events[field]
+        return out

@@ -1,0 +1,139 @@
+"""The ``geco`` command.
+
+``geco rsrcinfo`` is the successor of the original ``geco-rsrcinfo``; scripts
+depend on its contract:
+
+* ``-j JOB[.TASK]`` asks the live qstat;
+* ``--xml FILE`` reads a saved ``qstat -xml -j`` (``-`` = stdin), with the
+  hosts from ``--placement FILE`` (a saved ``qstat -xml -u '*' -g t``) or
+  ``--pe-hostfile FILE``, and ``--task N``;
+* ``-u FILE`` reads a v1 resource file; ``-s FILE`` writes one;
+* ``--format text|json|shell|v1`` chooses the output.
+
+Exit status: 0 success, 2 bad input, 1 when the system failed us (qstat
+unreachable, a file that cannot be written); every failure is one line on
+stderr starting with ``geco``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from geco import __version__, qstat, rsrcinfo, statefile
+from geco import config as _config
+from geco.errors import (
+    GecoError,
+    JobNotFound,
+    QstatError,
+    QstatParseError,
+    ResourceFormatError,
+)
+from geco.resource import ResourceSet
+
+__all__ = ["main"]
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+class _Usage(Exception):
+    """A command line that cannot be run; printed as one line, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise _Usage(f"{self.prog}: {message}")
+
+
+def _job_spec(text: str) -> tuple[int, int | None]:
+    job, _, task = text.partition(".")
+    if not job.isdigit() or (task and not task.isdigit()) or int(job) == 0:
+        raise argparse.ArgumentTypeError(
+            f"JOB[.TASK] must be numbers like 42 or 42.3, got {text!r}")
+    return int(job), int(task) if task else None
+
+
+def _read_input(name: str) -> bytes:
+    if name == "-":
+        return sys.stdin.buffer.read()
+    try:
+        return Path(name).read_bytes()
+    except OSError as exc:
+        raise _Usage(f"geco rsrcinfo: cannot read {name}: {exc.strerror}") from exc
+
+
+def _rsrcinfo(args: argparse.Namespace) -> ResourceSet:
+    cfg = _config.load()
+    if args.job is not None:
+        job, task = args.job
+        return qstat.fetch(job, task or args.task or 1, cfg)
+    if args.xml is not None:
+        xml = _read_input(args.xml)
+        job_id = qstat.job_number(xml)  # an unknown job is reported before any placement
+        placement = None
+        if args.placement:
+            placement = qstat.parse_placement_gt(_read_input(args.placement), job_id,
+                                                 args.task or 1)
+        elif args.pe_hostfile:
+            placement = qstat.parse_pe_hostfile(_read_input(args.pe_hostfile))
+        return qstat.parse_job(xml, args.task or 1, placement)
+    try:
+        return ResourceSet.from_v1(_read_input(args.unserialize))
+    except ResourceFormatError as exc:
+        exc.fields.setdefault("path", args.unserialize)
+        raise
+
+
+def _build_parser() -> _Parser:
+    parser = _Parser(prog="geco", description="Grid Engine Cgroup Orchestrator")
+    parser.add_argument("--version", action="version", version=f"geco {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    ri = sub.add_parser("rsrcinfo", help="show or serialize a job's granted resources",
+                        description="Show or serialize a job's granted resources.")
+    src = ri.add_mutually_exclusive_group(required=True)
+    src.add_argument("-j", "--job", type=_job_spec, metavar="JOB[.TASK]",
+                     help="ask the live qstat about this job task")
+    src.add_argument("--xml", metavar="FILE", help="a saved `qstat -xml -j JOB` (- = stdin)")
+    src.add_argument("-u", "--unserialize", metavar="FILE", help="read a v1 resource file")
+    hosts = ri.add_mutually_exclusive_group()
+    hosts.add_argument("--placement", metavar="FILE",
+                       help="with --xml: a saved `qstat -xml -u '*' -g t` for the hosts")
+    hosts.add_argument("--pe-hostfile", metavar="FILE", help="with --xml: the job's pe_hostfile")
+    ri.add_argument("--task", type=int, metavar="N", help="array task id (default 1)")
+    ri.add_argument("-s", "--serialize", metavar="FILE", help="also write a v1 resource file")
+    ri.add_argument("--format", choices=sorted(rsrcinfo.FORMATS), default="text",
+                    help="output format (default text)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``geco`` command; return its exit status."""
+    try:
+        args = _build_parser().parse_args(argv)
+        if args.command == "rsrcinfo":
+            if args.xml is None and (args.placement or args.pe_hostfile):
+                raise _Usage("geco rsrcinfo: --placement and --pe-hostfile go with --xml")
+            rs = _rsrcinfo(args)
+            if args.serialize:
+                statefile.write_to(Path(args.serialize), rs)
+            sys.stdout.buffer.write(rsrcinfo.render(rs, args.format))
+            sys.stdout.flush()
+        return EXIT_OK
+    except _Usage as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except (JobNotFound, QstatParseError, ResourceFormatError) as exc:
+        print(f"geco rsrcinfo: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except (QstatError, GecoError) as exc:
+        print(f"geco rsrcinfo: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except BrokenPipeError:
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

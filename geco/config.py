@@ -1,0 +1,147 @@
+"""geco's configuration: one TOML file, one frozen dataclass.
+
+The file is ``/etc/geco/geco.toml`` (``$GECO_CONFIG`` overrides the path, for
+tests and for sites that keep it elsewhere). Every key, its section and its
+default are documented in ``conf/geco.toml``; this module is the single place
+that knows them.
+
+Like pam_slurm_adopt, a bad *value* never aborts: it is logged together with
+the default used instead. A file that is not valid TOML is a
+:class:`~geco.errors.ConfigError`, because nothing in it can be trusted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from geco.errors import ConfigError
+
+__all__ = ["DEFAULT_PATH", "Config", "load"]
+
+DEFAULT_PATH = Path("/etc/geco/geco.toml")
+_log = logging.getLogger("geco.config")
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Every setting, with its default. See ``conf/geco.toml`` for the prose."""
+
+    # [paths]
+    state_dir: Path = Path("/var/lib/geco")
+    execd_spool_dir: Path = Path("/var/spool/gridengine/execd")
+    # [cgroup]
+    cgroup_mount: Path = Path("/sys/fs/cgroup")
+    cgroup_name: str = "GECO"
+    cgroup_version: str = "auto"
+    # [cores]
+    hardware_threads: bool = False
+    # [qstat]
+    qstat: str = "qstat"
+    qstat_timeout: float = 30.0
+    qstat_retries: int = 3
+    # [log]
+    log_level: str = "error"
+    # [epilog]
+    kill_timeout: float = 30.0
+
+    @property
+    def resources_dir(self) -> Path:
+        """Where ``<job>.<task>`` resource files live."""
+        return self.state_dir / "resources"
+
+
+# TOML section -> the Config fields it holds.
+_SECTIONS: dict[str, tuple[str, ...]] = {
+    "paths": ("state_dir", "execd_spool_dir"),
+    "cgroup": ("cgroup_mount", "cgroup_name", "cgroup_version"),
+    "cores": ("hardware_threads",),
+    "qstat": ("qstat", "qstat_timeout", "qstat_retries"),
+    "log": ("log_level",),
+    "epilog": ("kill_timeout",),
+}
+# A key's TOML name is its field name with the section prefix dropped where that reads better.
+_TOML_NAME = {"cgroup_mount": "mount", "cgroup_name": "name", "cgroup_version": "version",
+              "qstat": "command", "qstat_timeout": "timeout", "qstat_retries": "retries",
+              "log_level": "level"}
+_CHOICES = {"cgroup_version": ("auto", "1", "2"),
+            "log_level": ("quiet", "error", "warn", "info", "debug")}
+
+
+def _coerce(name: str, value: Any, default: Any) -> Any:
+    """Return ``value`` converted to the type of ``default``, or raise ValueError."""
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ValueError(f"must be true or false, got {value!r}")
+        return value
+    if isinstance(default, Path):
+        if not isinstance(value, str) or not value.startswith("/"):
+            raise ValueError(f"must be an absolute path, got {value!r}")
+        return Path(value)
+    if isinstance(default, float):
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise ValueError(f"must be a positive number, got {value!r}")
+        return float(value)
+    if isinstance(default, int):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"must be a whole number >= 0, got {value!r}")
+        return value
+    value = str(value) if isinstance(value, int | float) else value
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"must be a non-empty string, got {value!r}")
+    choices = _CHOICES.get(name)
+    if choices and value.lower() not in choices:
+        raise ValueError(f"must be one of {', '.join(choices)}, got {value!r}")
+    return value.lower() if choices else value
+
+
+def load(path: Path | str | None = None) -> Config:
+    """Read the configuration file and return the settings.
+
+    Parameters
+    ----------
+    path:
+        The file; default ``$GECO_CONFIG`` or ``/etc/geco/geco.toml``.
+        A missing file means all defaults.
+
+    Raises
+    ------
+    ConfigError
+        if the file exists but cannot be read or is not valid TOML.
+    """
+    path = Path(path or os.environ.get("GECO_CONFIG") or DEFAULT_PATH)
+    try:
+        with path.open("rb") as f:
+            doc = tomllib.load(f)
+    except FileNotFoundError:
+        return Config()
+    except OSError as exc:
+        raise ConfigError.from_oserror("cannot read the configuration", exc, path=path) from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"the configuration is not valid TOML: {exc}", path=path) from exc
+
+    defaults = Config()
+    values: dict[str, Any] = {}
+    for section, table in doc.items():
+        names = _SECTIONS.get(section)
+        if names is None or not isinstance(table, dict):
+            _log.warning("config %s: unknown section [%s] ignored", path, section)
+            continue
+        by_toml = {_TOML_NAME.get(n, n): n for n in names}
+        for key, value in table.items():
+            name = by_toml.get(key)
+            if name is None:
+                _log.warning("config %s: unknown key %s.%s ignored", path, section, key)
+                continue
+            default = getattr(defaults, name)
+            try:
+                values[name] = _coerce(name, value, default)
+            except ValueError as exc:
+                _log.warning("config %s: %s.%s %s; using the default %r",
+                             path, section, key, exc, default)
+    return dataclasses.replace(defaults, **values)

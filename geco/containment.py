@@ -1,0 +1,140 @@
+"""Make and unmake one job's cgroups on this node.
+
+:func:`contain` turns a job's record for this host into cgroups: it picks
+whole cores (packed by :mod:`geco.cores` on the hwloc topology), sets the
+memory limits, and creates the cgroups in every managed controller.
+:func:`release` is the epilog's half: freeze, kill, thaw, wait until empty,
+remove.
+
+Core choice needs a node-wide lock: two prologs starting at the same moment
+would otherwise both see the same cores as free. The allocator's state is
+never kept in memory; it is read back from the job cpusets under the lock,
+so it survives any restart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from geco import cores, log
+from geco.cgroup import Backend, Limits
+from geco.errors import GecoError
+from geco.resource import NodeResources
+from geco.topology import Topology, format_cpulist, parse_cpulist
+
+__all__ = ["Release", "contain", "release"]
+
+_log = log.get("containment")
+
+
+@contextlib.contextmanager
+def _node_lock(state_dir: Path) -> Iterator[None]:
+    """Hold the node-wide allocation lock (an flock, released even if we crash)."""
+    state_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+    fd = os.open(state_dir / "cores.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _drop_stale(backend: Backend, active_jobs: Path | None, keep: str) -> None:
+    """Remove empty job cgroups whose job no longer runs here, so their cores come back.
+
+    Only empty ones: a cgroup with processes left is the reaper's business,
+    and its cores stay busy until it is clean.
+    """
+    if active_jobs is None or not active_jobs.is_dir():
+        return
+    for key in backend.keys():
+        if key == keep or (active_jobs / key).exists() or backend.pids(key):
+            continue
+        try:
+            backend.destroy(key)
+            job, _, task = key.partition(".")
+            _log.info("removed stale empty cgroup %s", key,
+                      extra=log.job_fields(job, task, "stale-cgroup-removed"))
+        except GecoError as exc:
+            _log.warning("cannot remove stale cgroup %s: %s", key, exc)
+
+
+def contain(key: str, node: NodeResources, backend: Backend, *, state_dir: Path,
+            hardware_threads: bool = False, topology: Topology | None = None,
+            active_jobs: Path | None = None) -> Limits:
+    """Create the job's cgroups for this node's share and return the limits applied.
+
+    Idempotent: when the job's cgroups already exist (made by an earlier hook
+    or by gecod), their limits are returned unchanged and no cores are taken.
+
+    Parameters
+    ----------
+    key: ``<job>.<task>``.
+    node: the job's record for this host (slots, memory limits).
+    backend: the cgroup backend of this host.
+    state_dir: where the node lock lives.
+    hardware_threads: one slot = one hardware thread instead of one whole core.
+    topology: the host topology (default: loaded through hwloc).
+    active_jobs: the execd's ``active_jobs`` dir, to recognise stale cgroups.
+
+    Raises
+    ------
+    CoresUnavailable
+        when this node has fewer free cores than the job's slots here.
+    CgroupError
+        when the kernel refuses a cgroup operation.
+    """
+    with _node_lock(state_dir):
+        if backend.exists(key):
+            return backend.read_limits(key)
+        _drop_stale(backend, active_jobs, keep=key)
+        busy = cores.busy_from_cpusets(backend.read_limits(k).cpus for k in backend.keys())
+        allowed = parse_cpulist(backend.available_cpus())
+        topo = topology or Topology.load()
+        chosen = cores.allocate(topo, node.slots, busy_pus=busy, allowed_pus=allowed,
+                                hardware_threads=hardware_threads)
+        limits = Limits(cpus=format_cpulist(chosen.cpus), mems=format_cpulist(chosen.mems),
+                        memory=node.memory_limit, memory_swap=node.vmem_limit)
+        backend.create(key, limits)
+        return limits
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """What the teardown of one job's cgroups found and did."""
+
+    killed: int
+    remaining: tuple[int, ...]
+    usage: dict[str, int]
+
+    @property
+    def clean(self) -> bool:
+        """True when the cgroups are gone."""
+        return not self.remaining
+
+
+def release(key: str, backend: Backend, *, timeout: float) -> Release:
+    """Kill everything left in a job's cgroups and remove them.
+
+    Freeze first so nothing can fork while it is being killed, SIGKILL every
+    member, thaw so the kills are delivered, then wait for the cgroup to
+    empty within ``timeout`` seconds before removing it. A cgroup that does
+    not empty is kept (with its pids reported), never silently leaked.
+    """
+    if not backend.exists(key):
+        return Release(0, (), {})
+    usage = backend.usage(key)
+    backend.freeze(key)
+    try:
+        killed = backend.kill(key)
+    finally:
+        backend.thaw(key)
+    if not backend.wait_empty(key, timeout):
+        return Release(killed, tuple(backend.pids(key)), usage)
+    backend.destroy(key)
+    return Release(killed, (), usage)

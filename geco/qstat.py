@@ -1,0 +1,784 @@
+"""Ask Grid Engine what one task of one job was granted: qstat XML -> ResourceSet.
+
+The hooks call :func:`fetch` once per job; everything else here is a pure
+parser over bytes, so it is tested against real qstat output
+(``tests/fixtures/qstat``, recorded on Son of Grid Engine 8.1.9).
+
+Where the facts are:
+
+* ``qstat -xml -j <job>`` (:func:`parse_job`): owner, group, name, cwd,
+  array-ness, the hard requests (``h_vmem``, ``m_mem_free``, ``h_rt``,
+  ``geco_trace_level``, ``standby*``, ``phi_config_for_user``; all per slot)
+  and the job's tasks. Univa/Altair GE and Open Cluster Scheduler also print
+  each task's granted hosts (``JAT_granted_destin_identifier_list``) and
+  granted resources per host (``grl``: ``m_mem_free``, ``nvidia_gpu``,
+  ``intel_phi``); Son of Grid Engine 8.1.9 prints neither.
+* so the placement (hosts, slots per host, master) comes from the job's
+  ``pe_hostfile`` (:func:`parse_pe_hostfile`; execd writes one for every job,
+  serial ones too) or from ``qstat -xml -u '*' -g t`` (:func:`parse_placement_gt`).
+
+qstat output is untrusted input: a job name is whatever the user typed.
+The XML parser never resolves entities, never touches the network, keeps
+libxml2's size limits and refuses any DOCTYPE (Grid Engine never prints one),
+so a "billion laughs" or an external entity is a :class:`QstatParseError`,
+never a hang or a file read. Text is decoded byte for byte: bytes that are not
+UTF-8 survive as surrogate escapes, as :mod:`geco.resource` expects.
+
+Outcomes a hook maps to an exit code (``sge_shepherd(8)``):
+
+* :class:`~geco.errors.JobNotFound` - qstat does not know the job (finished
+  or deleted): nothing to set up.
+* :class:`TaskNotRunning` (a :class:`~geco.errors.QstatError`) - the job is
+  known but this task is not running in qmaster's view (pending, or a race
+  at start or end). Like every QstatError it is transient: the prolog exits 99
+  so Grid Engine re-queues the job.
+* :class:`~geco.errors.QstatError` - qstat could not be run or failed every retry.
+* :class:`~geco.errors.QstatParseError` - qstat answered something that is not
+  what Grid Engine prints (or a value of the wrong type), naming the element.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+
+from lxml import etree
+
+from geco import log
+from geco.config import Config
+from geco.errors import JobNotFound, QstatError, QstatParseError, TaskNotRunning
+from geco.resource import NodeResources, ResourceSet, short_hostname
+from geco.units import decimal_value, parse_memory, parse_time
+
+__all__ = [
+    "Placement",
+    "TaskNotRunning",
+    "fetch",
+    "job_number",
+    "parse_job",
+    "parse_pe_hostfile",
+    "parse_placement_gt",
+    "run_qstat",
+]
+
+_log = log.get("qstat")
+
+# JB_type bit set for "-t" (array) jobs (recorded: 128 for -t, 64 for "-b y", 0 otherwise).
+_JB_TYPE_ARRAY = 0x80
+# JAT_status JIDLE: the task exists in JB_ja_tasks (e.g. held) but was never dispatched.
+_JIDLE = 0
+# Grid Engine prints INFINITY as DBL_MAX with %f; anything this big is "no limit".
+_NO_LIMIT = Decimal(2) ** 63
+# qstat runs as root from the prolog with the *job's* environment, whose PATH
+# starts with the user-writable $TMPDIR: a bare "qstat" is looked up here only.
+_SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# What qstat needs to find its cell and qmaster; nothing else of the caller's
+# environment (LD_PRELOAD from "qsub -v", HOME's .sge_qstat, ...) reaches it.
+_KEEP_ENV = ("SGE_ROOT", "SGE_CELL", "SGE_ARCH", "SGE_CLUSTER_NAME",
+             "SGE_QMASTER_PORT", "SGE_EXECD_PORT")
+_BACKOFF_CAP = 10.0        # seconds; retries sleep 1, 2, 4, 8, 10, 10, ...
+_DRAIN_TIMEOUT = 2.0       # seconds to collect output after killing a timed-out qstat
+_STDERR_SHOWN = 200        # characters of stderr's first line put into an error
+_DIGITS = re.compile(r"[0-9]+")
+_DIGITS_B = re.compile(rb"[0-9]+")
+# granted per-host resources geco uses (UGE "grl" items)
+_GRANTED = ("m_mem_free", "nvidia_gpu", "intel_phi")
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Slots one host grants a task.
+
+    Attributes
+    ----------
+    host: host name as Grid Engine prints it.
+    slots: slots on that host, summed over its queue instances.
+    is_master: True for the host that runs the job script (and the prolog).
+    """
+
+    host: str
+    slots: int
+    is_master: bool
+
+
+# ---------------------------------------------------------------------------
+# XML plumbing
+
+
+def _restore(text: str) -> str:
+    """Undo the byte-for-byte (ISO-8859-1) decoding: UTF-8 text, other bytes as surrogates."""
+    try:
+        raw = text.encode("latin-1")
+    except UnicodeEncodeError:
+        # a character reference above U+00FF (&#x263a;) is a real character already
+        raw = b"".join(bytes([ord(c)]) if ord(c) < 256 else c.encode("utf-8") for c in text)
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def _excerpt(data: bytes) -> str:
+    first = data.strip().split(b"\n", 1)[0][:80]
+    return first.decode("utf-8", "backslashreplace")
+
+
+def _parse_xml(xml: bytes, what: str) -> etree._Element:
+    """Parse untrusted qstat output; every failure is a QstatParseError naming ``what``."""
+    if not xml.strip():
+        raise QstatParseError(f"{what} is empty; expected XML")
+    if b"<!DOCTYPE" in xml:
+        # qstat never prints a DOCTYPE; one only serves to define entities (an
+        # external file, "billion laughs"), so refuse before libxml2 reads it
+        raise QstatParseError(f"{what} must not contain a DOCTYPE, got "
+                              f"{_excerpt(xml[xml.index(b'<!DOCTYPE'):])!r}")
+    # Grid Engine prints raw bytes without an encoding declaration; reading them
+    # as ISO-8859-1 maps each byte to one character so nothing is rejected or lost
+    # (_restore turns them back into UTF-8 text).
+    parser = etree.XMLParser(encoding="ISO-8859-1", resolve_entities=False, no_network=True,
+                             huge_tree=False, load_dtd=False, remove_comments=True,
+                             remove_pis=True)
+    try:
+        return etree.fromstring(xml, parser)
+    except (etree.ParseError, ValueError) as exc:
+        raise QstatParseError(f"{what} is not well-formed XML: {exc}",
+                              output=_excerpt(xml)) from exc
+
+
+def _text(parent: etree._Element, tag: str) -> str | None:
+    """Return the text of ``parent``'s child ``tag`` ("" when empty), None when absent."""
+    child = parent.find(tag)
+    if child is None:
+        return None
+    return _restore("".join(str(t) for t in child.itertext()))
+
+
+def _whole(text: str | None, element: str, *, minimum: int = 0) -> int:
+    """Return ``text`` as a whole number >= ``minimum`` or raise naming ``element``."""
+    if text is None:
+        raise QstatParseError(f"{element} is missing; expected a whole number >= {minimum}",
+                              element=element)
+    stripped = text.strip()
+    if not _DIGITS.fullmatch(stripped) or int(stripped) < minimum:
+        raise QstatParseError(f"{element} must be a whole number >= {minimum}, got {text!r}",
+                              element=element)
+    return int(stripped)
+
+
+# ---------------------------------------------------------------------------
+# placement
+
+
+def _merge(entries: Iterable[tuple[str, int, bool]]) -> list[Placement]:
+    """Sum slots per host (first appearance keeps its place), master host first."""
+    slots: dict[str, int] = {}
+    master: dict[str, bool] = {}
+    for host, count, is_master in entries:
+        slots[host] = slots.get(host, 0) + count
+        master[host] = master.get(host, False) or is_master
+    hosts = list(slots)
+    if hosts and not any(master.values()):
+        master[hosts[0]] = True
+    hosts.sort(key=lambda h: not master[h])  # stable: master first, others keep their order
+    return [Placement(h, slots[h], master[h]) for h in hosts]
+
+
+def parse_pe_hostfile(text: bytes) -> list[Placement]:
+    """Parse a ``pe_hostfile``: one ``host slots queue processors`` line per queue instance.
+
+    Parameters
+    ----------
+    text:
+        The file's bytes, e.g. ``b"vm 2 all.q@vm UNDEFINED\\n"``. The first line
+        is the master host; blank lines are ignored; a host on several lines
+        (several queue instances) gets their slots added up.
+
+    Returns
+    -------
+    list[Placement]
+        One record per host, the master first, the others in file order.
+
+    Raises
+    ------
+    QstatParseError
+        naming the line number and content of a malformed line, or when the
+        file lists no host.
+    """
+    entries: list[tuple[str, int, bool]] = []
+    for number, raw in enumerate(text.split(b"\n"), start=1):
+        fields = raw.split()
+        if not fields:
+            continue
+        if not 2 <= len(fields) <= 4 or not _DIGITS_B.fullmatch(fields[1]) or int(fields[1]) < 1:
+            shown = raw.strip().decode("utf-8", "backslashreplace")
+            raise QstatParseError(f"pe_hostfile line {number} must be 'host slots queue "
+                                  f"processors' with slots >= 1, got {shown!r}", line=number)
+        host = fields[0].decode("utf-8", "surrogateescape")
+        entries.append((host, int(fields[1]), not entries))
+    if not entries:
+        raise QstatParseError("pe_hostfile lists no host; expected 'host slots queue "
+                              "processors' lines")
+    return _merge(entries)
+
+
+def parse_placement_gt(xml: bytes, job_id: int, task_id: int) -> list[Placement]:
+    """Return the hosts and slots granted to one task, from ``qstat -xml -u '*' -g t``.
+
+    That listing has one ``job_list`` row per granted slot (``JB_job_number``,
+    ``tasks`` for array jobs, ``queue_name`` ``queue@host``, ``master``
+    MASTER/SLAVE, ``slots``). Pending rows (empty ``queue_name``) are skipped.
+
+    Parameters
+    ----------
+    xml: the command's output.
+    job_id: the job.
+    task_id: the array task; 0 or 1 for a non-array job (its rows carry no task).
+
+    Returns
+    -------
+    list[Placement]
+        The master host first; empty when the task has no running row.
+
+    Raises
+    ------
+    QstatParseError
+        if the output is not that listing or a value has the wrong type.
+    """
+    what = "qstat -xml -u '*' -g t output"
+    root = _parse_xml(xml, what)
+    if root.tag != "job_info":
+        raise QstatParseError(f"{what} must have the root element <job_info>, got <{root.tag}>")
+    want = task_id or 1
+    entries: list[tuple[str, int, bool]] = []
+    for row in root.iter("job_list"):
+        if _whole(_text(row, "JB_job_number"), "JB_job_number", minimum=1) != job_id:
+            continue
+        queue = (_text(row, "queue_name") or "").strip()
+        if not queue:
+            continue
+        tasks = _text(row, "tasks")
+        if tasks is not None and _whole(tasks, "tasks", minimum=1) != want:
+            continue
+        host = queue.partition("@")[2]
+        if not host:
+            raise QstatParseError(f"queue_name must be queue@host, got {queue!r}",
+                                  element="queue_name")
+        slots = _whole(_text(row, "slots"), "slots", minimum=1)
+        entries.append((host, slots, (_text(row, "master") or "").strip() == "MASTER"))
+    return _merge(entries)
+
+
+# ---------------------------------------------------------------------------
+# qstat -xml -j
+
+
+@dataclass(slots=True)
+class _Requests:
+    """The hard requests geco uses; memory per slot in bytes, 0 = not requested."""
+
+    h_vmem: int = 0
+    m_mem_free: int = 0
+    h_rt: float = 0.0
+    trace_level: int = 0
+    standby: bool = False
+    phi_for_user: bool = False
+
+
+@dataclass(slots=True)
+class _Job:
+    """What ``qstat -xml -j`` says about one task, before the placement is known."""
+
+    number: int
+    task: int
+    owner: str
+    group: str
+    name: str
+    cwd: str
+    is_array: bool
+    requests: _Requests
+    granted_placement: list[Placement] | None
+    # short host name -> {resource name: granted value as printed}
+    granted: dict[str, dict[str, str]] = field(default_factory=dict)
+
+
+def _is_infinity(text: str | None) -> bool:
+    return text is not None and text.strip().lower() == "infinity"
+
+
+def _request_number(req: etree._Element, name: str) -> Decimal:
+    """A numeric/boolean request: CE_doubleval (Grid Engine's own parse), else CE_stringval."""
+    for tag in ("CE_doubleval", "CE_stringval"):
+        text = _text(req, tag)
+        if text is None:
+            continue
+        if tag == "CE_stringval" and text.strip().lower() in ("true", "false"):
+            return Decimal(text.strip().lower() == "true")
+        try:
+            return decimal_value(text)
+        except ValueError:
+            raise QstatParseError(f"request {name}: {tag} must be a number, got {text!r}",
+                                  element=tag) from None
+    raise QstatParseError(f"request {name} has neither CE_doubleval nor CE_stringval",
+                          element="CE_name")
+
+
+def _request_bytes(req: etree._Element, name: str) -> int:
+    """A memory request in bytes per slot; 0 for INFINITY."""
+    if _is_infinity(_text(req, "CE_stringval")):
+        return 0
+    if _text(req, "CE_doubleval") is None:
+        # Only a CE_stringval: parse the way Grid Engine documents memory values.
+        text = _text(req, "CE_stringval") or ""
+        try:
+            return parse_memory(text) or 0
+        except ValueError as exc:
+            raise QstatParseError(f"request {name}: {exc}", element="CE_stringval") from None
+    value = _request_number(req, name)
+    if value < 0:
+        raise QstatParseError(f"request {name}: CE_doubleval must be >= 0 bytes, got {value}",
+                              element="CE_doubleval")
+    return 0 if value >= _NO_LIMIT else int(value)
+
+
+def _request_seconds(req: etree._Element, name: str) -> float:
+    """A time request in seconds; 0 for INFINITY."""
+    if _is_infinity(_text(req, "CE_stringval")):
+        return 0.0
+    if _text(req, "CE_doubleval") is None:
+        text = _text(req, "CE_stringval") or ""
+        try:
+            return parse_time(text) or 0.0
+        except ValueError as exc:
+            raise QstatParseError(f"request {name}: {exc}", element="CE_stringval") from None
+    value = _request_number(req, name)
+    if value < 0:
+        raise QstatParseError(f"request {name}: CE_doubleval must be >= 0 seconds, got {value}",
+                              element="CE_doubleval")
+    return 0.0 if value >= _NO_LIMIT else float(value)
+
+
+def _requests(job: etree._Element) -> _Requests:
+    """Read ``JB_hard_resource_list`` (items: ``qstat_l_requests`` SoGE, ``element`` UGE)."""
+    result = _Requests()
+    for req in job.iterfind("JB_hard_resource_list/*"):
+        name = (_text(req, "CE_name") or "").strip()
+        if name == "h_vmem":
+            result.h_vmem = _request_bytes(req, name)
+        elif name == "m_mem_free":
+            result.m_mem_free = _request_bytes(req, name)
+        elif name == "h_rt":
+            result.h_rt = _request_seconds(req, name)
+        elif name == "geco_trace_level":
+            # the original's log levels are 0 (quiet) .. 4 (debug); a typo must not fail the job
+            result.trace_level = min(max(int(_request_number(req, name)), 0), 4)
+        elif name.startswith("standby"):
+            result.standby = result.standby or _request_number(req, name) != 0
+        elif name == "phi_config_for_user":
+            result.phi_for_user = _request_number(req, name) != 0
+    return result
+
+
+def _is_array(job: etree._Element) -> bool:
+    """JB_type bit 0x80 (SoGE), JB_is_array (UGE), or a task range other than 1..1."""
+    jb_type = _text(job, "JB_type")
+    if jb_type is not None and _whole(jb_type, "JB_type") & _JB_TYPE_ARRAY:
+        return True
+    if (_text(job, "JB_is_array") or "").strip().lower() in ("true", "1"):
+        return True
+    task_range = job.find("JB_ja_structure/*")
+    if task_range is not None and _text(task_range, "RN_min") is not None:
+        low = _whole(_text(task_range, "RN_min"), "RN_min", minimum=1)
+        high = _whole(_text(task_range, "RN_max"), "RN_max", minimum=1)
+        return (low, high) != (1, 1)
+    return False
+
+
+def _task_element(job: etree._Element, number: int, task_id: int,
+                  is_array: bool) -> tuple[etree._Element, int]:
+    """Find the task in JB_ja_tasks (items ``ulong_sublist`` on SoGE, ``element`` on UGE)."""
+    # $ja_task_id is 0 for a non-array job, whose single task is number 1
+    want = 1 if task_id == 0 and not is_array else task_id
+    tasks = job.find("JB_ja_tasks")
+    if tasks is None or len(tasks) == 0:
+        raise TaskNotRunning(f"job {number} has no running task (it is pending, or ending)",
+                             job=number, task=want)
+    for task in tasks:
+        if _whole(_text(task, "JAT_task_number"), "JAT_task_number", minimum=1) != want:
+            continue
+        status = _text(task, "JAT_status")
+        if status is not None and _whole(status, "JAT_status") == _JIDLE:
+            raise TaskNotRunning(f"task {want} of job {number} is not dispatched yet",
+                                 job=number, task=want)
+        return task, want
+    raise TaskNotRunning(f"job {number} has no running task {want}", job=number, task=want)
+
+
+def _granted_placement(task: etree._Element) -> list[Placement] | None:
+    """Hosts from UGE/OCS ``JAT_granted_destin_identifier_list``; None when absent (SoGE).
+
+    The first entry is the master queue (qmaster builds the list that way and
+    stores it as JAT_master_queue). JG_tag_slave_job is not used: it is a
+    delivery tag qmaster sets on the first entry of *every* host, the master's
+    included, when it sends the slave containers (sge_give_jobs.c,
+    sge_job_qmaster.c), so it cannot tell the master apart.
+    """
+    gdil = task.find("JAT_granted_destin_identifier_list")
+    if gdil is None or len(gdil) == 0:
+        return None
+    entries: list[tuple[str, int, bool]] = []
+    for entry in gdil:
+        host = (_text(entry, "JG_qhostname") or "").strip()
+        if not host:
+            raise QstatParseError("JG_qhostname is missing or empty in a granted queue entry",
+                                  element="JG_qhostname")
+        slots = _whole(_text(entry, "JG_slots"), "JG_slots", minimum=1)
+        entries.append((host, slots, not entries))
+    return _merge(entries)
+
+
+def _granted_resources(task: etree._Element) -> dict[str, dict[str, str]]:
+    """Per-host granted ``m_mem_free``, ``nvidia_gpu``, ``intel_phi`` (UGE ``grl`` items).
+
+    UGE prints GRU_host, GRU_name, GRU_value. Open Cluster Scheduler names the
+    amount GRU_amount and lists RSMAP ids as RESL_value items; both are read
+    too. Keys are short host names; values are kept as printed.
+    """
+    granted: dict[str, dict[str, str]] = {}
+    for item in task.iter():
+        name = (_text(item, "GRU_name") or "").strip()
+        host = (_text(item, "GRU_host") or "").strip()
+        if name not in _GRANTED or not host:
+            continue
+        value = _text(item, "GRU_value")
+        if value is None and name == "m_mem_free":
+            value = _text(item, "GRU_amount")
+        elif value is None:
+            ids = [_restore(r.text or "").strip() for r in item.iter("RESL_value")]
+            value = ",".join(ids) if ids else None
+        if value is not None:
+            granted.setdefault(short_hostname(host), {})[name] = value.strip()
+    return granted
+
+
+def _granted_bytes(value: str, host: str) -> int:
+    """A granted m_mem_free: a plain number of bytes (OCS) or a memory value (UGE, "4.000G")."""
+    try:
+        number = decimal_value(value)
+    except ValueError:
+        try:
+            return parse_memory(value) or 0
+        except ValueError as exc:
+            raise QstatParseError(f"granted m_mem_free on {host}: {exc}",
+                                  element="GRU_value") from None
+    if number < 0:
+        raise QstatParseError(f"granted m_mem_free on {host} must be >= 0 bytes, got {value!r}",
+                              element="GRU_value")
+    return 0 if number >= _NO_LIMIT else int(number)
+
+
+def _job_element(root: etree._Element, job_id: int | None) -> etree._Element:
+    if root.tag == "unknown_jobs":
+        names = ", ".join(_restore(e.text or "").strip() for e in root.iter("ST_name"))
+        raise JobNotFound(f"Grid Engine does not know job {names or job_id} "
+                          "(finished, deleted or never submitted)", job=job_id)
+    if root.tag != "detailed_job_info":
+        raise QstatParseError("qstat -xml -j output must have the root element "
+                              f"<detailed_job_info>, got <{root.tag}>", job=job_id)
+    jobs = root.findall("djob_info/element")
+    if not jobs:
+        raise QstatParseError("qstat -xml -j output has no djob_info/element (no job in it)",
+                              job=job_id)
+    if job_id is None:
+        if len(jobs) != 1:
+            raise QstatParseError(f"qstat -xml -j output must describe one job, got {len(jobs)}")
+        return jobs[0]
+    numbers = []
+    for job in jobs:
+        number = _whole(_text(job, "JB_job_number"), "JB_job_number", minimum=1)
+        if number == job_id:
+            return job
+        numbers.append(str(number))
+    raise QstatParseError(f"qstat -xml -j output describes job {', '.join(numbers)}, "
+                          f"not job {job_id}", job=job_id)
+
+
+def job_number(xml: bytes) -> int:
+    """Return the number of the one job a ``qstat -xml -j`` document describes.
+
+    Raises
+    ------
+    JobNotFound, QstatParseError
+        as :func:`parse_job` does for the same document.
+    """
+    job = _job_element(_parse_xml(xml, "qstat -xml -j output"), None)
+    return _whole(_text(job, "JB_job_number"), "JB_job_number", minimum=1)
+
+
+def _read_job(xml: bytes, task_id: int, job_id: int | None) -> _Job:
+    if task_id < 0:
+        raise ValueError(f"task_id must be >= 0, got {task_id}")
+    root = _parse_xml(xml, "qstat -xml -j output")
+    job = _job_element(root, job_id)
+    number = _whole(_text(job, "JB_job_number"), "JB_job_number", minimum=1)
+    owner = (_text(job, "JB_owner") or "").strip()
+    if not owner:
+        raise QstatParseError("JB_owner is missing or empty; a job always has an owner",
+                              element="JB_owner", job=number)
+    is_array = _is_array(job)
+    requests = _requests(job)
+    task, task_number = _task_element(job, number, task_id, is_array)
+    return _Job(number=number, task=task_number, owner=owner,
+                group=(_text(job, "JB_group") or "").strip(),
+                name=_text(job, "JB_job_name") or "",
+                # no JB_cwd: submitted without -cwd, the job runs in the owner's $HOME
+                cwd=_text(job, "JB_cwd") or "",
+                is_array=is_array, requests=requests,
+                granted_placement=_granted_placement(task),
+                granted=_granted_resources(task))
+
+
+def _assemble(job: _Job, placement: Sequence[Placement] | None) -> ResourceSet:
+    hosts = job.granted_placement or (_merge((p.host, p.slots, p.is_master) for p in placement)
+                                      if placement else None)
+    if not hosts:
+        raise QstatParseError(
+            f"no placement for task {job.task} of job {job.number}: qstat -xml -j lists no "
+            "granted hosts (Son of Grid Engine never does); pass the job's pe_hostfile or "
+            "the rows of qstat -xml -u '*' -g t", job=job.number, task=job.task)
+    req = job.requests
+    nodes = []
+    for host in hosts:
+        granted = job.granted.get(short_hostname(host.host), {})
+        if "m_mem_free" in granted:
+            # The granted m_mem_free is the host's total, used as is (the original did
+            # the same). OCS books it as request x JG_slots per host
+            # (hpc-gridware/clusterscheduler sge_sched_thread_rsmap.cc,
+            # add_granted_resource_list); the seed's example has 2e9 for 20 slots and
+            # 1.2e9 for 12 (1e8 each); and UD's docs blame UGE 8.2's own cgroups for
+            # multiplying m_mem_free "twice" - by slots, on top of a per-host total.
+            memory = _granted_bytes(granted["m_mem_free"], host.host)
+        else:
+            memory = req.m_mem_free * host.slots
+        nodes.append(NodeResources(name=host.host, is_slave=not host.is_master,
+                                   slots=host.slots, memory_limit=memory,
+                                   vmem_limit=req.h_vmem * host.slots,
+                                   gpus=granted.get("nvidia_gpu", ""),
+                                   phis=granted.get("intel_phi", "")))
+    return ResourceSet(job_id=job.number, task_id=job.task, runtime_limit=req.h_rt,
+                       is_standby=req.standby, per_slot_vmem=req.h_vmem,
+                       trace_level=req.trace_level, is_array=job.is_array,
+                       phi_for_user=req.phi_for_user, job_name=job.name, owner=job.owner,
+                       group=job.group, cwd=job.cwd, nodes=tuple(nodes))
+
+
+def parse_job(xml: bytes, task_id: int, placement: Sequence[Placement] | None = None, *,
+              job_id: int | None = None) -> ResourceSet:
+    """Build one task's :class:`ResourceSet` from ``qstat -xml -j <job>``.
+
+    Per host: ``slots``; ``memory_limit`` = the granted ``m_mem_free`` for that
+    host when the XML has one (UGE), else the per-slot request x the host's
+    slots; ``vmem_limit`` = per-slot ``h_vmem`` x slots; GPUs/Phis as granted
+    (UGE only). Requests absent from the XML (including complex defaults,
+    which ``qstat -j`` does not list) give 0 = no limit.
+
+    Parameters
+    ----------
+    xml:
+        The command's output.
+    task_id:
+        The array task; 0 (``$ja_task_id`` of a non-array job) means task 1.
+    placement:
+        Hosts and slots from :func:`parse_pe_hostfile` or
+        :func:`parse_placement_gt`; used when the XML has no granted host list.
+    job_id:
+        When given, the XML must describe this job.
+
+    Returns
+    -------
+    ResourceSet
+        Nodes in placement order, the master first.
+
+    Raises
+    ------
+    JobNotFound
+        the output is ``<unknown_jobs>``.
+    TaskNotRunning
+        the job is pending or has no such running task.
+    QstatParseError
+        malformed XML, a value of the wrong type (naming the element), another
+        job's XML, or no placement at all.
+    ValueError
+        if ``task_id`` is negative.
+    """
+    return _assemble(_read_job(xml, task_id, job_id), placement)
+
+
+# ---------------------------------------------------------------------------
+# running qstat
+
+
+def _command(config: Config) -> str:
+    if "/" in config.qstat:
+        return config.qstat
+    found = shutil.which(config.qstat, path=_SAFE_PATH)
+    if found is None:
+        raise QstatError(f"qstat command {config.qstat!r} not found in {_SAFE_PATH}; set "
+                         "[qstat] command in geco.toml to its full path",
+                         command=config.qstat)
+    return found
+
+
+def _environment() -> dict[str, str]:
+    env = {name: os.environ[name] for name in _KEEP_ENV if os.environ.get(name)}
+    env.update(PATH=_SAFE_PATH, LC_ALL="C", HOME="/")
+    return env
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """Kill the timed-out qstat and anything it started (its own session, see Popen)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        proc.kill()
+
+
+def _attempt(argv: list[str], timeout: float) -> tuple[bytes | None, str, int | None]:
+    """Run qstat once: (output or None, why it failed, exit status)."""
+    with subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, env=_environment(), cwd="/",
+                          start_new_session=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            # subprocess.run would kill only the direct child and then wait for EOF on
+            # the pipes, which a grandchild (wrapper scripts) keeps open: a hang.
+            _kill_group(proc)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.communicate(timeout=_DRAIN_TIMEOUT)
+            return None, f"timed out after {timeout:g} s", None
+    status = proc.returncode
+    if status == 0 and out.strip():
+        return out, "", 0
+    if status < 0:
+        try:
+            why = f"killed by signal {signal.Signals(-status).name}"
+        except ValueError:
+            why = f"killed by signal {-status}"
+    else:
+        why = f"exit status {status}"
+    line = err.strip().split(b"\n", 1)[0].decode("utf-8", "backslashreplace")[:_STDERR_SHOWN]
+    if status == 0:
+        why += " but no output"
+    why += f", stderr: {line}" if line else ", no stderr"
+    return None, why, status
+
+
+def run_qstat(args: list[str], config: Config, *,
+              sleep: Callable[[float], None] = time.sleep) -> bytes:
+    """Run ``qstat`` with ``args`` and return its standard output.
+
+    The command is ``[config.qstat, *args]`` as an argv list (never a shell),
+    with stdin ``/dev/null``, cwd ``/``, its own session, and a clean
+    environment: the ``SGE_*`` variables qstat needs, a fixed system PATH
+    (a bare ``qstat`` is looked up only there), ``LC_ALL=C``.
+
+    Each attempt may take ``config.qstat_timeout`` seconds (then qstat and its
+    children are killed). A timeout, a non-zero exit (qmaster down, commlib
+    errors such as "can't connect") or empty output is retried
+    ``config.qstat_retries`` times, sleeping 1, 2, 4, ... seconds (at most 10)
+    in between.
+
+    Parameters
+    ----------
+    args: qstat's arguments, e.g. ``["-xml", "-j", "42"]``.
+    config: settings (``qstat``, ``qstat_timeout``, ``qstat_retries``).
+    sleep: the sleep function (tests pass a recorder).
+
+    Returns
+    -------
+    bytes
+        The output of the first successful attempt.
+
+    Raises
+    ------
+    QstatError
+        at once when qstat cannot be executed (not found, not executable);
+        after the last retry naming the command, the attempts, the last exit
+        status and the first line of its stderr.
+    """
+    argv = [_command(config), *args]
+    attempts = config.qstat_retries + 1
+    why, status = "", None
+    for attempt in range(1, attempts + 1):
+        try:
+            out, why, status = _attempt(argv, config.qstat_timeout)
+        except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
+            raise QstatError.from_oserror(f"cannot execute {argv[0]}", exc,
+                                          command=argv[0]) from exc
+        except OSError as exc:
+            # fork/exec ran out of something (EAGAIN, ENOMEM): may pass, so retry
+            out, why, status = None, f"cannot start: {exc}", None
+        if out is not None:
+            return out
+        if attempt < attempts:
+            delay = min(2.0 ** (attempt - 1), _BACKOFF_CAP)
+            _log.warning("%s failed (%s); attempt %d of %d, retrying in %g s",
+                         shlex.join(argv), why, attempt, attempts, delay)
+            sleep(delay)
+    raise QstatError(f"{shlex.join(argv)} failed {attempts} time(s); last: {why}",
+                     attempts=attempts, exit_status=status)
+
+
+def fetch(job_id: int, task_id: int, config: Config, pe_hostfile: Path | None = None, *,
+          sleep: Callable[[float], None] = time.sleep) -> ResourceSet:
+    """Ask Grid Engine for one task's resources: the only call the hooks make.
+
+    Runs ``qstat -xml -j <job>`` once (with :func:`run_qstat`'s retries). The
+    placement comes from the XML when it has one (UGE/OCS), else from
+    ``pe_hostfile`` when given and readable, else from
+    ``qstat -xml -u '*' -g t`` (a second qstat call listing every running job).
+
+    Parameters
+    ----------
+    job_id: the job.
+    task_id: ``$ja_task_id`` (0 for a non-array job).
+    config: settings for running qstat.
+    pe_hostfile: the job's ``pe_hostfile`` (``$PE_HOSTFILE`` or
+        ``active_jobs/<job>.<task>/pe_hostfile``), if known.
+    sleep: the sleep function between retries (tests pass a recorder).
+
+    Returns
+    -------
+    ResourceSet
+
+    Raises
+    ------
+    JobNotFound, TaskNotRunning, QstatError, QstatParseError
+        as described for :func:`parse_job` and :func:`run_qstat`.
+    """
+    job = _read_job(run_qstat(["-xml", "-j", str(job_id)], config, sleep=sleep), task_id,
+                    job_id)
+    if job.granted_placement:
+        return _assemble(job, None)
+    placement: list[Placement] | None = None
+    if pe_hostfile is not None:
+        try:
+            placement = parse_pe_hostfile(pe_hostfile.read_bytes())
+        except (OSError, QstatParseError) as exc:
+            _log.warning("job %s.%s: cannot use %s (%s); asking qstat -g t instead",
+                         job.number, job.task, pe_hostfile, exc,
+                         extra=log.job_fields(job.number, job.task, "pe-hostfile-unusable"))
+    if placement is None:
+        listing = run_qstat(["-xml", "-u", "*", "-g", "t"], config, sleep=sleep)
+        placement = parse_placement_gt(listing, job.number, job.task)
+        if not placement:
+            raise TaskNotRunning(f"task {job.task} of job {job.number} is not running "
+                                 "according to qstat -g t", job=job.number, task=job.task)
+    return _assemble(job, placement)

@@ -1,0 +1,150 @@
+"""What a hook learns from Grid Engine on the node: ids, the spool dir, the shepherd.
+
+Grid Engine hands its hooks the job in three places (see ``sge_shepherd(8)``
+and the recorded dumps in ``shared/fixtures/hooks``):
+
+* the command line configured in the queue (``$job_id $ja_task_id``);
+* the job environment (``JOB_ID``, ``SGE_TASK_ID`` = ``undefined`` for
+  non-array jobs, ``SGE_JOB_SPOOL_DIR``);
+* files in the job's execd spool dir ``active_jobs/<job>.<task>``: ``config``
+  (key=value), ``pe_hostfile`` (present for every job, serial ones too),
+  ``pid`` (the shepherd's pid), ``environment``.
+
+Non-array jobs are task 1 everywhere geco names them (SGE itself says
+``ja_task_id=0`` and ``SGE_TASK_ID=undefined`` but spools them as ``<job>.1``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from geco.errors import GecoError
+
+__all__ = ["JobRef", "find_shepherd", "job_from_hook", "proc_comm", "proc_ppid", "read_config"]
+
+
+@dataclass(frozen=True, slots=True)
+class JobRef:
+    """One task of one job, as a hook sees it."""
+
+    job_id: int
+    task_id: int
+    spool_dir: Path | None = None
+
+    @property
+    def key(self) -> str:
+        """``<job>.<task>``: the name of the job's cgroups and resource file."""
+        return f"{self.job_id}.{self.task_id}"
+
+    @property
+    def pe_hostfile(self) -> Path | None:
+        """The spooled ``pe_hostfile`` (it lists this job's hosts and slots)."""
+        return self.spool_dir / "pe_hostfile" if self.spool_dir else None
+
+
+def _task_number(text: str) -> int:
+    # SGE says 0 (queue argument) or "undefined" (environment) for non-array jobs
+    if text in ("", "0", "undefined"):
+        return 1
+    return _positive("task id", text)
+
+
+def _positive(what: str, text: str) -> int:
+    if not text.isdigit() or int(text) <= 0:
+        raise GecoError(f"{what} must be a positive number, got {text!r}")
+    return int(text)
+
+
+def job_from_hook(argv: Sequence[str], env: Mapping[str, str]) -> JobRef:
+    """Return the job a hook runs for.
+
+    Parameters
+    ----------
+    argv: the hook's arguments: ``[job_id [ja_task_id]]`` (the queue's ``$job_id $ja_task_id``);
+        empty means "from the environment".
+    env: the hook's environment (``JOB_ID``, ``SGE_TASK_ID``, ``SGE_JOB_SPOOL_DIR``).
+
+    Raises
+    ------
+    GecoError
+        when no job id can be found or an id is not a positive number.
+    """
+    job_text = argv[0] if argv else env.get("JOB_ID", "")
+    if not job_text:
+        raise GecoError("no job id: give $job_id as the first argument or run under Grid Engine")
+    task_text = argv[1] if len(argv) > 1 else env.get("SGE_TASK_ID", "")
+    spool = env.get("SGE_JOB_SPOOL_DIR")
+    return JobRef(_positive("job id", job_text), _task_number(task_text),
+                  Path(spool) if spool else None)
+
+
+def read_config(spool_dir: Path) -> dict[str, str]:
+    """Parse the spooled ``config`` file (``key=value`` lines) of a job."""
+    try:
+        data = (spool_dir / "config").read_bytes()
+    except OSError as exc:
+        raise GecoError.from_oserror("cannot read the job's spooled config", exc,
+                                     path=spool_dir / "config") from exc
+    out: dict[str, str] = {}
+    for line in data.split(b"\n"):
+        key, sep, value = line.partition(b"=")
+        if sep:
+            out[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
+    return out
+
+
+def proc_comm(pid: int) -> str:
+    """Return ``/proc/<pid>/comm`` ("" when the process is gone)."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_bytes().rstrip(b"\n").decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def proc_ppid(pid: int) -> int:
+    """Return the parent pid from ``/proc/<pid>/stat`` (0 when the process is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return 0
+    # split after the last ')' so a command name with spaces or parens cannot shift fields
+    fields = stat[stat.rindex(b")") + 2:].split()
+    return int(fields[1])
+
+
+def find_shepherd(job: JobRef, pid: int | None = None) -> int:
+    """Return the pid of this job's ``sge_shepherd``, verified through /proc.
+
+    The hook's parent must be an ``sge_shepherd`` whose working directory is
+    this job's spool dir and whose pid is the one SGE spooled in ``pid``;
+    anything else (a hook run by hand, a foreign parent) is refused, because
+    the caller is about to put that process into the job's cgroups.
+
+    Raises
+    ------
+    GecoError
+        naming the parent and the check it failed.
+    """
+    parent = proc_ppid(pid or os.getpid())
+    comm = proc_comm(parent)
+    if not comm.startswith("sge_shepherd"):
+        raise GecoError("the hook's parent is not an sge_shepherd", ppid=parent, comm=comm,
+                        job=job.key)
+    if job.spool_dir is None:
+        raise GecoError("SGE_JOB_SPOOL_DIR is not set; cannot verify the shepherd", job=job.key)
+    try:
+        cwd = Path(os.readlink(f"/proc/{parent}/cwd"))
+        spooled = int((job.spool_dir / "pid").read_bytes().strip() or b"0")
+    except (OSError, ValueError) as exc:
+        raise GecoError("cannot verify the shepherd through /proc and the spool dir",
+                        ppid=parent, job=job.key, error=exc) from exc
+    # the spool dir comes from the job's environment, which its owner can set: only
+    # trust it when it is named after this job and it is where the shepherd runs
+    if job.spool_dir.name != job.key or cwd != job.spool_dir.resolve() or spooled != parent:
+        raise GecoError("the hook's parent is not this job's shepherd", ppid=parent,
+                        shepherd_cwd=cwd, spool_dir=job.spool_dir, spooled_pid=spooled,
+                        job=job.key)
+    return parent

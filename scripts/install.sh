@@ -1,0 +1,178 @@
+#!/usr/bin/env bash
+# install.sh -- deploy geco from this checkout onto this node (Debian 12, root).
+#
+#   scripts/install.sh
+#
+# Idempotent; a re-run on an installed node only rebuilds and reinstalls geco itself.
+#   1. Debian packages (apt-get update + install only when one is missing)
+#   2. /opt/geco/venv from the system python (/usr/bin/python3)
+#   3. geco + its [test] extra into the venv (a normal, non-editable install: what
+#      the hooks run as root *and as the job owner*)
+#   4. the cffi hwloc extension built in place, for tests that import the checkout
+#   5. sge_hooks/* -> /opt/geco/libexec/ (the paths the queue configuration names)
+#   6. conf/geco.toml -> /etc/geco/geco.toml, only if there is none yet
+#
+# Environment: GECO_PREFIX (default /opt/geco) -- only for experiments: the queue
+# configuration and the hook wrappers name /opt/geco.
+set -euo pipefail
+
+# Job owners execute the venv and the hooks: nothing we create may be private to root.
+umask 022
+export DEBIAN_FRONTEND=noninteractive
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:$PATH
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
+PREFIX=${GECO_PREFIX:-/opt/geco}
+VENV=$PREFIX/venv
+PY=$VENV/bin/python
+# The system interpreter, never a pyenv/conda one from root's PATH: those live under
+# /root (unreadable for job owners) and vanish with root's dotfiles.
+SYSTEM_PY=/usr/bin/python3
+
+PACKAGES=(
+  python3-venv python3-dev gcc pkg-config  # venv + C builds (systemd-python, cffi extension)
+  libhwloc-dev hwloc                       # topology (geco._hwloc_cffi, lstopo)
+  libsodium-dev                            # signed quarantine messages (preload, gecod)
+  libsystemd-dev systemd                   # systemd-python build; journald + journalctl
+  openssh-server                           # ssh adoption tests
+  netbase procps psmisc util-linux         # /etc/services, ps/pkill, fuser, runuser/setsid
+  ca-certificates                          # pip over https
+)
+
+T0=$(date +%s%N)
+log() { local ms=$(( ($(date +%s%N) - T0) / 1000000 )); printf '[install %3d.%01ds] %s\n' $((ms / 1000)) $(((ms % 1000) / 100)) "$*"; }
+die() { echo "[install] ERROR: $*" >&2; exit 1; }
+
+[ "$(id -u)" = 0 ] || die "must run as root (it installs Debian packages and writes $PREFIX)"
+[ -f "$REPO/pyproject.toml" ] || die "no pyproject.toml in $REPO: run the script from a geco checkout"
+
+# One install at a time: two test runs (CI + a developer, two checkouts) would
+# otherwise pip into the same venv at once.
+mkdir -p /run/lock
+exec 9>/run/lock/geco-install.lock
+flock 9
+
+TMPD=$(mktemp -d /tmp/geco-install.XXXXXX)
+cleanup() {
+  [ -n "${POLICY_RC_ADDED:-}" ] && rm -f /usr/sbin/policy-rc.d
+  rm -rf "$TMPD"
+}
+trap cleanup EXIT
+
+# ---------------------------------------------------------------------------
+# 1. Debian packages
+# ---------------------------------------------------------------------------
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  log "packages: installing ${missing[*]}"
+  # Package postinsts (openssh-server, ...) start their daemons through invoke-rc.d
+  # when no policy forbids it. Tests start exactly the daemons they need, from a
+  # clean environment, so forbid that for the duration of this install.
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
+    chmod 0755 /usr/sbin/policy-rc.d
+    POLICY_RC_ADDED=1
+  fi
+  apt-get update -q >"$TMPD/apt.log" 2>&1 || { cat "$TMPD/apt.log" >&2; die "apt-get update failed"; }
+  apt-get install -y -q --no-install-recommends "${missing[@]}" >>"$TMPD/apt.log" 2>&1 \
+    || { cat "$TMPD/apt.log" >&2; die "apt-get install failed"; }
+  log "packages: done"
+else
+  log "packages: all ${#PACKAGES[@]} present"
+fi
+
+# ---------------------------------------------------------------------------
+# 2. venv
+# ---------------------------------------------------------------------------
+venv_ok() {
+  [ -x "$PY" ] && grep -qx 'home = /usr/bin' "$VENV/pyvenv.cfg" 2>/dev/null \
+    && "$PY" -c 'import pip' 2>/dev/null
+}
+if venv_ok; then
+  log "venv: $VENV present ($("$PY" -V 2>&1))"
+else
+  # a venv made from another interpreter (or half-made) is replaced, not patched
+  [ -e "$VENV" ] && log "venv: $VENV not made from $SYSTEM_PY (or broken): recreating"
+  rm -rf "$VENV"
+  mkdir -p "$PREFIX"
+  "$SYSTEM_PY" -m venv "$VENV"
+  log "venv: created $VENV from $SYSTEM_PY ($("$PY" -V 2>&1))"
+fi
+
+# ---------------------------------------------------------------------------
+# 3. geco into the venv
+# ---------------------------------------------------------------------------
+# pip is used with whatever configuration this node has (index mirrors, find-links,
+# constraints in /etc/pip.conf, /etc/xdg/pip, ~/.config/pip, PIP_*): an admin's
+# mirror settings are to be honoured, and nothing here depends on them.
+pip() { "$PY" -m pip --disable-pip-version-check "$@"; }
+
+# Build requirements and runtime + test requirements come from pyproject.toml, so
+# they are written down once. They are installed as plain requirements (a no-op
+# when satisfied); geco itself is then built without build isolation from the
+# venv's own setuptools/cffi: no per-run download of a build environment.
+"$PY" - "$REPO/pyproject.toml" > "$TMPD/reqs.txt" <<'EOF'
+import sys, tomllib
+with open(sys.argv[1], "rb") as f:
+    meta = tomllib.load(f)
+reqs = list(meta.get("build-system", {}).get("requires", []))
+reqs += meta["project"].get("dependencies", [])
+reqs += meta["project"].get("optional-dependencies", {}).get("test", [])
+print("\n".join(reqs))
+EOF
+log "pip: requirements ($(paste -sd' ' "$TMPD/reqs.txt"))"
+pip install -q -r "$TMPD/reqs.txt" >"$TMPD/pip.log" 2>&1 \
+  || { cat "$TMPD/pip.log" >&2; die "pip install of the requirements failed"; }
+
+# Built in a copy: an in-tree build leaves build/ and *.egg-info behind in the
+# checkout, and two runs at once (two checkouts, CI + a developer) would share them.
+mkdir -p "$TMPD/src"
+tar -C "$REPO" --exclude=./.git --exclude=./build --exclude=./.venv --exclude='*.so' \
+    --exclude=__pycache__ --exclude='*.egg-info' -cf - . | tar -C "$TMPD/src" -xf -
+log "pip: installing geco from $REPO (non-editable)"
+pip install -q --no-deps --force-reinstall --no-build-isolation "$TMPD/src" >"$TMPD/pip.log" 2>&1 \
+  || { cat "$TMPD/pip.log" >&2; die "pip install of geco failed"; }
+log "pip: geco $("$PY" -c 'import importlib.metadata as m; print(m.version("geco"))') installed"
+
+# ---------------------------------------------------------------------------
+# 4. in-place extension for tests that import the checkout
+# ---------------------------------------------------------------------------
+if [ -f "$REPO/geco/_hwloc_build.py" ]; then
+  (cd "$REPO" && "$PY" -m geco._hwloc_build >"$TMPD/build.log" 2>&1) \
+    || { cat "$TMPD/build.log" >&2; die "in-place build of geco._hwloc_cffi failed"; }
+  log "extension: $(tail -n 1 "$TMPD/build.log")"
+fi
+
+# ---------------------------------------------------------------------------
+# 5. hooks
+# ---------------------------------------------------------------------------
+if [ -d "$REPO/sge_hooks" ] && [ -n "$(ls -A "$REPO/sge_hooks")" ]; then
+  install -d -m 0755 "$PREFIX/libexec"
+  for f in "$REPO"/sge_hooks/*; do
+    [ -f "$f" ] && install -m 0755 "$f" "$PREFIX/libexec/"
+  done
+  # a hook removed from the repo must not stay configured-and-running on the node
+  for f in "$PREFIX"/libexec/*; do
+    [ -f "$f" ] && [ ! -e "$REPO/sge_hooks/$(basename "$f")" ] && rm -f "$f" && log "hooks: removed stale $f"
+  done
+  log "hooks: $(cd "$PREFIX/libexec" && ls | paste -sd' ') in $PREFIX/libexec"
+fi
+
+# ---------------------------------------------------------------------------
+# 6. configuration
+# ---------------------------------------------------------------------------
+if [ -f "$REPO/conf/geco.toml" ]; then
+  if [ -e /etc/geco/geco.toml ]; then
+    log "config: /etc/geco/geco.toml kept (exists)"
+  else
+    install -D -m 0644 "$REPO/conf/geco.toml" /etc/geco/geco.toml
+    log "config: installed /etc/geco/geco.toml"
+  fi
+fi
+
+# Whatever umask pip or an earlier run used: job owners must read and execute it all.
+chmod -R a+rX "$PREFIX"
+log "done"

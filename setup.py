@@ -1,0 +1,3 @@
+from setuptools import setup
+
+setup(cffi_modules=["geco/_hwloc_build.py:ffibuilder"])

@@ -1,0 +1,447 @@
+"""Session fixtures that start the real services geco works with.
+
+``journal``
+    A running journald. An existing one (``/run/systemd/journal/socket`` that
+    accepts a datagram) is used as it is; otherwise ``/lib/systemd/systemd-journald``
+    is started by hand -- it needs no systemd as PID 1: it creates its sockets
+    (``socket``, ``stdout``, ``dev-log``, ``io.systemd.journal`` in
+    ``/run/systemd/journal/``) and its runtime journal in ``/run/log/journal/`` itself
+    -- and stopped again, by its pid, at session end. ``journal.entries(JOB_ID="42")``
+    returns the entries of this session that match, as journalctl's JSON objects.
+
+``sge``
+    A running single-host Grid Engine, brought up by ``integration/sge/setup.sh``
+    (returns in ~0.3 s when it already runs with the same settings). geco's hooks
+    are configured for each of ``/opt/geco/libexec/{prolog,epilog,starter}`` that
+    exists (``scripts/install.sh`` puts them there); a test that needs them calls
+    ``sge.require_hooks()`` and fails loudly when they are missing.
+
+    Lifetime: daemons that were running before the session are left running. Daemons
+    this session started are stopped at its end with ``teardown.sh --no-wait``: jobs
+    deleted and execd stopped (~2 s, so no job process outlives the session), qmaster
+    told to shut down without waiting the ~10 s it takes (setup.sh waits for it
+    should the next session come sooner). ``GECO_KEEP_SGE=1`` keeps them running
+    for quick re-runs. Sessions that overlap share one cluster: a session never stops
+    daemons another running session uses.
+
+``job_owner``
+    The unprivileged user ``gecotest`` (uid >= 1000; Grid Engine refuses jobs of
+    system accounts) with its home directory, and ``job_owner.make_dir()`` for
+    job directories it can write.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import pwd
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SGE_SETUP = REPO / "integration" / "sge" / "setup.sh"
+SGE_TEARDOWN = REPO / "integration" / "sge" / "teardown.sh"
+LIBEXEC = Path("/opt/geco/libexec")
+JOURNALD = Path("/lib/systemd/systemd-journald")
+JOURNAL_SOCKET = Path("/run/systemd/journal/socket")
+TEST_USER = "gecotest"
+SGE_SPOOL = Path("/var/spool/gridengine")
+SGE_CELL_COMMON = Path("/var/lib/gridengine/default/common")
+LOCK_DIR = Path("/run/lock")
+# What every child gets instead of pytest's environment (pyenv shims, PYTHONPATH, ...).
+CLEAN_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+             "LANG": "C.UTF-8"}
+HOOK_LINES = {
+    "prolog": "root@/opt/geco/libexec/prolog $job_id $ja_task_id",
+    "epilog": "root@/opt/geco/libexec/epilog $job_id $ja_task_id",
+    "starter": "/opt/geco/libexec/starter",
+}
+
+
+def run(argv: list[str], *, timeout: float = 60.0, check: bool = True,
+        **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    """Run a command with a clean environment; on failure raise with its whole output.
+
+    Parameters
+    ----------
+    argv: the command.
+    timeout: seconds before it is killed (subprocess.TimeoutExpired).
+    check: raise RuntimeError when it exits non-zero.
+    **kwargs: passed to subprocess.run (cwd, env, input, ...).
+
+    Returns
+    -------
+    The completed process, stdout and stderr as text.
+    """
+    kwargs.setdefault("env", CLEAN_ENV)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **kwargs)
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} exited {proc.returncode}\n"
+                           f"--- stdout\n{proc.stdout}--- stderr\n{proc.stderr}")
+    return proc
+
+
+# ---------------------------------------------------------------------------
+# shared use of a service started by one of several overlapping sessions
+# ---------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def shared_use(name: str) -> Iterator[IO[bytes]]:
+    """Hold a shared lock saying "this session uses <name>" for the with-block."""
+    LOCK_DIR.mkdir(parents=True, exist_ok=True)
+    with open(LOCK_DIR / f"geco-test-{name}.users", "ab") as lock:
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        yield lock
+
+
+def sole_user(lock: IO[bytes]) -> bool:
+    """True when no other session holds *lock* (converts our shared lock to exclusive)."""
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+# ---------------------------------------------------------------------------
+# journald
+# ---------------------------------------------------------------------------
+
+def journald_alive(path: Path = JOURNAL_SOCKET) -> bool:
+    """True when something receives datagrams on *path* (a stale socket file refuses)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
+@dataclass
+class Journal:
+    """A running journald, and the entries it got during this session."""
+
+    socket: Path
+    pid: int | None  # journald started by this session, None when it was running already
+    since: float = field(default_factory=time.time)
+
+    def sync(self) -> None:
+        """Make journald write out everything it received so far (journalctl --sync)."""
+        run(["journalctl", "--sync"], timeout=30)
+
+    def entries(self, *, since: float | None = None, **match: str | int) -> list[dict[str, Any]]:
+        """Return the journal entries that match every field, oldest first.
+
+        Parameters
+        ----------
+        since: epoch seconds; default: the start of this session (0 = everything kept).
+        **match: journal fields, e.g. ``JOB_ID="42"``, ``GECO_EVENT="cgroup-created"``.
+
+        Returns
+        -------
+        journalctl's JSON objects (values are str; repeated fields are lists).
+        """
+        self.sync()
+        start = self.since if since is None else since
+        argv = ["journalctl", "-o", "json", "--no-pager", "--since", f"@{max(start - 1, 0):.0f}"]
+        argv += [f"{key}={value}" for key, value in match.items()]
+        out = run(argv, timeout=30).stdout
+        return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+    def wait_for(self, timeout: float = 10.0, **match: str | int) -> list[dict[str, Any]]:
+        """Like :meth:`entries`, but wait until there is at least one (hooks log asynchronously).
+
+        Raises
+        ------
+        TimeoutError: nothing matched within *timeout* seconds.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            found = self.entries(**match)
+            if found:
+                return found
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no journal entry with {match} within {timeout} s")
+            time.sleep(0.2)
+
+
+def _start_journald() -> subprocess.Popen[bytes]:
+    """Start systemd-journald without systemd as PID 1 and wait for its socket."""
+    if not JOURNALD.exists():
+        pytest.fail(f"{JOURNALD} missing: run scripts/install.sh (Debian package systemd)")
+    log = open(tempfile.gettempdir() + "/geco-test-journald.log", "ab")  # noqa: SIM115
+    # Same hygiene as the Grid Engine daemons: clean environment, own session, cwd /.
+    proc = subprocess.Popen([str(JOURNALD)], env=CLEAN_ENV, cwd="/", stdin=subprocess.DEVNULL,
+                            stdout=log, stderr=log, start_new_session=True)
+    log.close()
+    deadline = time.monotonic() + 15
+    while not journald_alive():
+        if proc.poll() is not None:
+            pytest.fail(f"systemd-journald exited {proc.returncode} at start; see {log.name}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            pytest.fail(f"systemd-journald did not open {JOURNAL_SOCKET} within 15 s")
+        time.sleep(0.05)
+    return proc
+
+
+def _stop(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="session")
+def journal() -> Iterator[Journal]:
+    """A running journald for the whole session (see the module docstring)."""
+    with shared_use("journald") as lock:
+        if journald_alive():
+            yield Journal(JOURNAL_SOCKET, None)
+            return
+        run_dir_existed = JOURNAL_SOCKET.parent.exists()
+        proc = _start_journald()
+        try:
+            yield Journal(JOURNAL_SOCKET, proc.pid)
+        finally:
+            if sole_user(lock):
+                _stop(proc)
+                # Its socket files outlive it; left behind they look like a journal
+                # (geco.log checks for the socket) that refuses every message.
+                if not run_dir_existed:
+                    shutil.rmtree(JOURNAL_SOCKET.parent, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------
+# test user
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class JobOwner:
+    """An unprivileged user who submits jobs."""
+
+    name: str
+    uid: int
+    gid: int
+    home: Path
+
+    def make_dir(self, prefix: str = "job") -> Path:
+        """Create a fresh directory the user owns, under ``~/geco-tests/``, and return it."""
+        base = self.home / "geco-tests"
+        base.mkdir(mode=0o755, exist_ok=True)
+        os.chown(base, self.uid, self.gid)
+        path = Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir=base))
+        os.chown(path, self.uid, self.gid)
+        path.chmod(0o755)
+        return path
+
+
+def ensure_user(name: str) -> JobOwner:
+    """Create *name* (uid >= 1000, home dir, bash) unless it exists; return its ids."""
+    try:
+        pw = pwd.getpwnam(name)
+    except KeyError:
+        proc = run(["useradd", "-m", "-K", "UID_MIN=1000", "-K", "GID_MIN=1000",
+                    "-s", "/bin/bash", name], check=False)
+        # 9 = name in use: another session created it meanwhile, which is fine
+        if proc.returncode not in (0, 9):
+            raise RuntimeError(f"useradd {name} exited {proc.returncode}: {proc.stderr}")
+        pw = pwd.getpwnam(name)
+    if pw.pw_uid < 1000:
+        pytest.fail(f"user {name} has uid {pw.pw_uid}: Grid Engine refuses jobs of uids < 1000")
+    return JobOwner(pw.pw_name, pw.pw_uid, pw.pw_gid, Path(pw.pw_dir))
+
+
+@pytest.fixture(scope="session")
+def job_owner() -> JobOwner:
+    """The unprivileged test user ``gecotest`` (name, uid, gid, home)."""
+    return ensure_user(TEST_USER)
+
+
+# ---------------------------------------------------------------------------
+# Grid Engine
+# ---------------------------------------------------------------------------
+
+_SUBMITTED = re.compile(r"^Your job(?:-array)? (\d+)[ .]", re.MULTILINE)
+
+
+@dataclass
+class GridEngine:
+    """Helpers around the single-host cluster (all commands run as root unless stated)."""
+
+    host: str
+    hooks: frozenset[str]  # geco hooks configured in the queue: prolog, epilog, starter
+    owner: JobOwner
+    queue: str = "all.q"
+
+    def require_hooks(self) -> None:
+        """Fail the calling test unless geco's prolog, epilog and starter are configured."""
+        missing = sorted(set(HOOK_LINES) - self.hooks)
+        if missing:
+            pytest.fail(f"geco hooks not configured in {self.queue}: {', '.join(missing)} "
+                        f"missing in {LIBEXEC} (sge_hooks/ + scripts/install.sh)")
+
+    def submit(self, *qsub_args: str, cwd: Path | str | None = None,
+               user: str | None = None) -> int:
+        """Submit a job with ``qsub`` as *user* (default the test user) and return its id.
+
+        Parameters
+        ----------
+        *qsub_args: qsub's arguments as an argv list (no shell involved).
+        cwd: directory qsub runs in (what ``-cwd`` means); default the user's home.
+        user: submitting user; ``root`` submits directly.
+
+        Returns
+        -------
+        The job id (for an array job, the job id shared by its tasks).
+
+        Raises
+        ------
+        RuntimeError: qsub failed or printed no job id.
+        """
+        name = user or self.owner.name
+        argv = ["qsub", *qsub_args]
+        if name != "root":
+            # runuser sets HOME/USER/LOGNAME/SHELL; the rest is CLEAN_ENV, so nothing of
+            # pytest's environment reaches the job through qsub's SGE_O_* variables
+            argv = ["runuser", "-u", name, "--", *argv]
+        home = Path(pwd.getpwnam(name).pw_dir)
+        out = run(argv, cwd=str(cwd or home)).stdout
+        found = _SUBMITTED.search(out)
+        if not found:
+            raise RuntimeError(f"qsub printed no job id: {out!r}")
+        return int(found.group(1))
+
+    def is_known(self, job_id: int) -> bool:
+        """True while qstat lists the job (pending, running, or in error)."""
+        return run(["qstat", "-j", str(job_id)], check=False).returncode == 0
+
+    def wait_finished(self, job_id: int, timeout: float = 60.0, *,
+                      accounting: bool = True) -> list[dict[str, str]]:
+        """Wait until the job (all its tasks) has left qstat, then for its accounting.
+
+        Parameters
+        ----------
+        job_id: the job.
+        timeout: seconds for both waits together.
+        accounting: also wait until ``qacct -j`` has a record for every task (setup.sh
+            writes accounting at once, so this costs ~nothing); False for a job that
+            never ran (deleted while pending), which never gets one.
+
+        Returns
+        -------
+        The accounting records (see :meth:`accounting`), or [] without *accounting*.
+
+        Raises
+        ------
+        TimeoutError: with qstat's view of the job (its scheduling info says why).
+        """
+        deadline = time.monotonic() + timeout
+        while self.is_known(job_id):
+            if time.monotonic() > deadline:
+                detail = run(["qstat", "-j", str(job_id)], check=False).stdout
+                raise TimeoutError(f"job {job_id} still in qstat after {timeout} s:\n{detail}")
+            time.sleep(0.2)
+        if not accounting:
+            return []
+        while True:
+            records = self.accounting(job_id)
+            if records:
+                return records
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} left qstat but qacct has no record "
+                                   f"after {timeout} s")
+            time.sleep(0.2)
+
+    def accounting(self, job_id: int) -> list[dict[str, str]]:
+        """Return ``qacct -j <job>`` as one dict per task (``failed``, ``exit_status``, ...).
+
+        Values are qacct's text, stripped (``failed`` may read ``"100 : assumedly after job"``).
+        """
+        proc = run(["qacct", "-j", str(job_id)], check=False)
+        if proc.returncode != 0:
+            return []
+        records: list[dict[str, str]] = []
+        for block in re.split(r"^=+$", proc.stdout, flags=re.MULTILINE):
+            record = {}
+            for line in block.splitlines():
+                key, _, value = line.partition(" ")
+                if key:
+                    record[key] = value.strip()
+            if record:
+                records.append(record)
+        return records
+
+    def queue_states(self) -> dict[str, str]:
+        """Return ``{queue instance: state letters}`` from ``qstat -f`` (``""`` = normal)."""
+        states = {}
+        for line in run(["qstat", "-f"]).stdout.splitlines():
+            cols = line.split()
+            # queue lines: name@host qtype resv/used/tot load arch [states]
+            if len(cols) >= 5 and "@" in cols[0] and cols[2].count("/") == 2:
+                states[cols[0]] = cols[5] if len(cols) > 5 else ""
+        return states
+
+    def qstat_xml(self, job_id: int) -> bytes:
+        """Return ``qstat -xml -j <job>`` as bytes (the input geco's qstat parser takes)."""
+        return subprocess.run(["qstat", "-xml", "-j", str(job_id)], capture_output=True,
+                              env=CLEAN_ENV, timeout=60, check=True).stdout
+
+    def queue_config(self) -> dict[str, str]:
+        """Return ``qconf -sq <queue>`` as ``{key: value}``."""
+        out = run(["qconf", "-sq", self.queue]).stdout.replace("\\\n", " ")
+        return {k: " ".join(v.split()) for k, _, v in
+                (line.partition(" ") for line in out.splitlines()) if k}
+
+
+def _sge_daemons_running() -> bool:
+    """True when a qmaster and an execd of this machine are alive (per SGE's pid files)."""
+    def alive(pidfile: Path, comm: str) -> bool:
+        try:
+            pid = pidfile.read_text().strip()
+            return Path(f"/proc/{pid}/comm").read_text().strip() == comm
+        except OSError:
+            return False
+    execds = SGE_SPOOL.glob("execd/*/execd.pid")
+    return (alive(SGE_SPOOL / "qmaster" / "qmaster.pid", "sge_qmaster")
+            and any(alive(p, "sge_execd") for p in execds))
+
+
+@pytest.fixture(scope="session")
+def sge(job_owner: JobOwner) -> Iterator[GridEngine]:
+    """A running single-host Grid Engine with geco's hooks (see the module docstring)."""
+    hooks = frozenset(h for h in HOOK_LINES if (LIBEXEC / h).exists())
+    env = dict(CLEAN_ENV, SGE_TEST_USER=job_owner.name)
+    for hook, knob in (("prolog", "GECO_PROLOG"), ("epilog", "GECO_EPILOG"),
+                       ("starter", "GECO_STARTER")):
+        if hook in hooks:
+            env[knob] = HOOK_LINES[hook]
+    with shared_use("sge") as lock:
+        was_running = _sge_daemons_running()
+        proc = run(["bash", str(SGE_SETUP)], env=env, timeout=600, check=False)
+        if proc.returncode != 0:
+            pytest.fail(f"integration/sge/setup.sh failed ({proc.returncode}):\n"
+                        f"{proc.stdout}{proc.stderr}")
+        # the name Grid Engine uses for this host; setup.sh writes it there
+        host = (SGE_CELL_COMMON / "act_qmaster").read_text().strip()
+        try:
+            yield GridEngine(host, hooks, job_owner)
+        finally:
+            if (not was_running and os.environ.get("GECO_KEEP_SGE") != "1"
+                    and sole_user(lock)):
+                run(["bash", str(SGE_TEARDOWN), "--no-wait"], timeout=120, check=False)

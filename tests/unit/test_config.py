@@ -1,0 +1,70 @@
+"""The configuration file: documented defaults, bad values, broken files."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+
+import pytest
+
+from geco import config
+from geco.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_documented_file_is_exactly_the_defaults() -> None:
+    """Given conf/geco.toml (every key with its documented default),
+    when it is loaded, then it equals Config() field for field: docs and code agree."""
+    assert config.load(REPO / "conf" / "geco.toml") == config.Config()
+
+
+def test_every_setting_is_documented_in_conf() -> None:
+    """Given the Config fields, then each one appears (by its TOML name) in conf/geco.toml."""
+    text = (REPO / "conf" / "geco.toml").read_text()
+    for f in dataclasses.fields(config.Config):
+        toml_name = config._TOML_NAME.get(f.name, f.name)
+        assert f"\n{toml_name} = " in text, f"{f.name} ({toml_name}) is not documented"
+
+
+def test_missing_file_means_defaults(tmp_path: Path) -> None:
+    assert config.load(tmp_path / "absent.toml") == config.Config()
+
+
+def test_values_are_read_from_their_sections(tmp_path: Path) -> None:
+    path = tmp_path / "geco.toml"
+    path.write_text('[cgroup]\nname = "JOBS"\nversion = "2"\n[cores]\nhardware_threads = true\n'
+                    '[qstat]\ncommand = "/opt/sge/bin/qstat"\ntimeout = 5\nretries = 0\n'
+                    '[log]\nlevel = "DEBUG"\n')
+    cfg = config.load(path)
+    assert (cfg.cgroup_name, cfg.cgroup_version, cfg.hardware_threads) == ("JOBS", "2", True)
+    assert (cfg.qstat, cfg.qstat_timeout, cfg.qstat_retries) == ("/opt/sge/bin/qstat", 5.0, 0)
+    assert cfg.log_level == "debug"
+
+
+def test_a_bad_value_is_logged_and_the_default_used(tmp_path: Path,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """Given a wrong-typed value and an unknown key, when loaded, then each is logged
+    with what was expected and the default stays in force (pam_slurm_adopt's rule)."""
+    path = tmp_path / "geco.toml"
+    path.write_text('[qstat]\ntimeout = "soon"\n[cgroup]\nversion = "3"\ncolour = "red"\n')
+    with caplog.at_level(logging.WARNING, logger="geco.config"):
+        cfg = config.load(path)
+    assert cfg.qstat_timeout == 30.0 and cfg.cgroup_version == "auto"
+    assert caplog.messages == [
+        f"config {path}: qstat.timeout must be a positive number, got 'soon'; "
+        "using the default 30.0",
+        f"config {path}: cgroup.version must be one of auto, 1, 2, got '3'; "
+        "using the default 'auto'",
+        f"config {path}: unknown key cgroup.colour ignored",
+    ]
+
+
+def test_a_file_that_is_not_toml_is_an_error_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "geco.toml"
+    path.write_text("[cgroup\nname=")
+    with pytest.raises(ConfigError) as info:
+        config.load(path)
+    assert str(info.value).startswith("the configuration is not valid TOML: ")
+    assert str(info.value).endswith(f"(path={path})")
