@@ -39,6 +39,7 @@ class Config:
     cgroup_mount: Path = Path("/sys/fs/cgroup")
     cgroup_name: str = "GECO"
     cgroup_version: str = "auto"
+    exclusive_cpus: bool = False
     # [cores]
     hardware_threads: bool = False
     # [qstat]
@@ -59,7 +60,7 @@ class Config:
 # TOML section -> the Config fields it holds.
 _SECTIONS: dict[str, tuple[str, ...]] = {
     "paths": ("state_dir", "execd_spool_dir"),
-    "cgroup": ("cgroup_mount", "cgroup_name", "cgroup_version"),
+    "cgroup": ("cgroup_mount", "cgroup_name", "cgroup_version", "exclusive_cpus"),
     "cores": ("hardware_threads",),
     "qstat": ("qstat", "qstat_timeout", "qstat_retries"),
     "log": ("log_level",),

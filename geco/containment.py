@@ -52,7 +52,7 @@ def _drop_stale(backend: Backend, active_jobs: Path | None, keep: str) -> None:
     """
     if active_jobs is None or not active_jobs.is_dir():
         return
-    for key in backend.keys():
+    for key in backend.job_keys():
         if key == keep or (active_jobs / key).exists() or backend.pids(key):
             continue
         try:
@@ -91,9 +91,17 @@ def contain(key: str, node: NodeResources, backend: Backend, *, state_dir: Path,
     """
     with _node_lock(state_dir):
         if backend.exists(key):
-            return backend.read_limits(key)
+            try:
+                return backend.read_limits(key)
+            except GecoError as exc:
+                # half made (a crash between two mkdirs): nothing can run in it yet
+                # unless it has pids, so start it over; with pids, let the error stand
+                if backend.pids(key):
+                    raise
+                _log.warning("job %s: rebuilding incomplete cgroups (%s)", key, exc)
+                backend.destroy(key)
         _drop_stale(backend, active_jobs, keep=key)
-        busy = cores.busy_from_cpusets(backend.read_limits(k).cpus for k in backend.keys())
+        busy = cores.busy_from_cpusets(backend.read_limits(k).cpus for k in backend.job_keys())
         allowed = parse_cpulist(backend.available_cpus())
         topo = topology or Topology.load()
         chosen = cores.allocate(topo, node.slots, busy_pus=busy, allowed_pus=allowed,
@@ -121,19 +129,21 @@ class Release:
 def release(key: str, backend: Backend, *, timeout: float) -> Release:
     """Kill everything left in a job's cgroups and remove them.
 
-    Freeze first so nothing can fork while it is being killed, SIGKILL every
-    member, thaw so the kills are delivered, then wait for the cgroup to
-    empty within ``timeout`` seconds before removing it. A cgroup that does
+    The backend freezes the cgroup so nothing can fork while it is being
+    killed, SIGKILLs every member and thaws so the kills are delivered; then
+    we wait for the cgroup to empty within ``timeout`` seconds and remove it. A cgroup that does
     not empty is kept (with its pids reported), never silently leaked.
     """
     if not backend.exists(key):
         return Release(0, (), {})
-    usage = backend.usage(key)
-    backend.freeze(key)
     try:
-        killed = backend.kill(key)
-    finally:
-        backend.thaw(key)
+        usage = backend.usage(key)
+    except GecoError as exc:  # a half-made cgroup has no counters; teardown still runs
+        _log.debug("job %s: no usage figures: %s", key, exc)
+        usage = {}
+    # kill() freezes first on its own (best effort: a missing freezer or a process
+    # stuck in D must not stop the SIGKILLs), so nothing can fork away meanwhile
+    killed = backend.kill(key)
     if not backend.wait_empty(key, timeout):
         return Release(killed, tuple(backend.pids(key)), usage)
     backend.destroy(key)

@@ -121,7 +121,7 @@ with open(sys.argv[1], "rb") as f:
 reqs = list(meta.get("build-system", {}).get("requires", []))
 reqs += meta["project"].get("dependencies", [])
 reqs += meta["project"].get("optional-dependencies", {}).get("test", [])
-print("\n".join(reqs))
+print("\n".join(dict.fromkeys(reqs)))  # once each, in order
 EOF
 log "pip: requirements ($(paste -sd' ' "$TMPD/reqs.txt"))"
 pip install -q -r "$TMPD/reqs.txt" >"$TMPD/pip.log" 2>&1 \

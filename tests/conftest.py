@@ -13,8 +13,9 @@
     A running single-host Grid Engine, brought up by ``integration/sge/setup.sh``
     (returns in ~0.3 s when it already runs with the same settings). geco's hooks
     are configured for each of ``/opt/geco/libexec/{prolog,epilog,starter}`` that
-    exists (``scripts/install.sh`` puts them there); a test that needs them calls
-    ``sge.require_hooks()`` and fails loudly when they are missing.
+    exists (``scripts/install.sh`` puts them there; ``GECO_TEST_HOOKS=0`` configures
+    none); a test that needs them calls ``sge.require_hooks()`` and fails loudly when
+    they are missing.
 
     Lifetime: daemons that were running before the session are left running. Daemons
     this session started are stopped at its end with ``teardown.sh --no-wait``: jobs
@@ -141,7 +142,7 @@ class Journal:
         """Make journald write out everything it received so far (journalctl --sync)."""
         run(["journalctl", "--sync"], timeout=30)
 
-    def entries(self, *, since: float | None = None, **match: str | int) -> list[dict[str, Any]]:
+    def entries(self, since: float | None = None, /, **match: str | int) -> list[dict[str, Any]]:
         """Return the journal entries that match every field, oldest first.
 
         Parameters
@@ -260,7 +261,7 @@ def ensure_user(name: str) -> JobOwner:
                     "-s", "/bin/bash", name], check=False)
         # 9 = name in use: another session created it meanwhile, which is fine
         if proc.returncode not in (0, 9):
-            raise RuntimeError(f"useradd {name} exited {proc.returncode}: {proc.stderr}")
+            raise RuntimeError(f"useradd {name} exited {proc.returncode}: {proc.stderr}") from None
         pw = pwd.getpwnam(name)
     if pw.pw_uid < 1000:
         pytest.fail(f"user {name} has uid {pw.pw_uid}: Grid Engine refuses jobs of uids < 1000")
@@ -335,13 +336,18 @@ class GridEngine:
                       accounting: bool = True) -> list[dict[str, str]]:
         """Wait until the job (all its tasks) has left qstat, then for its accounting.
 
+        A job that cannot finish on its own -- in error state (``Eqw``: a hook failed),
+        or pending while every queue instance is in error state -- fails at once
+        instead of after *timeout*; like a timed-out job it is deleted first, so that
+        it does not run later, in another test's time, once the queue is cleared.
+
         Parameters
         ----------
         job_id: the job.
         timeout: seconds for both waits together.
-        accounting: also wait until ``qacct -j`` has a record for every task (setup.sh
-            writes accounting at once, so this costs ~nothing); False for a job that
-            never ran (deleted while pending), which never gets one.
+        accounting: also wait until ``qacct -j`` has a record (setup.sh writes
+            accounting at once, so this costs ~nothing); False for a job that never
+            ran (deleted while pending), which never gets one.
 
         Returns
         -------
@@ -349,12 +355,17 @@ class GridEngine:
 
         Raises
         ------
+        RuntimeError: the job is stuck; the message has qstat's reasons.
         TimeoutError: with qstat's view of the job (its scheduling info says why).
         """
         deadline = time.monotonic() + timeout
         while self.is_known(job_id):
-            if time.monotonic() > deadline:
+            stuck = self._stuck(job_id)
+            if stuck or time.monotonic() > deadline:
                 detail = run(["qstat", "-j", str(job_id)], check=False).stdout
+                run(["qdel", "-f", str(job_id)], check=False)
+                if stuck:
+                    raise RuntimeError(f"job {job_id} cannot finish: {stuck}\n{detail}")
                 raise TimeoutError(f"job {job_id} still in qstat after {timeout} s:\n{detail}")
             time.sleep(0.2)
         if not accounting:
@@ -367,6 +378,21 @@ class GridEngine:
                 raise TimeoutError(f"job {job_id} left qstat but qacct has no record "
                                    f"after {timeout} s")
             time.sleep(0.2)
+
+    def _stuck(self, job_id: int) -> str | None:
+        """Why the job can never finish on its own, or None."""
+        states = set()
+        for line in run(["qstat", "-u", "*"], check=False).stdout.splitlines():
+            cols = line.split()
+            if len(cols) > 4 and cols[0] == str(job_id):
+                states.add(cols[4])
+        if any("E" in st for st in states):
+            return f"job state {'/'.join(sorted(states))} (error: see 'error reason' below)"
+        queues = self.queue_states()
+        if states <= {"qw", "hqw"} and queues and all("E" in st for st in queues.values()):
+            why = run(["qstat", "-f", "-explain", "E"], check=False).stdout
+            return f"pending while every queue instance is in error state E:\n{why}"
+        return None
 
     def accounting(self, job_id: int) -> list[dict[str, str]]:
         """Return ``qacct -j <job>`` as one dict per task (``failed``, ``exit_status``, ...).
@@ -425,7 +451,9 @@ def _sge_daemons_running() -> bool:
 @pytest.fixture(scope="session")
 def sge(job_owner: JobOwner) -> Iterator[GridEngine]:
     """A running single-host Grid Engine with geco's hooks (see the module docstring)."""
-    hooks = frozenset(h for h in HOOK_LINES if (LIBEXEC / h).exists())
+    # GECO_TEST_HOOKS=0: plain Grid Engine, to tell a Grid Engine problem from a geco one
+    wanted = os.environ.get("GECO_TEST_HOOKS", "1") != "0"
+    hooks = frozenset(h for h in HOOK_LINES if wanted and (LIBEXEC / h).exists())
     env = dict(CLEAN_ENV, SGE_TEST_USER=job_owner.name)
     for hook, knob in (("prolog", "GECO_PROLOG"), ("epilog", "GECO_EPILOG"),
                        ("starter", "GECO_STARTER")):

@@ -30,6 +30,7 @@ from geco.cgroup._base import Backend, Limits, check_key, job_key
 from geco.cgroup._fs import Mount, parse_mountinfo, read_bytes, read_str
 from geco.cgroup._v1 import Hierarchy, V1Backend, find_hierarchies
 from geco.cgroup._v2 import V2Backend
+from geco.config import Config
 from geco.errors import CgroupError
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "check_key",
     "detect",
     "find_hierarchies",
+    "for_config",
     "job_key",
     "parse_mountinfo",
 ]
@@ -66,7 +68,7 @@ def _cgroup2_at(mounts: list[Mount], mount: Path) -> tuple[Mount | None, str]:
 
 
 def detect(mount: Path = Path("/sys/fs/cgroup"), name: str = "GECO", version: str = "auto",
-           *, base: Path | None = None, exclusive_cpus: bool = True,
+           *, base: Path | None = None, exclusive_cpus: bool = False,
            proc: Path = Path("/proc")) -> Backend:
     """Return the backend for this node's cgroup layout.
 
@@ -110,3 +112,9 @@ def detect(mount: Path = Path("/sys/fs/cgroup"), name: str = "GECO", version: st
         raise CgroupError(f"cgroup version 1 is configured, but {why_not_v1}")
     raise CgroupError(f"no usable cgroup hierarchy: {why_not_v2}, and {why_not_v1}",
                       path=mount)
+
+
+def for_config(cfg: Config) -> Backend:
+    """Return the backend the configuration asks for (see :func:`detect`)."""
+    return detect(cfg.cgroup_mount, cfg.cgroup_name, cfg.cgroup_version,
+                  exclusive_cpus=cfg.exclusive_cpus)

@@ -312,7 +312,9 @@ class Backend(ABC):
         Raises
         ------
         CgroupError
-            when the cgroup cannot be read or written.
+            when the calling process is itself in the job (it must step out
+            with :meth:`move_to_cgroups_of` first), or the cgroup cannot be
+            read or written.
         """
 
     @abstractmethod
@@ -321,8 +323,9 @@ class Backend(ABC):
 
         Keys (bytes or counts): ``memory_peak``, ``memory_current``,
         ``memory_max_events`` (times usage hit the limit: v1 memory.failcnt
-        plus memory.memsw.failcnt, v2 memory.events ``max``), ``oom_kill``; v1 adds ``memsw_peak`` (RAM+swap),
-        v2 adds ``swap_peak`` and ``swap_current`` (swap alone).
+        plus memory.memsw.failcnt, v2 memory.events ``max``), ``oom_kill``;
+        v1 adds ``memsw_peak`` (RAM+swap), v2 adds ``swap_peak`` and
+        ``swap_current`` (swap alone).
 
         Raises
         ------
@@ -346,7 +349,7 @@ class Backend(ABC):
         """
         return any(d.is_dir() for d in self._dirs(check_key(key)))
 
-    def keys(self) -> list[str]:
+    def job_keys(self) -> list[str]:
         """Return the keys of the job cgroups that exist now (in any controller), sorted."""
         found: set[str] = set()
         for parent in dict.fromkeys(self.parent_paths().values()):
@@ -398,6 +401,13 @@ class Backend(ABC):
             return False
         return any(k in have and is_under(have[k], path)
                    for k, path in self.cgroup_paths(key).items())
+
+    def _refuse_own_job(self, key: str) -> None:
+        """Raise when the calling process is itself in the job: kill() would kill the caller."""
+        if self._is_member(key, os.getpid()):
+            raise CgroupError(f"refusing to kill job {key} from inside its cgroup: move this "
+                              f"process out first (move_to_cgroups_of)", key=key,
+                              pid=os.getpid())
 
     def _sigkill_all(self, key: str) -> int:
         """SIGKILL every member until a sweep finds no new pid; return how many were signalled."""

@@ -355,20 +355,29 @@ def signal_pid(pid: int, sig: int, still_member: Callable[[int], bool]) -> bool:
     process before the signal goes out. A pidfd pins the process first; the
     membership check then reads the cgroup of exactly that process, and
     ``pidfd_send_signal`` can only reach it, never a newcomer with the old pid.
+
+    Raises
+    ------
+    CgroupError
+        when the kernel refuses for a reason other than "no such process".
     """
     try:
         fd = os.pidfd_open(pid)
     except ProcessLookupError:
         return False
-    except (AttributeError, OSError):
-        # kernel < 5.3 (no pidfd): check, then signal by number; the race is
-        # as narrow as it can be without a pidfd
+    except OSError as exc:
+        if exc.errno != errno.ENOSYS:
+            raise cgroup_error(f"cannot open process {pid}", exc, pid=pid) from exc
+        # Linux < 5.3 has no pidfd: check, then signal by number; the race is
+        # as narrow as it can be without one
         if not still_member(pid):
             return False
         try:
             os.kill(pid, sig)
         except ProcessLookupError:
             return False
+        except OSError as exc2:
+            raise cgroup_error(f"cannot signal process {pid}", exc2, pid=pid) from exc2
         return True
     try:
         if not still_member(pid):
@@ -377,6 +386,8 @@ def signal_pid(pid: int, sig: int, still_member: Callable[[int], bool]) -> bool:
         return True
     except ProcessLookupError:
         return False
+    except OSError as exc:
+        raise cgroup_error(f"cannot signal process {pid}", exc, pid=pid) from exc
     finally:
         os.close(fd)
 

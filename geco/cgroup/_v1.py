@@ -223,7 +223,9 @@ class V1Backend(Backend):
             return
         top = self._hier["cpuset"].mount_point
         for name in ("cpuset.cpus", "cpuset.mems"):
-            set_value(parent / name, read_str(top / name))
+            set_value(parent / name, read_str(top / name), hints={errno.EINVAL: (
+                f"another cpuset in {top} is cpu_exclusive over some of them; create "
+                f"{parent} yourself with the cpus geco may use")})
         if not self.exclusive_cpus:
             return
         try:
@@ -399,6 +401,7 @@ class V1Backend(Backend):
         check_key(key)
         if not self.exists(key):
             return 0
+        self._refuse_own_job(key)
         frozen = "freezer" in self._hier and self._dir("freezer", key).is_dir()
         if frozen:
             try:

@@ -273,6 +273,7 @@ class V2Backend(Backend):
         d = self._dir(key)
         if not d.is_dir():
             return 0
+        self._refuse_own_job(key)
         if (d / "cgroup.kill").exists():
             count = len(self.pids(key))
             write_bytes(d / "cgroup.kill", b"1", key=key)

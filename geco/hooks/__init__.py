@@ -104,8 +104,14 @@ def run(name: str, body: Callable[[_config.Config, logging.Logger], Exit], *,
         code = Exit.REQUEUE
     if after_the_job and code != Exit.OK:
         code = Exit.OK
-    hook_log.debug("%s finished with exit %d in %.3f s (%.3f s since exec)", name, code,
-                   time.monotonic() - started, process_age())
+    elapsed, since_exec = time.monotonic() - started, process_age()
+    job_id, task_id = os.environ.get("JOB_ID"), os.environ.get("SGE_TASK_ID")
+    hook_log.info("%s finished with exit %d in %.3f s (%.3f s since exec)", name, code,
+                  elapsed, since_exec,
+                  extra=log.job_fields(job_id, "1" if task_id == "undefined" else task_id,
+                                       f"{name}-done", EXIT_STATUS=int(code),
+                                       ELAPSED_SEC=f"{elapsed:.6f}",
+                                       SINCE_EXEC_SEC=f"{since_exec:.3f}"))
     logging.shutdown()
     sys.stderr.flush()
     return int(code)

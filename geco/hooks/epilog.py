@@ -33,7 +33,7 @@ __all__ = ["main"]
 def _body(cfg: Config, logger: logging.Logger) -> Exit:
     job = sgejob.job_from_hook(sys.argv[1:], os.environ)
     shepherd = sgejob.find_shepherd(job)
-    backend = cgroup.detect(cfg.cgroup_mount, cfg.cgroup_name, cfg.cgroup_version)
+    backend = cgroup.for_config(cfg)
     if backend.exists(job.key):
         execd = sgejob.proc_ppid(shepherd) or 1
         backend.move_to_cgroups_of(os.getpid(), execd)

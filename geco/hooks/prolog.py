@@ -89,7 +89,7 @@ def _body(cfg: Config, logger: logging.Logger) -> Exit:
     if node is None:
         raise GecoError("the job has no slots on this host", job=job.key,
                         host=os.uname().nodename, hosts=",".join(n.name for n in rs.nodes))
-    backend = cgroup.detect(cfg.cgroup_mount, cfg.cgroup_name, cfg.cgroup_version)
+    backend = cgroup.for_config(cfg)
     backend.ensure_root()
     limits = containment.contain(
         job.key, node, backend, state_dir=cfg.state_dir, hardware_threads=cfg.hardware_threads,

@@ -67,7 +67,7 @@ def _body(cfg: Config, logger: logging.Logger) -> Exit:
         print("geco: the starter_method got no job to start", file=sys.stderr)
         return Exit.JOB_ERROR
     job = sgejob.job_from_hook([], os.environ)
-    backend = cgroup.detect(cfg.cgroup_mount, cfg.cgroup_name, cfg.cgroup_version)
+    backend = cgroup.for_config(cfg)
     env = dict(os.environ)
     if backend.contains(job.key, os.getpid()):
         limits = backend.read_limits(job.key)

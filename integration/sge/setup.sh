@@ -288,6 +288,8 @@ log "== configuration"
 q() { "$@" >"$TMPD/q.out" 2>&1 || { cat "$TMPD/q.out" >&2; die "failed: $*"; }; }
 # "\"-continued lines joined, so every key is on one line
 join_cont() { awk '{ if (sub(/\\$/, "")) { buf = buf $0; next } print buf $0; buf = "" }'; }
+# same content, whatever the spacing (qconf pads columns; our rewritten lines do not)
+same() { cmp -s <(awk '{ $1 = $1; print }' "$1") <(awk '{ $1 = $1; print }' "$2"); }
 add_or_modify() { # show-option add-option modify-option name file
   if qconf "$1" "$4" >/dev/null 2>&1; then q qconf "$3" "$5"; else q qconf "$2" "$5"; fi
 }
@@ -307,7 +309,7 @@ awk -v d="$HVMEM_DEFAULT" '
   { print }
   END { row("m_mem_free", "mmf", "MEMORY", "<=", "YES", "YES", "0")
         row("geco_trace_level", "gtl", "INT", "<=", "YES", "NO", "0") }' "$TMPD/complex.orig" > "$TMPD/complex"
-cmp -s "$TMPD/complex.orig" "$TMPD/complex" || q qconf -Mc "$TMPD/complex"
+same "$TMPD/complex.orig" "$TMPD/complex" || q qconf -Mc "$TMPD/complex"
 
 # global configuration (the file *name* must be "global"):
 #   shepherd_cmd, execd_params as set; accounting written at once instead of every
@@ -326,7 +328,7 @@ awk -v sh="$SHEPHERD" -v ep="$EXECD_PARAMS" '
     if (!seen) out = out " accounting_flush_time=00:00:00"
     printf "%-28s%s\n", $1, out; next }
   { print }' "$TMPD/global.orig" > "$TMPD/global"
-if ! cmp -s "$TMPD/global.orig" "$TMPD/global"; then
+if ! same "$TMPD/global.orig" "$TMPD/global"; then
   q qconf -Mconf "$TMPD/global"
   GLOBAL_CHANGED=yes
 fi
@@ -337,7 +339,7 @@ awk -v si="$SCHEDULE_INTERVAL" '
   $1 == "schedule_interval" { printf "%-33s %s\n", $1, si; next }
   $1 == "flush_submit_sec" || $1 == "flush_finish_sec" { printf "%-33s %s\n", $1, "1"; next }
   { print }' "$TMPD/sconf.orig" > "$TMPD/sconf"
-cmp -s "$TMPD/sconf.orig" "$TMPD/sconf" || q qconf -Msconf "$TMPD/sconf"
+same "$TMPD/sconf.orig" "$TMPD/sconf" || q qconf -Msconf "$TMPD/sconf"
 
 printf 'group_name @allhosts\nhostlist %s\n' "$SGEH" > "$TMPD/allhosts"
 add_or_modify -shgrp -Ahgrp -Mhgrp @allhosts "$TMPD/allhosts"

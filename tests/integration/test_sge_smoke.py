@@ -7,6 +7,10 @@ instance in error state (a failing hook would put the queue into ``E``).
 
 from __future__ import annotations
 
+import pytest
+
+pytestmark = pytest.mark.sge
+
 
 def test_binary_job_of_test_user_runs_to_completion_and_leaves_no_queue_in_error(sge, job_owner):
     """Given the cluster and the unprivileged test user,

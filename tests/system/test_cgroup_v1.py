@@ -1,9 +1,12 @@
 """The cgroup v1 backend against this machine's real v1 hierarchies.
 
 Every test works in its own parent named ``geco-test-<pid>-<n>`` (never
-``GECO``) in each controller; the ``backend`` fixture removes it afterwards
+``GECO``) in each controller; the ``name`` fixture removes it afterwards
 with plain syscalls (thaw, SIGKILL, rmdir), not with the code under test,
-so a broken backend cannot leak cgroups or processes.
+so a broken backend cannot leak cgroups or processes. When an idle
+cpu_exclusive cpuset holds the machine's cpus (the GECO that geco's prolog
+leaves after tests/integration), the test cpuset parents go inside it: see
+:func:`usable_hierarchies`.
 
 What is checked is what the kernel does: the affinity a moved process sees,
 the OOM kill, processes that stop counting while frozen, and the kernel's
@@ -12,10 +15,12 @@ refusal of overlapping exclusive cpusets.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
 import mmap
 import os
+import posixpath
 import select
 import signal
 import struct
@@ -25,23 +30,67 @@ from pathlib import Path
 
 import pytest
 
-from geco.cgroup import Limits, V1Backend, detect, find_hierarchies, job_key, parse_mountinfo
+from geco.cgroup import (
+    Hierarchy,
+    Limits,
+    V1Backend,
+    detect,
+    find_hierarchies,
+    job_key,
+    parse_mountinfo,
+)
 from geco.errors import CgroupError
 
 MiB = 1 << 20
 MOUNTINFO = Path("/proc/self/mountinfo").read_bytes()
-HIER = find_hierarchies(parse_mountinfo(MOUNTINFO), Path("/sys/fs/cgroup"))
-ROOT_CPUS = (HIER["cpuset"].mount_point / "cpuset.cpus").read_text().strip() \
-    if "cpuset" in HIER else ""
+MOUNTED = find_hierarchies(parse_mountinfo(MOUNTINFO), Path("/sys/fs/cgroup"))
 
-pytestmark = [
-    pytest.mark.root,
-    pytest.mark.skipif(os.geteuid() != 0, reason="writing cgroups needs root"),
-    pytest.mark.skipif("cpuset" not in HIER or "memory" not in HIER,
-                       reason="this machine has no cgroup v1 cpuset and memory hierarchies"),
-]
-needs_two_cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
-                                    reason="this machine has fewer than 2 cpus")
+
+def parse_list(text: str) -> set[int]:
+    """The numbers of a kernel list such as ``0-2,5``."""
+    out: set[int] = set()
+    for part in filter(None, text.strip().split(",")):
+        first, _, last = part.partition("-")
+        out.update(range(int(first), int(last or first) + 1))
+    return out
+
+
+def usable_hierarchies() -> tuple[dict[str, Hierarchy], str]:
+    """The hierarchies the tests build their parents in, and why they cannot run ("" = they can).
+
+    Normally the real ones. But a cpu_exclusive cpuset at the top (the GECO
+    that geco's own prolog leaves behind, e.g. after tests/integration) bars
+    every other top-level cpuset from its cpus, so no test parent could get a
+    cpu there; the tests' cpuset parents then go inside that cpuset, which
+    plays the root's part, as long as it holds no other cpuset using cpus.
+    """
+    if "cpuset" not in MOUNTED or "memory" not in MOUNTED:
+        return {}, "this machine has no cgroup v1 cpuset and memory hierarchies"
+    top = MOUNTED["cpuset"]
+    root_cpus = parse_list((top.mount_point / "cpuset.cpus").read_text())
+    blockers = [d for d in top.mount_point.iterdir()
+                if d.is_dir() and (d / "cpuset.cpu_exclusive").read_text().strip() == "1"
+                and parse_list((d / "cpuset.cpus").read_text()) & root_cpus]
+    if not blockers:
+        return dict(MOUNTED), ""
+    if len(blockers) > 1:
+        return {}, f"the cpusets {', '.join(map(str, blockers))} are cpu_exclusive over this " \
+                   "machine's cpus, so no test cpuset can get one"
+    inside = blockers[0]
+    busy = [d for d in inside.iterdir()
+            if d.is_dir() and (d / "cpuset.cpus").read_text().strip()]
+    if busy:
+        return {}, f"the cpuset {inside} is cpu_exclusive over this machine's cpus and is " \
+                   f"in use ({', '.join(d.name for d in busy)}), so no test cpuset can get one"
+    return {**MOUNTED, "cpuset": Hierarchy("cpuset", inside,
+                                           posixpath.join(top.root, inside.name))}, ""
+
+
+HIER, WHY_NOT = usable_hierarchies() if os.geteuid() == 0 else ({}, "writing cgroups needs root")
+pytestmark = [pytest.mark.root, pytest.mark.skipif(bool(WHY_NOT), reason=WHY_NOT)]
+needs_two_cpus = pytest.mark.skipif(
+    bool(HIER) and len(parse_list((HIER["cpuset"].mount_point / "cpuset.cpus").read_text())) < 2,
+    reason="this machine has fewer than 2 cpus")
 _names = itertools.count()
 
 
@@ -163,20 +212,16 @@ def raw_cleanup(parents: list[Path], children: list[int]) -> None:
             if "freezer.state" in files:
                 _write(Path(dirpath) / "freezer.state", b"THAWED")
     for _ in range(200):
-        pids = set()
+        pids: set[int] = set()
         for parent in parents:
             for dirpath, _, _ in os.walk(parent):
-                try:
-                    pids.update(int(p) for p in (Path(dirpath) / "cgroup.procs").read_text().split())
-                except OSError:
-                    pass
+                with contextlib.suppress(OSError):
+                    pids.update(map(int, (Path(dirpath) / "cgroup.procs").read_text().split()))
         if not pids:
             break
         for pid in pids:  # only test children were ever put into a test parent
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         time.sleep(0.05)
     for pid in children:
         try:
@@ -186,10 +231,8 @@ def raw_cleanup(parents: list[Path], children: list[int]) -> None:
             pass
     for parent in parents:
         for dirpath, _, _ in sorted(os.walk(parent), key=lambda w: -len(w[0])):
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.rmdir(dirpath)
-            except FileNotFoundError:
-                pass
 
 
 @pytest.fixture
@@ -293,7 +336,7 @@ def test_given_an_admin_made_parent_with_fewer_cpus_when_ensure_root_then_it_is_
         name: str, children: list[int]) -> None:
     """An admin may pre-create GECO with fewer cpus to reserve cores; geco must keep that."""
     parent = HIER["cpuset"].mount_point / name
-    reserved = max(os.sched_getaffinity(0))
+    reserved = max(parse_list(read(HIER["cpuset"].mount_point / "cpuset.cpus")))
     os.mkdir(parent)
     (parent / "cpuset.cpus").write_text(str(reserved))
     (parent / "cpuset.mems").write_text(read(HIER["cpuset"].mount_point / "cpuset.mems"))
@@ -354,7 +397,7 @@ def test_job_key_builds_the_canonical_key() -> None:
 @needs_two_cpus
 def test_given_jobs_on_cpu_1_and_cpu_0_when_a_process_joins_then_its_affinity_is_that_cpu(
         backend: V1Backend, children: list[int]) -> None:
-    cpus = sorted(os.sched_getaffinity(0))[:2]
+    cpus = sorted(parse_list(backend.available_cpus()))[:2]
     for task, cpu in enumerate(reversed(cpus), start=1):
         key = f"5.{task}"
         backend.create(key, Limits(cpus=str(cpu)))
@@ -362,13 +405,14 @@ def test_given_jobs_on_cpu_1_and_cpu_0_when_a_process_joins_then_its_affinity_is
         assert child.output() == str(cpu).encode()
         assert child.wait() == 0
         assert read(backend.paths(key)["cpuset"] / "cpuset.cpu_exclusive") == "1"
-    assert backend.keys() == ["5.1", "5.2"]
+    assert backend.job_keys() == ["5.1", "5.2"]
 
 
 @needs_two_cpus
 def test_given_an_exclusive_job_cpuset_when_a_sibling_overlaps_then_the_kernel_refuses(
         backend: V1Backend) -> None:
-    cpu = min(os.sched_getaffinity(0))
+    available = parse_list(backend.available_cpus())
+    cpu = min(available)
     backend.create("6.1", Limits(cpus=str(cpu)))
     with pytest.raises(CgroupError) as err:
         backend.create("6.2", Limits(cpus=str(cpu)))
@@ -378,7 +422,7 @@ def test_given_an_exclusive_job_cpuset_when_a_sibling_overlaps_then_the_kernel_r
                               f"job's exclusive cpuset (errno=EINVAL path={path} key=6.2)")
     assert err.value.__cause__ is not None
     assert not any(p.exists() for p in backend.paths("6.2").values())  # rolled back
-    other = cpu_list(os.sched_getaffinity(0) - {cpu})
+    other = cpu_list(available - {cpu})
     backend.create("6.2", Limits(cpus=other))
     assert backend.read_limits("6.2").cpus == read(backend.paths("6.2")["cpuset"] / "cpuset.cpus")
 
@@ -503,7 +547,7 @@ def test_given_a_forking_job_with_a_pids_limit_when_killed_then_nothing_is_left(
     assert child.wait() == -signal.SIGKILL
     backend.destroy("10.1")
     assert not any(p.exists() for p in backend.paths("10.1").values())
-    assert backend.keys() == []
+    assert backend.job_keys() == []
 
 
 def test_given_processes_left_when_destroyed_then_the_error_lists_them(
@@ -541,6 +585,24 @@ def test_given_a_process_in_a_job_when_moved_to_another_process_cgroups_then_it_
     assert backend.contains("12.2", job.pid)
     assert not backend.contains("12.1", job.pid)
     assert backend.pids("12.1") == []
+
+
+def test_given_the_caller_inside_the_job_when_it_kills_the_job_then_it_is_refused(
+        backend: V1Backend, children: list[int]) -> None:
+    """The epilog runs inside the job; killing from there would kill the epilog itself."""
+    backend.create("15.1", Limits())
+
+    def kill_own_job(out: int) -> None:
+        try:
+            backend.kill("15.1")
+        except CgroupError as exc:
+            os.write(out, str(exc).encode())
+
+    child = start_in(backend, "15.1", kill_own_job, children)
+    assert child.output().decode() == (
+        "refusing to kill job 15.1 from inside its cgroup: move this process out first "
+        f"(move_to_cgroups_of) (key=15.1 pid={child.pid})")
+    assert child.wait() == 0
 
 
 def test_given_a_process_that_exited_when_added_then_the_error_says_it_is_gone(

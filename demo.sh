@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# demo.sh -- geco on one fresh Debian 12 machine, as root, from nothing:
+#
+#   1. scripts/install.sh        packages, /opt/geco/venv, geco, hooks in /opt/geco/libexec
+#   2. integration/sge/setup.sh  a single-host Grid Engine whose queue runs geco's hooks
+#   3. as the user "gecodemo", four jobs from integration/demo/:
+#        serial   1 slot
+#        smp      -pe smp 2            (two cores, one cgroup)
+#        array    -t 1-2               (each task its own cgroups)
+#        oom      -l m_mem_free=200M   (then uses 400M)
+#      each prints, from inside, its cgroups, its allowed CPUs and its memory limit
+#   4. waits, then shows each job's output and how the oom job ended
+#
+# Grid Engine keeps running afterwards (submit more as gecodemo, e.g.
+# `su - gecodemo -c 'qsub -b y -pe smp 2 sleep 60'`); integration/sge/teardown.sh stops it.
+#
+# Environment: GECO_DEMO_USER (default gecodemo), GECO_DEMO_TIMEOUT (seconds, default 180),
+# GECO_DEMO_HOOKS=0 (plain Grid Engine without geco, to compare).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")"
+
+DEMO_USER=${GECO_DEMO_USER:-gecodemo}
+TIMEOUT=${GECO_DEMO_TIMEOUT:-180}
+LIBEXEC=/opt/geco/libexec
+CLEAN_PATH=/usr/local/bin:/usr/bin:/bin
+RUNUSER=$(command -v runuser)
+
+say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+[ "$(id -u)" = 0 ] || { echo "demo.sh: run as root (it installs packages and starts Grid Engine)" >&2; exit 1; }
+
+say "installing geco"
+./scripts/install.sh
+
+say "starting Grid Engine with geco's hooks"
+hooks=()
+if [ "${GECO_DEMO_HOOKS:-1}" = 0 ]; then
+  echo "GECO_DEMO_HOOKS=0: plain Grid Engine, for comparison"
+else
+[ -x "$LIBEXEC/prolog" ] && hooks+=(GECO_PROLOG="root@$LIBEXEC/prolog \$job_id \$ja_task_id")
+[ -x "$LIBEXEC/epilog" ] && hooks+=(GECO_EPILOG="root@$LIBEXEC/epilog \$job_id \$ja_task_id")
+[ -x "$LIBEXEC/starter" ] && hooks+=(GECO_STARTER="$LIBEXEC/starter")
+if [ ${#hooks[@]} -lt 3 ]; then
+  echo "WARNING: geco's hooks are not all in $LIBEXEC: the jobs below run with only plain Grid Engine"
+fi
+fi
+env "${hooks[@]}" SGE_TEST_USER="$DEMO_USER" integration/sge/setup.sh
+
+home=$(getent passwd "$DEMO_USER" | cut -d: -f6)
+dir=$(runuser -u "$DEMO_USER" -- mktemp -d "$home/geco-demo.XXXXXX")
+install -m 0644 -o "$DEMO_USER" integration/demo/*.sh "$dir/"
+
+# Submit as the demo user from the demo directory, with nothing of root's environment.
+submit() { # name qsub-args... script
+  local name=$1 out; shift
+  out=$(cd "$dir" && env -i PATH="$CLEAN_PATH" LANG=C.UTF-8 \
+        "$RUNUSER" -u "$DEMO_USER" -- qsub -cwd -N "$name" "$@")
+  [[ "$out" =~ Your\ job(-array)?\ ([0-9]+) ]] || { echo "qsub failed: $out" >&2; exit 1; }
+  JOBS[$name]=${BASH_REMATCH[2]}
+  printf '  %-7s job %-5s qsub -cwd -N %s %s\n' "$name" "${JOBS[$name]}" "$name" "$*"
+}
+declare -A JOBS
+declare -a ORDER=(serial smp array oom)
+say "submitting as $DEMO_USER from $dir"
+submit serial serial.sh
+submit smp -pe smp 2 smp.sh
+submit array -t 1-2 array.sh
+submit oom -l m_mem_free=200M oom.sh
+
+say "waiting for the jobs (up to ${TIMEOUT}s)"
+# a failing prolog/epilog puts the queue into error state E: then nothing runs anymore
+queue_in_error() { qstat -f | awk '$1 ~ /@/ && $6 ~ /E/ { found = 1 } END { exit !found }'; }
+end=$(( $(date +%s) + TIMEOUT ))
+for name in "${ORDER[@]}"; do
+  job=${JOBS[$name]}
+  while qstat -j "$job" >/dev/null 2>&1; do
+    if queue_in_error || [ "$(date +%s)" -ge "$end" ]; then
+      echo "  $name (job $job) has not finished; qstat -j $job says:"
+      qstat -j "$job" | grep -E -A1 'error reason|scheduling info' | sed 's/^/    /'
+      break
+    fi
+    sleep 0.5
+  done
+done
+if queue_in_error; then
+  echo "  ERROR: the queue is in error state E (a hook failed):"
+  qstat -f -explain E | grep -E '@|error' | sed 's/^/    /'
+fi
+
+show() { # file
+  [ -s "$1" ] || return 0
+  echo "--- $(basename "$1")"
+  sed 's/^/  /' "$1"
+}
+for name in "${ORDER[@]}"; do
+  job=${JOBS[$name]}
+  say "$name (job $job)"
+  for f in "$dir/$name.o$job" "$dir/$name.o$job".*; do [ -e "$f" ] && show "$f"; done
+  for f in "$dir/$name.e$job" "$dir/$name.e$job".*; do [ -e "$f" ] && show "$f"; done
+done
+
+say "how the oom job ended (qacct -j ${JOBS[oom]})"
+if qacct -j "${JOBS[oom]}" >"$dir/oom.qacct" 2>&1; then
+  grep -E '^(failed|exit_status|maxvmem|ru_maxrss)' "$dir/oom.qacct" | sed 's/^/  /'
+  status=$(awk '$1 == "exit_status" {print $2}' "$dir/oom.qacct")
+  case "$status" in
+    0) echo "  exit status 0: it used 400M undisturbed: no memory limit held it to its 200M" ;;
+    137) echo "  exit status 137 = killed by SIGKILL: the kernel OOM-killed it at its memory limit" ;;
+    *) echo "  exit status $status" ;;
+  esac
+else
+  echo "  qacct has no record yet:"; sed 's/^/  /' "$dir/oom.qacct"
+fi
+if [ -S /run/systemd/journal/socket ]; then
+  echo "  geco's side of the story: journalctl JOB_ID=${JOBS[oom]}"
+fi
+
+say "done"
+echo "job files: $dir"
+echo "Grid Engine keeps running; stop it with: integration/sge/teardown.sh"

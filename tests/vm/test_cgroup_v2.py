@@ -1,0 +1,432 @@
+"""The cgroup v2 backend against a real cgroup2 with cpuset and memory.
+
+Runs INSIDE the QEMU machine (systemd as PID 1, pure cgroup v2): the host's
+``tests/system/test_cgroup_v2_vm.py`` boots it with ``run-in-vm.sh`` and runs
+``python3 -m pytest -q -p no:cacheprovider tests/vm`` there. Only the
+standard library, pytest and geco.cgroup are used: the guest has no venv.
+
+Each test works below its own base ``/sys/fs/cgroup/geco-test-<pid>-<n>``,
+removed afterwards with plain syscalls (SIGKILL, rmdir), not with the code
+under test. What is checked is what the kernel does: the affinity a moved
+process sees, the OOM kill, processes that stop counting while frozen,
+``cgroup.kill`` catching a forking job, and "no internal processes".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import mmap
+import os
+import select
+import signal
+import struct
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from geco.cgroup import Limits, V2Backend, detect, parse_mountinfo
+from geco.errors import CgroupError
+
+MiB = 1 << 20
+MOUNT = Path("/sys/fs/cgroup")
+
+
+def _usable_cgroup2() -> str:
+    """Why this machine cannot run these tests, or "" when it can."""
+    if os.geteuid() != 0:
+        return "writing cgroups needs root"
+    mounts = [m for m in parse_mountinfo(Path("/proc/self/mountinfo").read_bytes())
+              if m.mount_point == MOUNT]
+    if not mounts or mounts[-1].fstype != "cgroup2":
+        return (f"{MOUNT} is not a cgroup2 mount here; these tests run in the QEMU machine "
+                "(tests/system/test_cgroup_v2_vm.py)")
+    have = (MOUNT / "cgroup.controllers").read_text().split()
+    if not {"cpuset", "memory"} <= set(have):
+        return f"the cgroup2 at {MOUNT} lacks cpuset or memory (it has: {' '.join(have)})"
+    return ""
+
+
+WHY_NOT = _usable_cgroup2()
+pytestmark = [pytest.mark.vm, pytest.mark.skipif(bool(WHY_NOT), reason=WHY_NOT)]
+needs_two_cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
+                                    reason="this machine has fewer than 2 cpus")
+_names = itertools.count()
+
+
+# -- helpers (the same as in tests/system/test_cgroup_v1.py; the guest has no conftest) --
+
+
+class Child:
+    """A forked child that waits until the test has put it into a cgroup, then runs ``body``."""
+
+    def __init__(self, body: Callable[[int], None], registry: list[int]) -> None:
+        go_r, self._go = os.pipe()
+        self._out, out_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child: never return into pytest
+            code = 0
+            try:
+                os.close(self._go)
+                os.close(self._out)
+                os.read(go_r, 1)
+                body(out_w)
+            except BaseException:
+                code = 70
+            os._exit(code)
+        os.close(go_r)
+        os.close(out_w)
+        self.pid = pid
+        registry.append(pid)
+        self._status: int | None = None
+
+    def go(self) -> None:
+        os.write(self._go, b"x")
+        os.close(self._go)
+
+    def output(self, timeout: float = 60.0) -> bytes:
+        data = b""
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            ready, _, _ = select.select([self._out], [], [], left)
+            if not ready:
+                break
+            chunk = os.read(self._out, 65536)
+            if not chunk:
+                break
+            data += chunk
+        os.close(self._out)
+        return data
+
+    def wait(self) -> int:
+        if self._status is None:
+            _, status = os.waitpid(self.pid, 0)
+            self._status = os.waitstatus_to_exitcode(status)
+        return self._status
+
+
+def start_in(backend: V2Backend, key: str, body: Callable[[int], None],
+             registry: list[int]) -> Child:
+    child = Child(body, registry)
+    backend.add_pid(key, child.pid)
+    child.go()
+    return child
+
+
+def report_affinity(out: int) -> None:
+    os.write(out, ",".join(map(str, sorted(os.sched_getaffinity(0)))).encode())
+
+
+def allocate(size: int) -> Callable[[int], None]:
+    def body(out: int) -> None:
+        block = bytearray(size)  # zero-filled: every page is touched
+        os.write(out, f"survived {len(block)}".encode())
+    return body
+
+
+def sleeper(out: int) -> None:
+    os.close(out)
+    os.execvp("sleep", ["sleep", "300"])
+
+
+def fork_forever(out: int) -> None:
+    """Fork sleeping children as fast as the kernel allows, retrying when refused."""
+    os.close(out)
+    while True:
+        try:
+            if os.fork() == 0:
+                time.sleep(300)
+                os._exit(0)
+        except OSError:
+            time.sleep(0.001)
+
+
+def counter_body(counter: mmap.mmap) -> Callable[[int], None]:
+    def body(out: int) -> None:
+        os.close(out)
+        n = 0
+        while True:
+            n += 1
+            struct.pack_into("Q", counter, 0, n)
+    return body
+
+
+def count(counter: mmap.mmap) -> int:
+    return int(struct.unpack_from("Q", counter, 0)[0])
+
+
+def parse_list(text: str) -> set[int]:
+    """The cpus of a kernel list such as ``0-2,5``."""
+    cpus: set[int] = set()
+    for part in filter(None, text.split(",")):
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
+
+
+def read(path: Path) -> str:
+    return path.read_text().strip()
+
+
+def eventually(check: Callable[[], bool], timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.02)
+    return check()
+
+
+def raw_cleanup(top: Path) -> None:
+    """Remove a test base with plain syscalls, whatever state it is in."""
+    if not top.exists():
+        return
+    for _ in range(200):
+        pids: set[int] = set()
+        for dirpath, _, _ in os.walk(top):
+            with contextlib.suppress(OSError):
+                pids.update(map(int, (Path(dirpath) / "cgroup.procs").read_text().split()))
+        if not pids:
+            break
+        for pid in pids:  # only test children were ever put below a test base
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
+    for dirpath, _, _ in sorted(os.walk(top), key=lambda w: -len(w[0])):
+        with contextlib.suppress(FileNotFoundError):
+            os.rmdir(dirpath)
+
+
+@pytest.fixture
+def children() -> Iterator[list[int]]:
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+
+
+@pytest.fixture
+def name(children: list[int]) -> Iterator[str]:
+    n = f"geco-test-{os.getpid()}-{next(_names)}"
+    yield n
+    raw_cleanup(MOUNT / n)
+
+
+@pytest.fixture
+def backend(name: str) -> V2Backend:
+    b = V2Backend(MOUNT, name)
+    b.ensure_root()
+    return b
+
+
+# -- detection and the base ---------------------------------------------------
+
+
+def test_given_a_pure_cgroup2_when_detecting_then_v2_is_chosen() -> None:
+    b = detect(name="geco-test-detect")
+    assert isinstance(b, V2Backend)
+    assert (b.version, b.base) == (2, MOUNT / "geco-test-detect")
+    assert {"cpuset", "memory"} <= set(b.controllers)
+    assert not b.base.exists()  # detect() itself creates nothing
+
+
+def test_given_a_nested_base_when_ensure_root_then_controllers_are_enabled_down_to_it(
+        name: str) -> None:
+    """Like a systemd-delegated subtree: every level passes the controllers down."""
+    base = MOUNT / name / "deleg" / "jobs"
+    b = V2Backend(MOUNT, "GECO", base=base)
+    b.ensure_root()
+    b.ensure_root()  # idempotent
+    for d in (MOUNT, MOUNT / name, MOUNT / name / "deleg", base):
+        assert set(b.controllers) <= set(read(d / "cgroup.subtree_control").split()), d
+    b.create("1.1", Limits(cpus="0"))
+    assert read(base / "1.1" / "cpuset.cpus.effective") == "0"
+    assert b.available_cpus() == read(MOUNT / "cpuset.cpus.effective")
+
+
+def test_given_a_base_whose_parent_holds_a_process_when_ensure_root_then_no_internal_processes(
+        name: str, children: list[int]) -> None:
+    outer = V2Backend(MOUNT, name)
+    outer.ensure_root()
+    outer.create("1.1", Limits())
+    start_in(outer, "1.1", sleeper, children)
+    inner = V2Backend(MOUNT, "GECO", base=MOUNT / name / "1.1" / "jobs")
+    with pytest.raises(CgroupError) as err:
+        inner.ensure_root()
+    d = MOUNT / name / "1.1"
+    assert str(err.value) == (
+        f"cannot write +{' +'.join(inner.controllers)} to cgroup.subtree_control: Device or "
+        f"resource busy; {d} holds processes itself, and cgroup v2 passes controllers only "
+        "through cgroups without processes ('no internal processes'): move them into a leaf "
+        f"cgroup, or choose another base (errno=EBUSY path={d}/cgroup.subtree_control)")
+
+
+# -- cpus ---------------------------------------------------------------------
+
+
+@needs_two_cpus
+def test_given_jobs_on_cpu_1_and_cpu_0_when_a_process_joins_then_its_affinity_is_that_cpu(
+        backend: V2Backend, children: list[int]) -> None:
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    for task, cpu in enumerate(reversed(cpus), start=1):
+        key = f"5.{task}"
+        backend.create(key, Limits(cpus=str(cpu)))
+        child = Child(report_affinity, children)
+        backend.add_pid(key, child.pid)
+        assert backend.contains(key, child.pid)
+        child.go()
+        assert child.output() == str(cpu).encode()
+        assert child.wait() == 0
+    assert backend.job_keys() == ["5.1", "5.2"]
+    assert backend.read_limits("5.1").cpus == str(cpus[1])
+
+
+def test_given_no_cpus_when_created_then_the_job_inherits_the_base(
+        backend: V2Backend, children: list[int]) -> None:
+    backend.create("5.3", Limits(cpus="0"))
+    backend.create("5.3", Limits())  # re-applying "" empties cpuset.cpus again
+    assert read(backend.paths("5.3")["cpuset"] / "cpuset.cpus") == ""
+    child = start_in(backend, "5.3", report_affinity, children)
+    inherited = parse_list(read(backend.base / "cpuset.cpus.effective"))
+    assert child.output().decode() == ",".join(map(str, sorted(inherited)))
+    assert child.wait() == 0
+
+
+# -- memory -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("limits", [Limits(memory=64 * MiB), Limits(memory_swap=64 * MiB)],
+                         ids=["memory", "memory_swap-only"])
+def test_given_a_64mib_limit_when_a_child_touches_200mib_then_the_kernel_kills_only_it(
+        backend: V2Backend, children: list[int], limits: Limits) -> None:
+    backend.create("7.1", limits)
+    d = backend.paths("7.1")["memory"]
+    assert read(d / "memory.max") == str(64 * MiB)
+    assert read(d / "memory.swap.max") == ("0" if limits.memory_swap else "max")
+    small = start_in(backend, "7.1", allocate(16 * MiB), children)
+    assert small.output() == f"survived {16 * MiB}".encode()
+    assert small.wait() == 0
+    big = start_in(backend, "7.1", allocate(200 * MiB), children)
+    assert big.output() == b""
+    assert big.wait() == -signal.SIGKILL
+    usage = backend.usage("7.1")
+    assert usage["oom_kill"] >= 1
+    assert usage["memory_max_events"] > 0
+    assert 16 * MiB < usage["memory_peak"] <= 64 * MiB
+    assert backend.read_limits("7.1") == Limits(memory=64 * MiB,
+                                                memory_swap=limits.memory_swap)
+
+
+def test_given_ram_and_ram_plus_swap_when_created_then_swap_max_is_the_difference(
+        backend: V2Backend) -> None:
+    for memory, memory_swap in [(64 * MiB, 96 * MiB), (128 * MiB, 64 * MiB), (32 * MiB, 0)]:
+        backend.create("8.1", Limits(memory=memory, memory_swap=memory_swap))
+        d = backend.paths("8.1")["memory"]
+        ram = min(v for v in (memory, memory_swap) if v)
+        assert read(d / "memory.max") == str(ram)
+        assert read(d / "memory.swap.max") == (str(memory_swap - ram) if memory_swap else "max")
+        assert backend.read_limits("8.1") == Limits(memory=ram, memory_swap=memory_swap)
+
+
+# -- pids, freeze, kill, destroy ----------------------------------------------
+
+
+def test_given_a_running_job_when_frozen_then_it_stops_and_when_thawed_it_runs_again(
+        backend: V2Backend, children: list[int]) -> None:
+    counter = mmap.mmap(-1, 8)
+    backend.create("9.1", Limits())
+    child = start_in(backend, "9.1", counter_body(counter), children)
+    assert eventually(lambda: count(counter) > 0)
+    backend.freeze("9.1")
+    assert "frozen 1" in read(backend.paths("9.1")["memory"] / "cgroup.events").splitlines()
+    frozen_at = count(counter)
+    time.sleep(0.5)
+    assert count(counter) == frozen_at
+    backend.thaw("9.1")
+    assert eventually(lambda: count(counter) > frozen_at)
+    backend.freeze("9.1")
+    assert backend.kill("9.1") == 1  # a frozen process still dies of SIGKILL on v2
+    assert child.wait() == -signal.SIGKILL
+
+
+def test_given_a_forking_job_with_a_pids_limit_when_killed_then_nothing_is_left(
+        backend: V2Backend, children: list[int]) -> None:
+    if "pids" not in backend.controllers:
+        pytest.skip("the pids controller is not available on this machine")
+    backend.create("10.1", Limits(pids=32))
+    child = start_in(backend, "10.1", fork_forever, children)
+    assert eventually(lambda: len(backend.pids("10.1")) == 32)
+    time.sleep(0.2)
+    assert len(backend.pids("10.1")) == 32
+    assert (backend.paths("10.1")["pids"] / "cgroup.kill").exists()
+    assert backend.kill("10.1") == 32
+    assert backend.wait_empty("10.1", 30)
+    assert child.wait() == -signal.SIGKILL
+    backend.destroy("10.1")
+    assert not backend.paths("10.1")["pids"].exists()
+    assert backend.job_keys() == []
+
+
+def test_given_processes_left_when_destroyed_then_the_error_lists_them(
+        backend: V2Backend, children: list[int]) -> None:
+    backend.create("11.1", Limits())
+    child = start_in(backend, "11.1", sleeper, children)
+    assert eventually(lambda: backend.pids("11.1") == [child.pid])
+    assert not backend.wait_empty("11.1", 0.1)
+    with pytest.raises(CgroupError) as err:
+        backend.destroy("11.1")
+    d = backend.paths("11.1")["memory"]
+    assert str(err.value) == (f"cannot remove the cgroup of job 11.1: processes {child.pid} "
+                              f"are still in it (key=11.1 pids={child.pid} path={d})")
+    assert backend.kill("11.1") == 1
+    assert backend.wait_empty("11.1", 30)
+    backend.destroy("11.1")
+    backend.destroy("11.1")  # already gone is fine
+    assert not d.exists()
+
+
+def test_given_a_process_in_a_job_when_moved_to_another_process_cgroup_then_it_leaves(
+        backend: V2Backend, children: list[int]) -> None:
+    backend.create("12.1", Limits())
+    backend.create("12.2", Limits())
+    job = start_in(backend, "12.1", sleeper, children)
+    execd = start_in(backend, "12.2", sleeper, children)
+    assert backend.contains("12.1", job.pid)
+    backend.move_to_cgroups_of(job.pid, execd.pid)
+    assert backend.contains("12.2", job.pid)
+    assert not backend.contains("12.1", job.pid)
+    assert backend.pids("12.1") == []
+
+
+def test_given_the_caller_inside_the_job_when_it_kills_the_job_then_it_is_refused(
+        backend: V2Backend, children: list[int]) -> None:
+    backend.create("15.1", Limits())
+
+    def kill_own_job(out: int) -> None:
+        try:
+            backend.kill("15.1")
+        except CgroupError as exc:
+            os.write(out, str(exc).encode())
+
+    child = start_in(backend, "15.1", kill_own_job, children)
+    assert child.output().decode() == (
+        "refusing to kill job 15.1 from inside its cgroup: move this process out first "
+        f"(move_to_cgroups_of) (key=15.1 pid={child.pid})")
+    assert child.wait() == 0
+
+
+@pytest.mark.parametrize("bad", ["../x", "1/2", ".", ""])
+def test_given_a_bad_key_when_used_then_it_is_refused_and_nothing_is_created(
+        backend: V2Backend, bad: str) -> None:
+    before = sorted(os.listdir(backend.base))
+    with pytest.raises(CgroupError) as err:
+        backend.create(bad, Limits())
+    assert str(err.value) == ("a job cgroup key must be <job>.<task> in decimal digits without "
+                              f"leading zeros (e.g. 42.1), got {bad!r}")
+    assert sorted(os.listdir(backend.base)) == before
