@@ -1,0 +1,227 @@
+"""What geco's hooks do when things are not as they should be, on the real Grid Engine.
+
+Each test gives the hooks one bad condition (a queue without geco's prolog, a
+corrupt resource file, an unreachable qmaster, a job that leaves a daemon
+behind) and asserts the outcome a user or admin sees: the job's stderr, the
+journal, the cgroups, the processes, and that no queue instance went into
+error state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.sge
+
+PROBE = Path(__file__).with_name("probe.py")
+RESOURCES = Path("/var/lib/geco/resources")
+SITE_CONFIG = Path("/etc/geco/geco.toml")
+M = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def workdir(sge: Any, job_owner: Any) -> Path:
+    sge.require_hooks()
+    path = job_owner.make_dir("outcomes")
+    shutil.copy(PROBE, path / "probe.py")
+    os.chown(path / "probe.py", job_owner.uid, job_owner.gid)
+    return path
+
+
+def run(argv: list[str], check: bool = True) -> None:
+    subprocess.run(argv, check=check, capture_output=True, timeout=60,
+                   env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"})
+
+
+def write_script(workdir: Path, owner: Any, name: str, body: str) -> str:
+    path = workdir / f"{name}.sh"
+    path.write_text("#!/bin/sh\n" + body)
+    os.chown(path, owner.uid, owner.gid)
+    return path.name
+
+
+def first_report(workdir: Path, name: str, job: int) -> dict[str, Any]:
+    return dict(json.loads((workdir / f"{name}.o{job}").read_text().splitlines()[0]))
+
+
+def running(pid: int) -> bool:
+    """True unless the process is gone or dead (a zombie waiting for init counts as dead)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except FileNotFoundError:
+        return False
+    return stat[stat.rindex(b")") + 2:][:1] not in (b"Z", b"X")
+
+
+def no_queue_in_error(sge: Any) -> bool:
+    return not {q: s for q, s in sge.queue_states().items() if "E" in s}
+
+
+@pytest.fixture
+def queue_without_prolog(sge: Any) -> Iterator[str]:
+    """A second queue on this host whose starter is geco's but with no prolog/epilog:
+    the misconfiguration geco's starter must catch."""
+    conf = sge.queue_config()
+    lines = {**conf, "qname": "nogeco.q", "prolog": "NONE", "epilog": "NONE", "slots": "1",
+             "starter_method": "/opt/geco/libexec/starter"}
+    path = Path("/tmp/geco-test-nogeco.q")
+    path.write_text("".join(f"{k} {v}\n" for k, v in lines.items()))
+    run(["qconf", "-Aq", str(path)])
+    try:
+        yield "nogeco.q"
+    finally:
+        run(["qdel", "-f", "-u", "*"], check=False)
+        run(["qconf", "-dq", "nogeco.q"], check=False)
+        path.unlink()
+
+
+def test_a_job_that_reaches_the_starter_uncontained_never_runs_and_says_why(
+        sge: Any, job_owner: Any, workdir: Path, queue_without_prolog: str) -> None:
+    """Given a queue whose prolog is not geco's, when a job starts there, then geco's
+    starter refuses to run it: the script never runs, the job is held in error state with
+    one plain sentence in its stderr file, and no queue instance goes into error state."""
+    script = write_script(workdir, job_owner, "uncontained", "touch ran\n")
+    job = sge.submit("-cwd", "-N", "uncontained", "-q", queue_without_prolog, script,
+                     cwd=workdir)
+    stderr = workdir / f"uncontained.e{job}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and "geco starter" not in (
+            stderr.read_text() if stderr.exists() else ""):
+        time.sleep(0.3)
+    text = stderr.read_text()
+
+    assert not (workdir / "ran").exists()
+    assert f"geco starter: job {job}.1 is not inside its cgroups on {os.uname().nodename}; " \
+           "it is not started uncontained. Ask your admin to check the queue's geco prolog " \
+           "(cgroups=" in text
+    assert text.rstrip().endswith("the job is put in error state")
+    assert no_queue_in_error(sge)
+
+
+def test_a_corrupt_resource_file_is_ignored_and_replaced_by_one_qstat(
+        sge: Any, workdir: Path, job_owner: Any, journal: Any) -> None:
+    """Given a truncated resource file already waiting for a held job, when the job is
+    released, then the prolog logs a warning naming the file, asks qstat, and the job is
+    contained with its real limits; the epilog removes the file."""
+    script = write_script(workdir, job_owner, "corrupt", "exec /usr/bin/python3 probe.py\n")
+    job = sge.submit("-cwd", "-N", "corrupt", "-h", "-l", "m_mem_free=250M", script,
+                     cwd=workdir)
+    RESOURCES.mkdir(parents=True, exist_ok=True)
+    (RESOURCES / f"{job}.1").write_bytes(b"GECOResourceSet_v1{li" + str(job).encode() + b",li1,lf")
+    run(["qrls", str(job)])
+    [record] = sge.wait_finished(job, timeout=90)
+    report = first_report(workdir, "corrupt", job)
+
+    assert record["exit_status"] == "0"
+    assert report["cgroups"]["memory"] == f"/GECO/{job}.1"
+    assert int(report["memory_limit"]) == 250 * M
+    assert not (RESOURCES / f"{job}.1").exists()
+    warnings = journal.entries(JOB_ID=str(job), PRIORITY="4")
+    assert any("ignoring unusable resource file" in w["MESSAGE"]
+               and f"path={RESOURCES}/{job}.1" in w["MESSAGE"] for w in warnings)
+
+
+@pytest.fixture
+def qmaster_unreachable() -> Iterator[None]:
+    """Point the site configuration's qstat at a command that does not exist (what a
+    node sees when it cannot reach the qmaster), then restore the file."""
+    saved = SITE_CONFIG.read_bytes() if SITE_CONFIG.exists() else None
+    SITE_CONFIG.parent.mkdir(parents=True, exist_ok=True)
+    SITE_CONFIG.write_text('[qstat]\ncommand = "/nonexistent/qstat"\nretries = 0\n')
+    try:
+        yield
+    finally:
+        if saved is None:
+            SITE_CONFIG.unlink()
+        else:
+            SITE_CONFIG.write_bytes(saved)
+
+
+def test_without_qmaster_the_job_runs_bound_to_its_cores_and_the_journal_says_so(
+        sge: Any, workdir: Path, job_owner: Any, journal: Any,
+        qmaster_unreachable: None) -> None:
+    """Given a node that cannot ask qstat, when a job with m_mem_free=200M starts, then it
+    still runs in its own cgroups on one whole core (what the node knows from its
+    pe_hostfile), without the memory limit it cannot know, and a warning saying exactly
+    that is journaled; it is never silently uncontained."""
+    script = write_script(workdir, job_owner, "noqmaster", "exec /usr/bin/python3 probe.py\n")
+    job = sge.submit("-cwd", "-N", "noqmaster", "-l", "m_mem_free=200M", script, cwd=workdir)
+    [record] = sge.wait_finished(job, timeout=90)
+    report = first_report(workdir, "noqmaster", job)
+
+    assert record["exit_status"] == "0"
+    assert report["cgroups"]["cpuset"] == f"/GECO/{job}.1"
+    assert len(report["cpus"]) == 1
+    assert report["env"]["GECO_MEMORY_LIMIT"] == "0"
+    [warning] = journal.entries(JOB_ID=str(job), GECO_EVENT="degraded-containment")
+    assert warning["PRIORITY"] == "4"
+    assert f"job {job}.1 is contained with its cores only, WITHOUT memory limits" \
+        in warning["MESSAGE"]
+
+
+def test_a_daemon_left_behind_by_a_job_does_not_outlive_it(
+        sge: Any, workdir: Path, job_owner: Any) -> None:
+    """Given a job that starts a detached daemon (setsid) and exits, then the daemon is
+    dead when the job has ended (Grid Engine kills what carries the job's additional
+    group id; geco's epilog kills whatever is still in the job's cgroups)."""
+    script = write_script(workdir, job_owner, "daemon",
+                          "setsid sleep 300 </dev/null >/dev/null 2>&1 &\necho $!\n")
+    job = sge.submit("-cwd", "-N", "daemon", script, cwd=workdir)
+    [record] = sge.wait_finished(job, timeout=90)
+    daemon = int((workdir / f"daemon.o{job}").read_text().split()[0])
+
+    assert record["exit_status"] == "0"
+    assert not running(daemon)
+    assert not Path(f"/sys/fs/cgroup/cpuset/GECO/{job}.1").exists()
+
+
+def wait_for_cgroup(job: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not Path(f"/sys/fs/cgroup/freezer/GECO/{job}.1").is_dir():
+        assert time.monotonic() < deadline, f"job {job} got no cgroups in {timeout} s"
+        time.sleep(0.1)
+
+
+def test_a_process_grid_engine_does_not_know_is_killed_by_the_epilog_and_journaled(
+        sge: Any, workdir: Path, job_owner: Any, journal: Any) -> None:
+    """Given a process of the job's owner that joined the job's cgroups from outside Grid
+    Engine (as an adopted ssh session does: it lacks the job's additional group id, so
+    Grid Engine cannot find it), when the job ends, then geco's epilog kills it, removes
+    the cgroups, and `journalctl JOB_ID=<job>` tells the story: contained (cores, limits,
+    owner), prolog done, ended with one leftover process killed."""
+    script = write_script(workdir, job_owner, "adopted", "sleep 3\n")
+    job = sge.submit("-cwd", "-N", "adopted", "-l", "m_mem_free=100M", script, cwd=workdir)
+    wait_for_cgroup(job)
+    stray = subprocess.Popen(["runuser", "-u", job_owner.name, "--", "setsid", "sleep", "300"],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        time.sleep(0.3)  # runuser has exec'd sleep by now (its only child)
+        sleeper = int(Path(f"/proc/{stray.pid}/task/{stray.pid}/children").read_text().split()[0])
+        for controller in ("cpuset", "memory", "freezer", "pids"):
+            Path(f"/sys/fs/cgroup/{controller}/GECO/{job}.1/tasks").write_text(str(sleeper))
+        [record] = sge.wait_finished(job, timeout=90)
+        story = journal.wait_for(10, JOB_ID=str(job), GECO_EVENT="job-end")
+        stray.wait(timeout=30)
+    finally:
+        stray.kill()
+
+    assert record["exit_status"] == "0"
+    assert not running(sleeper)
+    assert not Path(f"/sys/fs/cgroup/cpuset/GECO/{job}.1").exists()
+    assert story[0]["KILLED"] == "1"
+    events = [e.get("GECO_EVENT") for e in journal.entries(JOB_ID=str(job))]
+    assert events.index("job-contained") < events.index("prolog-done") < events.index("job-end")
+    contained = journal.entries(JOB_ID=str(job), GECO_EVENT="job-contained")[0]
+    assert (contained["SGE_TASK_ID"], contained["MEMORY_LIMIT"], contained["OWNER"]) == (
+        "1", str(100 * M), job_owner.name)
+    assert contained["SYSLOG_IDENTIFIER"] == "geco-prolog"
