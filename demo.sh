@@ -31,6 +31,22 @@ say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 say "installing geco"
 ./scripts/install.sh
 
+say "making sure journald runs (geco journals every job's story)"
+journal_alive() {
+  /opt/geco/venv/bin/python -c 'import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+sys.exit(s.connect_ex("/run/systemd/journal/socket"))' 2>/dev/null
+}
+if journal_alive; then
+  echo "  journald is running"
+else
+  # no systemd as PID 1 here: journald runs fine on its own and creates its sockets
+  (cd / && env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin setsid /lib/systemd/systemd-journald \
+     </dev/null >/dev/null 2>&1 &)
+  for _ in $(seq 50); do journal_alive && break; sleep 0.1; done
+  journal_alive && echo "  started /lib/systemd/systemd-journald" || echo "  WARNING: no journald"
+fi
+
 say "starting Grid Engine with geco's hooks"
 hooks=()
 if [ "${GECO_DEMO_HOOKS:-1}" = 0 ]; then
@@ -110,8 +126,10 @@ if qacct -j "${JOBS[oom]}" >"$dir/oom.qacct" 2>&1; then
 else
   echo "  qacct has no record yet:"; sed 's/^/  /' "$dir/oom.qacct"
 fi
-if [ -S /run/systemd/journal/socket ]; then
-  echo "  geco's side of the story: journalctl JOB_ID=${JOBS[oom]}"
+if journal_alive; then
+  journalctl --sync 2>/dev/null || true
+  echo "  geco's side of the story (journalctl JOB_ID=${JOBS[oom]}):"
+  journalctl --no-pager -o short JOB_ID="${JOBS[oom]}" | sed 's/^/    /'
 fi
 
 say "done"

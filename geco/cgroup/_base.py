@@ -30,6 +30,7 @@ from geco.errors import CgroupError
 __all__ = ["Backend", "Limits", "check_key", "check_name", "is_under", "job_key", "warn_once"]
 
 _log = log.get("cgroup")
+_KILL_FREEZE_TIMEOUT = 5.0
 
 # Job and task ids are decimal without leading zeros, so one job has exactly
 # one directory name ("42.1", never "042.1"), and nothing like "..", "/" or a
@@ -408,6 +409,26 @@ class Backend(ABC):
             raise CgroupError(f"refusing to kill job {key} from inside its cgroup: move this "
                               f"process out first (move_to_cgroups_of)", key=key,
                               pid=os.getpid())
+
+    def _kill_frozen(self, key: str, freezable: bool) -> int:
+        """Freeze (best effort), SIGKILL every member, thaw; return how many were signalled.
+
+        A forking job cannot outrun the sweep while frozen; a process stuck in the
+        kernel may keep the cgroup freezing, so the freeze waits only briefly and a
+        failed freeze still lets the SIGKILLs go out.
+        """
+        if freezable:
+            try:
+                self.freeze(key, _KILL_FREEZE_TIMEOUT)
+            except CgroupError as exc:
+                _log.warning("killing job %s without a complete freeze: %s", key, exc)
+        try:
+            count = self._sigkill_all(key)
+        finally:
+            if freezable:
+                self.thaw(key)
+        _log.debug("sent SIGKILL to %d processes of job %s", count, key)
+        return count
 
     def _sigkill_all(self, key: str) -> int:
         """SIGKILL every member until a sweep finds no new pid; return how many were signalled."""

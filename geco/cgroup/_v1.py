@@ -57,9 +57,6 @@ OPTIONAL = ("freezer", "pids")
 # The kernel shows "no limit" as PAGE_COUNTER_MAX pages in bytes
 # (9223372036854771712 with 4 KiB pages); anything this large is "none".
 _UNLIMITED_FROM = 1 << 62
-# kill() freezes first so a forking job cannot outrun the sweep; a process
-# stuck in the kernel may keep the cgroup FREEZING, so do not wait long.
-_KILL_FREEZE_TIMEOUT = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -402,19 +399,8 @@ class V1Backend(Backend):
         if not self.exists(key):
             return 0
         self._refuse_own_job(key)
-        frozen = "freezer" in self._hier and self._dir("freezer", key).is_dir()
-        if frozen:
-            try:
-                self.freeze(key, _KILL_FREEZE_TIMEOUT)
-            except CgroupError as exc:
-                _log.warning("killing job %s without a complete freeze: %s", key, exc)
-        try:
-            count = self._sigkill_all(key)
-        finally:
-            if frozen:
-                self.thaw(key)
-        _log.debug("sent SIGKILL to %d processes of job %s", count, key)
-        return count
+        return self._kill_frozen(
+            key, "freezer" in self._hier and self._dir("freezer", key).is_dir())
 
     def usage(self, key: str) -> dict[str, int]:
         check_key(key)

@@ -55,7 +55,6 @@ _log = log.get("cgroup")
 
 REQUIRED = ("cpuset", "memory")
 OPTIONAL = ("pids",)
-_KILL_FREEZE_TIMEOUT = 5.0
 
 
 def _max_value(path: Path) -> int:
@@ -274,22 +273,11 @@ class V2Backend(Backend):
         if not d.is_dir():
             return 0
         self._refuse_own_job(key)
-        if (d / "cgroup.kill").exists():
-            count = len(self.pids(key))
-            write_bytes(d / "cgroup.kill", b"1", key=key)
-        else:
-            freezable = (d / "cgroup.freeze").exists()
-            if freezable:
-                try:
-                    self.freeze(key, _KILL_FREEZE_TIMEOUT)
-                except CgroupError as exc:
-                    _log.warning("killing job %s without a complete freeze: %s", key, exc)
-            try:
-                count = self._sigkill_all(key)
-            finally:
-                if freezable:
-                    self.thaw(key)
-        _log.debug("sent SIGKILL to %d processes of job %s", count, key)
+        if not (d / "cgroup.kill").exists():  # kernels before 5.14
+            return self._kill_frozen(key, (d / "cgroup.freeze").exists())
+        count = len(self.pids(key))
+        write_bytes(d / "cgroup.kill", b"1", key=key)
+        _log.debug("cgroup.kill for %d processes of job %s", count, key)
         return count
 
     def usage(self, key: str) -> dict[str, int]:

@@ -26,6 +26,7 @@ import sys
 from geco import cgroup, containment, log, sgejob, statefile
 from geco.config import Config
 from geco.hooks import Exit, run
+from geco.units import format_memory
 
 __all__ = ["main"]
 
@@ -47,12 +48,12 @@ def _body(cfg: Config, logger: logging.Logger) -> Exit:
                          extra=log.job_fields(job.job_id, job.task_id, "cleanup-stuck",
                                               PIDS=" ".join(map(str, outcome.remaining))))
             return Exit.OK
+        peak = outcome.usage.get("memory_peak", 0)
         logger.info("job %s ended: cgroups removed, %d leftover process(es) killed, "
-                    "peak memory %d bytes", job.key, outcome.killed,
-                    outcome.usage.get("memory_peak", 0),
+                    "peak memory %s", job.key, outcome.killed, format_memory(peak),
                     extra=log.job_fields(job.job_id, job.task_id, "job-end",
                                          KILLED=outcome.killed,
-                                         MEMORY_PEAK=outcome.usage.get("memory_peak", 0)))
+                                         MEMORY_PEAK=peak))
     else:
         logger.info("job %s has no cgroups on this node", job.key,
                     extra=log.job_fields(job.job_id, job.task_id, "job-end"))

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Asks for m_mem_free=200M (qsub -l m_mem_free=200M), then uses 400M: with geco the
-# kernel stops it at the limit (OOM kill) and geco explains that in the .e file.
+# kernel stops it at the limit (OOM kill) and the demo reports how it ended.
 . ./report.sh
 report
 echo "  allocating 400M in 50M steps ..."

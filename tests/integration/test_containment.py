@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -25,46 +24,8 @@ from geco.topology import Topology
 
 pytestmark = pytest.mark.sge
 
-PROBE = Path(__file__).with_name("probe.py")
 GECO_CGROUPS = {c: Path("/sys/fs/cgroup") / c / "GECO" for c in ("cpuset", "memory", "freezer")}
 M = 1 << 20
-
-
-@pytest.fixture(scope="module")
-def jobs(sge: Any, job_owner: Any) -> Any:
-    """The cluster with geco's hooks, a job dir owned by the test user with probe.py in it."""
-    sge.require_hooks()
-    workdir = job_owner.make_dir("containment")
-    shutil.copy(PROBE, workdir / "probe.py")
-    os.chown(workdir / "probe.py", job_owner.uid, job_owner.gid)
-    submitted: list[int] = []
-
-    class Jobs:
-        dir = workdir
-        ids = submitted
-
-        @staticmethod
-        def submit(name: str, *qsub: str, probe: str = "", script: str = "") -> int:
-            """Submit probe.py (or a shell script) as the test user with -cwd; return the id."""
-            body = script or f"exec /usr/bin/python3 probe.py {probe}\n"
-            path = workdir / f"{name}.sh"
-            path.write_text("#!/bin/sh\n" + body)
-            os.chown(path, job_owner.uid, job_owner.gid)
-            job = sge.submit("-cwd", "-N", name, *qsub, path.name, cwd=workdir)
-            submitted.append(job)
-            return int(job)
-
-        @staticmethod
-        def reports(name: str, job: int, task: int | None = None) -> list[dict[str, Any]]:
-            """The JSON lines the job printed to its .o file."""
-            out = workdir / (f"{name}.o{job}" + (f".{task}" if task else ""))
-            return [json.loads(line) for line in out.read_text().splitlines() if line]
-
-        @staticmethod
-        def stderr(name: str, job: int, task: int | None = None) -> str:
-            return (workdir / (f"{name}.e{job}" + (f".{task}" if task else ""))).read_text()
-
-    return Jobs
 
 
 def host_cores() -> list[frozenset[int]]:
@@ -85,16 +46,16 @@ def whole_cores(cpus: list[int]) -> list[frozenset[int]]:
 
 
 def test_serial_job_runs_in_its_own_cgroups_on_one_whole_core_with_its_memory_limit(
-        sge: Any, jobs: Any) -> None:
+        sge: Any, job_dir: Any) -> None:
     """Given a serial job requesting m_mem_free=300M, when it runs, then from inside it
     sees its own cgroups GECO/<job>.1, exactly one whole core, a 300M RAM limit, and the
     same facts in GECO_* variables; it exits 0 and its stderr is empty."""
-    job = jobs.submit("serial", "-l", "m_mem_free=300M")
+    job = job_dir.submit("serial", "-l", "m_mem_free=300M")
     [record] = sge.wait_finished(job, timeout=90)
-    first = jobs.reports("serial", job)[0]
+    first = job_dir.reports("serial", job)[0]
 
     assert (record["exit_status"], record["failed"]) == ("0", "0")
-    assert jobs.stderr("serial", job) == ""
+    assert job_dir.output("serial", job, stream="e") == ""
     assert_contained(first, f"{job}.1")
     assert len(whole_cores(first["cpus"])) == 1
     assert int(first["memory_limit"]) == 300 * M
@@ -103,10 +64,10 @@ def test_serial_job_runs_in_its_own_cgroups_on_one_whole_core_with_its_memory_li
     assert first["env"]["GECO_NODE"] == os.uname().nodename
 
 
-def test_pe_smp_2_job_gets_two_whole_cores(sge: Any, jobs: Any) -> None:
-    job = jobs.submit("smp", "-pe", "smp", "2")
+def test_pe_smp_2_job_gets_two_whole_cores(sge: Any, job_dir: Any) -> None:
+    job = job_dir.submit("smp", "-pe", "smp", "2")
     [record] = sge.wait_finished(job, timeout=90)
-    first = jobs.reports("smp", job)[0]
+    first = job_dir.reports("smp", job)[0]
 
     assert record["exit_status"] == "0"
     assert_contained(first, f"{job}.1")
@@ -114,12 +75,12 @@ def test_pe_smp_2_job_gets_two_whole_cores(sge: Any, jobs: Any) -> None:
 
 
 def test_concurrent_array_tasks_get_distinct_cgroups_and_disjoint_cores(
-        sge: Any, jobs: Any) -> None:
+        sge: Any, job_dir: Any) -> None:
     """Given a 2-task array job whose tasks overlap in time, then each task has its own
     cgroups and the two core sets do not intersect."""
-    job = jobs.submit("array", "-t", "1-2", probe="--sleep 4")
+    job = job_dir.submit("array", "-t", "1-2", probe="--sleep 4")
     records = sge.wait_finished(job, timeout=120)
-    tasks = {t: jobs.reports("array", job, t) for t in (1, 2)}
+    tasks = {t: job_dir.reports("array", job, t) for t in (1, 2)}
 
     assert sorted(r["exit_status"] for r in records) == ["0", "0"]
     one, two = tasks[1][0], tasks[2][0]
@@ -131,31 +92,33 @@ def test_concurrent_array_tasks_get_distinct_cgroups_and_disjoint_cores(
 
 
 def test_job_over_its_m_mem_free_is_killed_by_the_kernel_and_its_neighbour_is_untouched(
-        sge: Any, jobs: Any) -> None:
+        sge: Any, job_dir: Any) -> None:
     """Given a job with m_mem_free=200M that touches 400M and a neighbour job running at
     the same time, then the kernel kills the hog's allocating process (SIGKILL: 137 as seen
     by the job's shell) while the neighbour allocates its 100M and finishes normally."""
-    neighbour = jobs.submit("neighbour", "-l", "m_mem_free=300M", probe="--alloc 100 --sleep 4")
-    hog = jobs.submit("hog", "-l", "m_mem_free=200M",
+    neighbour = job_dir.submit("neighbour", "-l", "m_mem_free=300M",
+                               probe="--alloc 100 --sleep 4")
+    hog = job_dir.submit("hog", "-l", "m_mem_free=200M",
                       script="/usr/bin/python3 probe.py --alloc 400\necho \"probe exit $?\"\n")
     [hog_record] = sge.wait_finished(hog, timeout=120)
     [neighbour_record] = sge.wait_finished(neighbour, timeout=120)
-    hog_out = (jobs.dir / f"hog.o{hog}").read_text()
+    hog_out = job_dir.output("hog", hog)
 
     assert hog_out.splitlines()[-1] == "probe exit 137"
     assert "allocated_mib" not in hog_out
     assert int(json.loads(hog_out.splitlines()[0])["memory_limit"]) == 200 * M
     assert hog_record["failed"] == "0"  # the job's shell survived: only the hog was killed
     assert neighbour_record["exit_status"] == "0"
-    assert [r.get("allocated_mib") for r in jobs.reports("neighbour", neighbour)][1] == 100
+    assert [r.get("allocated_mib") for r in job_dir.reports("neighbour", neighbour)][1] == 100
 
 
-def test_h_vmem_sets_the_ram_plus_swap_limit_to_h_vmem_times_slots(sge: Any, jobs: Any) -> None:
+def test_h_vmem_sets_the_ram_plus_swap_limit_to_h_vmem_times_slots(
+        sge: Any, job_dir: Any) -> None:
     """Given -l h_vmem=300M -pe smp 2, then memory+swap is limited to 600M (h_vmem is per
     slot), and RAM cannot exceed it either."""
-    job = jobs.submit("vmem", "-l", "h_vmem=300M", "-pe", "smp", "2")
+    job = job_dir.submit("vmem", "-l", "h_vmem=300M", "-pe", "smp", "2")
     [record] = sge.wait_finished(job, timeout=90)
-    first = jobs.reports("vmem", job)[0]
+    first = job_dir.reports("vmem", job)[0]
 
     assert record["exit_status"] == "0"
     assert int(first["memsw_limit"]) == 600 * M
@@ -163,20 +126,21 @@ def test_h_vmem_sets_the_ram_plus_swap_limit_to_h_vmem_times_slots(sge: Any, job
     assert first["env"]["GECO_VMEM_LIMIT"] == str(600 * M)
 
 
-def test_after_all_jobs_nothing_is_left_behind(sge: Any, jobs: Any, job_owner: Any) -> None:
+def test_after_all_jobs_nothing_is_left_behind(
+        sge: Any, job_dir: Any, job_owner: Any) -> None:
     """Given every job of this module has ended, then no GECO/<job>.* cgroup, no process of
     the test user and no resource file of these jobs remains, and no queue is in error."""
-    assert jobs.ids, "run with the other tests of this module"
+    assert job_dir.ids, "run with the other tests of this module"
     deadline = time.monotonic() + 30
-    while any(sge.is_known(j) for j in jobs.ids) and time.monotonic() < deadline:
+    while any(sge.is_known(j) for j in job_dir.ids) and time.monotonic() < deadline:
         time.sleep(0.5)
     left = sorted(str(p) for root in GECO_CGROUPS.values() if root.is_dir()
                   for p in root.iterdir() if p.is_dir() and p.name.split(".")[0] in
-                  {str(j) for j in jobs.ids})
+                  {str(j) for j in job_dir.ids})
     processes = [p for p in Path("/proc").iterdir() if p.name.isdigit()
                  and _uid(p) == job_owner.uid]
     resources = sorted(p.name for p in Path("/var/lib/geco/resources").glob("*")
-                       if p.name.split(".")[0] in {str(j) for j in jobs.ids})
+                       if p.name.split(".")[0] in {str(j) for j in job_dir.ids})
 
     assert left == []
     assert processes == []

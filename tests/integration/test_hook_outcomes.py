@@ -9,9 +9,7 @@ error state.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -22,19 +20,9 @@ import pytest
 
 pytestmark = pytest.mark.sge
 
-PROBE = Path(__file__).with_name("probe.py")
 RESOURCES = Path("/var/lib/geco/resources")
 SITE_CONFIG = Path("/etc/geco/geco.toml")
 M = 1 << 20
-
-
-@pytest.fixture(scope="module")
-def workdir(sge: Any, job_owner: Any) -> Path:
-    sge.require_hooks()
-    path = job_owner.make_dir("outcomes")
-    shutil.copy(PROBE, path / "probe.py")
-    os.chown(path / "probe.py", job_owner.uid, job_owner.gid)
-    return path
 
 
 def run(argv: list[str], check: bool = True) -> None:
@@ -42,15 +30,6 @@ def run(argv: list[str], check: bool = True) -> None:
                    env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"})
 
 
-def write_script(workdir: Path, owner: Any, name: str, body: str) -> str:
-    path = workdir / f"{name}.sh"
-    path.write_text("#!/bin/sh\n" + body)
-    os.chown(path, owner.uid, owner.gid)
-    return path.name
-
-
-def first_report(workdir: Path, name: str, job: int) -> dict[str, Any]:
-    return dict(json.loads((workdir / f"{name}.o{job}").read_text().splitlines()[0]))
 
 
 def running(pid: int) -> bool:
@@ -85,21 +64,21 @@ def queue_without_prolog(sge: Any) -> Iterator[str]:
 
 
 def test_a_job_that_reaches_the_starter_uncontained_never_runs_and_says_why(
-        sge: Any, job_owner: Any, workdir: Path, queue_without_prolog: str) -> None:
+        sge: Any, job_owner: Any, job_dir: Any, queue_without_prolog: str) -> None:
     """Given a queue whose prolog is not geco's, when a job starts there, then geco's
     starter refuses to run it: the script never runs, the job is held in error state with
     one plain sentence in its stderr file, and no queue instance goes into error state."""
-    script = write_script(workdir, job_owner, "uncontained", "touch ran\n")
+    script = job_dir.script("uncontained", "touch ran\n")
     job = sge.submit("-cwd", "-N", "uncontained", "-q", queue_without_prolog, script,
-                     cwd=workdir)
-    stderr = workdir / f"uncontained.e{job}"
+                     cwd=job_dir.path)
+    stderr = job_dir.path / f"uncontained.e{job}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and "geco starter" not in (
             stderr.read_text() if stderr.exists() else ""):
         time.sleep(0.3)
     text = stderr.read_text()
 
-    assert not (workdir / "ran").exists()
+    assert not (job_dir.path / "ran").exists()
     assert f"geco starter: job {job}.1 is not inside its cgroups on {os.uname().nodename}; " \
            "it is not started uncontained. Ask your admin to check the queue's geco prolog " \
            "(cgroups=" in text
@@ -108,18 +87,18 @@ def test_a_job_that_reaches_the_starter_uncontained_never_runs_and_says_why(
 
 
 def test_a_corrupt_resource_file_is_ignored_and_replaced_by_one_qstat(
-        sge: Any, workdir: Path, job_owner: Any, journal: Any) -> None:
+        sge: Any, job_dir: Any, job_owner: Any, journal: Any) -> None:
     """Given a truncated resource file already waiting for a held job, when the job is
     released, then the prolog logs a warning naming the file, asks qstat, and the job is
     contained with its real limits; the epilog removes the file."""
-    script = write_script(workdir, job_owner, "corrupt", "exec /usr/bin/python3 probe.py\n")
+    script = job_dir.script("corrupt", "exec /usr/bin/python3 probe.py\n")
     job = sge.submit("-cwd", "-N", "corrupt", "-h", "-l", "m_mem_free=250M", script,
-                     cwd=workdir)
+                     cwd=job_dir.path)
     RESOURCES.mkdir(parents=True, exist_ok=True)
     (RESOURCES / f"{job}.1").write_bytes(b"GECOResourceSet_v1{li" + str(job).encode() + b",li1,lf")
     run(["qrls", str(job)])
     [record] = sge.wait_finished(job, timeout=90)
-    report = first_report(workdir, "corrupt", job)
+    report = job_dir.reports("corrupt", job)[0]
 
     assert record["exit_status"] == "0"
     assert report["cgroups"]["memory"] == f"/GECO/{job}.1"
@@ -147,16 +126,16 @@ def qmaster_unreachable() -> Iterator[None]:
 
 
 def test_without_qmaster_the_job_runs_bound_to_its_cores_and_the_journal_says_so(
-        sge: Any, workdir: Path, job_owner: Any, journal: Any,
+        sge: Any, job_dir: Any, job_owner: Any, journal: Any,
         qmaster_unreachable: None) -> None:
     """Given a node that cannot ask qstat, when a job with m_mem_free=200M starts, then it
     still runs in its own cgroups on one whole core (what the node knows from its
     pe_hostfile), without the memory limit it cannot know, and a warning saying exactly
     that is journaled; it is never silently uncontained."""
-    script = write_script(workdir, job_owner, "noqmaster", "exec /usr/bin/python3 probe.py\n")
-    job = sge.submit("-cwd", "-N", "noqmaster", "-l", "m_mem_free=200M", script, cwd=workdir)
+    script = job_dir.script("noqmaster", "exec /usr/bin/python3 probe.py\n")
+    job = sge.submit("-cwd", "-N", "noqmaster", "-l", "m_mem_free=200M", script, cwd=job_dir.path)
     [record] = sge.wait_finished(job, timeout=90)
-    report = first_report(workdir, "noqmaster", job)
+    report = job_dir.reports("noqmaster", job)[0]
 
     assert record["exit_status"] == "0"
     assert report["cgroups"]["cpuset"] == f"/GECO/{job}.1"
@@ -169,15 +148,15 @@ def test_without_qmaster_the_job_runs_bound_to_its_cores_and_the_journal_says_so
 
 
 def test_a_daemon_left_behind_by_a_job_does_not_outlive_it(
-        sge: Any, workdir: Path, job_owner: Any) -> None:
+        sge: Any, job_dir: Any, job_owner: Any) -> None:
     """Given a job that starts a detached daemon (setsid) and exits, then the daemon is
     dead when the job has ended (Grid Engine kills what carries the job's additional
     group id; geco's epilog kills whatever is still in the job's cgroups)."""
-    script = write_script(workdir, job_owner, "daemon",
+    script = job_dir.script("daemon",
                           "setsid sleep 300 </dev/null >/dev/null 2>&1 &\necho $!\n")
-    job = sge.submit("-cwd", "-N", "daemon", script, cwd=workdir)
+    job = sge.submit("-cwd", "-N", "daemon", script, cwd=job_dir.path)
     [record] = sge.wait_finished(job, timeout=90)
-    daemon = int((workdir / f"daemon.o{job}").read_text().split()[0])
+    daemon = int(job_dir.output("daemon", job).split()[0])
 
     assert record["exit_status"] == "0"
     assert not running(daemon)
@@ -192,14 +171,14 @@ def wait_for_cgroup(job: int, timeout: float = 60) -> None:
 
 
 def test_a_process_grid_engine_does_not_know_is_killed_by_the_epilog_and_journaled(
-        sge: Any, workdir: Path, job_owner: Any, journal: Any) -> None:
+        sge: Any, job_dir: Any, job_owner: Any, journal: Any) -> None:
     """Given a process of the job's owner that joined the job's cgroups from outside Grid
     Engine (as an adopted ssh session does: it lacks the job's additional group id, so
     Grid Engine cannot find it), when the job ends, then geco's epilog kills it, removes
     the cgroups, and `journalctl JOB_ID=<job>` tells the story: contained (cores, limits,
     owner), prolog done, ended with one leftover process killed."""
-    script = write_script(workdir, job_owner, "adopted", "sleep 3\n")
-    job = sge.submit("-cwd", "-N", "adopted", "-l", "m_mem_free=100M", script, cwd=workdir)
+    script = job_dir.script("adopted", "sleep 3\n")
+    job = sge.submit("-cwd", "-N", "adopted", "-l", "m_mem_free=100M", script, cwd=job_dir.path)
     wait_for_cgroup(job)
     stray = subprocess.Popen(["runuser", "-u", job_owner.name, "--", "setsid", "sleep", "300"],
                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

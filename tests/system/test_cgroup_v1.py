@@ -55,6 +55,22 @@ def parse_list(text: str) -> set[int]:
     return out
 
 
+def remove_idle_geco() -> str:
+    """Remove geco's own top-level GECO cgroups when no job is in them; say why not otherwise.
+
+    Its cpuset overlaps every cpu, so while it exists no top-level test cpuset can be
+    cpu_exclusive. An empty GECO holds no state (geco rebuilds it from the job
+    cgroups, and the next prolog recreates it), so removing it loses nothing.
+    """
+    dirs = [h.mount_point / "GECO" for h in MOUNTED.values() if (h.mount_point / "GECO").is_dir()]
+    jobs = sorted({d.name for g in dirs for d in g.iterdir() if d.is_dir()})
+    if jobs:
+        return f"geco's GECO cgroups hold jobs ({', '.join(jobs)}); run this module when idle"
+    for geco in dirs:
+        geco.rmdir()
+    return ""
+
+
 def usable_hierarchies() -> tuple[dict[str, Hierarchy], str]:
     """The hierarchies the tests build their parents in, and why they cannot run ("" = they can).
 
@@ -66,6 +82,9 @@ def usable_hierarchies() -> tuple[dict[str, Hierarchy], str]:
     """
     if "cpuset" not in MOUNTED or "memory" not in MOUNTED:
         return {}, "this machine has no cgroup v1 cpuset and memory hierarchies"
+    busy_geco = remove_idle_geco()
+    if busy_geco:
+        return {}, busy_geco
     top = MOUNTED["cpuset"]
     root_cpus = parse_list((top.mount_point / "cpuset.cpus").read_text())
     blockers = [d for d in top.mount_point.iterdir()
