@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -83,7 +82,8 @@ def main() -> int:
         if journald is not None:
             harness._stop(journald)
     print(f"geco hooks on {len(jobs)} real Grid Engine jobs (-b y /bin/true, one slot), ms")
-    print(f"{'hook':8} {'jobs':>5} {'in hook p50':>12} {'p90':>7} {'since exec p50':>15} {'p90':>7}")
+    print(f"{'hook':8} {'jobs':>5} {'in hook p50':>12} {'p90':>7} "
+          f"{'since exec p50':>15} {'p90':>7}")
     for hook, n, inside, total in rows:
         if not inside:
             print(f"{hook:8} {n:>5}  no journal entries: are the hooks configured?")
