@@ -22,6 +22,9 @@
 #   SGE_H_VMEM_DEFAULT implicit per-slot h_vmem of jobs that request none (default 2G; 0
 #                      would make SGE kill every job that does not request h_vmem)
 #   SGE_TRACE_LEVEL_MAX highest geco_trace_level a job may request (default 4 = debug)
+#   GECO_EXECD_PRELOAD LD_PRELOAD for sge_execd (geco's exec() wrapper,
+#                      /opt/geco/lib/libgeco_preload.so); empty = none. A running execd
+#                      with another value is restarted (running jobs survive that).
 #   SGE_EXECD_PARAMS   execd_params of the global configuration (default none;
 #                      KEEP_ACTIVE=true keeps active_jobs/* for debugging)
 #   SGE_SCHEDULE_INTERVAL scheduler interval (default 0:0:1: jobs start within ~1 s)
@@ -80,6 +83,7 @@ MEM=${SGE_MEM:-$(awk '/^MemTotal:/ {printf "%dM", $2 / 1024}' /proc/meminfo)}
 HVMEM_DEFAULT=${SGE_H_VMEM_DEFAULT:-2G}
 TRACE_MAX=${SGE_TRACE_LEVEL_MAX:-4}
 EXECD_PARAMS=${SGE_EXECD_PARAMS:-none}
+EXECD_PRELOAD=${GECO_EXECD_PRELOAD:-}
 SCHEDULE_INTERVAL=${SGE_SCHEDULE_INTERVAL:-0:0:1}
 HN=$(hostname)
 
@@ -117,8 +121,11 @@ fix_queue() {
 }
 # execd's environment is inherited by every shepherd, prolog, job and epilog: start
 # the daemons with nothing of ours (env -i), in their own session (setsid), from /.
+# start_daemon CMD [VAR=value...]: the extra variables (only LD_PRELOAD for execd) are the
+# one thing of ours a daemon gets.
 start_daemon() {
-  (cd / && env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 setsid "$1" </dev/null >/dev/null 2>&1)
+  (cd / && env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 "${@:2}" setsid "$1" \
+     </dev/null >/dev/null 2>&1)
 }
 wait_for() { # seconds description command...
   local t=$1 what=$2; shift 2
@@ -142,6 +149,7 @@ fingerprint() {
   printf '%s\n' "host=$SGEH" "slots=$SLOTS" "mem=$MEM" "h_vmem_default=$HVMEM_DEFAULT" \
     "trace_max=$TRACE_MAX" "prolog=$PROLOG" "epilog=$EPILOG" "starter=$STARTER" \
     "shepherd=$SHEPHERD" "execd_params=$EXECD_PARAMS" "schedule_interval=$SCHEDULE_INTERVAL" \
+    "execd_preload=$EXECD_PRELOAD" \
     "script=$(sha256sum < "$HERE/setup.sh" | cut -d' ' -f1)"
 }
 
@@ -449,17 +457,19 @@ log "   starter_method=$STARTER shepherd_cmd=$SHEPHERD"
 # ---------------------------------------------------------------------------
 log "== sge_execd"
 EPF=$SPOOL/execd/$SGEH/execd.pid
-if execd_up && [ "$GLOBAL_CHANGED" = yes ]; then
+# LD_PRELOAD of the running execd, to restart it when GECO_EXECD_PRELOAD changed
+execd_preload() { tr '\0' '\n' < "/proc/$(cat "$EPF")/environ" 2>/dev/null | sed -n 's/^LD_PRELOAD=//p'; }
+if execd_up && { [ "$GLOBAL_CHANGED" = yes ] || [ "$(execd_preload)" != "$EXECD_PRELOAD" ]; }; then
   old=$(cat "$EPF")
   qconf -ke "$SGEH" >/dev/null 2>&1 || true
   gone() { [ "$(cat "/proc/$old/comm" 2>/dev/null)" != sge_execd ]; }
   wait_for 30 "sge_execd (pid $old) to stop" gone
-  log "   stopped execd (pid $old) to apply the global configuration"
+  log "   stopped execd (pid $old) to apply the global configuration or its LD_PRELOAD"
 fi
 if execd_up; then
   log "   running (pid $(cat "$EPF"))"
 else
-  start_daemon /usr/sbin/sge_execd
+  start_daemon /usr/sbin/sge_execd ${EXECD_PRELOAD:+"LD_PRELOAD=$EXECD_PRELOAD"}
   wait_for "$TIMEOUT" "sge_execd to report ($QUEUE@$SGEH without state u)" queue_reporting
   log "   started (pid $(cat "$EPF"))"
 fi
