@@ -18,14 +18,16 @@ stderr starting with ``geco``.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from geco import __version__, qstat, rsrcinfo, statefile
 from geco import config as _config
 from geco.errors import (
+    ConfigError,
     GecoError,
     JobNotFound,
     QstatError,
@@ -87,6 +89,65 @@ def _rsrcinfo(args: argparse.Namespace) -> ResourceSet:
         raise
 
 
+def _add_key_commands(sub: Any) -> None:
+    """The parser entries of `geco keygen` and `geco preload-config`."""
+    kg = sub.add_parser("keygen", help="write a new quarantine key (gecod and the preload)",
+                        description="Write a new random 32-byte quarantine key, atomically, "
+                                    "mode 0600. Default PATH: [gecod] key_file.")
+    kg.add_argument("--force", action="store_true", help="replace an existing key file")
+    kg.add_argument("path", nargs="?", metavar="PATH", help="the key file")
+    pc = sub.add_parser("preload-config", help="render the preload's preload.conf",
+                        description="Render the exec() preload's key=value config from "
+                                    "geco.toml's [gecod] section (stdout by default).")
+    pc.add_argument("-o", "--output", metavar="PATH",
+                    help="write it atomically here (e.g. /etc/geco/preload.conf)")
+
+
+def _keygen(args: argparse.Namespace) -> int:
+    # imported here: pynacl costs ~15 ms at import, which `geco rsrcinfo` need not pay
+    from geco import keys
+
+    try:
+        path = Path(args.path) if args.path else _config.load().gecod_key_file
+        keys.generate_key(path, force=args.force)
+    except GecoError as exc:
+        print(f"geco keygen: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"geco keygen: wrote a new key to {path}; restart gecod, sge_execd and sshd to use it")
+    if os.geteuid() != 0:
+        print(f"geco keygen: warning: {path} is not owned by root, so gecod will refuse it; "
+              f"run keygen as root", file=sys.stderr)
+    return EXIT_OK
+
+
+def _preload_config(args: argparse.Namespace) -> int:
+    from geco import preload_config  # see _keygen
+
+    source = Path(os.environ.get("GECO_CONFIG") or _config.DEFAULT_PATH)
+    try:
+        cfg = _config.load(source)
+        if args.output:
+            preload_config.write(cfg, args.output, source=source)
+        else:
+            sys.stdout.write(preload_config.render(cfg, source=source))
+    except ConfigError as exc:
+        print(f"geco preload-config: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except GecoError as exc:
+        print(f"geco preload-config: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def _add_daemon_command(sub: Any) -> None:
+    """The parser entry of `geco daemon` (gecod); its options live in geco.daemon."""
+    from geco import daemon
+
+    daemon.add_arguments(sub.add_parser("daemon", help="run gecod, the quarantine daemon (root)",
+                                description="Run gecod, the quarantine daemon, in the "
+                                            "foreground (systemd: gecod.service)."))
+
+
 def _build_parser() -> _Parser:
     parser = _Parser(prog="geco", description="Grid Engine Cgroup Orchestrator")
     parser.add_argument("--version", action="version", version=f"geco {__version__}")
@@ -106,6 +167,8 @@ def _build_parser() -> _Parser:
     ri.add_argument("-s", "--serialize", metavar="FILE", help="also write a v1 resource file")
     ri.add_argument("--format", choices=sorted(rsrcinfo.FORMATS), default="text",
                     help="output format (default text)")
+    _add_key_commands(sub)
+    _add_daemon_command(sub)
     return parser
 
 
@@ -113,6 +176,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``geco`` command; return its exit status."""
     try:
         args = _build_parser().parse_args(argv)
+        if args.command == "daemon":
+            from geco import daemon
+
+            return daemon.run(args)
+        if args.command == "keygen":
+            return _keygen(args)
+        if args.command == "preload-config":
+            return _preload_config(args)
         if args.command == "rsrcinfo":
             if args.xml is None and (args.placement or args.pe_hostfile):
                 raise _Usage("geco rsrcinfo: --placement and --pe-hostfile go with --xml")

@@ -50,6 +50,17 @@ class Config:
     log_level: str = "error"
     # [epilog]
     kill_timeout: float = 30.0
+    # [gecod]
+    gecod_socket: str = "path:/run/geco/gecod.sock"
+    gecod_key_file: Path = Path("/etc/geco/quarantine.key")
+    gecod_request_timeout: float = 10.0
+    gecod_unreachable_policy: str = "refuse"
+    gecod_exec_filter: tuple[str, ...] = ("sge_shepherd",)
+    gecod_max_skew: float = 30.0
+    gecod_connection_deadline: float = 5.0
+    gecod_granularity: float = 60.0
+    gecod_execd_uids: tuple[int, ...] = ()
+    gecod_workers: int = 4
 
     @property
     def resources_dir(self) -> Path:
@@ -65,17 +76,48 @@ _SECTIONS: dict[str, tuple[str, ...]] = {
     "qstat": ("qstat", "qstat_timeout", "qstat_retries"),
     "log": ("log_level",),
     "epilog": ("kill_timeout",),
+    "gecod": ("gecod_socket", "gecod_key_file", "gecod_request_timeout",
+              "gecod_unreachable_policy", "gecod_exec_filter", "gecod_max_skew",
+              "gecod_connection_deadline", "gecod_granularity", "gecod_execd_uids",
+              "gecod_workers"),
 }
 # A key's TOML name is its field name with the section prefix dropped where that reads better.
 _TOML_NAME = {"cgroup_mount": "mount", "cgroup_name": "name", "cgroup_version": "version",
               "qstat": "command", "qstat_timeout": "timeout", "qstat_retries": "retries",
-              "log_level": "level"}
+              "log_level": "level",
+              **{f"gecod_{n}": n for n in (
+                  "socket", "key_file", "request_timeout", "unreachable_policy", "exec_filter",
+                  "max_skew", "connection_deadline", "granularity", "execd_uids", "workers")}}
 _CHOICES = {"cgroup_version": ("auto", "1", "2"),
-            "log_level": ("quiet", "error", "warn", "info", "debug")}
+            "log_level": ("quiet", "error", "warn", "info", "debug"),
+            "gecod_unreachable_policy": ("refuse", "allow")}
+# Whole-number settings whose smallest sensible value is above 0.
+_MINIMUM = {"gecod_workers": 1}
+# List settings: the type of their items, and whether an empty list is allowed.
+_LISTS: dict[str, tuple[type, bool]] = {"gecod_exec_filter": (str, False),
+                                        "gecod_execd_uids": (int, True)}
+
+
+def _coerce_list(name: str, value: Any) -> tuple[Any, ...]:
+    """Return a list setting as a tuple of its item type, or raise ValueError."""
+    kind, empty_ok = _LISTS[name]
+    if not isinstance(value, list):
+        raise ValueError(f"must be a list, got {value!r}")
+    if not value and not empty_ok:
+        raise ValueError(f"must be a non-empty list, got {value!r}")
+    for item in value:
+        if kind is int and (isinstance(item, bool) or not isinstance(item, int) or item < 0):
+            raise ValueError(f"must be a list of whole numbers >= 0, got {value!r}")
+        if kind is str and (not isinstance(item, str) or not item or "/" in item
+                            or "," in item):
+            raise ValueError(f"must be a list of file names (no '/' or ','), got {value!r}")
+    return tuple(value)
 
 
 def _coerce(name: str, value: Any, default: Any) -> Any:
     """Return ``value`` converted to the type of ``default``, or raise ValueError."""
+    if name in _LISTS:
+        return _coerce_list(name, value)
     if isinstance(default, bool):
         if not isinstance(value, bool):
             raise ValueError(f"must be true or false, got {value!r}")
@@ -89,8 +131,9 @@ def _coerce(name: str, value: Any, default: Any) -> Any:
             raise ValueError(f"must be a positive number, got {value!r}")
         return float(value)
     if isinstance(default, int):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"must be a whole number >= 0, got {value!r}")
+        least = _MINIMUM.get(name, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"must be a whole number >= {least}, got {value!r}")
         return value
     value = str(value) if isinstance(value, int | float) else value
     if not isinstance(value, str) or not value:

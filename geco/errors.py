@@ -22,7 +22,9 @@ __all__ = [
     "CoresUnavailable",
     "GecoError",
     "JobNotFound",
+    "KeyFileError",
     "NotContained",
+    "ProtocolError",
     "QstatError",
     "QstatParseError",
     "ResourceFormatError",
@@ -134,3 +136,24 @@ class TopologyError(GecoError):
 
 class NotContained(GecoError):
     """A process that must be inside its job's cgroups is not."""
+
+
+class ProtocolError(GecoError, ValueError):
+    """A quarantine frame was refused (see ``docs/wire-format.md``).
+
+    Attributes
+    ----------
+    reason:
+        Why, as a short code equal to the C decoder's ``enum geco_err`` name
+        without its ``GECO_E_`` prefix, lower case: ``short``, ``magic``,
+        ``version``, ``flags``, ``length``, ``mac``, ``type``, ``payload``,
+        ``stale``, ``nonce``; plus the transport's ``timeout`` and ``closed``.
+    """
+
+    def __init__(self, msg: str, *, reason: str, **fields: object) -> None:
+        self.reason = reason
+        super().__init__(msg, reason=reason, **fields)
+
+
+class KeyFileError(GecoError):
+    """The quarantine key file is missing, unsafe (owner, mode) or not 32 bytes."""

@@ -13,6 +13,7 @@ caller decides whether to ask qstat again.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import tempfile
 from pathlib import Path
@@ -20,7 +21,7 @@ from pathlib import Path
 from geco.errors import GecoError
 from geco.resource import ResourceSet
 
-__all__ = ["path_for", "read", "remove", "write", "write_to"]
+__all__ = ["path_for", "read", "remove", "write", "write_atomic", "write_to"]
 
 # Job facts (names, owners, paths) are visible to everyone through qstat anyway;
 # world-readable lets `geco rsrcinfo -u` work for users. Only root writes.
@@ -79,8 +80,42 @@ def write_to(path: Path, rs: ResourceSet, *, make_dir: bool = False) -> None:
     GecoError
         when the file cannot be written; nothing half-written is left behind.
     """
-    data = rs.to_v1()
+    write_atomic(path, rs.to_v1(), mode=_FILE_MODE, make_dir=make_dir)
+
+
+def write_atomic(path: Path, data: bytes, *, mode: int, make_dir: bool = False,
+                 overwrite: bool = True, what: str = "resource file") -> None:
+    """Atomically write ``data`` to ``path``: temporary file, fsync, chmod, rename.
+
+    A reader sees the old file or the new one, never half of one; a crash
+    leaves at most a ``.<name>.*`` temporary beside it.
+
+    Parameters
+    ----------
+    path:
+        The file.
+    data:
+        Its whole content.
+    mode:
+        Its permission bits. The temporary is created 0600 (mkstemp), so the
+        content is never readable by more users than ``mode`` allows.
+    make_dir:
+        Create the parent directories (0755) when missing.
+    overwrite:
+        False: refuse an existing ``path`` without touching it (the final
+        step is then ``link``, which fails atomically if the name exists).
+    what:
+        Names the file in the error message ("cannot write the <what>").
+
+    Raises
+    ------
+    FileExistsError
+        when ``overwrite`` is False and ``path`` exists.
+    GecoError
+        when the file cannot be written; nothing half-written is left behind.
+    """
     tmp = None
+    taken = False
     try:
         if make_dir:
             path.parent.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
@@ -89,15 +124,23 @@ def write_to(path: Path, rs: ResourceSet, *, make_dir: bool = False) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, _FILE_MODE)
-        os.replace(tmp, path)
-        tmp = None
+        os.chmod(tmp, mode)
+        if overwrite:
+            os.replace(tmp, path)
+            tmp = None
+        else:
+            try:
+                os.link(tmp, path)  # the temporary is unlinked below either way
+            except FileExistsError:
+                taken = True
     except OSError as exc:
-        raise GecoError.from_oserror("cannot write the resource file", exc, path=path) from exc
+        raise GecoError.from_oserror(f"cannot write the {what}", exc, path=path) from exc
     finally:
         if tmp is not None:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+    if taken:
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(path))
 
 
 def remove(resources_dir: Path, job_id: int, task_id: int) -> bool:

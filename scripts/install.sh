@@ -11,6 +11,9 @@
 #   4. the cffi hwloc extension built in place, for tests that import the checkout
 #   5. sge_hooks/* -> /opt/geco/libexec/ (the paths the queue configuration names)
 #   6. conf/geco.toml -> /etc/geco/geco.toml, only if there is none yet
+#   7. the exec() preload -> /opt/geco/lib/libgeco_preload.so
+#   8. the quarantine key (/etc/geco/quarantine.key, root-only; made once) and
+#      /etc/geco/preload.conf rendered from geco.toml (the preload's view of it)
 #
 # Environment: GECO_PREFIX (default /opt/geco) -- only for experiments: the queue
 # configuration and the hook wrappers name /opt/geco.
@@ -32,11 +35,12 @@ SYSTEM_PY=/usr/bin/python3
 PACKAGES=(
   python3-venv python3-dev gcc pkg-config  # venv + C builds (systemd-python, cffi extension)
   libhwloc-dev hwloc                       # topology (geco._hwloc_cffi, lstopo)
-  libsodium-dev                            # signed quarantine messages (preload, gecod)
+  libsodium-dev make                        # signed quarantine messages (preload, gecod)
   libsystemd-dev systemd                   # systemd-python build; journald + journalctl
   openssh-server                           # ssh adoption tests
   netbase procps psmisc util-linux         # /etc/services, ps/pkill, fuser, runuser/setsid
   ca-certificates                          # pip over https
+  strace                                   # tests: the quarantine happens before execve
 )
 
 T0=$(date +%s%N)
@@ -171,6 +175,29 @@ if [ -f "$REPO/conf/geco.toml" ]; then
     install -D -m 0644 "$REPO/conf/geco.toml" /etc/geco/geco.toml
     log "config: installed /etc/geco/geco.toml"
   fi
+fi
+
+# ---------------------------------------------------------------------------
+# 7. the exec() preload for sge_execd (and later sshd)
+# ---------------------------------------------------------------------------
+if [ -f "$REPO/preload/Makefile" ]; then
+  make -s -C "$REPO/preload" install PREFIX="$PREFIX" >"$TMPD/make.log" 2>&1 \
+    || { cat "$TMPD/make.log" >&2; die "building the preload failed"; }
+  log "preload: $PREFIX/lib/libgeco_preload.so"
+fi
+
+# ---------------------------------------------------------------------------
+# 8. quarantine key (made once per node; every node of a cluster may have its own)
+#    and the preload's configuration, rendered from geco.toml every time
+# ---------------------------------------------------------------------------
+if [ -f "$REPO/geco/keys.py" ]; then
+  if [ -e /etc/geco/quarantine.key ]; then
+    log "key: /etc/geco/quarantine.key kept (exists)"
+  else
+    "$VENV/bin/geco" keygen >/dev/null && log "key: generated /etc/geco/quarantine.key (0600)"
+  fi
+  "$VENV/bin/geco" preload-config -o /etc/geco/preload.conf >/dev/null \
+    && log "preload config: /etc/geco/preload.conf"
 fi
 
 # Whatever umask pip or an earlier run used: job owners must read and execute it all.

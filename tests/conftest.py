@@ -289,6 +289,16 @@ class GridEngine:
     hooks: frozenset[str]  # geco hooks configured in the queue: prolog, epilog, starter
     owner: JobOwner
     queue: str = "all.q"
+    setup_env: dict[str, str] = field(default_factory=dict)  # what setup.sh was run with
+
+    def configure(self, **knobs: str) -> None:
+        """Re-run setup.sh with extra knobs (e.g. ``GECO_EXECD_PRELOAD=...``); it restarts
+        only what changed (execd for its LD_PRELOAD). Running jobs survive."""
+        proc = run(["bash", str(SGE_SETUP)], env={**self.setup_env, **knobs}, timeout=600,
+                   check=False)
+        if proc.returncode != 0:
+            pytest.fail(f"integration/sge/setup.sh {knobs} failed ({proc.returncode}):\n"
+                        f"{proc.stdout}{proc.stderr}")
 
     def require_hooks(self) -> None:
         """Fail the calling test unless geco's prolog, epilog and starter are configured."""
@@ -468,7 +478,7 @@ def sge(job_owner: JobOwner) -> Iterator[GridEngine]:
         # the name Grid Engine uses for this host; setup.sh writes it there
         host = (SGE_CELL_COMMON / "act_qmaster").read_text().strip()
         try:
-            yield GridEngine(host, hooks, job_owner)
+            yield GridEngine(host, hooks, job_owner, setup_env=env)
         finally:
             if (not was_running and os.environ.get("GECO_KEEP_SGE") != "1"
                     and sole_user(lock)):

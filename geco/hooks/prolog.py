@@ -23,55 +23,13 @@ import logging
 import os
 import sys
 
-from geco import cgroup, containment, log, qstat, sgejob, statefile
+from geco import cgroup, containment, jobresources, log, sgejob
 from geco.config import Config
-from geco.errors import GecoError, QstatError, TaskNotRunning
+from geco.errors import GecoError
 from geco.hooks import Exit, run
-from geco.resource import NodeResources, ResourceSet
 from geco.units import format_memory
 
 __all__ = ["main"]
-
-
-def _from_spool(job: sgejob.JobRef) -> ResourceSet:
-    """Build what the node itself knows about the job: owner, name, hosts and slots."""
-    assert job.spool_dir is not None and job.pe_hostfile is not None
-    conf = sgejob.read_config(job.spool_dir)
-    try:
-        hostfile = job.pe_hostfile.read_bytes()
-    except OSError as exc:
-        raise GecoError.from_oserror("cannot read the job's pe_hostfile", exc,
-                                     path=job.pe_hostfile) from exc
-    nodes = tuple(NodeResources(p.host, is_slave=not p.is_master, slots=p.slots)
-                  for p in qstat.parse_pe_hostfile(hostfile))
-    return ResourceSet(job.job_id, job.task_id, job_name=conf.get("job_name", ""),
-                       owner=conf.get("job_owner", ""), cwd=conf.get("cwd", ""), nodes=nodes)
-
-
-def _resources(job: sgejob.JobRef, cfg: Config, logger: logging.Logger) -> ResourceSet:
-    """Return the job's resources: saved file, else qstat, else the node's own spool."""
-    fields = log.job_fields(job.job_id, job.task_id)
-    try:
-        saved = statefile.read(cfg.resources_dir, job.job_id, job.task_id)
-    except GecoError as exc:
-        logger.warning("ignoring unusable resource file: %s", exc, extra=fields)
-        saved = None
-    if saved is not None:
-        return saved
-    try:
-        rs = qstat.fetch(job.job_id, job.task_id, cfg, pe_hostfile=job.pe_hostfile)
-    except TaskNotRunning:
-        raise  # Grid Engine answered: a race at start-up; re-queue rather than guess
-    except QstatError as exc:
-        logger.warning("qmaster not reachable (%s): job %s is contained with its cores only, "
-                       "WITHOUT memory limits", exc, job.key,
-                       extra=log.job_fields(job.job_id, job.task_id, "degraded-containment"))
-        return _from_spool(job)
-    try:
-        statefile.write(cfg.resources_dir, rs)
-    except GecoError as exc:  # a full disk must not stop the job; later hooks ask qstat again
-        logger.warning("%s", exc, extra=fields)
-    return rs
 
 
 def _human(limit: int) -> str:
@@ -84,7 +42,7 @@ def _body(cfg: Config, logger: logging.Logger) -> Exit:
         raise GecoError("the prolog must run as root: configure it as root@<path> in the queue",
                         job=job.key)
     shepherd = sgejob.find_shepherd(job)
-    rs = _resources(job, cfg, logger)
+    rs = jobresources.resources_for(job, cfg, logger)
     node = rs.node()
     if node is None:
         raise GecoError("the job has no slots on this host", job=job.key,

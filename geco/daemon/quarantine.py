@@ -1,0 +1,417 @@
+"""The quarantine policy: may this process go into this job, and if so, put it there.
+
+One function, :func:`quarantine`, decides and acts for JOB_STARTED and
+QUARANTINE_SELF requests whose frame already passed the protocol checks
+(MAC, clock, replay). It blocks (qstat, cgroup writes, hwloc), so gecod runs it
+in a worker thread, never in its loop.
+
+Steps, in order (the contract's "Quarantine semantics"; the kernel's word,
+SO_PEERCRED and /proc, is trusted over the message's):
+
+JOB_STARTED (the preload inside sge_execd's child, about to exec sge_shepherd)
+
+1. Credentials: the peer (SO_PEERCRED) runs as root or one of
+   ``[gecod] execd_uids``, and the pid in the message is the peer's own pid:
+   a process may only ask for itself. Over TCP the kernel names no peer, so
+   the pid's own effective uid (``/proc/<pid>/status``) must pass instead.
+2. Place: the pid's working directory is the job's execd spool dir
+   ``<execd_spool_dir>/<host>/active_jobs/<job>.<task>`` (or a PE task dir
+   below it), and the ``environment`` file there names the same job and task.
+   Only the execd user can create those directories, and execd runs the
+   shepherd in exactly that one.
+3. Cgroups: reuse the job's when they exist (several tasks of a job on a
+   node share them); else get its resources (resource file, else qstat, else
+   the spool: :mod:`geco.jobresources`) and build this node's share
+   (:func:`geco.containment.contain`).
+4. Move the pid in. A pidfd taken when the peer connected proves afterwards
+   that the pid still named the same process (pid reuse).
+
+QUARANTINE_SELF (the starter, as the job owner, finds itself uncontained)
+
+1. Credentials: a Unix socket peer whose pid is the message's pid, running as
+   the job's owner (``job_owner`` in the spooled ``config``) or root.
+2. Place: an ancestor of the pid (by the /proc ppid chain) is an
+   ``sge_shepherd`` whose working directory is this job's spool dir, with the
+   same ``environment`` check.
+3. and 4. as above.
+
+Outcomes are :class:`~geco.protocol.AckStatus` values; every refusal carries a
+sentence saying which rule refused and why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import signal
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from geco import cgroup, containment, jobresources, log, sgejob
+from geco.cgroup import Backend, Limits
+from geco.config import Config
+from geco.errors import GecoError, JobNotFound, TaskNotRunning
+from geco.protocol import AckStatus, MsgType
+from geco.resource import short_hostname
+from geco.topology import Topology
+
+__all__ = ["Context", "Outcome", "Peer", "Request", "quarantine"]
+
+_log = log.get("gecod.quarantine")
+
+# How far up the ppid chain QUARANTINE_SELF looks for the job's shepherd
+# (shepherd -> starter -> shell -> ... ; a deeper chain is not a job start).
+_MAX_ANCESTORS = 32
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """The connecting process as the kernel names it (SO_PEERCRED at connect time)."""
+
+    pid: int
+    uid: int
+    gid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """A verified JOB_STARTED or QUARANTINE_SELF request.
+
+    Attributes
+    ----------
+    type: ``MsgType.JOB_STARTED`` or ``MsgType.QUARANTINE_SELF``.
+    job_id, task_id, pid: from the message (claims, until checked).
+    peer: the kernel's word on the sender; None over TCP.
+    pidfd: a pidfd of ``peer.pid`` opened at accept time, or -1.
+    """
+
+    type: MsgType
+    job_id: int
+    task_id: int
+    pid: int
+    peer: Peer | None = None
+    pidfd: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What happened to a request.
+
+    Attributes
+    ----------
+    status: the ACK status.
+    reason: one sentence for the journal (why refused, or what was done).
+    created: True when this request created the job's cgroups.
+    limits: the job's limits when the pid was quarantined.
+    """
+
+    status: AckStatus
+    reason: str
+    created: bool = False
+    limits: Limits | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when the pid is in the job's cgroups."""
+        return self.status is AckStatus.OK
+
+
+@dataclass(slots=True)
+class Context:
+    """What the policy needs from the daemon: settings, the node's cgroups, its topology.
+
+    Shared by all worker threads. ``config`` may be replaced on SIGHUP (one
+    attribute assignment, atomic); the per-job locks keep two tasks of one
+    job from both asking qstat and building its cgroups at the same time.
+    """
+
+    config: Config
+    backend: Backend
+    topology: Topology | None = None
+    hostname: str = field(default_factory=short_hostname)
+    proc: Path = Path("/proc")
+    _locks: dict[str, _KeyLock] = field(default_factory=dict)
+    _locks_guard: threading.Lock = field(default_factory=threading.Lock)
+
+    @contextlib.contextmanager
+    def job_lock(self, key: str) -> Iterator[None]:
+        """Hold the lock of job ``key``: created on first use, forgotten when nobody holds
+        or waits for it, so the table does not grow with every job the node ever ran."""
+        with self._locks_guard:
+            entry = self._locks.setdefault(key, _KeyLock())
+            entry.users += 1
+        try:
+            with entry.lock:
+                yield
+        finally:
+            with self._locks_guard:
+                entry.users -= 1
+                if entry.users == 0:
+                    del self._locks[key]
+
+
+@dataclass(slots=True)
+class _KeyLock:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    users: int = 0
+
+
+class _Refused(Exception):
+    """A request fails a rule; carries the ACK status and the sentence for the journal."""
+
+    def __init__(self, status: AckStatus, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+def _refuse(reason: str) -> _Refused:
+    return _Refused(AckStatus.REFUSED, reason)
+
+
+# -- /proc ---------------------------------------------------------------------
+
+
+def _proc_cwd(proc: Path, pid: int) -> Path:
+    try:
+        return Path(os.readlink(proc / str(pid) / "cwd"))
+    except FileNotFoundError:
+        raise _refuse(f"process {pid} is gone") from None
+    except OSError as exc:
+        raise _refuse(f"cannot read the working directory of process {pid}: "
+                      f"{exc.strerror}") from None
+
+
+def _proc_uids(proc: Path, pid: int) -> tuple[int, int]:
+    """(real, effective) uid from ``/proc/<pid>/status`` (``Uid: real effective saved fs``)."""
+    try:
+        data = (proc / str(pid) / "status").read_bytes()
+    except OSError:
+        raise _refuse(f"process {pid} is gone") from None
+    for line in data.split(b"\n"):
+        if line.startswith(b"Uid:"):
+            fields = line.split()
+            return int(fields[1]), int(fields[2])
+    raise _refuse(f"/proc/{pid}/status has no Uid line")
+
+
+def _may_start_jobs(proc: Path, pid: int, uid: int, allowed: tuple[int, ...]) -> bool:
+    """True for root, the configured execd uids, and processes whose *real* uid is root.
+
+    sge_execd forks the shepherd with real uid 0 and effective uid sgeadmin (and
+    SO_PEERCRED reports the effective one); such a process can become root again
+    at will, so it is as trusted as root.
+    """
+    return uid in allowed or _proc_uids(proc, pid)[0] == 0
+
+
+def _alive(pidfd: int) -> bool:
+    """True while the process the pidfd was opened for exists (a reused pid does not count)."""
+    try:
+        signal.pidfd_send_signal(pidfd, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, and we may not signal it (never for root, but harmless)
+    return True
+
+
+# -- the spool -----------------------------------------------------------------
+
+
+def _job_dir_of(cwd: Path, spool_root: Path, job_id: int, task_id: int) -> Path | None:
+    """Return the job's ``active_jobs/<job>.<task>`` dir when ``cwd`` is it or a PE task dir.
+
+    ``<spool_root>/<host>/active_jobs/<job>.<task>[/<pe task>]``; the host part
+    is not compared with this host's name: Grid Engine may spell it another way
+    (host_aliases, a domain), and only the execd user can create it anyway.
+    """
+    try:
+        parts = cwd.relative_to(spool_root).parts
+    except ValueError:
+        return None
+    want = f"{job_id}.{task_id}"
+    if len(parts) not in (3, 4) or parts[1] != "active_jobs" or parts[2] != want:
+        return None
+    return spool_root.joinpath(*parts[:3])
+
+
+def _read_environment(directory: Path) -> dict[bytes, bytes]:
+    try:
+        data = (directory / "environment").read_bytes()
+    except OSError as exc:
+        raise _refuse(f"cannot read {directory / 'environment'}: {exc.strerror}") from None
+    env: dict[bytes, bytes] = {}
+    for line in data.split(b"\n"):
+        key, sep, value = line.partition(b"=")
+        if sep:
+            env[key] = value
+    return env
+
+
+def _check_environment(directory: Path, job_id: int, task_id: int) -> None:
+    """The ``environment`` file in ``directory`` must name the same job and task."""
+    env = _read_environment(directory)
+    job = env.get(b"JOB_ID", b"")
+    task = env.get(b"SGE_TASK_ID", b"")
+    # non-array jobs say "undefined" and are task 1 everywhere geco names them
+    task_ok = task == str(task_id).encode() or (task_id == 1 and task in (b"undefined", b""))
+    if job != str(job_id).encode() or not task_ok:
+        raise _refuse(f"{directory / 'environment'} names job {job.decode(errors='replace')}"
+                      f" task {task.decode(errors='replace') or '?'}, not "
+                      f"{job_id}.{task_id}")
+
+
+def _spool_root(cfg: Config) -> Path:
+    return Path(os.path.realpath(cfg.execd_spool_dir))
+
+
+# -- the rules -------------------------------------------------------------------
+
+
+def _check_job_started(req: Request, ctx: Context) -> Path:
+    """Steps 1 and 2 for JOB_STARTED; return the job's spool dir."""
+    cfg = ctx.config
+    allowed = (0, *cfg.gecod_execd_uids)
+    if req.peer is not None:
+        if req.pid != req.peer.pid:
+            raise _refuse(f"the message names pid {req.pid} but was sent by pid "
+                          f"{req.peer.pid}: a process may only ask for itself")
+        if not _may_start_jobs(ctx.proc, req.pid, req.peer.uid, allowed):
+            raise _refuse(f"uid {req.peer.uid} may not send JOB_STARTED: only root "
+                          f"(real or effective) and [gecod] execd_uids "
+                          f"({', '.join(map(str, allowed))})")
+    else:
+        euid = _proc_uids(ctx.proc, req.pid)[1]
+        if not _may_start_jobs(ctx.proc, req.pid, euid, allowed):
+            raise _refuse(f"process {req.pid} runs as uid {euid}: only root (real or "
+                          f"effective) and [gecod] execd_uids "
+                          f"({', '.join(map(str, allowed))}) start jobs")
+    cwd = _proc_cwd(ctx.proc, req.pid)
+    job_dir = _job_dir_of(cwd, _spool_root(cfg), req.job_id, req.task_id)
+    if job_dir is None:
+        raise _refuse(f"process {req.pid} works in {cwd}, not in the spool dir of job "
+                      f"{req.job_id}.{req.task_id} "
+                      f"({cfg.execd_spool_dir}/<host>/active_jobs/{req.job_id}.{req.task_id})")
+    _check_environment(cwd, req.job_id, req.task_id)
+    return job_dir
+
+
+def _owner_uid(job_dir: Path) -> int:
+    try:
+        owner = sgejob.read_config(job_dir).get("job_owner", "")
+    except GecoError as exc:
+        raise _refuse(f"cannot tell the job's owner: {exc}") from None
+    try:
+        return pwd.getpwnam(owner).pw_uid
+    except KeyError:
+        raise _refuse(f"the job's owner {owner!r} (spooled config) is not a known "
+                      "user") from None
+
+
+def _check_quarantine_self(req: Request, ctx: Context) -> Path:
+    """Steps 1 and 2 for QUARANTINE_SELF; return the job's spool dir."""
+    if req.peer is None:
+        raise _refuse("QUARANTINE_SELF needs the Unix socket: over TCP the kernel cannot "
+                      "name the sender")
+    if req.pid != req.peer.pid:
+        raise _refuse(f"the message names pid {req.pid} but was sent by pid "
+                      f"{req.peer.pid}: a process may only ask for itself")
+    job_dir = _shepherd_job_dir(req, ctx)
+    owner = _owner_uid(job_dir)
+    if req.peer.uid not in (0, owner):
+        raise _refuse(f"uid {req.peer.uid} is not the owner (uid {owner}) of job "
+                      f"{req.job_id}.{req.task_id}")
+    return job_dir
+
+
+def _shepherd_job_dir(req: Request, ctx: Context) -> Path:
+    """The job's spool dir, found as the cwd of an ``sge_shepherd`` ancestor of the pid."""
+    root = _spool_root(ctx.config)
+    pid = req.pid
+    for _ in range(_MAX_ANCESTORS):
+        pid = sgejob.proc_ppid(pid)
+        if pid <= 1:
+            break
+        if not sgejob.proc_comm(pid).startswith("sge_shepherd"):
+            continue
+        # a shepherd of another job, or one gone meanwhile: keep looking upwards
+        with contextlib.suppress(_Refused):
+            cwd = _proc_cwd(ctx.proc, pid)
+            job_dir = _job_dir_of(cwd, root, req.job_id, req.task_id)
+            if job_dir is not None:
+                _check_environment(cwd, req.job_id, req.task_id)
+                return job_dir
+    raise _refuse(f"process {req.pid} does not descend from the sge_shepherd of job "
+                  f"{req.job_id}.{req.task_id}")
+
+
+def _ensure_cgroups(key: str, req: Request, job_dir: Path, ctx: Context) -> tuple[Limits, bool]:
+    """Step 3: the job's cgroups, reused or built; return their limits and whether we built them."""
+    backend, cfg = ctx.backend, ctx.config
+    with ctx.job_lock(key):
+        if backend.exists(key):
+            try:
+                return backend.read_limits(key), False
+            except GecoError as exc:
+                _log.debug("job %s: existing cgroup unreadable (%s); containing again", key, exc)
+        job = sgejob.JobRef(req.job_id, req.task_id, job_dir)
+        rs = jobresources.resources_for(job, cfg)
+        node = rs.node(ctx.hostname)
+        if node is None:
+            raise _Refused(AckStatus.FAILED,
+                          f"job {key} has no slots on this host ({ctx.hostname}); its hosts: "
+                          f"{', '.join(n.name for n in rs.nodes) or 'none'}")
+        limits = containment.contain(key, node, backend, state_dir=cfg.state_dir,
+                                     hardware_threads=cfg.hardware_threads,
+                                     topology=ctx.topology, active_jobs=job_dir.parent)
+        return limits, True
+
+
+def quarantine(req: Request, ctx: Context) -> Outcome:
+    """Decide on a request and, when it passes, put the pid into its job's cgroups.
+
+    Parameters
+    ----------
+    req: the request (its frame already verified by the protocol layer).
+    ctx: settings, cgroup backend, topology.
+
+    Returns
+    -------
+    Outcome
+        ``OK`` (quarantined), ``REFUSED`` (a rule failed), ``NO_SUCH_JOB``
+        (Grid Engine does not run this task), ``FAILED`` (qstat, cgroup or
+        cores), ``BAD_REQUEST`` (ids out of range); never raises for a bad
+        request or a system failure.
+    """
+    try:
+        if req.job_id < 1 or req.task_id < 1:
+            raise _Refused(AckStatus.BAD_REQUEST, f"job and task ids must be >= 1, got "
+                                                 f"{req.job_id}.{req.task_id}")
+        key = cgroup.job_key(req.job_id, req.task_id)
+        if req.type is MsgType.QUARANTINE_SELF:
+            job_dir = _check_quarantine_self(req, ctx)
+        else:
+            job_dir = _check_job_started(req, ctx)
+        if req.pidfd >= 0 and not _alive(req.pidfd):
+            raise _refuse(f"process {req.pid} exited before it could be quarantined")
+        limits, created = _ensure_cgroups(key, req, job_dir, ctx)
+        ctx.backend.add_pid(key, req.pid)
+        # the pidfd pins the peer: alive now means the pid we wrote was still the peer's
+        if req.pidfd >= 0 and not _alive(req.pidfd):
+            _log.warning("process %d exited while being quarantined; its pid may have been "
+                         "reused by the process now moved into job %s", req.pid, key,
+                         extra=log.job_fields(req.job_id, req.task_id, "pid-reused",
+                                              PID=req.pid))
+            return Outcome(AckStatus.FAILED, f"process {req.pid} exited while being moved")
+    except _Refused as exc:
+        return Outcome(exc.status, exc.reason)
+    except (TaskNotRunning, JobNotFound) as exc:
+        return Outcome(AckStatus.NO_SUCH_JOB, f"Grid Engine does not run this task: {exc}")
+    except GecoError as exc:  # qstat, a resource file, cores, the kernel refusing a cgroup
+        return Outcome(AckStatus.FAILED, str(exc))
+    return Outcome(AckStatus.OK, f"process {req.pid} is in job {key}'s cgroups",
+                   created=created, limits=limits)

@@ -1,0 +1,471 @@
+"""gecod's quarantine server: non-blocking connections on the runloop, slow work in threads.
+
+One connection carries one request and one reply (as the original). Each
+connection is a small state machine driven by the runloop:
+
+``READING``
+    read the 36-byte header (magic, version, flags and length are checked as
+    soon as their bytes arrive), then exactly the rest: payload and MAC.
+    A client that has not sent a whole frame within
+    ``[gecod] connection_deadline`` seconds is dropped (slowloris), one that
+    closes early is dropped (truncated), one whose frame fails a check gets an
+    ACK saying BAD_REQUEST (or VERSION) and is closed.
+``WORKING``
+    the frame is verified (MAC, clock, replay cache); the request runs in the
+    worker pool (:func:`geco.daemon.quarantine.quarantine`, or a STATUS scan)
+    and its result comes back through ``call_soon_threadsafe``. The loop keeps
+    serving everyone else meanwhile.
+``WRITING``
+    the reply is sent without blocking (within another deadline), then the
+    connection is closed.
+
+Every refusal is journaled as ``GECO_EVENT=quarantine-refused`` (priority
+warning) with the peer's pid and uid as the kernel gave them, the claimed
+job, task and pid, and the reason; every success as ``GECO_EVENT=quarantined``.
+Nothing a client sends can stop the server: a bad client costs one socket
+until its deadline.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import enum
+import errno
+import os
+import selectors
+import socket
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from geco import __version__, log
+from geco.address import Address
+from geco.daemon import state
+from geco.daemon.quarantine import Context, Outcome, Peer, Request, quarantine
+from geco.daemon.runloop import RunLoop, Timer
+from geco.errors import ProtocolError
+from geco.protocol import (
+    HEADER_BYTES,
+    MAX_FRAME,
+    Ack,
+    AckStatus,
+    Frame,
+    JobStarted,
+    MsgType,
+    ReplayCache,
+    ack_for_error,
+    decode,
+    encode,
+    expected_length,
+)
+
+__all__ = ["Server"]
+
+_log = log.get("gecod")
+
+# SO_PEERCRED's struct ucred: pid, uid, gid (three C ints).
+_UCRED = struct.Struct("3i")
+# Connections accepted per readiness event, so a connect flood cannot starve replies.
+_ACCEPT_BATCH = 64
+# Open connections beyond this are closed at once; each costs two fds (socket, pidfd)
+# until its deadline (gecod.service sets LimitNOFILE well above twice this).
+_MAX_CONNECTIONS = 1024
+# Requests waiting for or in a worker, per worker thread, before new ones get BUSY.
+_QUEUE_PER_WORKER = 64
+# At most this many reads of leftover client bytes before closing (see _discard_unread).
+_DISCARD_CHUNKS = 4
+# After EMFILE/ENFILE the listener stays readable; pause accepting instead of spinning.
+_ACCEPT_PAUSE = 1.0
+
+
+class _Phase(enum.Enum):
+    READING = "reading"
+    WORKING = "working"
+    WRITING = "writing"
+    CLOSED = "closed"
+
+
+@dataclass(eq=False, slots=True)
+class _Connection:
+    sock: socket.socket
+    peer: Peer | None
+    pidfd: int = -1
+    phase: _Phase = _Phase.READING
+    buf: bytearray = field(default_factory=bytearray)
+    want: int | None = None
+    out: bytes = b""
+    deadline: Timer | None = None
+    accepted: float = field(default_factory=time.monotonic)
+    claimed: tuple[int | None, int | None, int | None] = (None, None, None)
+
+    def describe(self) -> str:
+        if self.peer is None:
+            return "a TCP client"
+        return f"pid {self.peer.pid} uid {self.peer.uid}"
+
+
+def _peer_of(sock: socket.socket) -> Peer | None:
+    """The kernel's word on who connected (Unix sockets only; None over TCP)."""
+    if sock.family != socket.AF_UNIX:
+        return None
+    pid, uid, gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                  _UCRED.size))
+    return Peer(pid, uid, gid)
+
+
+def _claimed(frame: bytes) -> tuple[int | None, int | None, int | None]:
+    """Job, task and pid a frame claims, read without trusting it (for the journal)."""
+    if len(frame) >= HEADER_BYTES + 24 and frame[5] in (MsgType.JOB_STARTED,
+                                                         MsgType.QUARANTINE_SELF):
+        job, task, pid, _ = struct.unpack_from("<QQII", frame, HEADER_BYTES)
+        return job, task, pid
+    return None, None, None
+
+
+class Server:
+    """The quarantine server on a runloop (see the module docstring).
+
+    Parameters
+    ----------
+    loop: the runloop to serve on.
+    listener: a listening stream socket (:func:`geco.address.listen`).
+    address: where it listens (for messages).
+    key: the 32-byte quarantine key.
+    ctx: the policy's context (settings, cgroup backend, topology).
+    executor: the worker pool for slow work.
+    on_change: called in the loop after a request changed the node's jobs.
+    """
+
+    def __init__(self, loop: RunLoop, listener: socket.socket, address: Address, key: bytes,
+                 ctx: Context, executor: concurrent.futures.ThreadPoolExecutor, *,
+                 on_change: Callable[[], None] | None = None) -> None:
+        self.loop = loop
+        self.listener: socket.socket | None = listener
+        self.address = address
+        self.key = key
+        self.ctx = ctx
+        self.executor = executor
+        self.on_change = on_change
+        self.replay = ReplayCache.for_skew(ctx.config.gecod_max_skew)
+        self.started = time.time()
+        self.connections: set[_Connection] = set()
+        self.working = 0
+        self.served = 0
+        self.refused = 0
+        self._on_idle: Callable[[], None] | None = None
+        self._warned_full = False
+        listener.setblocking(False)
+        loop.add_source(listener, selectors.EVENT_READ, self._on_accept)
+
+    # -- accepting ------------------------------------------------------------
+
+    def _on_accept(self, listener: socket.socket, events: int) -> None:
+        for _ in range(_ACCEPT_BATCH):
+            try:
+                sock, _addr = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    _log.error("cannot accept connections: %s; pausing for %g s",
+                               exc.strerror, _ACCEPT_PAUSE)
+                    self.loop.remove_source(listener)
+                    self.loop.add_timer(_ACCEPT_PAUSE, self._resume_accepting)
+                    return
+                # ECONNABORTED and friends: that client is gone, the next one may be fine
+                _log.debug("accept failed: %s", exc)
+                continue
+            self._start(sock)
+
+    def _resume_accepting(self) -> None:
+        if self.listener is not None and not self.loop.has_source(self.listener):
+            self.loop.add_source(self.listener, selectors.EVENT_READ, self._on_accept)
+
+    def _start(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        if len(self.connections) >= _MAX_CONNECTIONS:
+            if not self._warned_full:
+                _log.warning("%d connections open; closing new ones until some finish",
+                             _MAX_CONNECTIONS)
+                self._warned_full = True
+            sock.close()
+            return
+        self._warned_full = False
+        try:
+            peer = _peer_of(sock)
+        except OSError as exc:
+            _log.debug("no peer credentials: %s", exc)
+            sock.close()
+            return
+        conn = _Connection(sock, peer)
+        if peer is not None:
+            # pins the peer's identity for the worker: a pidfd names this very process,
+            # so "still alive" after the move means the pid was not reused meanwhile
+            with contextlib.suppress(OSError):
+                conn.pidfd = os.pidfd_open(peer.pid)
+        self.connections.add(conn)
+        conn.deadline = self.loop.add_timer(self.ctx.config.gecod_connection_deadline,
+                                            lambda: self._expired(conn))
+        self.loop.add_source(sock, selectors.EVENT_READ,
+                             lambda s, ev: self._on_readable(conn))
+
+    # -- reading --------------------------------------------------------------
+
+    def _on_readable(self, conn: _Connection) -> None:
+        # the whole header first (every frame has one): a frame refused for its length
+        # field is then answered with its own nonce, which binds the ACK to it
+        need = (HEADER_BYTES if conn.want is None else conn.want) - len(conn.buf)
+        try:
+            chunk = conn.sock.recv(need)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._refuse_unanswered(conn, "closed", f"connection error after {len(conn.buf)} "
+                                                    f"bytes: {exc.strerror}")
+            return
+        if not chunk:
+            if conn.buf:
+                self._refuse_unanswered(conn, "closed", f"the client closed the connection "
+                                                        f"after {len(conn.buf)} bytes of a "
+                                                        f"frame (truncated)")
+            else:
+                _log.debug("%s connected and closed without a request", conn.describe())
+                self._close(conn)
+            return
+        conn.buf += chunk
+        if conn.want is None:
+            try:
+                conn.want = expected_length(bytes(conn.buf))
+            except ProtocolError as exc:
+                self._reject(conn, exc)
+                return
+        if conn.want is not None and len(conn.buf) >= conn.want:
+            self._received(conn)
+
+    def _expired(self, conn: _Connection) -> None:
+        if conn.phase is _Phase.READING:
+            limit = self.ctx.config.gecod_connection_deadline
+            self._refuse_unanswered(conn, "timeout", f"no whole request within {limit:g} s "
+                                                     f"({len(conn.buf)} bytes received); dropped")
+        elif conn.phase is _Phase.WRITING:
+            _log.warning("%s did not read its reply within %g s; dropped", conn.describe(),
+                         self.ctx.config.gecod_connection_deadline)
+            self._close(conn)
+
+    # -- the request ----------------------------------------------------------
+
+    def _received(self, conn: _Connection) -> None:
+        frame = bytes(conn.buf)
+        conn.claimed = _claimed(frame)
+        self.loop.remove_source(conn.sock)
+        if conn.deadline is not None:
+            conn.deadline.cancel()
+        conn.phase = _Phase.WORKING
+        try:
+            got = decode(frame, self.key, max_skew=self.ctx.config.gecod_max_skew,
+                         replay=self.replay)
+        except ProtocolError as exc:
+            self._reject(conn, exc)
+            return
+        if got.type is MsgType.STATUS:
+            self._submit(conn, got, self._status)
+        elif got.type in (MsgType.JOB_STARTED, MsgType.QUARANTINE_SELF):
+            msg = got.message
+            assert isinstance(msg, JobStarted)
+            req = Request(got.type, msg.job_id, msg.task_id, msg.pid, conn.peer, conn.pidfd)
+            self._submit(conn, got, lambda: quarantine(req, self.ctx))
+        elif got.type is MsgType.ADOPT:
+            self._answer(conn, got, Outcome(AckStatus.REFUSED, "ADOPT (ssh adoption) is not "
+                                                               "implemented in this gecod"))
+        else:
+            self._answer(conn, got, Outcome(AckStatus.BAD_REQUEST,
+                                            f"{got.type.name} is a reply, not a request"))
+
+    def _submit(self, conn: _Connection, got: Frame, work: Callable[[], object]) -> None:
+        if self.working >= self.ctx.config.gecod_workers * _QUEUE_PER_WORKER:
+            self._answer(conn, got, Outcome(AckStatus.BUSY, f"{self.working} requests are "
+                                                            "already waiting for a worker"))
+            return
+        self.working += 1
+        future = self.executor.submit(work)
+        future.add_done_callback(
+            lambda f: self.loop.call_soon_threadsafe(lambda: self._done(conn, got, f)))
+
+    def _done(self, conn: _Connection, got: Frame,
+              future: concurrent.futures.Future[object]) -> None:
+        self.working -= 1
+        try:
+            result = future.result()
+        except Exception as exc:
+            _log.error("internal error handling %s from %s: %s", got.type.name,
+                       conn.describe(), exc, exc_info=exc)
+            result = Outcome(AckStatus.FAILED, f"internal error: {type(exc).__name__}: {exc}")
+        if isinstance(result, bytes):
+            self.served += 1
+            self._send(conn, encode(MsgType.STATUS_REPLY, result, self.key))
+        else:
+            assert isinstance(result, Outcome)
+            self._answer(conn, got, result)
+        self._maybe_idle()
+
+    def _status(self) -> bytes:
+        """Worker: the STATUS reply, read from the cgroup tree."""
+        node = state.scan(self.ctx.backend)
+        return state.status_document(node, gecod=__version__, pid=os.getpid(),
+                                     host=self.ctx.hostname,
+                                     uptime=round(time.time() - self.started, 3),
+                                     served=self.served, refused=self.refused)
+
+    def _answer(self, conn: _Connection, got: Frame, outcome: Outcome) -> None:
+        """Journal the outcome of a verified request and send its ACK."""
+        job, task, pid = conn.claimed
+        if outcome.ok:
+            self.served += 1
+            limits = outcome.limits
+            _log.info("quarantined process %s into job %s.%s (%s)%s", pid, job, task,
+                      conn.describe(), "; created its cgroups" if outcome.created else "",
+                      extra=log.job_fields(
+                          job, task, "quarantined", PID=pid, PEER_PID=_pid(conn),
+                          PEER_UID=_uid(conn), REQUEST=got.type.name,
+                          CGROUP_CREATED=int(outcome.created),
+                          CPUS=limits.cpus if limits else None,
+                          MEMS=limits.mems if limits else None,
+                          MEMORY_LIMIT=limits.memory if limits else None,
+                          MEMSW_LIMIT=limits.memory_swap if limits else None))
+            if self.on_change is not None:
+                self.on_change()
+        else:
+            self._journal_refusal(conn, outcome.status.name.lower(), outcome.reason,
+                                  outcome.status, got.type.name)
+        ack = Ack(job or 0, task or 0, outcome.status, got.nonce)
+        self._send(conn, encode(MsgType.ACK, ack, self.key))
+
+    # -- refusals -------------------------------------------------------------
+
+    def _journal_refusal(self, conn: _Connection, reason: str, text: str,
+                         status: AckStatus | None, request: str | None = None) -> None:
+        self.refused += 1
+        job, task, pid = conn.claimed
+        claim = f"job {job}.{task} pid {pid}" if job is not None else "no readable claim"
+        _log.warning("refused %s from %s (%s): %s", request or "a request", conn.describe(),
+                     claim, text,
+                     extra=log.job_fields(job, task, "quarantine-refused", PID=pid,
+                                          PEER_PID=_pid(conn), PEER_UID=_uid(conn),
+                                          REASON=reason, REQUEST=request,
+                                          ACK_STATUS=status.name if status else "none"))
+
+    def _reject(self, conn: _Connection, exc: ProtocolError) -> None:
+        """A frame failed a protocol check: journal it, answer why (no job), close."""
+        data = bytes(conn.buf)
+        if conn.claimed == (None, None, None):
+            conn.claimed = _claimed(data)
+        reply = ack_for_error(data, exc, self.key)
+        status = AckStatus.VERSION if exc.reason == "version" else AckStatus.BAD_REQUEST
+        self._journal_refusal(conn, exc.reason, exc.msg, status)
+        self.loop.remove_source(conn.sock)
+        if conn.deadline is not None:
+            conn.deadline.cancel()
+        self._send(conn, reply)
+
+    def _refuse_unanswered(self, conn: _Connection, reason: str, text: str) -> None:
+        """A client that never completed a frame: journal it and close without a reply."""
+        conn.claimed = _claimed(bytes(conn.buf))
+        self._journal_refusal(conn, reason, text, None)
+        self._close(conn)
+
+    # -- writing --------------------------------------------------------------
+
+    def _send(self, conn: _Connection, data: bytes) -> None:
+        if conn.phase is _Phase.CLOSED:
+            _log.debug("%s left before its reply was ready", conn.describe())
+            return
+        conn.phase = _Phase.WRITING
+        conn.out = data
+        self._write(conn)
+        if conn.phase is _Phase.WRITING:  # the socket buffer was full: wait for room
+            self.loop.add_source(conn.sock, selectors.EVENT_WRITE,
+                                 lambda s, ev: self._write(conn))
+            conn.deadline = self.loop.add_timer(self.ctx.config.gecod_connection_deadline,
+                                                lambda: self._expired(conn))
+
+    def _write(self, conn: _Connection) -> None:
+        try:
+            sent = conn.sock.send(conn.out)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            _log.debug("cannot send the reply to %s: %s", conn.describe(), exc)
+            self._close(conn)
+            return
+        conn.out = conn.out[sent:]
+        if not conn.out:
+            with contextlib.suppress(OSError):
+                conn.sock.shutdown(socket.SHUT_WR)
+            self._close(conn)
+
+    def _close(self, conn: _Connection) -> None:
+        # never called while WORKING: a worker still uses the pidfd; _done answers first
+        if conn.phase is _Phase.CLOSED:
+            return
+        conn.phase = _Phase.CLOSED
+        self.loop.remove_source(conn.sock)
+        if conn.deadline is not None:
+            conn.deadline.cancel()
+        _discard_unread(conn.sock)
+        conn.sock.close()
+        if conn.pidfd >= 0:
+            os.close(conn.pidfd)
+            conn.pidfd = -1
+        self.connections.discard(conn)
+        self._maybe_idle()
+
+    # -- lifecycle ------------------------------------------------------------
+
+    def replace_key(self, key: bytes) -> None:
+        """Use ``key`` for requests from now on (after ``geco keygen --force`` and SIGHUP)."""
+        self.key = key
+
+    def shutdown(self, on_idle: Callable[[], None]) -> None:
+        """Stop accepting; drop half-sent requests; call ``on_idle`` once every answer is out.
+
+        Job cgroups are not touched: running jobs stay contained, and the next
+        gecod rebuilds everything from the cgroup tree.
+        """
+        if self.listener is not None:
+            self.loop.remove_source(self.listener)
+            self.listener.close()
+            self.listener = None
+        for conn in list(self.connections):
+            if conn.phase is _Phase.READING:
+                self._close(conn)
+        self._on_idle = on_idle
+        self._maybe_idle()
+
+    def _maybe_idle(self) -> None:
+        if self._on_idle is not None and self.working == 0 and not any(
+                c.phase is not _Phase.CLOSED for c in self.connections):
+            callback, self._on_idle = self._on_idle, None
+            callback()
+
+
+def _discard_unread(sock: socket.socket) -> None:
+    """Read away what the client sent beyond its frame (a refused oversized one, say).
+
+    Closing a socket with unread data makes the kernel reset the connection
+    (Unix sockets too: the peer's next recv fails with ECONNRESET), and the
+    client could lose the ACK that says why it was refused.
+    """
+    with contextlib.suppress(OSError):
+        for _ in range(_DISCARD_CHUNKS):
+            if not sock.recv(MAX_FRAME):
+                return
+
+
+def _pid(conn: _Connection) -> int | None:
+    return conn.peer.pid if conn.peer else None
+
+
+def _uid(conn: _Connection) -> int | None:
+    return conn.peer.uid if conn.peer else None

@@ -1,0 +1,259 @@
+"""``geco daemon``: start gecod, serve until SIGTERM, leave every job where it is.
+
+Start-up refuses, with one line on stderr and exit status 1, when:
+
+* it does not run as root (it creates cgroups and moves other users' processes);
+* the configuration or the socket address is unusable;
+* the key file is unsafe (the message of :func:`geco.keys.load_key` says the fix);
+* another gecod already answers on the socket;
+* the cgroup hierarchy or the node topology cannot be used.
+
+Then it rebuilds its view of the node from the cgroup tree (nothing lives only
+in its memory), listens, and tells systemd ``READY=1``. While it runs:
+``WATCHDOG=1`` at half of ``$WATCHDOG_USEC`` from a runloop timer (a hung
+loop stops pinging, and systemd restarts it), ``STATUS=`` with the job count.
+SIGHUP re-reads the configuration and the key file. SIGTERM or SIGINT: stop
+accepting, answer the requests already being worked on (at most
+``_DRAIN_GRACE`` seconds), ``STOPPING=1``, exit 0. Job cgroups are never
+touched on the way out: running jobs stay contained, and a restart
+(``KillMode=process`` in ``gecod.service``) neither kills nor releases them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import os
+import signal
+import sys
+from pathlib import Path
+
+from geco import __version__, address, cgroup, keys, log
+from geco import config as _config
+from geco.daemon import state
+from geco.daemon.quarantine import Context
+from geco.daemon.runloop import RunLoop
+from geco.daemon.server import Server
+from geco.errors import GecoError
+from geco.topology import Topology
+
+__all__ = ["Daemon", "notify", "run"]
+
+_log = log.get("gecod")
+
+EXIT_OK, EXIT_FAILED = 0, 1
+# Seconds SIGTERM waits for requests already in a worker to be answered.
+_DRAIN_GRACE = 10.0
+# Settings a SIGHUP cannot change in a running gecod (sockets, threads, cgroup
+# layout and the replay window are set up once); a change is logged instead.
+_RESTART_ONLY = ("gecod_socket", "gecod_max_skew", "gecod_workers", "gecod_granularity",
+                 "cgroup_mount", "cgroup_name", "cgroup_version", "exclusive_cpus",
+                 "state_dir")
+
+
+def notify(message: str) -> bool:
+    """Send ``message`` to systemd (sd_notify); a no-op returning False without NOTIFY_SOCKET."""
+    if not os.environ.get("NOTIFY_SOCKET"):
+        return False
+    try:
+        from systemd import daemon as sd
+    except ImportError:  # systemd-python missing: gecod still runs, unsupervised
+        return False
+    return bool(sd.notify(message))
+
+
+def _watchdog_interval() -> float | None:
+    """Half of ``$WATCHDOG_USEC`` in seconds when systemd watches this process, else None."""
+    usec = os.environ.get("WATCHDOG_USEC", "")
+    wpid = os.environ.get("WATCHDOG_PID", "")
+    if not usec.isdigit() or int(usec) == 0:
+        return None
+    if wpid and wpid != str(os.getpid()):
+        return None  # meant for another process (we were started by a wrapper)
+    return int(usec) / 2e6
+
+
+class _StartupError(Exception):
+    """A reason not to start; printed as one line, exit 1."""
+
+
+class Daemon:
+    """gecod assembled: config, key, cgroups, listener, runloop, workers.
+
+    Parameters
+    ----------
+    cfg: the configuration.
+    config_path: where it came from (re-read on SIGHUP).
+    log_level: the stderr level chosen on the command line (None = from the config).
+    """
+
+    def __init__(self, cfg: _config.Config, config_path: Path,
+                 log_level: str | None = None) -> None:
+        self.cfg = cfg
+        self.config_path = config_path
+        self.log_level = log_level
+        if os.geteuid() != 0:
+            raise _StartupError(f"gecod must run as root (it creates cgroups and moves other "
+                                f"users' processes into them); running as uid {os.geteuid()}")
+        try:
+            self.address = address.parse(cfg.gecod_socket)
+            self.key = keys.load_key(cfg.gecod_key_file)
+        except GecoError as exc:
+            raise _StartupError(str(exc)) from exc
+        self._refuse_second_gecod()
+        try:
+            self.backend = cgroup.for_config(cfg)
+            self.backend.ensure_root()
+            self.topology = Topology.load()
+            node = state.scan(self.backend)
+        except GecoError as exc:
+            raise _StartupError(str(exc)) from exc
+        self.ctx = Context(cfg, self.backend, self.topology)
+        _log.info("gecod %s: %d job cgroups on this node (cpus in use: %s of %s), rebuilt "
+                  "from %s", __version__, len(node.jobs), node.cpus_in_use or "none",
+                  node.available_cpus, self.backend,
+                  extra=log.job_fields(None, None, "gecod-state-rebuilt",
+                                       JOB_COUNT=len(node.jobs),
+                                       JOBS=",".join(j.key for j in node.jobs) or None,
+                                       CPUS_IN_USE=node.cpus_in_use))
+        try:
+            self.listener = address.listen(self.address)
+        except GecoError as exc:
+            raise _StartupError(str(exc)) from exc
+        self.loop = RunLoop(cfg.gecod_granularity)
+        self.executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=cfg.gecod_workers, thread_name_prefix="gecod-worker")
+        self.server = Server(self.loop, self.listener, self.address, self.key, self.ctx,
+                             self.executor, on_change=self._report_status)
+        self._stopping = False
+
+    def _refuse_second_gecod(self) -> None:
+        """Fail when something already answers on our socket (a running gecod)."""
+        try:
+            probe = address.connect(self.address, timeout=1.0)
+        except GecoError:
+            return  # nobody there (a stale Unix socket file is removed by listen())
+        probe.close()
+        raise _StartupError(f"another gecod is already listening on {self.address}; stop it "
+                            f"first (systemctl stop gecod)")
+
+    # -- systemd ----------------------------------------------------------------
+
+    def _report_status(self) -> None:
+        try:
+            jobs = len(self.backend.job_keys())
+        except GecoError as exc:
+            _log.warning("cannot count the job cgroups: %s", exc)
+            return
+        notify(f"STATUS=serving on {self.address}: {jobs} job(s) contained, "
+               f"{self.server.served} request(s) answered, {self.server.refused} refused")
+
+    def _watchdog(self) -> None:
+        # sent from the loop itself: a loop stuck in a callback stops the pings
+        notify("WATCHDOG=1")
+
+    # -- signals ----------------------------------------------------------------
+
+    def _on_stop_signal(self, signum: int) -> None:
+        if self._stopping:
+            return
+        self._stopping = True
+        _log.info("gecod stopping on %s; job cgroups are left as they are",
+                  signal.Signals(signum).name,
+                  extra=log.job_fields(None, None, "gecod-stopping",
+                                       SIGNAL=signal.Signals(signum).name))
+        notify("STOPPING=1")
+        self.server.shutdown(on_idle=self.loop.stop)
+        self.loop.add_timer(_DRAIN_GRACE, self.loop.stop)
+
+    def _on_reload(self, signum: int) -> None:
+        try:
+            new = _config.load(self.config_path)
+        except GecoError as exc:
+            _log.error("SIGHUP: keeping the running configuration: %s", exc)
+            return
+        for name in _RESTART_ONLY:
+            if getattr(new, name) != getattr(self.cfg, name):
+                _log.warning("SIGHUP: %s changed to %r; it takes effect when gecod restarts",
+                             name, getattr(new, name))
+        new = dataclasses.replace(new, **{n: getattr(self.cfg, n) for n in _RESTART_ONLY})
+        try:
+            key = keys.load_key(new.gecod_key_file)
+        except GecoError as exc:
+            _log.error("SIGHUP: keeping the running key: %s", exc)
+            key = self.key
+        self.cfg = self.ctx.config = new
+        self.key = key
+        self.server.replace_key(key)
+        log.setup(_stderr_level(self.log_level, new), identifier="gecod")
+        _log.info("SIGHUP: configuration re-read from %s", self.config_path,
+                  extra=log.job_fields(None, None, "gecod-reloaded"))
+
+    # -- running ----------------------------------------------------------------
+
+    def run(self) -> int:
+        """Serve until SIGTERM/SIGINT; return the exit status."""
+        self.loop.add_signal(signal.SIGTERM, self._on_stop_signal)
+        self.loop.add_signal(signal.SIGINT, self._on_stop_signal)
+        self.loop.add_signal(signal.SIGHUP, self._on_reload)
+        interval = _watchdog_interval()
+        if interval is not None:
+            self.loop.add_timer(interval, self._watchdog, repeat=interval)
+        _log.info("gecod %s listening on %s (pid %d, %d workers)", __version__, self.address,
+                  os.getpid(), self.cfg.gecod_workers,
+                  extra=log.job_fields(None, None, "gecod-started", SOCKET=self.address))
+        notify("READY=1")
+        self._report_status()
+        try:
+            self.loop.run()
+        finally:
+            self.close()
+        _log.info("gecod stopped", extra=log.job_fields(None, None, "gecod-stopped"))
+        return EXIT_OK
+
+    def close(self) -> None:
+        """Close the listener and the loop, wait for running workers; jobs are left alone."""
+        if self.server.listener is not None:
+            self.server.shutdown(on_idle=lambda: None)
+        address.unlink_socket(self.address)
+        self.loop.close()
+        # on the way out already: a second SIGTERM (an impatient admin, kill -TERM
+        # twice) must not turn a clean exit into a kill while workers finish
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_IGN)
+        self.executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _stderr_is_journal() -> bool:
+    """True when systemd connected our stderr to the journal ($JOURNAL_STREAM = dev:inode)."""
+    stream = os.environ.get("JOURNAL_STREAM", "")
+    try:
+        st = os.fstat(sys.stderr.fileno())
+    except (OSError, ValueError):
+        return False
+    return stream == f"{st.st_dev}:{st.st_ino}"
+
+
+def _stderr_level(chosen: str | None, cfg: _config.Config) -> str:
+    """The stderr level: the command line's, else none when stderr is the journal already
+    (every entry would arrive twice, once structured, once as a plain line), else the
+    configuration's."""
+    return chosen or ("quiet" if _stderr_is_journal() else cfg.log_level)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run gecod with parsed arguments (``geco daemon`` calls this); return the exit status."""
+    path = Path(args.config or os.environ.get("GECO_CONFIG") or _config.DEFAULT_PATH)
+    log.setup(args.log_level or "error", identifier="gecod")  # until the config is read
+    try:
+        cfg = _config.load(path)
+        log.setup(_stderr_level(args.log_level, cfg), identifier="gecod")
+        daemon = Daemon(cfg, path, args.log_level)
+    except (_StartupError, GecoError) as exc:
+        print(f"gecod: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except OSError as exc:  # anything the kernel refused that no module translated
+        print(f"gecod: cannot start: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    return daemon.run()

@@ -1,0 +1,112 @@
+"""A job's granted resources, the way every geco component gets them.
+
+The prolog and gecod both need one task's :class:`~geco.resource.ResourceSet`
+before they can build its cgroups, and must get it the same way, in this order:
+
+1. the resource file ``<state_dir>/resources/<job>.<task>`` (an earlier hook or
+   gecod already asked Grid Engine), so the qmaster is asked once per job;
+2. else one ``qstat -xml -j`` (:func:`geco.qstat.fetch`, placement from the
+   spooled ``pe_hostfile``), saved to the resource file for everyone after us;
+3. else, when the qmaster cannot be reached, what the node itself knows from
+   the execd spool (owner, name, hosts and slots): the job is contained with
+   its cores only, and a warning says so loudly. A job runs bound to its cores
+   rather than not at all, and never uncontained without a warning.
+
+Grid Engine answering that the task is not running (:class:`TaskNotRunning`)
+or that the job does not exist (:class:`~geco.errors.JobNotFound`) is passed on:
+that is a race or a bogus request, not a reason to guess.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from geco import log, qstat, sgejob, statefile
+from geco.config import Config
+from geco.errors import GecoError, QstatError, TaskNotRunning
+from geco.resource import NodeResources, ResourceSet
+
+__all__ = ["from_spool", "resources_for"]
+
+_log = log.get("jobresources")
+
+
+def from_spool(job: sgejob.JobRef) -> ResourceSet:
+    """Build what the node itself knows about the job: owner, name, hosts and slots.
+
+    Parameters
+    ----------
+    job: the job, with ``spool_dir`` = its execd ``active_jobs/<job>.<task>`` directory.
+
+    Raises
+    ------
+    GecoError
+        when the job has no spool dir, or its ``config`` or ``pe_hostfile`` cannot be read.
+    QstatParseError
+        when the ``pe_hostfile`` is malformed.
+    """
+    if job.spool_dir is None or job.pe_hostfile is None:
+        raise GecoError("the job's execd spool dir is not known", job=job.key)
+    conf = sgejob.read_config(job.spool_dir)
+    try:
+        hostfile = job.pe_hostfile.read_bytes()
+    except OSError as exc:
+        raise GecoError.from_oserror("cannot read the job's pe_hostfile", exc,
+                                     path=job.pe_hostfile) from exc
+    nodes = tuple(NodeResources(p.host, is_slave=not p.is_master, slots=p.slots)
+                  for p in qstat.parse_pe_hostfile(hostfile))
+    return ResourceSet(job.job_id, job.task_id, job_name=conf.get("job_name", ""),
+                       owner=conf.get("job_owner", ""), cwd=conf.get("cwd", ""), nodes=nodes)
+
+
+def resources_for(job: sgejob.JobRef, cfg: Config,
+                  logger: logging.Logger | None = None) -> ResourceSet:
+    """Return the job's resources: saved file, else qstat (then saved), else the node's spool.
+
+    Blocks for as long as qstat takes (its timeout x retries): gecod calls it
+    from a worker thread, never from its loop.
+
+    Parameters
+    ----------
+    job: the job task, with its execd spool dir when known (for the pe_hostfile).
+    cfg: settings (state dir, qstat command, timeout and retries).
+    logger: where warnings go (default ``geco.jobresources``).
+
+    Returns
+    -------
+    ResourceSet
+        The job's full record, or its spool-only record (no memory limits)
+        when the qmaster could not be reached.
+
+    Raises
+    ------
+    TaskNotRunning, JobNotFound
+        when Grid Engine says the task is not running or the job does not exist.
+    QstatParseError
+        when qstat's answer is malformed.
+    GecoError
+        when the qmaster is unreachable and the spool cannot be read either.
+    """
+    logger = logger or _log
+    fields = log.job_fields(job.job_id, job.task_id)
+    try:
+        saved = statefile.read(cfg.resources_dir, job.job_id, job.task_id)
+    except GecoError as exc:
+        logger.warning("ignoring unusable resource file: %s", exc, extra=fields)
+        saved = None
+    if saved is not None:
+        return saved
+    try:
+        rs = qstat.fetch(job.job_id, job.task_id, cfg, pe_hostfile=job.pe_hostfile)
+    except TaskNotRunning:
+        raise  # Grid Engine answered: a race at start-up; re-queue rather than guess
+    except QstatError as exc:
+        logger.warning("qmaster not reachable (%s): job %s is contained with its cores only, "
+                       "WITHOUT memory limits", exc, job.key,
+                       extra=log.job_fields(job.job_id, job.task_id, "degraded-containment"))
+        return from_spool(job)
+    try:
+        statefile.write(cfg.resources_dir, rs)
+    except GecoError as exc:  # a full disk must not stop the job; later hooks ask qstat again
+        logger.warning("%s", exc, extra=fields)
+    return rs

@@ -1,0 +1,616 @@
+"""The quarantine wire format between the preload, gecod and the CLI (protocol 1).
+
+Every frame is a fixed 36-byte header, a payload of at most 4096 bytes and a
+32-byte MAC (keyed BLAKE2b-256 over header and payload). The byte-by-byte
+layout, the receiver's check order, the replay rules and test vectors are in
+``docs/wire-format.md``; ``preload/geco_proto.c`` is the C twin of this module,
+and both are held to the same vectors (``tests/vectors/quarantine.json``).
+
+Unlike the original GECO (static key compiled into a world-readable library,
+no nonce or timestamp, native byte order), a frame here is bound to a secret
+key file, to a random nonce and to the sender's clock, so a recorded frame
+cannot be replayed and a forged one is refused before anything is trusted.
+
+Typical use::
+
+    frame = protocol.encode(MsgType.JOB_STARTED, JobStarted(42, 1, pid), key)
+    ...
+    got = protocol.decode(raw, key, replay=cache)   # raises ProtocolError
+    match got.message: ...
+"""
+
+from __future__ import annotations
+
+import enum
+import hmac
+import json
+import socket
+import struct
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import nacl.encoding
+import nacl.hash
+import nacl.utils
+
+from geco.errors import ProtocolError
+
+__all__ = [
+    "HEADER_BYTES",
+    "KEY_BYTES",
+    "MAC_BYTES",
+    "MAGIC",
+    "MAX_FRAME",
+    "MAX_PAYLOAD",
+    "NONCE_BYTES",
+    "VERSION",
+    "Ack",
+    "AckStatus",
+    "Adopt",
+    "Frame",
+    "JobStarted",
+    "Message",
+    "MsgType",
+    "ReplayCache",
+    "StatusReply",
+    "ack_for_error",
+    "decode",
+    "decode_ack",
+    "encode",
+    "expected_length",
+    "read_frame",
+]
+
+MAGIC = b"GECQ"
+VERSION = 1
+KEY_BYTES = 32
+NONCE_BYTES = 16
+HEADER_BYTES = 36
+MAC_BYTES = 32
+MAX_PAYLOAD = 4096
+MAX_FRAME = HEADER_BYTES + MAX_PAYLOAD + MAC_BYTES
+
+# magic, version, type, flags, payload length, nonce, timestamp (int64 ns)
+_HEADER = struct.Struct("<4sBBHI16sq")
+assert _HEADER.size == HEADER_BYTES
+
+
+class MsgType(enum.IntEnum):
+    """Message types (byte 5 of the header)."""
+
+    JOB_STARTED = 1
+    ACK = 2
+    STATUS = 3
+    STATUS_REPLY = 4
+    ADOPT = 5
+    QUARANTINE_SELF = 6
+
+
+class AckStatus(enum.IntEnum):
+    """The ``status`` of an ACK: what gecod did with the request."""
+
+    OK = 0  # the pid is in the job's cgroups
+    REFUSED = 1  # policy or credentials
+    NO_SUCH_JOB = 2
+    FAILED = 3  # cgroup or qstat error
+    BAD_REQUEST = 4
+    VERSION = 5  # the request's protocol version is not spoken here
+    BUSY = 6
+
+
+def _payload_error(msg: str, **fields: object) -> ProtocolError:
+    return ProtocolError(msg, reason="payload", **fields)
+
+
+@dataclass(frozen=True, slots=True)
+class JobStarted:
+    """Payload of JOB_STARTED and QUARANTINE_SELF: "put ``pid`` into ``job_id.task_id``".
+
+    Wire: u64 job_id, u64 task_id, u32 pid, u32 reserved (0); 24 bytes.
+    """
+
+    job_id: int
+    task_id: int
+    pid: int
+
+    TYPES: ClassVar[tuple[MsgType, ...]] = (MsgType.JOB_STARTED, MsgType.QUARANTINE_SELF)
+    _S: ClassVar[struct.Struct] = struct.Struct("<QQII")
+
+    def pack(self) -> bytes:
+        """Return the 24 payload bytes (struct.error when a field does not fit its integer)."""
+        return self._S.pack(self.job_id, self.task_id, self.pid, 0)
+
+    @classmethod
+    def unpack(cls, payload: bytes) -> JobStarted:
+        """Parse a payload; raise ProtocolError (reason ``payload``) when it is malformed."""
+        _check_size("JOB_STARTED", payload, cls._S.size)
+        job_id, task_id, pid, reserved = cls._S.unpack(payload)
+        _check_reserved("JOB_STARTED", reserved)
+        return cls(job_id, task_id, pid)
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """Payload of ACK: gecod's answer to the request whose nonce is ``request_nonce``.
+
+    Wire: u64 job_id, u64 task_id, u32 status, u32 reserved (0), 16 bytes request
+    nonce; 40 bytes.
+    """
+
+    job_id: int
+    task_id: int
+    status: AckStatus
+    request_nonce: bytes
+
+    TYPES: ClassVar[tuple[MsgType, ...]] = (MsgType.ACK,)
+    _S: ClassVar[struct.Struct] = struct.Struct("<QQII16s")
+
+    def pack(self) -> bytes:
+        """Return the 40 payload bytes."""
+        if len(self.request_nonce) != NONCE_BYTES:
+            raise ValueError(f"request_nonce must be {NONCE_BYTES} bytes, "
+                             f"got {len(self.request_nonce)}")
+        return self._S.pack(self.job_id, self.task_id, self.status, 0, self.request_nonce)
+
+    @classmethod
+    def unpack(cls, payload: bytes) -> Ack:
+        """Parse a payload; raise ProtocolError (reason ``payload``) when it is malformed."""
+        _check_size("ACK", payload, cls._S.size)
+        job_id, task_id, status, reserved, nonce = cls._S.unpack(payload)
+        _check_reserved("ACK", reserved)
+        try:
+            status = AckStatus(status)
+        except ValueError:
+            raise _payload_error(f"an ACK status must be 0..{max(AckStatus)}, "
+                                 f"got {status}") from None
+        return cls(job_id, task_id, status, nonce)
+
+
+@dataclass(frozen=True, slots=True)
+class Adopt:
+    """Payload of ADOPT (ssh adoption): "put ``pid`` of ``uid`` into a job of theirs".
+
+    Wire: u64 job_id (0 = any job of the uid), u32 pid, u32 uid, u64 reserved (0);
+    24 bytes.
+    """
+
+    job_id: int
+    pid: int
+    uid: int
+
+    TYPES: ClassVar[tuple[MsgType, ...]] = (MsgType.ADOPT,)
+    _S: ClassVar[struct.Struct] = struct.Struct("<QIIQ")
+
+    def pack(self) -> bytes:
+        """Return the 24 payload bytes."""
+        return self._S.pack(self.job_id, self.pid, self.uid, 0)
+
+    @classmethod
+    def unpack(cls, payload: bytes) -> Adopt:
+        """Parse a payload; raise ProtocolError (reason ``payload``) when it is malformed."""
+        _check_size("ADOPT", payload, cls._S.size)
+        job_id, pid, uid, reserved = cls._S.unpack(payload)
+        _check_reserved("ADOPT", reserved)
+        return cls(job_id, pid, uid)
+
+
+@dataclass(frozen=True, slots=True)
+class StatusReply:
+    """Payload of STATUS_REPLY: one UTF-8 JSON object (at most 4096 bytes)."""
+
+    document: dict[str, Any]
+
+    TYPES: ClassVar[tuple[MsgType, ...]] = (MsgType.STATUS_REPLY,)
+
+    def pack(self) -> bytes:
+        """Return the compact UTF-8 JSON text."""
+        return json.dumps(self.document, separators=(",", ":"), ensure_ascii=False,
+                          sort_keys=True).encode()
+
+    @classmethod
+    def unpack(cls, payload: bytes) -> StatusReply:
+        """Parse a payload; raise ProtocolError (reason ``payload``) unless a JSON object."""
+        try:
+            doc = json.loads(payload.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise _payload_error(f"a STATUS_REPLY must be UTF-8 JSON: {exc}") from None
+        if not isinstance(doc, dict):
+            raise _payload_error(f"a STATUS_REPLY must be a JSON object, "
+                                 f"got {type(doc).__name__}")
+        return cls(doc)
+
+
+Message = JobStarted | Ack | Adopt | StatusReply
+
+
+def _check_size(name: str, payload: bytes, size: int) -> None:
+    if len(payload) != size:
+        raise _payload_error(f"the {name} payload must be {size} bytes, got {len(payload)}")
+
+
+def _check_reserved(name: str, value: int) -> None:
+    if value != 0:
+        raise _payload_error(f"the reserved field of the {name} payload must be 0, got {value}")
+
+
+# Payload size per type; None = any size up to MAX_PAYLOAD.
+_SIZES: dict[MsgType, int | None] = {
+    MsgType.JOB_STARTED: 24, MsgType.ACK: 40, MsgType.STATUS: 0,
+    MsgType.STATUS_REPLY: None, MsgType.ADOPT: 24, MsgType.QUARANTINE_SELF: 24,
+}
+_UNPACK: dict[MsgType, Callable[[bytes], Message]] = {
+    MsgType.JOB_STARTED: JobStarted.unpack, MsgType.QUARANTINE_SELF: JobStarted.unpack,
+    MsgType.ACK: Ack.unpack, MsgType.ADOPT: Adopt.unpack,
+    MsgType.STATUS_REPLY: StatusReply.unpack,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """A frame that passed every check of :func:`decode`."""
+
+    type: MsgType
+    nonce: bytes
+    timestamp_ns: int
+    payload: bytes
+
+    @property
+    def message(self) -> Message | None:
+        """The payload parsed for its type (None for STATUS, which has none)."""
+        unpack = _UNPACK.get(self.type)
+        return None if unpack is None else unpack(self.payload)
+
+
+def _mac(key: bytes, body: bytes) -> bytes:
+    return nacl.hash.blake2b(body, digest_size=MAC_BYTES, key=key,
+                             encoder=nacl.encoding.RawEncoder)
+
+
+def _check_key(key: bytes) -> None:
+    if len(key) != KEY_BYTES:
+        raise ValueError(f"the key must be {KEY_BYTES} bytes, got {len(key)}")
+
+
+def encode(type: MsgType | int, payload: bytes | Message, key: bytes, *,
+           nonce: bytes | None = None, ts_ns: int | None = None,
+           version: int = VERSION, flags: int = 0) -> bytes:
+    """Build one MAC'd frame.
+
+    Parameters
+    ----------
+    type:
+        The message type.
+    payload:
+        A message (its type must match ``type``) or raw payload bytes.
+    key:
+        The 32-byte secret key.
+    nonce:
+        16 bytes; default random (never reuse one: receivers refuse repeats).
+    ts_ns:
+        Sender timestamp, ns since the epoch; default now (``CLOCK_REALTIME``).
+    version, flags:
+        Only for tests of receivers (a frame of another version, nonzero flags).
+
+    Returns
+    -------
+    The frame: header, payload, MAC.
+
+    Raises
+    ------
+    ValueError
+        for a wrong-sized key or nonce, a payload over 4096 bytes, a message of
+        another type, or a field that does not fit its integer.
+    """
+    _check_key(key)
+    if not isinstance(payload, bytes):
+        if int(type) not in payload.TYPES:
+            raise ValueError(f"a {payload.__class__.__name__} cannot be sent as type "
+                             f"{int(type)}")
+        try:
+            payload = payload.pack()
+        except struct.error as exc:
+            raise ValueError(f"a field of the {payload.__class__.__name__} does not fit its "
+                             f"integer: {exc}") from None
+    if len(payload) > MAX_PAYLOAD:
+        raise ValueError(f"a payload must be at most {MAX_PAYLOAD} bytes, got {len(payload)}")
+    if nonce is None:
+        nonce = nacl.utils.random(NONCE_BYTES)
+    elif len(nonce) != NONCE_BYTES:
+        raise ValueError(f"a nonce must be {NONCE_BYTES} bytes, got {len(nonce)}")
+    if ts_ns is None:
+        ts_ns = time.time_ns()
+    try:
+        header = _HEADER.pack(MAGIC, version, int(type), flags, len(payload), nonce, ts_ns)
+    except struct.error as exc:
+        raise ValueError(f"a header field does not fit: {exc}") from None
+    body = header + payload
+    return body + _mac(key, body)
+
+
+def expected_length(prefix: bytes) -> int | None:
+    """Return the whole frame's length once enough of its start has arrived.
+
+    A receiver reading from a socket calls this with what it has so far: None
+    means "read more" (fewer than 12 bytes), an int is the total to wait for.
+    Shape errors are raised as early as the bytes allow, so a client that sends
+    garbage (or another protocol version) is answered at once instead of after
+    a read deadline.
+
+    Raises
+    ------
+    ProtocolError
+        reason ``magic``, ``version``, ``flags`` or ``length`` (see :func:`decode`).
+    """
+    if prefix[:4] != MAGIC[:len(prefix)]:
+        raise _shape_error("magic", prefix)
+    # the version byte is checked before anything else can be assumed: a future
+    # version may lay out everything after byte 5 differently
+    if len(prefix) >= 5 and prefix[4] != VERSION:
+        raise _shape_error("version", prefix)
+    if len(prefix) < 12:
+        return None
+    _check_flags_and_length(prefix)
+    n = int.from_bytes(prefix[8:12], "little")
+    return HEADER_BYTES + n + MAC_BYTES
+
+
+def _shape_error(reason: str, frame: bytes) -> ProtocolError:
+    if reason == "magic":
+        return ProtocolError(f"a frame must start with {MAGIC!r}, got {bytes(frame[:4])!r}",
+                             reason="magic")
+    return ProtocolError(f"protocol version must be {VERSION}, got {frame[4]}: gecod speaks "
+                         f"protocol {VERSION}; upgrade the preload/gecod", reason="version")
+
+
+def _check_flags_and_length(frame: bytes) -> None:
+    flags = int.from_bytes(frame[6:8], "little")
+    if flags:
+        raise ProtocolError(f"flags must be 0, got 0x{flags:04x}", reason="flags")
+    n = int.from_bytes(frame[8:12], "little")
+    if n > MAX_PAYLOAD:
+        raise ProtocolError(f"payload length must be at most {MAX_PAYLOAD}, got {n}",
+                            reason="length")
+
+
+def _seconds(ns: int) -> str:
+    """Exact decimal seconds of a nanosecond count (floats would round 30 s + 1 ns to 30 s)."""
+    whole, frac = divmod(ns, 10**9)
+    return f"{whole}.{frac:09d}".rstrip("0").rstrip(".")
+
+
+def _check_skew(ts_ns: int, now_ns: int | None, max_skew: float) -> None:
+    now = time.time_ns() if now_ns is None else now_ns
+    if abs(ts_ns - now) > round(max_skew * 1e9):
+        side = "behind" if ts_ns < now else "ahead of"
+        raise ProtocolError(
+            f"timestamp must be within ±{max_skew:g} s of this host's clock, got "
+            f"{_seconds(abs(ts_ns - now))} s {side} it (a replayed frame, or clocks out of "
+            f"step: check NTP)", reason="stale")
+
+
+def decode(frame: bytes, key: bytes, *, now_ns: int | None = None, max_skew: float = 30.0,
+           replay: ReplayCache | None = None) -> Frame:
+    """Verify one frame and return it; the checks run in the documented order.
+
+    Parameters
+    ----------
+    frame:
+        Exactly one frame (:func:`read_frame` delivers that).
+    key:
+        The 32-byte secret key.
+    now_ns:
+        This host's clock (ns since the epoch); default now.
+    max_skew:
+        Seconds the sender's timestamp may differ from ``now_ns`` either way.
+    replay:
+        The receiver's replay cache; the frame's nonce is recorded in it. None
+        skips the nonce check (a client reading the one reply to its request,
+        which :func:`decode_ack` binds to the request instead).
+
+    Returns
+    -------
+    The frame's type, nonce, timestamp and payload (:attr:`Frame.message` parses it).
+
+    Raises
+    ------
+    ProtocolError
+        with ``reason``, in check order: ``short`` (< 68 bytes), ``magic``,
+        ``version``, ``flags``, ``length`` (payload > 4096 or the frame's size
+        disagrees with it), ``mac``, ``type`` (unknown), ``payload`` (wrong size
+        or content for the type), ``stale`` (timestamp outside ±max_skew),
+        ``nonce`` (seen before within the replay window).
+    """
+    _check_key(key)
+    if len(frame) < HEADER_BYTES + MAC_BYTES:
+        raise ProtocolError(f"a frame must be at least {HEADER_BYTES + MAC_BYTES} bytes "
+                            f"(header and MAC), got {len(frame)}", reason="short")
+    if frame[:4] != MAGIC:
+        raise _shape_error("magic", frame)
+    if frame[4] != VERSION:
+        raise _shape_error("version", frame)
+    _check_flags_and_length(frame)
+    _, _, type_, _, n, nonce, ts_ns = _HEADER.unpack_from(frame)
+    if len(frame) != HEADER_BYTES + n + MAC_BYTES:
+        raise ProtocolError(f"a frame with a {n}-byte payload must be "
+                            f"{HEADER_BYTES + n + MAC_BYTES} bytes, got {len(frame)}",
+                            reason="length")
+    body = frame[:HEADER_BYTES + n]
+    # constant time: a byte-by-byte compare would tell a forger how much is right
+    if not hmac.compare_digest(_mac(key, body), frame[HEADER_BYTES + n:]):
+        raise ProtocolError("the MAC does not match: the frame is forged, corrupted or made "
+                            "with another key (gecod and the preload must read the same key "
+                            "file)", reason="mac")
+    try:
+        mtype = MsgType(type_)
+    except ValueError:
+        known = ", ".join(f"{t.value} ({t.name})" for t in MsgType)
+        raise ProtocolError(f"message type must be one of {known}, got {type_}",
+                            reason="type") from None
+    payload = bytes(frame[HEADER_BYTES:HEADER_BYTES + n])
+    size = _SIZES[mtype]
+    if size is not None and n != size:
+        raise _payload_error(f"the {mtype.name} payload must be {size} bytes, got {n}")
+    unpack = _UNPACK.get(mtype)
+    if unpack is not None:
+        unpack(payload)  # strict: reserved fields, status values, JSON
+    _check_skew(ts_ns, now_ns, max_skew)
+    if replay is not None:
+        replay.check(nonce, time.time_ns() if now_ns is None else now_ns)
+    return Frame(mtype, nonce, ts_ns, payload)
+
+
+def decode_ack(frame: bytes, key: bytes, request_nonce: bytes, *, now_ns: int | None = None,
+               max_skew: float = 30.0) -> Ack:
+    """Verify the reply to a request and return its ACK (the C ``geco_decode_ack``).
+
+    Parameters
+    ----------
+    frame, key, now_ns, max_skew:
+        As for :func:`decode`.
+    request_nonce:
+        The nonce of the request this reply must answer.
+
+    Returns
+    -------
+    The ACK; its ``status`` says what gecod did.
+
+    Raises
+    ------
+    ProtocolError
+        as :func:`decode`; also ``type`` when the frame is not an ACK, and
+        ``nonce`` when it answers another request.
+    """
+    got = decode(frame, key, now_ns=now_ns, max_skew=max_skew)
+    if got.type is not MsgType.ACK:
+        raise ProtocolError(f"the reply must be an ACK, got {got.type.name}", reason="type")
+    ack = Ack.unpack(got.payload)
+    if not hmac.compare_digest(ack.request_nonce, request_nonce):
+        raise ProtocolError(f"the ACK answers request {ack.request_nonce.hex()}, "
+                            f"not this one ({request_nonce.hex()})", reason="nonce")
+    return ack
+
+
+def ack_for_error(received: bytes, error: ProtocolError, key: bytes) -> bytes:
+    """Return the ACK a server sends for a refused frame, before it closes.
+
+    The status is VERSION for a protocol version it does not speak, else
+    BAD_REQUEST; the request nonce is bytes 12..27 of what was received (zeros
+    when fewer arrived), so the client learns at once why instead of waiting
+    for its timeout. The ACK carries no job: it does not say the frame was
+    authentic.
+    """
+    status = AckStatus.VERSION if error.reason == "version" else AckStatus.BAD_REQUEST
+    nonce = bytes(received[12:28]) if len(received) >= 28 else bytes(NONCE_BYTES)
+    return encode(MsgType.ACK, Ack(0, 0, status, nonce), key)
+
+
+class ReplayCache:
+    """The nonces a receiver accepted recently; a repeat within the window is refused.
+
+    Why the window must be at least ``2 * max_skew``: a frame is accepted while
+    ``|timestamp - now| <= max_skew``, so a frame first seen at time *t* (with
+    ``timestamp <= t + max_skew``) could pass the clock check again until
+    ``t + 2 * max_skew``; after that :func:`decode` refuses it as ``stale``
+    before the cache is asked. Ages are measured on the same realtime clock as
+    the timestamps: a clock that jumps forward makes old frames stale at the
+    same moment it makes their nonces forgettable; one that jumps back only
+    keeps nonces longer.
+
+    Only frames with a good MAC reach the cache, so its size is bounded by the
+    legitimate request rate; ``capacity`` still bounds memory. When it is full
+    of nonces still inside the window, new frames are refused (fail closed)
+    rather than forgetting a nonce that could then be replayed.
+
+    Thread-safe (one lock around each check).
+    """
+
+    def __init__(self, window: float, *, capacity: int = 65536) -> None:
+        if window <= 0 or capacity <= 0:
+            raise ValueError(f"window and capacity must be > 0, got {window}, {capacity}")
+        self.window = window
+        self.capacity = capacity
+        self._window_ns = round(window * 1e9)
+        self._seen: OrderedDict[bytes, int] = OrderedDict()  # nonce -> first seen (ns)
+        self._lock = threading.Lock()
+
+    @classmethod
+    def for_skew(cls, max_skew: float, *, capacity: int = 65536) -> ReplayCache:
+        """Return a cache whose window (``2 * max_skew``) matches :func:`decode`'s clock check."""
+        return cls(2 * max_skew, capacity=capacity)
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def check(self, nonce: bytes, now_ns: int) -> None:
+        """Record ``nonce`` as seen at ``now_ns``; refuse it if it was seen within the window.
+
+        Raises
+        ------
+        ProtocolError
+            reason ``nonce``: a replay, or the cache is full of live nonces.
+        """
+        with self._lock:
+            # insertion order is arrival order, so expired entries are at the front
+            while self._seen:
+                oldest, seen_ns = next(iter(self._seen.items()))
+                if now_ns - seen_ns <= self._window_ns:
+                    break
+                del self._seen[oldest]
+            if nonce in self._seen:
+                raise ProtocolError(f"nonce {nonce.hex()} was already used within the last "
+                                    f"{self.window:g} s: a replayed frame", reason="nonce")
+            if len(self._seen) >= self.capacity:
+                raise ProtocolError(f"the replay cache holds {self.capacity} nonces younger "
+                                    f"than {self.window:g} s; refusing the frame rather than "
+                                    f"forgetting one", reason="nonce")
+            self._seen[nonce] = now_ns
+
+
+def read_frame(sock: socket.socket, deadline: float) -> bytes:
+    """Read exactly one frame from a blocking socket.
+
+    Parameters
+    ----------
+    sock:
+        A connected stream socket (its timeout is changed).
+    deadline:
+        ``time.monotonic()`` by which the whole frame must have arrived.
+
+    Returns
+    -------
+    The frame's bytes, ready for :func:`decode`; nothing past it is read.
+
+    Raises
+    ------
+    ProtocolError
+        ``timeout`` at the deadline, ``closed`` when the peer closed before a
+        whole frame, or a shape reason from :func:`expected_length`.
+    OSError
+        for other socket errors.
+    """
+    buf = bytearray()
+    want: int | None = None
+    while want is None or len(buf) < want:
+        # read no further than this frame: header first, then exactly the rest
+        need = (12 if want is None else want) - len(buf)
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise ProtocolError(f"no whole frame before the deadline: got {len(buf)} bytes",
+                                reason="timeout")
+        sock.settimeout(remaining)
+        try:
+            chunk = sock.recv(need)
+        except TimeoutError:
+            raise ProtocolError(f"no whole frame before the deadline: got {len(buf)} bytes",
+                                reason="timeout") from None
+        if not chunk:
+            raise ProtocolError(f"the peer closed the connection after {len(buf)} bytes of a "
+                                f"frame", reason="closed")
+        buf += chunk
+        if want is None:
+            want = expected_length(bytes(buf))
+    return bytes(buf)

@@ -1,0 +1,558 @@
+/*
+ * geco_client.c - one quarantine request from the preload to gecod.
+ *
+ * Runs in the process that is about to exec sge_shepherd: sge_execd's child
+ * right after fork(), whose parent may have had other threads holding the
+ * malloc or stdio locks at that moment. Hence the rules of this file:
+ *   - no malloc, no stdio, no locks, no global mutable state: every buffer is
+ *     on the stack (the largest is one reply frame, ~4 KiB);
+ *   - every wait has one deadline (CLOCK_MONOTONIC), shared by connect, send
+ *     and the reply, so the caller never waits longer than timeout_ms;
+ *   - sockets are close-on-exec and send() uses MSG_NOSIGNAL: a gecod that
+ *     goes away mid-request must not kill sge_execd's child with SIGPIPE;
+ *   - one cleanup path per function (goto cleanup), so no early return can
+ *     leak a descriptor into the shepherd.
+ * geco_address_parse() is the exception: a `service:<name>` address needs
+ * getservbyname_r() (NSS), so the preload calls it once, in its constructor.
+ */
+#define _GNU_SOURCE
+
+#include "geco_client.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#define JOB_STARTED_FRAME (GECO_HEADER_BYTES + 24 + GECO_MAC_BYTES)
+#define NS_PER_MS 1000000LL
+/* Pause between retries of a refused connection or a BUSY answer: doubling
+   from 50 ms to at most 1 s, always within the request's deadline. */
+#define RETRY_FIRST_NS (50 * NS_PER_MS)
+#define RETRY_MAX_NS (1000 * NS_PER_MS)
+
+/* ------------------------------------------------------------------------- */
+/* addresses                                                                 */
+/* ------------------------------------------------------------------------- */
+
+static int has_prefix(const char *s, const char *prefix)
+{
+    return strncmp(s, prefix, strlen(prefix)) == 0;
+}
+
+/* A decimal number in 1..65535 made of digits only; else -1. */
+static long parse_port(const char *s)
+{
+    long v = 0;
+    if (*s == '\0')
+        return -1;
+    for (; *s != '\0'; s++) {
+        if (*s < '0' || *s > '9')
+            return -1;
+        v = v * 10 + (*s - '0');
+        if (v > 65535)
+            return -1;
+    }
+    return v == 0 ? -1 : v;
+}
+
+static int all_digits(const char *s)
+{
+    if (*s == '\0')
+        return 0;
+    for (; *s != '\0'; s++)
+        if (*s < '0' || *s > '9')
+            return 0;
+    return 1;
+}
+
+static int set_unix(const char *path, geco_address_t *out, const char **why)
+{
+    struct sockaddr_un *un = (struct sockaddr_un *)&out->addr;
+    size_t len = strlen(path);
+    if (path[0] != '/') {
+        *why = "a Unix socket path must be absolute";
+        return -1;
+    }
+    if (len >= sizeof un->sun_path) {
+        *why = "a Unix socket path must be shorter than 108 bytes";
+        return -1;
+    }
+    un->sun_family = AF_UNIX;
+    memcpy(un->sun_path, path, len + 1);
+    out->addrlen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + len + 1);
+    return 0;
+}
+
+static void set_loopback(long port, geco_address_t *out)
+{
+    struct sockaddr_in *in = (struct sockaddr_in *)&out->addr;
+    in->sin_family = AF_INET;
+    in->sin_port = htons((uint16_t)port);
+    in->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    out->addrlen = sizeof *in;
+}
+
+int geco_address_parse(const char *text, geco_address_t *out, const char **why)
+{
+    static const char forms[] = "expected path:<absolute path>, port:<1-65535>, "
+                                "service:<name|port>, a port number or an absolute path";
+    long port;
+    memset(out, 0, sizeof *out);
+    *why = forms;
+    if (text == NULL || *text == '\0')
+        return -1;
+    if (has_prefix(text, "path:"))
+        return set_unix(text + 5, out, why);
+    if (text[0] == '/')
+        return set_unix(text, out, why);
+    if (has_prefix(text, "port:") || all_digits(text)) {
+        port = parse_port(has_prefix(text, "port:") ? text + 5 : text);
+        if (port < 0) {
+            *why = "a port must be a number in 1..65535";
+            return -1;
+        }
+        set_loopback(port, out);
+        return 0;
+    }
+    if (has_prefix(text, "service:")) {
+        const char *name = text + 8;
+        if (all_digits(name)) {
+            port = parse_port(name);
+            if (port < 0) {
+                *why = "a port must be a number in 1..65535";
+                return -1;
+            }
+        } else {
+            struct servent se, *found = NULL;
+            char buf[1024];
+            if (*name == '\0' || getservbyname_r(name, "tcp", &se, buf, sizeof buf, &found) != 0
+                || found == NULL) {
+                *why = "unknown TCP service name (not in /etc/services)";
+                return -1;
+            }
+            port = ntohs((uint16_t)found->s_port);
+        }
+        set_loopback(port, out);
+        return 0;
+    }
+    return -1;
+}
+
+/* ------------------------------------------------------------------------- */
+/* the job's environment file                                                */
+/* ------------------------------------------------------------------------- */
+
+/* Decimal digits only, no sign or blanks, value >= 1 and no overflow; else -1. */
+static int parse_id(const char *s, size_t n, uint64_t *out)
+{
+    uint64_t v = 0;
+    if (n == 0 || n > 20)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return -1;
+        uint64_t d = (uint64_t)(s[i] - '0');
+        if (v > (UINT64_MAX - d) / 10)
+            return -1;
+        v = v * 10 + d;
+    }
+    if (v == 0)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* Evaluate one line of `environment` (its first `n` bytes; `cut` = it was longer). */
+static int take_line(const char *line, size_t n, int cut, int *have_job, uint64_t *job,
+                     uint64_t *task)
+{
+    if (n >= 7 && memcmp(line, "JOB_ID=", 7) == 0) {
+        if (cut || parse_id(line + 7, n - 7, job) != 0)
+            return GECO_ENV_E_BAD_JOB;
+        *have_job = 1;
+    } else if (n >= 12 && memcmp(line, "SGE_TASK_ID=", 12) == 0) {
+        /* not an array job: Grid Engine writes "undefined", and the job's
+           active_jobs directory is <job>.1 */
+        if (!cut && n - 12 == 9 && memcmp(line + 12, "undefined", 9) == 0)
+            *task = 1;
+        else if (cut || parse_id(line + 12, n - 12, task) != 0)
+            return GECO_ENV_E_BAD_TASK;
+    }
+    return GECO_ENV_OK;
+}
+
+int geco_job_from_environment(const char *path, uint64_t *job, uint64_t *task, int *sys_errno)
+{
+    /* The file is read in small chunks and only the first 64 bytes of each line
+       are kept: both lines we need fit, the file may be any size, and the stack
+       stays small even in a thread with a tiny stack. A later line wins, as in
+       sge_shepherd, which setenv()s the lines in order. */
+    char chunk[2048];
+    char head[64];
+    size_t hl = 0;
+    int cut = 0, have_job = 0, rc = GECO_ENV_OK, fd;
+    uint64_t j = 0, t = 1;
+    struct stat st;
+
+    *sys_errno = 0;
+    /* O_NONBLOCK: a FIFO planted as `environment` must not hang the exec */
+    fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) {
+        *sys_errno = errno;
+        rc = GECO_ENV_E_OPEN;
+        goto cleanup;
+    }
+    if (fstat(fd, &st) != 0) {
+        *sys_errno = errno;
+        rc = GECO_ENV_E_READ;
+        goto cleanup;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        *sys_errno = EINVAL;
+        rc = GECO_ENV_E_READ;
+        goto cleanup;
+    }
+    for (;;) {
+        ssize_t got = read(fd, chunk, sizeof chunk);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got < 0) {
+            *sys_errno = errno;
+            rc = GECO_ENV_E_READ;
+            goto cleanup;
+        }
+        if (got == 0)
+            break;
+        for (ssize_t i = 0; i < got; i++) {
+            if (chunk[i] == '\n') {
+                rc = take_line(head, hl, cut, &have_job, &j, &t);
+                if (rc != GECO_ENV_OK)
+                    goto cleanup;
+                hl = 0;
+                cut = 0;
+            } else if (hl < sizeof head) {
+                head[hl++] = chunk[i];
+            } else {
+                cut = 1;
+            }
+        }
+    }
+    if (hl > 0) { /* a last line without '\n' */
+        rc = take_line(head, hl, cut, &have_job, &j, &t);
+        if (rc != GECO_ENV_OK)
+            goto cleanup;
+    }
+    if (!have_job) {
+        rc = GECO_ENV_E_NO_JOB;
+        goto cleanup;
+    }
+    *job = j;
+    *task = t;
+cleanup:
+    if (fd >= 0)
+        close(fd);
+    return rc;
+}
+
+const char *geco_env_strerror(int result)
+{
+    switch (result) {
+    case GECO_ENV_OK:
+        return "ok";
+    case GECO_ENV_E_OPEN:
+        return "cannot open it";
+    case GECO_ENV_E_READ:
+        return "cannot read it as a regular file";
+    case GECO_ENV_E_NO_JOB:
+        return "it has no JOB_ID= line";
+    case GECO_ENV_E_BAD_JOB:
+        return "JOB_ID must be a number >= 1";
+    case GECO_ENV_E_BAD_TASK:
+        return "SGE_TASK_ID must be \"undefined\" or a number >= 1";
+    default:
+        return "unknown error";
+    }
+}
+
+/* ------------------------------------------------------------------------- */
+/* the request                                                               */
+/* ------------------------------------------------------------------------- */
+
+static int64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Wait until fd is ready for `events` or the deadline passes.
+   Returns 0 ready (or in error: the next call says which), 1 deadline, -1 poll failed. */
+static int wait_fd(int fd, short events, int64_t deadline)
+{
+    for (;;) {
+        int64_t left = deadline - mono_ns();
+        if (left <= 0)
+            return 1;
+        /* round up: a 0.4 ms remainder must not become a busy poll(0) */
+        struct pollfd p = {.fd = fd, .events = events, .revents = 0};
+        int n = poll(&p, 1, (int)((left + NS_PER_MS - 1) / NS_PER_MS));
+        if (n > 0)
+            return 0;
+        if (n < 0 && errno != EINTR)
+            return -1;
+    }
+}
+
+static int fail(geco_client_outcome_t *out, int result, const char *phase, int err)
+{
+    out->result = result;
+    out->phase = phase;
+    out->sys_errno = err;
+    return result;
+}
+
+static int connect_deadline(int fd, const geco_address_t *addr, int64_t deadline,
+                            geco_client_outcome_t *out)
+{
+    int err = 0;
+    socklen_t len = sizeof err;
+    if (connect(fd, (const struct sockaddr *)&addr->addr, addr->addrlen) == 0)
+        return GECO_CLIENT_OK;
+    if (errno != EINPROGRESS && errno != EINTR)
+        return fail(out, GECO_CLIENT_E_CONNECT, "connect", errno);
+    /* TCP (or an interrupted connect) completes in the background */
+    switch (wait_fd(fd, POLLOUT, deadline)) {
+    case 0:
+        break;
+    case 1:
+        return fail(out, GECO_CLIENT_E_TIMEOUT, "connect", ETIMEDOUT);
+    default:
+        return fail(out, GECO_CLIENT_E_CONNECT, "connect", errno);
+    }
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
+        err = errno;
+    return err == 0 ? GECO_CLIENT_OK : fail(out, GECO_CLIENT_E_CONNECT, "connect", err);
+}
+
+static int send_all(int fd, const uint8_t *buf, size_t len, int64_t deadline,
+                    geco_client_outcome_t *out)
+{
+    size_t done = 0;
+    while (done < len) {
+        ssize_t n = send(fd, buf + done, len - done, MSG_NOSIGNAL);
+        if (n > 0) {
+            done += (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
+            return fail(out, GECO_CLIENT_E_SEND, "send", errno);
+        switch (wait_fd(fd, POLLOUT, deadline)) {
+        case 0:
+            break;
+        case 1:
+            return fail(out, GECO_CLIENT_E_TIMEOUT, "send", ETIMEDOUT);
+        default:
+            return fail(out, GECO_CLIENT_E_SEND, "send", errno);
+        }
+    }
+    return GECO_CLIENT_OK;
+}
+
+/* Read one whole frame: the header first, then the length it announces. */
+static int recv_frame(int fd, uint8_t *buf, size_t *len, int64_t deadline,
+                      geco_client_outcome_t *out)
+{
+    size_t got = 0, want = GECO_HEADER_BYTES;
+    while (got < want) {
+        ssize_t n = recv(fd, buf + got, want - got, 0);
+        if (n > 0) {
+            got += (size_t)n;
+            if (got == GECO_HEADER_BYTES && want == GECO_HEADER_BYTES) {
+                /* Refuse a foreign or oversized reply before waiting for the bytes
+                   it announces, which may never come. */
+                uint32_t plen = (uint32_t)buf[8] | (uint32_t)buf[9] << 8
+                                | (uint32_t)buf[10] << 16 | (uint32_t)buf[11] << 24;
+                int err = memcmp(buf, "GECQ", 4) != 0             ? GECO_E_MAGIC
+                          : buf[4] != GECO_PROTO_VERSION          ? GECO_E_VERSION
+                          : plen > GECO_MAX_PAYLOAD               ? GECO_E_LENGTH
+                                                                  : 0;
+                if (err != 0) {
+                    out->proto_err = err;
+                    return fail(out, GECO_CLIENT_E_FRAME, "reply", 0);
+                }
+                want = GECO_HEADER_BYTES + plen + GECO_MAC_BYTES;
+            }
+            continue;
+        }
+        if (n == 0)
+            return fail(out, GECO_CLIENT_E_CLOSED, "reply", 0);
+        if (errno == EINTR)
+            continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK)
+            return fail(out, GECO_CLIENT_E_RECV, "reply", errno);
+        switch (wait_fd(fd, POLLIN, deadline)) {
+        case 0:
+            break;
+        case 1:
+            return fail(out, GECO_CLIENT_E_TIMEOUT, "reply", ETIMEDOUT);
+        default:
+            return fail(out, GECO_CLIENT_E_RECV, "reply", errno);
+        }
+    }
+    *len = got;
+    return GECO_CLIENT_OK;
+}
+
+/* One connection: request, verified reply, close. */
+static int attempt(const geco_address_t *addr, const uint8_t key[GECO_KEY_BYTES],
+                   int64_t deadline, int64_t max_skew_ns, const geco_job_started_t *msg,
+                   geco_client_outcome_t *out)
+{
+    uint8_t request[JOB_STARTED_FRAME];
+    uint8_t reply[GECO_MAX_FRAME];
+    size_t reply_len = 0;
+    int fd = -1, rc, err;
+    long n;
+
+    memset(&out->ack, 0, sizeof out->ack);
+    out->proto_err = 0;
+    out->status = 0;
+    /* a fresh nonce and timestamp per attempt: gecod's replay cache would
+       refuse a resent frame */
+    n = geco_encode_job_started(request, sizeof request, GECO_JOB_STARTED, key, NULL, 0, msg);
+    if (n != (long)sizeof request) {
+        rc = fail(out, GECO_CLIENT_E_ENCODE, "send", 0);
+        goto cleanup;
+    }
+    fd = socket(addr->addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) {
+        rc = fail(out, GECO_CLIENT_E_SOCKET, "connect", errno);
+        goto cleanup;
+    }
+    rc = connect_deadline(fd, addr, deadline, out);
+    if (rc != GECO_CLIENT_OK)
+        goto cleanup;
+    rc = send_all(fd, request, sizeof request, deadline, out);
+    if (rc != GECO_CLIENT_OK)
+        goto cleanup;
+    rc = recv_frame(fd, reply, &reply_len, deadline, out);
+    if (rc != GECO_CLIENT_OK)
+        goto cleanup;
+    err = geco_decode_ack(reply, reply_len, key, geco_frame_nonce(request), 0, max_skew_ns,
+                          &out->ack);
+    if (err != 0) {
+        out->proto_err = err;
+        rc = fail(out, GECO_CLIENT_E_FRAME, "reply", 0);
+    } else if (out->ack.status != GECO_OK) {
+        /* before the job check: gecod answers a frame it refused unread with job 0.0 */
+        out->status = out->ack.status;
+        rc = fail(out, GECO_CLIENT_E_STATUS, "reply", 0);
+    } else if (out->ack.job_id != msg->job_id || out->ack.task_id != msg->task_id) {
+        rc = fail(out, GECO_CLIENT_E_MISMATCH, "reply", 0);
+    } else {
+        rc = fail(out, GECO_CLIENT_OK, "reply", 0);
+    }
+cleanup:
+    if (fd >= 0)
+        close(fd);
+    return rc;
+}
+
+/* Worth another connection before the deadline: gecod (re)starting or busy. */
+static int retryable(const geco_client_outcome_t *out)
+{
+    if (out->result == GECO_CLIENT_E_CONNECT)
+        return out->sys_errno == ENOENT || out->sys_errno == ECONNREFUSED
+               || out->sys_errno == EAGAIN;
+    return out->result == GECO_CLIENT_E_STATUS && out->status == GECO_BUSY;
+}
+
+int geco_client_job_started(const geco_address_t *addr, const uint8_t key[GECO_KEY_BYTES],
+                            int timeout_ms, int64_t max_skew_ns, uint64_t job, uint64_t task,
+                            uint32_t pid, geco_client_outcome_t *out)
+{
+    const geco_job_started_t msg = {.job_id = job, .task_id = task, .pid = pid};
+    int64_t deadline = mono_ns() + (int64_t)timeout_ms * NS_PER_MS;
+    int64_t pause = RETRY_FIRST_NS;
+
+    memset(out, 0, sizeof *out);
+    for (;;) {
+        out->attempts++;
+        attempt(addr, key, deadline, max_skew_ns, &msg, out);
+        if (!retryable(out))
+            break;
+        int64_t now = mono_ns();
+        /* no time left for a pause and another try: report what went wrong,
+           which says more than "timed out" */
+        if (deadline - now <= pause)
+            break;
+        struct timespec until = {.tv_sec = (now + pause) / 1000000000,
+                                 .tv_nsec = (now + pause) % 1000000000};
+        while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &until, NULL) == EINTR)
+            ;
+        pause = pause * 2 > RETRY_MAX_NS ? RETRY_MAX_NS : pause * 2;
+    }
+    return out->result;
+}
+
+const char *geco_client_strresult(int result)
+{
+    switch (result) {
+    case GECO_CLIENT_OK:
+        return "ok";
+    case GECO_CLIENT_E_ENCODE:
+        return "cannot encode the request";
+    case GECO_CLIENT_E_SOCKET:
+        return "cannot create a socket";
+    case GECO_CLIENT_E_CONNECT:
+        return "cannot connect";
+    case GECO_CLIENT_E_SEND:
+        return "cannot send the request";
+    case GECO_CLIENT_E_RECV:
+        return "cannot receive the reply";
+    case GECO_CLIENT_E_TIMEOUT:
+        return "timed out";
+    case GECO_CLIENT_E_CLOSED:
+        return "gecod closed the connection without a complete reply";
+    case GECO_CLIENT_E_FRAME:
+        return "reply rejected";
+    case GECO_CLIENT_E_MISMATCH:
+        return "the ack names another job or task";
+    case GECO_CLIENT_E_STATUS:
+        return "gecod did not quarantine the job";
+    default:
+        return "unknown result";
+    }
+}
+
+const char *geco_status_name(uint32_t status)
+{
+    switch (status) {
+    case GECO_OK:
+        return "OK";
+    case GECO_REFUSED:
+        return "REFUSED";
+    case GECO_NO_SUCH_JOB:
+        return "NO_SUCH_JOB";
+    case GECO_FAILED:
+        return "FAILED";
+    case GECO_BAD_REQUEST:
+        return "BAD_REQUEST";
+    case GECO_VERSION:
+        return "VERSION";
+    case GECO_BUSY:
+        return "BUSY";
+    default:
+        return "UNKNOWN";
+    }
+}

@@ -1,0 +1,92 @@
+/*
+ * geco_client.h - the preload's side of one quarantine request to gecod.
+ *
+ * Everything here runs inside the process that is about to exec sge_shepherd
+ * (sge_execd's forked child, possibly of a multithreaded parent): no malloc,
+ * no stdio, no locks, no global mutable state; buffers live on the stack and
+ * every wait has a deadline. The only exception is geco_address_parse(),
+ * which may consult NSS for a `service:<name>` address and therefore runs
+ * once, in the library's constructor.
+ */
+#ifndef GECO_CLIENT_H
+#define GECO_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#include "geco_proto.h"
+
+/* Where gecod listens, resolved once: connecting later needs no lookups. */
+typedef struct {
+    struct sockaddr_storage addr;
+    socklen_t addrlen;
+} geco_address_t;
+
+/*
+ * Parse an address as the seed defines it: `path:<abs path>` or a bare
+ * leading `/` (Unix stream socket); `port:<n>`, `service:<name|port>` or bare
+ * digits (TCP on 127.0.0.1).
+ * Returns 0, or -1 with *why pointing at a static sentence naming the problem.
+ */
+int geco_address_parse(const char *text, geco_address_t *out, const char **why);
+
+/* Outcomes of reading the job id from an `environment` file. */
+enum geco_env_result {
+    GECO_ENV_OK = 0,
+    GECO_ENV_E_OPEN = -1,     /* open() failed: sys_errno */
+    GECO_ENV_E_READ = -2,     /* read() failed or not a regular file: sys_errno */
+    GECO_ENV_E_NO_JOB = -3,   /* no JOB_ID= line */
+    GECO_ENV_E_BAD_JOB = -4,  /* JOB_ID is not a decimal number in 1..2^64-1 */
+    GECO_ENV_E_BAD_TASK = -5, /* SGE_TASK_ID is neither "undefined" nor a number >= 1 */
+};
+
+/*
+ * Read JOB_ID= and SGE_TASK_ID= from the Grid Engine job `environment` file at
+ * `path` (relative paths are relative to the cwd, i.e. the active_jobs dir).
+ * SGE_TASK_ID "undefined" (not an array job) or missing means task 1.
+ * Returns GECO_ENV_OK or a negative enum geco_env_result; *sys_errno is set
+ * for E_OPEN/E_READ, else 0.
+ */
+int geco_job_from_environment(const char *path, uint64_t *job, uint64_t *task, int *sys_errno);
+const char *geco_env_strerror(int result);
+
+/* Outcomes of one JOB_STARTED request. */
+enum geco_client_result {
+    GECO_CLIENT_OK = 0,
+    GECO_CLIENT_E_ENCODE,   /* the frame could not be built (a bug) */
+    GECO_CLIENT_E_SOCKET,   /* socket() failed: sys_errno */
+    GECO_CLIENT_E_CONNECT,  /* connect() failed: sys_errno (after retries) */
+    GECO_CLIENT_E_SEND,     /* send() failed: sys_errno */
+    GECO_CLIENT_E_RECV,     /* recv() failed: sys_errno */
+    GECO_CLIENT_E_TIMEOUT,  /* the deadline passed (phase says where) */
+    GECO_CLIENT_E_CLOSED,   /* gecod closed the connection before a whole reply */
+    GECO_CLIENT_E_FRAME,    /* the reply failed verification: proto_err */
+    GECO_CLIENT_E_MISMATCH, /* a valid ack for another job/task */
+    GECO_CLIENT_E_STATUS,   /* gecod answered, but not OK: status */
+};
+
+typedef struct {
+    int result;         /* enum geco_client_result */
+    int sys_errno;      /* CONNECT, SOCKET, SEND, RECV */
+    int proto_err;      /* FRAME: a negative enum geco_err */
+    uint32_t status;    /* STATUS: enum geco_status */
+    const char *phase;  /* "connect", "send" or "reply": where it failed */
+    unsigned attempts;  /* connections tried (connect refused/BUSY are retried) */
+    geco_ack_t ack;     /* the verified ack (OK, MISMATCH, STATUS) */
+} geco_client_outcome_t;
+
+/*
+ * Send JOB_STARTED(job, task, pid) to gecod and wait for its verified ack,
+ * all within timeout_ms. A refused connection (gecod restarting) and a BUSY
+ * answer are retried with a growing pause until the deadline.
+ * Returns out->result (GECO_CLIENT_OK only for a verified OK ack for exactly
+ * this job/task, bound to this request's nonce).
+ */
+int geco_client_job_started(const geco_address_t *addr, const uint8_t key[GECO_KEY_BYTES],
+                            int timeout_ms, int64_t max_skew_ns, uint64_t job, uint64_t task,
+                            uint32_t pid, geco_client_outcome_t *out);
+const char *geco_client_strresult(int result);
+const char *geco_status_name(uint32_t status);
+
+#endif /* GECO_CLIENT_H */

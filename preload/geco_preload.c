@@ -1,0 +1,956 @@
+/*
+ * geco_preload.c - the exec() wrapper loaded into sge_execd with LD_PRELOAD.
+ *
+ * Start reading at geco_gate(): every wrapped exec goes through it.
+ *
+ * What it does. When a process is about to exec a program whose basename is in
+ * `exec_filter` (sge_shepherd), the wrapper reads the job id from the
+ * `environment` file in the current directory (sge_execd chdir()s into
+ * active_jobs/<job>.<task> before it execs the shepherd), asks gecod to put
+ * this very process into the job's cgroups (JOB_STARTED with getpid(); the
+ * exec keeps the pid), waits for the verified ack, and only then calls the
+ * real exec. So the shepherd, and everything it starts, begins life inside
+ * the job's cgroups. Every other exec is passed through untouched.
+ *
+ * Outcomes of a matching exec (one place: quarantine()):
+ *   ack OK                          -> real exec
+ *   anything else, policy=refuse    -> return -1, errno EAGAIN ("try again
+ *                                      later"), the program does not run
+ *   anything else, policy=allow     -> real exec + one "geco:" warning line
+ *   library inert (see below)       -> real exec + one "geco:" warning line
+ *
+ * The library is inert -- every exec passes through -- when its config
+ * (/etc/geco/preload.conf, rendered by `geco preload-config`) is missing or
+ * broken, or the key file cannot be read (e.g. in a process that does not run
+ * as root). It says so once at load, to the configured log destination
+ * (missing file: silently; it says so at the first matching exec instead),
+ * and never breaks the host program.
+ *
+ * Rules this file keeps (DESIGN.md section 6, rule 4):
+ *   - all setup happens once, in the constructor (pthread_once as the
+ *     fallback when an exec comes first): dlsym(RTLD_NEXT) for every real
+ *     function, the config, the key, the filter basenames;
+ *   - the path taken by a non-matching exec is a basename scan and a few
+ *     strcmp()s: no malloc, no stdio, no locks, no syscalls (fexecve: one
+ *     readlink), the caller's errno restored, argv/envp passed on as the same
+ *     pointers;
+ *   - the matching path (geco_client.c) does no malloc/stdio/locking either:
+ *     it runs in sge_execd's child between fork() and exec();
+ *   - a thread-local flag makes a nested call (another preload, a libc that
+ *     calls execve() through the PLT from execvp()) pass straight through, so
+ *     one exec never sends two requests.
+ *
+ * LD_PRELOAD is neither added nor removed here. sge_execd's own children
+ * inherit execd's environment (and so this library) because execd's
+ * environment is theirs; the shepherd is exec'd with the job environment that
+ * execd built from the `environment` file, which has no LD_PRELOAD, so user
+ * jobs never carry the wrapper. The original GECO rewrote LD_PRELOAD in the
+ * exec'd environment (with a duplicate check that never matched); not
+ * touching envp at all is both simpler and what rule 4 demands.
+ *
+ * Not covered (calls that never reach an exported exec symbol): posix_spawn(),
+ * system(), popen() (glibc calls its internal execve), execveat(), static
+ * binaries and raw syscalls. sge_execd starts the shepherd with exec*().
+ */
+#define _GNU_SOURCE
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <sodium.h>
+
+#include "geco_client.h"
+#include "geco_proto.h"
+
+#define GECO_EXPORT __attribute__((visibility("default")))
+
+/* The errno of a refused exec (policy=refuse): "resource temporarily
+   unavailable, try again later" is what a missing quarantine is. */
+#define GECO_REFUSE_ERRNO EAGAIN
+#define GECO_REFUSE_ERRNO_NAME "EAGAIN"
+
+#define DEFAULT_CONF "/etc/geco/preload.conf"
+#define DEFAULT_SOCKET "path:/run/geco/gecod.sock"
+#define DEFAULT_KEY_FILE "/etc/geco/quarantine.key"
+#define DEFAULT_FILTER "sge_shepherd"
+#define DEFAULT_TIMEOUT_MS 10000
+#define DEFAULT_MAX_SKEW_MS 30000
+#define MAX_FILTERS 16
+#define CONF_MAX 4096
+
+/* ------------------------------------------------------------------------- */
+/* the real functions: one typedef and one pointer each                      */
+/* ------------------------------------------------------------------------- */
+
+typedef int (*execve_fn)(const char *, char *const[], char *const[]);
+typedef int (*execv_fn)(const char *, char *const[]);
+typedef int (*execvp_fn)(const char *, char *const[]);
+typedef int (*execvpe_fn)(const char *, char *const[], char *const[]);
+typedef int (*fexecve_fn)(int, char *const[], char *const[]);
+
+/* execl, execle and execlp have no va_list twin to call through to; like
+   glibc, the wrappers build argv on the stack and call execve/execvpe. */
+static execve_fn real_execve;
+static execv_fn real_execv;
+static execvp_fn real_execvp;
+static execvpe_fn real_execvpe;
+static fexecve_fn real_fexecve;
+
+/* ------------------------------------------------------------------------- */
+/* state: written once under pthread_once, read-only afterwards              */
+/* ------------------------------------------------------------------------- */
+
+enum log_to { LOG_STDERR, LOG_SYSLOG, LOG_NONE };
+
+static struct {
+    int active;           /* 1: quarantine matching execs; 0: inert, pass through */
+    int policy_allow;     /* 1: run anyway when quarantine fails */
+    int log_to;           /* enum log_to */
+    int timeout_ms;
+    int64_t max_skew_ns;
+    geco_address_t addr;
+    char socket_text[256];
+    unsigned nfilters;
+    char filters[MAX_FILTERS][NAME_MAX + 1];
+    char inert_reason[512];
+} cfg;
+
+/* The key gets a page of its own: sodium_mlock() keeps it out of swap and out
+   of core dumps (MADV_DONTDUMP), both of which act on whole pages. */
+static union {
+    uint8_t key[GECO_KEY_BYTES];
+    uint8_t page[4096];
+} secret __attribute__((aligned(4096)));
+
+static pthread_once_t geco_once = PTHREAD_ONCE_INIT;
+
+/* Set while this thread is inside the wrapper's own work. initial-exec: the
+   library is loaded at start-up, and a global-dynamic access may allocate. */
+static __thread int geco_busy __attribute__((tls_model("initial-exec")));
+
+/* ------------------------------------------------------------------------- */
+/* messages: built on the stack, written with one write()/sendto()           */
+/* ------------------------------------------------------------------------- */
+
+typedef struct {
+    char *buf;
+    size_t cap, len; /* always leaves room for a final '\n' */
+} line_t;
+
+static void put(line_t *l, const char *s)
+{
+    while (s != NULL && *s != '\0' && l->len + 2 < l->cap)
+        l->buf[l->len++] = *s++;
+}
+
+static void put_u64(line_t *l, uint64_t v)
+{
+    char digits[21];
+    int n = 0;
+    do
+        digits[n++] = (char)('0' + v % 10);
+    while ((v /= 10) != 0);
+    while (n > 0 && l->len + 2 < l->cap)
+        l->buf[l->len++] = digits[--n];
+}
+
+static void put_errno(line_t *l, int err)
+{
+    /* strerrorname_np: a static string, no locale lookup, no allocation */
+    const char *name = strerrorname_np(err);
+    if (name != NULL) {
+        put(l, name);
+    } else {
+        put(l, "errno ");
+        put_u64(l, (uint64_t)err);
+    }
+}
+
+/* Write one message to the configured destination. severity: 3 error, 4 warning. */
+static void emit(int severity, const char *text, size_t len)
+{
+    char buf[1100];
+    line_t l = {buf, sizeof buf, 0};
+    ssize_t n;
+
+    if (cfg.log_to == LOG_NONE)
+        return;
+    if (cfg.log_to == LOG_SYSLOG) {
+        /* a datagram to /dev/log (journald or rsyslog) by hand: syslog(3)
+           takes a lock, which a child of a multithreaded parent must not */
+        /* /dev/log, or journald's own socket on a host without the symlink */
+        static const char *const paths[] = {"/dev/log", "/run/systemd/journal/dev-log"};
+        put(&l, "<");
+        put_u64(&l, (uint64_t)(3 * 8 + severity)); /* facility daemon */
+        put(&l, ">geco-preload[");
+        put_u64(&l, (uint64_t)getpid());
+        put(&l, "]: ");
+        for (size_t i = 0; i < len && l.len + 2 < l.cap; i++)
+            l.buf[l.len++] = text[i];
+        int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+            return;
+        for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
+            struct sockaddr_un to = {.sun_family = AF_UNIX};
+            memcpy(to.sun_path, paths[i], strlen(paths[i]) + 1);
+            n = sendto(fd, l.buf, l.len, MSG_NOSIGNAL, (struct sockaddr *)&to, sizeof to);
+            if (n >= 0 || (errno != ENOENT && errno != ECONNREFUSED))
+                break;
+        }
+        close(fd);
+        return;
+    }
+    put(&l, "geco: ");
+    for (size_t i = 0; i < len && l.len + 2 < l.cap; i++)
+        l.buf[l.len++] = text[i];
+    l.buf[l.len++] = '\n';
+    do
+        n = write(STDERR_FILENO, l.buf, l.len);
+    while (n < 0 && errno == EINTR);
+}
+
+/* ------------------------------------------------------------------------- */
+/* setup (constructor): config, key, filters                                 */
+/* ------------------------------------------------------------------------- */
+
+static int is_space(char c)
+{
+    return c == ' ' || c == '\t' || c == '\r' || c == '\v' || c == '\f';
+}
+
+static char *trim(char *s, char *end)
+{
+    while (s < end && is_space(*s))
+        s++;
+    while (end > s && is_space(end[-1]))
+        end--;
+    *end = '\0';
+    return s;
+}
+
+/* A decimal in 1..max; else -1. */
+static long parse_ms(const char *s, long max)
+{
+    long v = 0;
+    if (*s == '\0')
+        return -1;
+    for (; *s != '\0'; s++) {
+        if (*s < '0' || *s > '9')
+            return -1;
+        v = v * 10 + (*s - '0');
+        if (v > max)
+            return -1;
+    }
+    return v == 0 ? -1 : v;
+}
+
+static int set_filters(char *value, line_t *err)
+{
+    cfg.nfilters = 0;
+    char *p = value;
+    for (;;) {
+        char *comma = strchr(p, ',');
+        char *end = comma != NULL ? comma : p + strlen(p);
+        char *name = trim(p, end);
+        size_t n = strlen(name);
+        if (n == 0 || n > NAME_MAX || strchr(name, '/') != NULL) {
+            put(err, "exec_filter must be comma-separated program basenames (no '/', "
+                     "none empty), got '");
+            put(err, name);
+            put(err, "'");
+            return -1;
+        }
+        if (cfg.nfilters == MAX_FILTERS) {
+            put(err, "exec_filter names more than 16 programs");
+            return -1;
+        }
+        memcpy(cfg.filters[cfg.nfilters++], name, n + 1);
+        if (comma == NULL)
+            return 0;
+        p = comma + 1;
+    }
+}
+
+/* One `key=value` setting. Returns 0, 1 (unknown key: ignored) or -1 (err filled). */
+static int apply(const char *key, char *value, char *key_file, line_t *err)
+{
+    const char *why = NULL;
+    long v;
+    if (strcmp(key, "socket") == 0) {
+        if (strlen(value) >= sizeof cfg.socket_text
+            || geco_address_parse(value, &cfg.addr, &why) != 0) {
+            put(err, "socket '");
+            put(err, value);
+            put(err, "': ");
+            put(err, why != NULL ? why : "longer than 255 bytes");
+            return -1;
+        }
+        memcpy(cfg.socket_text, value, strlen(value) + 1);
+    } else if (strcmp(key, "key_file") == 0) {
+        if (value[0] != '/' || strlen(value) >= PATH_MAX) {
+            put(err, "key_file must be an absolute path, got '");
+            put(err, value);
+            put(err, "'");
+            return -1;
+        }
+        memcpy(key_file, value, strlen(value) + 1);
+    } else if (strcmp(key, "timeout_ms") == 0 || strcmp(key, "max_skew_ms") == 0) {
+        v = parse_ms(value, 3600000);
+        if (v < 0) {
+            put(err, key);
+            put(err, " must be a number of milliseconds in 1..3600000, got '");
+            put(err, value);
+            put(err, "'");
+            return -1;
+        }
+        if (key[0] == 't')
+            cfg.timeout_ms = (int)v;
+        else
+            cfg.max_skew_ns = (int64_t)v * 1000000;
+    } else if (strcmp(key, "policy") == 0) {
+        if (strcmp(value, "refuse") != 0 && strcmp(value, "allow") != 0) {
+            put(err, "policy must be refuse or allow, got '");
+            put(err, value);
+            put(err, "'");
+            return -1;
+        }
+        cfg.policy_allow = value[0] == 'a';
+    } else if (strcmp(key, "exec_filter") == 0) {
+        return set_filters(value, err);
+    } else if (strcmp(key, "log") == 0) {
+        if (strcmp(value, "stderr") == 0) {
+            cfg.log_to = LOG_STDERR;
+        } else if (strcmp(value, "syslog") == 0) {
+            cfg.log_to = LOG_SYSLOG;
+        } else if (strcmp(value, "none") == 0) {
+            cfg.log_to = LOG_NONE;
+        } else {
+            put(err, "log must be stderr, syslog or none, got '");
+            put(err, value);
+            put(err, "'");
+            return -1;
+        }
+    } else {
+        return 1;
+    }
+    return 0;
+}
+
+/* Parse the config text in place. Every line is applied even after an error,
+   so that a `log=` line further down still decides where the error goes; a
+   key given twice takes its last value. Unknown keys are ignored (a newer
+   `geco preload-config` must not switch an older preload off) and named in
+   `note`. Returns 0 or -1 (err names the first problem and its line). */
+static int parse_config(char *text, size_t len, char *key_file, line_t *err, line_t *note)
+{
+    char *p = text, *end = text + len;
+    unsigned lineno = 0, unknown = 0;
+    int rc = 0;
+
+    if (memchr(text, '\0', len) != NULL) {
+        put(err, "it contains a NUL byte");
+        return -1;
+    }
+    while (p < end) {
+        char *eol = memchr(p, '\n', (size_t)(end - p));
+        if (eol == NULL)
+            eol = end;
+        lineno++;
+        /* `#` starts a comment at the start of a line or after a blank, so a
+           socket path may still contain one */
+        for (char *c = p; c < eol; c++) {
+            if (*c == '#' && (c == p || is_space(c[-1]))) {
+                eol = c;
+                break;
+            }
+        }
+        char *next = memchr(p, '\n', (size_t)(end - p));
+        char *line = trim(p, eol);
+        if (*line != '\0') {
+            char *eq = strchr(line, '=');
+            line_t discard = {NULL, 0, 0}; /* only the first error is reported */
+            line_t *target = rc == 0 ? err : &discard;
+            if (eq == NULL) {
+                put(target, "line ");
+                put_u64(target, lineno);
+                put(target, ": expected key=value, got '");
+                put(target, line);
+                put(target, "'");
+                rc = -1;
+            } else {
+                char *key = trim(line, eq);
+                char *value = trim(eq + 1, eq + 1 + strlen(eq + 1));
+                size_t before = target->len;
+                put(target, "line ");
+                put_u64(target, lineno);
+                put(target, ": ");
+                int r = apply(key, value, key_file, target);
+                if (r < 0) {
+                    rc = -1;
+                } else {
+                    target->len = before;
+                    if (r > 0 && unknown++ == 0) {
+                        put(note, "ignored unknown key '");
+                        put(note, key);
+                        put(note, "' on line ");
+                        put_u64(note, lineno);
+                    }
+                }
+            }
+        }
+        p = next == NULL ? end : next + 1;
+    }
+    if (unknown > 1) {
+        put(note, " and ");
+        put_u64(note, unknown - 1);
+        put(note, " more unknown key(s)");
+    }
+    return rc;
+}
+
+/* Read a small file from fd into buf (at most cap bytes); returns the length or -1 (errno). */
+static ssize_t read_small(int fd, char *buf, size_t cap)
+{
+    size_t got = 0;
+    for (;;) {
+        ssize_t n = read(fd, buf + got, cap - got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return -1;
+        if (n == 0)
+            return (ssize_t)got;
+        got += (size_t)n;
+        if (got == cap)
+            return (ssize_t)got;
+    }
+}
+
+/* Read the 32-byte key; returns 0, 1 (unreadable for this unprivileged
+   process: an expected situation, said only at a matching exec) or -1. */
+static int load_key(const char *path, line_t *err)
+{
+    struct stat st;
+    char extra[GECO_KEY_BYTES + 1];
+    int rc = -1, fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    ssize_t n;
+
+    put(err, "key file ");
+    put(err, path);
+    if (fd < 0) {
+        int e = errno;
+        put(err, ": ");
+        put_errno(err, e);
+        if ((e == EACCES || e == EPERM) && geteuid() != 0) {
+            put(err, " (the preload reads it as root: load it into sge_execd started by root)");
+            rc = 1;
+        } else if (e == ENOENT) {
+            put(err, " (create it with: geco keygen)");
+        }
+        goto cleanup;
+    }
+    if (fstat(fd, &st) != 0) {
+        put(err, ": ");
+        put_errno(err, errno);
+        goto cleanup;
+    }
+    if (!S_ISREG(st.st_mode) || st.st_uid != 0 || (st.st_mode & 077) != 0) {
+        put(err, " must be a regular file owned by root with mode 0600 or 0400, got uid ");
+        put_u64(err, st.st_uid);
+        put(err, " mode 0");
+        char mode[4] = {(char)('0' + ((st.st_mode >> 6) & 7)), (char)('0' + ((st.st_mode >> 3) & 7)),
+                        (char)('0' + (st.st_mode & 7)), '\0'};
+        put(err, mode);
+        put(err, " (fix: chown root:root ");
+        put(err, path);
+        put(err, "; chmod 600 ");
+        put(err, path);
+        put(err, ")");
+        goto cleanup;
+    }
+    n = read_small(fd, extra, sizeof extra);
+    if (n != GECO_KEY_BYTES) {
+        put(err, " must hold exactly 32 bytes, got ");
+        if (n < 0)
+            put_errno(err, errno);
+        else
+            put_u64(err, (uint64_t)n == sizeof extra ? (uint64_t)st.st_size : (uint64_t)n);
+        put(err, " (regenerate it: geco keygen --force, then restart gecod and sge_execd)");
+        goto cleanup;
+    }
+    memcpy(secret.key, extra, GECO_KEY_BYTES);
+    /* best effort: RLIMIT_MEMLOCK may forbid it */
+    (void)sodium_mlock(secret.page, sizeof secret.page);
+    err->len = 0;
+    rc = 0;
+cleanup:
+    sodium_memzero(extra, sizeof extra);
+    if (fd >= 0)
+        close(fd);
+    return rc;
+}
+
+static void load_config(void)
+{
+    static char text[CONF_MAX];
+    static char key_file[PATH_MAX];
+    char errbuf[600], notebuf[300];
+    line_t err = {errbuf, sizeof errbuf, 0}, note = {notebuf, sizeof notebuf, 0};
+    const char *path = DEFAULT_CONF, *env, *why = NULL;
+    struct stat st;
+    int fd, quiet = 0, r;
+    ssize_t len;
+
+    memcpy(cfg.socket_text, DEFAULT_SOCKET, sizeof DEFAULT_SOCKET);
+    (void)geco_address_parse(DEFAULT_SOCKET, &cfg.addr, &why);
+    memcpy(key_file, DEFAULT_KEY_FILE, sizeof DEFAULT_KEY_FILE);
+    cfg.timeout_ms = DEFAULT_TIMEOUT_MS;
+    cfg.max_skew_ns = (int64_t)DEFAULT_MAX_SKEW_MS * 1000000;
+    cfg.log_to = LOG_STDERR;
+    cfg.nfilters = 1;
+    memcpy(cfg.filters[0], DEFAULT_FILTER, sizeof DEFAULT_FILTER);
+
+    /* $GECO_PRELOAD_CONF (tests, an admin trying a config) only for a process
+       running with its own ids: a setuid/setgid program must not let its
+       caller choose where its exec policy comes from. */
+    env = secure_getenv("GECO_PRELOAD_CONF");
+    if (env != NULL && *env != '\0' && getuid() == geteuid() && getgid() == getegid())
+        path = env;
+
+    put(&err, "config ");
+    put(&err, path);
+    put(&err, ": ");
+    fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0) {
+        int e = errno;
+        put_errno(&err, e);
+        if (e == ENOENT) {
+            /* not configured at all: nothing to say at load (every process
+               that inherits LD_PRELOAD would repeat it); a matching exec says it */
+            put(&err, " (write it with: geco preload-config)");
+            quiet = 1;
+        }
+        goto inert;
+    }
+    /* the policy decides whether jobs may run uncontained: only root may set it */
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != 0 || (st.st_mode & 022) != 0) {
+        put(&err, "must be a regular file owned by root and not writable by group or others");
+        close(fd);
+        goto inert;
+    }
+    len = read_small(fd, text, sizeof text);
+    close(fd);
+    if (len < 0) {
+        put_errno(&err, errno);
+        goto inert;
+    }
+    if ((size_t)len == sizeof text) {
+        put(&err, "larger than 4095 bytes");
+        goto inert;
+    }
+    if (parse_config(text, (size_t)len, key_file, &err, &note) != 0)
+        goto inert;
+    if (note.len > 0) {
+        put(&note, " (in ");
+        put(&note, path);
+        put(&note, ")");
+        emit(4, note.buf, note.len);
+    }
+    err.len = 0;
+    r = load_key(key_file, &err);
+    if (r != 0) {
+        quiet = r > 0;
+        goto inert;
+    }
+    cfg.active = 1;
+    return;
+
+inert:
+    cfg.active = 0;
+    memcpy(cfg.inert_reason, err.buf, err.len < sizeof cfg.inert_reason ? err.len
+                                                                       : sizeof cfg.inert_reason - 1);
+    if (!quiet) {
+        char buf[700];
+        line_t l = {buf, sizeof buf, 0};
+        put(&l, "preload inactive, every exec passes through unchecked: ");
+        put(&l, cfg.inert_reason);
+        emit(3, l.buf, l.len);
+    }
+}
+
+static void geco_init(void)
+{
+    int saved = errno;
+    real_execve = (execve_fn)dlsym(RTLD_NEXT, "execve");
+    real_execv = (execv_fn)dlsym(RTLD_NEXT, "execv");
+    real_execvp = (execvp_fn)dlsym(RTLD_NEXT, "execvp");
+    real_execvpe = (execvpe_fn)dlsym(RTLD_NEXT, "execvpe");
+    real_fexecve = (fexecve_fn)dlsym(RTLD_NEXT, "fexecve");
+    if (geco_proto_init() != 0) {
+        static const char msg[] = "libsodium failed to initialise";
+        memcpy(cfg.inert_reason, msg, sizeof msg);
+        cfg.log_to = LOG_STDERR;
+        emit(3, msg, sizeof msg - 1);
+    } else {
+        load_config();
+    }
+    errno = saved;
+}
+
+__attribute__((constructor)) static void geco_constructor(void)
+{
+    pthread_once(&geco_once, geco_init);
+}
+
+/* ------------------------------------------------------------------------- */
+/* the decision                                                              */
+/* ------------------------------------------------------------------------- */
+
+/* The basename the filter is compared with; NULL (a NULL path: let the real
+   call fail with EFAULT) matches nothing. Not inlined into the wrappers,
+   whose parameters glibc declares nonnull. */
+static const char *base_name(const char *path)
+{
+    if (path == NULL)
+        return NULL;
+    const char *slash = strrchr(path, '/');
+    return slash != NULL ? slash + 1 : path;
+}
+
+static int filtered(const char *name)
+{
+    if (name == NULL)
+        return 0;
+    for (unsigned i = 0; i < cfg.nfilters; i++)
+        if (strcmp(name, cfg.filters[i]) == 0)
+            return 1;
+    return 0;
+}
+
+/* The quarantine request failed; `l` says why. Apply the policy. */
+static int refuse_or_allow(line_t *l)
+{
+    if (cfg.policy_allow) {
+        put(l, "; starting it without quarantine (policy=allow)");
+        emit(4, l->buf, l->len);
+        return 0;
+    }
+    put(l, "; exec refused (policy=refuse, errno " GECO_REFUSE_ERRNO_NAME ")");
+    emit(3, l->buf, l->len);
+    errno = GECO_REFUSE_ERRNO;
+    return -1;
+}
+
+static void put_job(line_t *l, const char *name, uint64_t job, uint64_t task, uint32_t pid)
+{
+    put(l, name);
+    put(l, " (pid ");
+    put_u64(l, pid);
+    if (job != 0) {
+        put(l, ", job ");
+        put_u64(l, job);
+        put(l, ".");
+        put_u64(l, task);
+    }
+    put(l, ")");
+}
+
+/* Ask gecod to quarantine this process before it execs `name`. */
+static int quarantine(const char *name)
+{
+    char buf[1024], cwd[PATH_MAX];
+    line_t l = {buf, sizeof buf, 0};
+    uint32_t pid = (uint32_t)getpid();
+    uint64_t job = 0, task = 0;
+    int sys_errno = 0, r;
+    geco_client_outcome_t out;
+
+    r = geco_job_from_environment("environment", &job, &task, &sys_errno);
+    if (r != GECO_ENV_OK) {
+        put_job(&l, name, 0, 0, pid);
+        put(&l, ": cannot tell its job: ");
+        put(&l, getcwd(cwd, sizeof cwd) != NULL ? cwd : ".");
+        put(&l, "/environment: ");
+        put(&l, geco_env_strerror(r));
+        if (sys_errno != 0) {
+            put(&l, ": ");
+            put_errno(&l, sys_errno);
+        }
+        return refuse_or_allow(&l);
+    }
+    r = geco_client_job_started(&cfg.addr, secret.key, cfg.timeout_ms, cfg.max_skew_ns, job, task,
+                                pid, &out);
+    if (r == GECO_CLIENT_OK)
+        return 0;
+
+    put_job(&l, name, job, task, pid);
+    put(&l, ": quarantine by gecod at ");
+    put(&l, cfg.socket_text);
+    put(&l, " failed: ");
+    switch (r) {
+    case GECO_CLIENT_E_TIMEOUT:
+        put(&l, "no reply within timeout_ms=");
+        put_u64(&l, (uint64_t)cfg.timeout_ms);
+        put(&l, " (waiting for ");
+        put(&l, out.phase);
+        put(&l, ")");
+        break;
+    case GECO_CLIENT_E_FRAME:
+        put(&l, "reply rejected: ");
+        put(&l, geco_strerror(out.proto_err));
+        break;
+    case GECO_CLIENT_E_STATUS:
+        put(&l, "gecod answered ");
+        put(&l, geco_status_name(out.status));
+        put(&l, " (its journal says why)");
+        break;
+    case GECO_CLIENT_E_MISMATCH:
+        put(&l, "the ack names job ");
+        put_u64(&l, out.ack.job_id);
+        put(&l, ".");
+        put_u64(&l, out.ack.task_id);
+        break;
+    default:
+        put(&l, geco_client_strresult(r));
+        if (out.sys_errno != 0) {
+            put(&l, ": ");
+            put_errno(&l, out.sys_errno);
+        }
+        if (r == GECO_CLIENT_E_CONNECT
+            && (out.sys_errno == ENOENT || out.sys_errno == ECONNREFUSED))
+            put(&l, " (is gecod running?)");
+        break;
+    }
+    if (out.attempts > 1) {
+        put(&l, " (after ");
+        put_u64(&l, out.attempts);
+        put(&l, " attempts)");
+    }
+    return refuse_or_allow(&l);
+}
+
+/*
+ * Every wrapped exec asks this first. Returns 0: call the real function;
+ * -1: do not (errno is set). The caller restores its saved errno before a
+ * call-through, so whatever happens here never shows.
+ */
+static int geco_gate(const char *path)
+{
+    int rc;
+    /* a nested exec from inside our own work, or from a libc/preload below us
+       that calls an exported exec from its own: pass straight through */
+    if (geco_busy)
+        return 0;
+    pthread_once(&geco_once, geco_init);
+    const char *name = base_name(path);
+    if (!filtered(name))
+        return 0; /* the fast path: everything but job starts */
+
+    geco_busy = 1;
+    if (cfg.active) {
+        rc = quarantine(name);
+    } else {
+        char buf[700];
+        line_t l = {buf, sizeof buf, 0};
+        put_job(&l, name, 0, 0, (uint32_t)getpid());
+        put(&l, " starts without quarantine: preload inactive: ");
+        put(&l, cfg.inert_reason);
+        emit(4, l.buf, l.len);
+        rc = 0;
+    }
+    geco_busy = 0;
+    return rc;
+}
+
+/* Real function missing (a libc without it): fail like a kernel without the call. */
+static int missing(void)
+{
+    errno = ENOSYS;
+    return -1;
+}
+
+/* ------------------------------------------------------------------------- */
+/* the wrappers                                                              */
+/* ------------------------------------------------------------------------- */
+
+GECO_EXPORT int execve(const char *path, char *const argv[], char *const envp[])
+{
+    int saved = errno;
+    if (geco_gate(path) != 0)
+        return -1;
+    if (real_execve == NULL)
+        return missing();
+    errno = saved;
+    return real_execve(path, argv, envp);
+}
+
+GECO_EXPORT int execv(const char *path, char *const argv[])
+{
+    int saved = errno;
+    if (geco_gate(path) != 0)
+        return -1;
+    if (real_execv == NULL)
+        return missing();
+    errno = saved;
+    return real_execv(path, argv);
+}
+
+GECO_EXPORT int execvp(const char *file, char *const argv[])
+{
+    int saved = errno;
+    /* the basename of the name searched in PATH is the program's basename */
+    if (geco_gate(file) != 0)
+        return -1;
+    if (real_execvp == NULL)
+        return missing();
+    errno = saved;
+    return real_execvp(file, argv);
+}
+
+GECO_EXPORT int execvpe(const char *file, char *const argv[], char *const envp[])
+{
+    int saved = errno;
+    if (geco_gate(file) != 0)
+        return -1;
+    if (real_execvpe == NULL)
+        return missing();
+    errno = saved;
+    return real_execvpe(file, argv, envp);
+}
+
+GECO_EXPORT int fexecve(int fd, char *const argv[], char *const envp[])
+{
+    int saved = errno;
+    char proc[32] = "/proc/self/fd/", target[PATH_MAX];
+    line_t l = {proc, sizeof proc, 14};
+    const char *path = NULL;
+
+    if (fd >= 0) {
+        put_u64(&l, (uint64_t)fd);
+        proc[l.len] = '\0';
+        ssize_t n = readlink(proc, target, sizeof target - 1);
+        if (n > 0) {
+            /* an unlinked binary still is the program it was */
+            static const char deleted[] = " (deleted)";
+            if ((size_t)n > sizeof deleted - 1
+                && memcmp(target + n - (sizeof deleted - 1), deleted, sizeof deleted - 1) == 0)
+                n -= (ssize_t)(sizeof deleted - 1);
+            target[n] = '\0';
+            path = target;
+        }
+    }
+    if (geco_gate(path) != 0)
+        return -1;
+    if (real_fexecve == NULL)
+        return missing();
+    errno = saved;
+    return real_fexecve(fd, argv, envp);
+}
+
+/* Count execl's arguments (after `arg`, up to the NULL); -1 when more than
+   fit an argv, like glibc (E2BIG). */
+static long count_args(const char *arg, va_list ap)
+{
+    long n = 1;
+    if (arg == NULL)
+        return 0;
+    while (va_arg(ap, const char *) != NULL)
+        if (++n == INT_MAX)
+            return -1;
+    return n;
+}
+
+/* Fill argv[0..n] from arg and the va_list (argv[n] = NULL). */
+static void fill_args(char **argv, long n, const char *arg, va_list ap)
+{
+    if (n > 0)
+        argv[0] = (char *)arg;
+    for (long i = 1; i < n; i++)
+        argv[i] = va_arg(ap, char *);
+    argv[n] = NULL;
+}
+
+GECO_EXPORT int execl(const char *path, const char *arg, ...)
+{
+    int saved = errno;
+    va_list ap;
+    va_start(ap, arg);
+    long n = count_args(arg, ap);
+    va_end(ap);
+    if (n < 0) {
+        errno = E2BIG;
+        return -1;
+    }
+    char *argv[n + 1];
+    va_start(ap, arg);
+    fill_args(argv, n, arg, ap);
+    va_end(ap);
+    if (geco_gate(path) != 0)
+        return -1;
+    if (real_execve == NULL)
+        return missing();
+    errno = saved;
+    return real_execve(path, argv, environ);
+}
+
+GECO_EXPORT int execle(const char *path, const char *arg, ...)
+{
+    int saved = errno;
+    va_list ap;
+    va_start(ap, arg);
+    long n = count_args(arg, ap);
+    va_end(ap);
+    if (n < 0) {
+        errno = E2BIG;
+        return -1;
+    }
+    char *argv[n + 1];
+    va_start(ap, arg);
+    fill_args(argv, n, arg, ap);
+    if (n > 0)
+        (void)va_arg(ap, char *); /* the NULL that ends the arguments */
+    char *const *envp = va_arg(ap, char *const *);
+    va_end(ap);
+    if (geco_gate(path) != 0)
+        return -1;
+    if (real_execve == NULL)
+        return missing();
+    errno = saved;
+    return real_execve(path, argv, envp);
+}
+
+GECO_EXPORT int execlp(const char *file, const char *arg, ...)
+{
+    int saved = errno;
+    va_list ap;
+    va_start(ap, arg);
+    long n = count_args(arg, ap);
+    va_end(ap);
+    if (n < 0) {
+        errno = E2BIG;
+        return -1;
+    }
+    char *argv[n + 1];
+    va_start(ap, arg);
+    fill_args(argv, n, arg, ap);
+    va_end(ap);
+    if (geco_gate(file) != 0)
+        return -1;
+    if (real_execvpe == NULL)
+        return missing();
+    errno = saved;
+    /* glibc's execlp is execvpe(file, argv, environ): same PATH search and
+       ENOEXEC fallback to /bin/sh */
+    return real_execvpe(file, argv, environ);
+}

@@ -1,0 +1,235 @@
+/*
+ * geco_proto.c - encode and verify gecod quarantine frames (protocol 1).
+ *
+ * The layout, check order and test vectors are in docs/wire-format.md;
+ * geco/protocol.py is the Python twin and tests/unit/test_proto_c.py holds
+ * both to the vectors in tests/vectors/quarantine.json.
+ *
+ * Rules of this file (it runs inside sge_execd and sshd, also in a child
+ * between fork() and exec()):
+ *   - no malloc, no stdio, no locks, no global mutable state;
+ *   - integers are written and read byte by byte as little-endian, never by
+ *     casting the buffer to a struct: the wire layout is independent of the
+ *     compiler's padding, alignment and the host's byte order;
+ *   - only memcpy/memset, clock_gettime and libsodium are called.
+ */
+/* clock_gettime() under -std=c11 */
+#define _POSIX_C_SOURCE 200809L
+
+#include "geco_proto.h"
+
+#include <string.h>
+#include <time.h>
+
+#include <sodium.h>
+
+/* Offsets of the header fields (docs/wire-format.md, "Frame"). */
+#define OFF_MAGIC 0
+#define OFF_VERSION 4
+#define OFF_TYPE 5
+#define OFF_FLAGS 6
+#define OFF_LENGTH 8
+#define OFF_NONCE 12
+#define OFF_TIMESTAMP 28
+
+#define JOB_STARTED_BYTES 24
+#define ACK_BYTES 40
+
+static const uint8_t MAGIC[4] = {'G', 'E', 'C', 'Q'};
+
+static void store16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+
+static void store32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void store64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint16_t load16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
+
+static uint32_t load32(const uint8_t *p)
+{
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+static uint64_t load64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    if (clock_gettime(CLOCK_REALTIME, &ts) != 0)
+        return 0;
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+int geco_proto_init(void)
+{
+    /* 1 = already initialised by someone else in this process: fine */
+    return sodium_init() < 0 ? -1 : 0;
+}
+
+/* Write header + payload (already at buf + GECO_HEADER_BYTES) + MAC; return the length. */
+static long seal(uint8_t *buf, int type, const uint8_t key[GECO_KEY_BYTES],
+                 const uint8_t *nonce, int64_t ts_ns, uint32_t payload_len)
+{
+    memcpy(buf + OFF_MAGIC, MAGIC, sizeof MAGIC);
+    buf[OFF_VERSION] = GECO_PROTO_VERSION;
+    buf[OFF_TYPE] = (uint8_t)type;
+    store16(buf + OFF_FLAGS, 0);
+    store32(buf + OFF_LENGTH, payload_len);
+    if (nonce != NULL)
+        memcpy(buf + OFF_NONCE, nonce, GECO_NONCE_BYTES);
+    else
+        randombytes_buf(buf + OFF_NONCE, GECO_NONCE_BYTES);
+    store64(buf + OFF_TIMESTAMP, (uint64_t)(ts_ns != 0 ? ts_ns : now_ns()));
+    size_t body = GECO_HEADER_BYTES + (size_t)payload_len;
+    crypto_generichash(buf + body, GECO_MAC_BYTES, buf, body, key, GECO_KEY_BYTES);
+    return (long)(body + GECO_MAC_BYTES);
+}
+
+long geco_encode_job_started(uint8_t *buf, size_t cap, int type, const uint8_t key[GECO_KEY_BYTES],
+                             const uint8_t *nonce, int64_t ts_ns, const geco_job_started_t *msg)
+{
+    if (type != GECO_JOB_STARTED && type != GECO_QUARANTINE_SELF)
+        return GECO_E_TYPE;
+    if (cap < GECO_HEADER_BYTES + JOB_STARTED_BYTES + GECO_MAC_BYTES)
+        return GECO_E_SHORT;
+    uint8_t *p = buf + GECO_HEADER_BYTES;
+    store64(p, msg->job_id);
+    store64(p + 8, msg->task_id);
+    store32(p + 16, msg->pid);
+    store32(p + 20, 0); /* reserved */
+    return seal(buf, type, key, nonce, ts_ns, JOB_STARTED_BYTES);
+}
+
+long geco_encode_ack(uint8_t *buf, size_t cap, const uint8_t key[GECO_KEY_BYTES],
+                     const uint8_t *nonce, int64_t ts_ns, const geco_ack_t *msg)
+{
+    if (cap < GECO_HEADER_BYTES + ACK_BYTES + GECO_MAC_BYTES)
+        return GECO_E_SHORT;
+    uint8_t *p = buf + GECO_HEADER_BYTES;
+    store64(p, msg->job_id);
+    store64(p + 8, msg->task_id);
+    store32(p + 16, msg->status);
+    store32(p + 20, 0); /* reserved */
+    memcpy(p + 24, msg->request_nonce, GECO_NONCE_BYTES);
+    return seal(buf, GECO_ACK, key, nonce, ts_ns, ACK_BYTES);
+}
+
+/* |a - b| without signed overflow, for any two int64 values. */
+static uint64_t distance(int64_t a, int64_t b)
+{
+    return a > b ? (uint64_t)a - (uint64_t)b : (uint64_t)b - (uint64_t)a;
+}
+
+int geco_decode_ack(const uint8_t *buf, size_t len, const uint8_t key[GECO_KEY_BYTES],
+                    const uint8_t request_nonce[GECO_NONCE_BYTES], int64_t now,
+                    int64_t max_skew_ns, geco_ack_t *out)
+{
+    /* The order of these checks is part of the protocol (docs/wire-format.md,
+       "Receiving"): everything up to the MAC is about the frame's shape, so an
+       unauthenticated sender learns nothing but that; the rest is trusted only
+       after the MAC matched. */
+    if (len < GECO_HEADER_BYTES + GECO_MAC_BYTES)
+        return GECO_E_SHORT;
+    if (memcmp(buf + OFF_MAGIC, MAGIC, sizeof MAGIC) != 0)
+        return GECO_E_MAGIC;
+    if (buf[OFF_VERSION] != GECO_PROTO_VERSION)
+        return GECO_E_VERSION;
+    if (load16(buf + OFF_FLAGS) != 0)
+        return GECO_E_FLAGS;
+    uint32_t n = load32(buf + OFF_LENGTH);
+    if (n > GECO_MAX_PAYLOAD || len != GECO_HEADER_BYTES + (size_t)n + GECO_MAC_BYTES)
+        return GECO_E_LENGTH;
+
+    uint8_t mac[GECO_MAC_BYTES];
+    size_t body = GECO_HEADER_BYTES + (size_t)n;
+    crypto_generichash(mac, sizeof mac, buf, body, key, GECO_KEY_BYTES);
+    /* constant time: a byte-by-byte memcmp would tell a forger how much is right */
+    if (sodium_memcmp(mac, buf + body, GECO_MAC_BYTES) != 0)
+        return GECO_E_MAC;
+
+    int type = buf[OFF_TYPE];
+    if (type < GECO_JOB_STARTED || type > GECO_QUARANTINE_SELF)
+        return GECO_E_TYPE;
+    if (type != GECO_ACK)
+        return GECO_E_TYPE; /* a known type, but not the answer we wait for */
+    const uint8_t *p = buf + GECO_HEADER_BYTES;
+    if (n != ACK_BYTES || load32(p + 20) != 0 || load32(p + 16) > GECO_BUSY)
+        return GECO_E_PAYLOAD;
+
+    int64_t ts = (int64_t)load64(buf + OFF_TIMESTAMP);
+    if (now == 0)
+        now = now_ns();
+    if (distance(ts, now) > (uint64_t)(max_skew_ns > 0 ? max_skew_ns : 0))
+        return GECO_E_STALE;
+    /* binds this ack to our request: an ack recorded for another request (a
+       replay, or a confused server) does not answer this one */
+    if (sodium_memcmp(p + 24, request_nonce, GECO_NONCE_BYTES) != 0)
+        return GECO_E_NONCE;
+
+    if (out != NULL) {
+        out->job_id = load64(p);
+        out->task_id = load64(p + 8);
+        out->status = load32(p + 16);
+        memcpy(out->request_nonce, p + 24, GECO_NONCE_BYTES);
+    }
+    return 0;
+}
+
+const uint8_t *geco_frame_nonce(const uint8_t *frame)
+{
+    return frame + OFF_NONCE;
+}
+
+const char *geco_strerror(int err)
+{
+    switch (err) {
+    case 0:
+        return "ok";
+    case GECO_E_SHORT:
+        return "frame too short (or buffer too small)";
+    case GECO_E_MAGIC:
+        return "not a geco frame (bad magic)";
+    case GECO_E_VERSION:
+        return "unsupported protocol version: gecod speaks protocol 1; upgrade the preload/gecod";
+    case GECO_E_FLAGS:
+        return "nonzero flags";
+    case GECO_E_LENGTH:
+        return "payload length over 4096 or not matching the frame size";
+    case GECO_E_MAC:
+        return "MAC mismatch (forged, corrupted, or another key)";
+    case GECO_E_TYPE:
+        return "unexpected message type";
+    case GECO_E_PAYLOAD:
+        return "malformed payload";
+    case GECO_E_STALE:
+        return "timestamp outside the allowed clock skew";
+    case GECO_E_NONCE:
+        return "ack does not answer this request (nonce mismatch)";
+    default:
+        return "unknown geco protocol error";
+    }
+}

@@ -1,0 +1,67 @@
+/*
+ * geco_proto.h - the gecod quarantine wire format (protocol 1), C side.
+ *
+ * The byte-by-byte layout, the receiver's check order and test vectors are
+ * in docs/wire-format.md; tests/unit/test_proto_c.py holds this code to the
+ * same vectors as the Python implementation (geco/protocol.py).
+ *
+ * No malloc, no stdio, no global mutable state: safe in any thread and in a
+ * child between fork() and exec() (only memcpy and libsodium calls).
+ */
+#ifndef GECO_PROTO_H
+#define GECO_PROTO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define GECO_PROTO_VERSION 1
+#define GECO_KEY_BYTES 32
+#define GECO_NONCE_BYTES 16
+#define GECO_HEADER_BYTES 36
+#define GECO_MAC_BYTES 32
+#define GECO_MAX_PAYLOAD 4096
+#define GECO_MAX_FRAME (GECO_HEADER_BYTES + GECO_MAX_PAYLOAD + GECO_MAC_BYTES)
+
+enum geco_type { GECO_JOB_STARTED = 1, GECO_ACK = 2, GECO_STATUS = 3, GECO_STATUS_REPLY = 4,
+                 GECO_ADOPT = 5, GECO_QUARANTINE_SELF = 6 };
+enum geco_status { GECO_OK = 0, GECO_REFUSED = 1, GECO_NO_SUCH_JOB = 2, GECO_FAILED = 3,
+                   GECO_BAD_REQUEST = 4, GECO_VERSION = 5, GECO_BUSY = 6 };
+/* errors returned (negative) by the decoders */
+enum geco_err { GECO_E_SHORT = -1, GECO_E_MAGIC = -2, GECO_E_VERSION = -3, GECO_E_FLAGS = -4,
+                GECO_E_LENGTH = -5, GECO_E_MAC = -6, GECO_E_TYPE = -7, GECO_E_PAYLOAD = -8,
+                GECO_E_STALE = -9, GECO_E_NONCE = -10 };
+
+typedef struct { uint64_t job_id, task_id; uint32_t pid; } geco_job_started_t;
+typedef struct { uint64_t job_id, task_id; uint32_t status; uint8_t request_nonce[16]; } geco_ack_t;
+
+int geco_proto_init(void);  /* sodium_init(); 0 ok */
+
+/* Encode a JOB_STARTED (or QUARANTINE_SELF via type) frame. nonce == NULL: random; ts_ns == 0: now.
+   Returns frame length (GECO_HEADER_BYTES+24+GECO_MAC_BYTES) or negative if cap too small. */
+long geco_encode_job_started(uint8_t *buf, size_t cap, int type, const uint8_t key[GECO_KEY_BYTES],
+                             const uint8_t *nonce, int64_t ts_ns, const geco_job_started_t *msg);
+
+/* Encode an ACK (used by tests and any C server). */
+long geco_encode_ack(uint8_t *buf, size_t cap, const uint8_t key[GECO_KEY_BYTES],
+                     const uint8_t *nonce, int64_t ts_ns, const geco_ack_t *msg);
+
+/* Verify and decode an ACK frame answering `request_nonce`. now_ns == 0: now.
+   Returns 0 or a negative enum geco_err. */
+int geco_decode_ack(const uint8_t *buf, size_t len, const uint8_t key[GECO_KEY_BYTES],
+                    const uint8_t request_nonce[GECO_NONCE_BYTES], int64_t now_ns,
+                    int64_t max_skew_ns, geco_ack_t *out);
+
+/* Nonce of an encoded frame (bytes 12..27), for the client to remember. */
+const uint8_t *geco_frame_nonce(const uint8_t *frame);
+
+const char *geco_strerror(int err);  /* static strings */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GECO_PROTO_H */

@@ -1,0 +1,1054 @@
+"""gecod as a real process: real Unix sockets, real cgroup v1, real journald.
+
+gecod runs as ``python -m geco.daemon`` with a test configuration: its own
+directory under /tmp (key, socket, state dir, a fake execd spool tree) and the
+cgroup parent ``geco-test-<pid>`` (never ``GECO``). A job is a spool dir
+``<spool>/vm/active_jobs/<job>.<task>/`` with ``environment``, ``config`` and
+``pe_hostfile``, plus a resource file written with :mod:`geco.statefile`, so no
+qstat is ever needed.
+
+A "job process" is a separate Python process whose cwd is that spool dir and
+which sends JOB_STARTED for its own pid, as the preload does inside the child
+sge_execd forks for sge_shepherd; it prints the ACK's status and stays alive
+until the test lets it go. What is checked is the kernel's word:
+``/proc/<pid>/cgroup``, the cgroup files, and journald's entries.
+
+Every cgroup and process a test creates is removed with plain syscalls (not
+with the code under test) after each test, so a broken gecod cannot leak them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from geco import address, protocol, statefile
+from geco.errors import GecoError
+from geco.protocol import AckStatus, JobStarted, MsgType
+from geco.resource import NodeResources, ResourceSet, short_hostname
+
+REPO = Path(__file__).resolve().parents[2]
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+CONTROLLERS = ("cpuset", "memory", "freezer", "pids")
+HOST = short_hostname()
+MiB = 1 << 20
+NOBODY = 65534
+DEADLINE = 1.0  # [gecod] connection_deadline in the test configuration
+
+
+def _why_not() -> str:
+    if os.geteuid() != 0:
+        return "gecod and cgroups need root"
+    missing = [c for c in ("cpuset", "memory") if not (CGROUP_ROOT / c / "tasks").exists()]
+    if missing:
+        return f"this machine has no cgroup v1 {' and '.join(missing)} at {CGROUP_ROOT}"
+    for d in (CGROUP_ROOT / "cpuset").iterdir():
+        if d.is_dir() and (d / "cpuset.cpu_exclusive").read_text().strip() == "1":
+            return f"the cpuset {d} is cpu_exclusive, so no test cpuset can get a cpu"
+    return ""
+
+
+pytestmark = [pytest.mark.root, pytest.mark.skipif(bool(_why_not()), reason=_why_not())]
+
+# The job process: read the key as root, then (optionally) drop to nobody, ask for
+# quarantine, print the ACK status, stay alive until stdin closes.
+CLIENT = r"""
+import os, sys, time
+from geco import address, protocol
+key_file, where, job, task, mode = sys.argv[1:6]
+key = open(key_file, "rb").read()
+pid = os.getpid()
+if mode.endswith("nobody"):
+    os.setgroups([]); os.setgid(65534); os.setuid(65534)
+elif mode == "execd":  # as sge_execd forks the shepherd: real uid root, effective not
+    os.setegid(65534); os.seteuid(65534)
+elif mode.startswith("pid="):
+    pid = int(mode[4:])
+kind = protocol.MsgType.QUARANTINE_SELF if mode.startswith("self") else \
+    protocol.MsgType.JOB_STARTED
+frame = protocol.encode(kind, protocol.JobStarted(int(job), int(task), pid), key)
+s = address.connect(address.parse(where), 30)
+s.sendall(frame)
+reply = protocol.read_frame(s, time.monotonic() + 30)
+ack = protocol.decode_ack(reply, key, frame[12:28])
+print(ack.status.name, ack.job_id, ack.task_id, os.getpid(), flush=True)
+sys.stdin.read()
+"""
+
+
+# -- the test node ------------------------------------------------------------
+
+
+@dataclass
+class Node:
+    """The test's node: its directory, key, configuration, spool tree and cgroup name."""
+
+    base: Path
+    name: str  # the cgroup parent, geco-test-<pid>
+    key: bytes
+    processes: list[subprocess.Popen[str]] = field(default_factory=list)
+
+    @property
+    def key_file(self) -> Path:
+        return self.base / "quarantine.key"
+
+    @property
+    def spool(self) -> Path:
+        return self.base / "spool"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.base / "state"
+
+    def socket_path(self, tag: str = "gecod") -> str:
+        return str(self.base / f"{tag}.sock")
+
+    def write_config(self, tag: str = "gecod", sock: str | None = None, qstat: str = "",
+                     **gecod: str) -> Path:
+        """Write ``<tag>.toml``: socket ``path:<tag>.sock`` (or the address ``sock``), more
+        [gecod] keys,
+        and a [qstat] command when given (qstat fails at once otherwise)."""
+        path = self.base / f"{tag}.toml"
+        extra = "".join(f"{k} = {v}\n" for k, v in gecod.items())
+        extra += f'[qstat]\ncommand = "{qstat or "/bin/false"}"\nretries = 0\n'
+        path.write_text(
+            f'[paths]\nstate_dir = "{self.state_dir}"\nexecd_spool_dir = "{self.spool}"\n'
+            f'[cgroup]\nname = "{self.name}"\n'
+            f'[gecod]\nsocket = "{sock or "path:" + self.socket_path(tag)}"\n'
+            f'key_file = "{self.key_file}"\n'
+            f"connection_deadline = {DEADLINE}\n{extra}")
+        return path
+
+    def job_dir(self, job: int, task: int = 1) -> Path:
+        return self.spool / HOST / "active_jobs" / f"{job}.{task}"
+
+    def make_job(self, job: int, task: int = 1, *, slots: int = 1, memory: int = 256 * MiB,
+                 owner: str = "root") -> Path:
+        """Spool a running job the way sge_execd does, and its resource file."""
+        d = self.job_dir(job, task)
+        d.mkdir(parents=True)
+        (d / "environment").write_text(
+            f"JOB_ID={job}\nSGE_TASK_ID={'undefined' if task == 1 else task}\nJOB_NAME=t\n")
+        (d / "config").write_text(f"job_owner={owner}\njob_name=t\njob_id={job}\n")
+        (d / "pe_hostfile").write_text(f"{HOST} {slots} all.q@{HOST} UNDEFINED\n")
+        statefile.write(self.state_dir / "resources", ResourceSet(
+            job, task, job_name="t", owner=owner,
+            nodes=(NodeResources(HOST, slots=slots, memory_limit=memory),)))
+        return d
+
+    def make_pe_task_dir(self, job: int, task: int = 1, petask: str = f"1.{HOST}") -> Path:
+        """A qrsh -inherit task's spool dir below the job's (own environment file)."""
+        d = self.job_dir(job, task) / petask
+        d.mkdir()
+        shutil.copy(self.job_dir(job, task) / "environment", d / "environment")
+        return d
+
+    def cgroup(self, controller: str, key: str = "") -> Path:
+        return CGROUP_ROOT / controller / self.name / key if key else \
+            CGROUP_ROOT / controller / self.name
+
+    def job_process(self, job: int, task: int = 1, *, cwd: Path | None = None,
+                    mode: str = "plain", sock: str | None = None,
+                    shepherd: bool = False) -> JobProcess:
+        """Start a client process in the job's spool dir (or ``cwd``).
+
+        ``mode``: ``plain`` (JOB_STARTED for itself), ``nobody`` (the same after
+        dropping to uid nobody), ``execd`` (the same with euid nobody, real uid root,
+        as the child sge_execd forks for the shepherd), ``pid=<n>`` (JOB_STARTED for another pid),
+        ``self-nobody`` (QUARANTINE_SELF as nobody). ``shepherd``: run it as the
+        child of a fake ``sge_shepherd`` (a copy of /bin/sh) working in the spool dir.
+        """
+        argv = [sys.executable, "-c", CLIENT, str(self.key_file), sock or self.socket_path(),
+                str(job), str(task), mode]
+        if shepherd:
+            fake = self.base / "shepherd-bin" / "sge_shepherd"
+            fake.parent.mkdir(exist_ok=True)
+            if not fake.exists():
+                shutil.copy("/bin/sh", fake)
+            # "; exit $?" keeps the shell as the parent instead of exec'ing the client
+            argv = [str(fake), "-c", 'exec_client() { "$@"; exit $?; }; exec_client "$@"',
+                    "sge_shepherd", *argv]
+        proc = subprocess.Popen(
+            argv,
+            cwd=cwd or self.job_dir(job, task), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin"})
+        self.processes.append(proc)
+        return JobProcess(proc)
+
+
+@dataclass
+class JobProcess:
+    proc: subprocess.Popen[str]
+    client_pid: int = 0  # the client's own pid (not the fake shepherd's), once answered
+
+    @property
+    def pid(self) -> int:
+        return self.client_pid or self.proc.pid
+
+    def answer(self, timeout: float = 30.0) -> str:
+        """The ACK status name the process got (e.g. "OK"); fails with its stderr if none."""
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        ready = _wait_readable(self.proc.stdout.fileno(), timeout)
+        line = self.proc.stdout.readline() if ready else ""
+        if not line:
+            self.proc.kill()
+            raise AssertionError(f"job process {self.pid} got no ACK: {self.proc.stderr.read()}")
+        status, _job, _task, pid = line.split()
+        self.client_pid = int(pid)
+        return status
+
+    def cgroups(self) -> dict[str, str]:
+        """Controller -> cgroup path, from /proc/<pid>/cgroup."""
+        out = {}
+        for line in Path(f"/proc/{self.pid}/cgroup").read_text().splitlines():
+            _, ctrls, path = line.split(":", 2)
+            for c in ctrls.split(","):
+                out[c] = path
+        return out
+
+
+def _wait_readable(fd: int, timeout: float) -> bool:
+    return bool(select.select([fd], [], [], timeout)[0])
+
+
+def _kill_and_remove(top: Path) -> list[str]:
+    """SIGKILL every process in cgroup ``top`` and below, remove them all (deepest first);
+    return what could not be removed."""
+    left: list[str] = []
+    if not top.is_dir():
+        return left
+    below = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
+    for d in [*below, top]:
+        for _ in range(50):
+            pids = [int(p) for p in (d / "cgroup.procs").read_text().split()]
+            if not pids:
+                break
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.05)
+        try:
+            d.rmdir()
+        except OSError as exc:
+            left.append(f"{d}: {exc}")
+    return left
+
+
+@pytest.fixture(scope="module")
+def node() -> Iterator[Node]:
+    # /tmp, not pytest's 0700 tmp dirs: the nobody client must reach the socket
+    base = Path(tempfile.mkdtemp(prefix="geco-test-gecod-"))
+    base.chmod(0o755)
+    key = os.urandom(32)
+    n = Node(base, f"geco-test-{os.getpid()}", key)
+    fd = os.open(n.key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.write(fd, key)
+    os.close(fd)
+    try:
+        yield n
+    finally:
+        for proc in n.processes:
+            proc.kill()
+            proc.wait()
+        left = [x for c in CONTROLLERS for x in _kill_and_remove(n.cgroup(c))]
+        shutil.rmtree(base, ignore_errors=True)
+        assert not left, left
+
+
+@pytest.fixture(autouse=True)
+def _clean_jobs(node: Node) -> Iterator[None]:
+    """After each test: its job processes end, its job cgroups and spool dirs go."""
+    yield
+    for proc in node.processes:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+    node.processes.clear()
+    for c in CONTROLLERS:
+        parent = node.cgroup(c)
+        if parent.is_dir():
+            left = [x for job in parent.iterdir() if job.is_dir()
+                    for x in _kill_and_remove(job)]
+            assert not left, left
+    shutil.rmtree(node.spool, ignore_errors=True)
+    shutil.rmtree(node.state_dir / "resources", ignore_errors=True)
+
+
+# -- gecod ----------------------------------------------------------------------
+
+
+@dataclass
+class Gecod:
+    proc: subprocess.Popen[bytes]
+    sock: str
+    log: Path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout)
+
+
+def start_gecod(node: Node, tag: str = "gecod", env: dict[str, str] | None = None,
+                prefix: tuple[str, ...] = (), **gecod: Any) -> Gecod:
+    """Start gecod with ``<tag>.toml`` (``gecod`` = extra [gecod] keys) and wait until it
+    listens; ``prefix`` runs it through a wrapper (setpriv)."""
+    config = node.write_config(tag, **gecod)
+    log = node.base / f"{tag}.log"
+    out = open(log, "ab")  # noqa: SIM115
+    proc = subprocess.Popen([*prefix, sys.executable, "-m", "geco.daemon", "--config",
+                             str(config), "--log-level", "info"],
+                            cwd=REPO, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                            env={"PYTHONPATH": str(REPO), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+                                 **(env or {})})
+    out.close()
+    g = Gecod(proc, gecod["sock"] if "sock" in gecod else node.socket_path(tag), log)
+    where = address.parse(g.sock)
+    deadline = time.monotonic() + 30
+    while True:
+        if proc.poll() is not None:
+            raise AssertionError(f"gecod exited {proc.returncode} at start:\n{g.output()}")
+        with contextlib.suppress(GecoError):
+            address.connect(where, 1.0).close()
+            break
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"gecod did not listen within 30 s:\n{g.output()}")
+        time.sleep(0.05)
+    return g
+
+
+@pytest.fixture(scope="module")
+def gecod(node: Node, journal: Any) -> Iterator[Gecod]:
+    g = start_gecod(node)
+    try:
+        yield g
+    finally:
+        code = g.stop()
+        assert code == 0, g.output()
+
+
+def exchange(sock_path: str, data: bytes, *, half_close: bool = False,
+             timeout: float = 10.0) -> bytes:
+    """Send ``data`` on a new connection and return everything gecod sends until it closes."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(sock_path)
+        s.sendall(data)
+        if half_close:
+            s.shutdown(socket.SHUT_WR)
+        out = b""
+        while chunk := s.recv(4096):
+            out += chunk
+    return out
+
+
+def status(node: Node, sock: str) -> dict[str, Any]:
+    """Ask gecod for STATUS and return the JSON document."""
+    frame = protocol.encode(MsgType.STATUS, b"", node.key)
+    reply = protocol.decode(exchange(sock, frame), node.key)
+    assert reply.type is MsgType.STATUS_REPLY
+    msg = reply.message
+    assert isinstance(msg, protocol.StatusReply)
+    return msg.document
+
+
+def assert_serving(node: Node, g: Gecod, within: float = 2.0) -> None:
+    """A valid request right now is answered promptly."""
+    started = time.monotonic()
+    doc = status(node, g.sock)
+    assert doc["pid"] == g.pid
+    assert time.monotonic() - started < within
+
+
+def logged(journal: Any, since: float, **match: str) -> list[dict[str, Any]]:
+    """Journal entries matching ``match`` received after ``since`` (epoch seconds).
+
+    journalctl's ``--since`` has whole seconds; entries are cut to the microsecond here,
+    so an entry of the previous test never counts for this one.
+    """
+    return [e for e in journal.entries(since, **match)
+            if int(e["__REALTIME_TIMESTAMP"]) >= since * 1e6]
+
+
+_jobs = itertools.count(9100)
+
+
+def new_job() -> int:
+    return next(_jobs)
+
+
+# -- quarantine -----------------------------------------------------------------
+
+
+def test_a_process_in_its_jobs_spool_dir_is_moved_into_the_jobs_cgroups(
+        node: Node, gecod: Gecod, journal: Any) -> None:
+    """Given a spooled job with a resource file (256 MiB), when a process whose cwd is the
+    job's spool dir sends JOB_STARTED for itself, then the ACK is OK, /proc/<pid>/cgroup
+    shows it in <name>/<job>.1 in every controller, the memory limit is the resource
+    file's, and the journal has a GECO_EVENT=quarantined entry with JOB_ID, SGE_TASK_ID, PID."""
+    job = new_job()
+    node.make_job(job, memory=256 * MiB)
+    p = node.job_process(job)
+
+    assert p.answer() == "OK"
+    cgroups = p.cgroups()
+    for c in CONTROLLERS:
+        assert cgroups[c] == f"/{node.name}/{job}.1", (c, cgroups)
+    limit = int((node.cgroup("memory", f"{job}.1") / "memory.limit_in_bytes").read_text())
+    assert limit == 256 * MiB
+    [entry] = journal.entries(GECO_EVENT="quarantined", JOB_ID=str(job), _PID=str(gecod.pid))
+    assert (entry["SGE_TASK_ID"], entry["PID"], entry["CGROUP_CREATED"], entry["PRIORITY"]) \
+        == ("1", str(p.pid), "1", "6")
+
+
+def test_a_second_process_of_the_same_job_shares_its_cgroups(
+        node: Node, gecod: Gecod, journal: Any) -> None:
+    """Given a job already quarantined, when a PE task's process (cwd the task dir below the
+    job's) asks too, then it joins the same cgroups, which are not created a second time."""
+    job = new_job()
+    node.make_job(job)
+    first = node.job_process(job)
+    assert first.answer() == "OK"
+    second = node.job_process(job, cwd=node.make_pe_task_dir(job))
+
+    assert second.answer() == "OK"
+    assert second.cgroups()["cpuset"] == first.cgroups()["cpuset"] == f"/{node.name}/{job}.1"
+    pids = {int(x) for x in (node.cgroup("cpuset", f"{job}.1") / "cgroup.procs")
+            .read_text().split()}
+    assert {first.pid, second.pid} <= pids
+    entries = journal.entries(GECO_EVENT="quarantined", JOB_ID=str(job), _PID=str(gecod.pid))
+    assert sorted(e["CGROUP_CREATED"] for e in entries) == ["0", "1"]
+
+
+def test_an_array_task_gets_its_own_cgroups_and_cores(node: Node, gecod: Gecod) -> None:
+    job = new_job()
+    node.make_job(job, 1)
+    node.make_job(job, 2)
+    one, two = node.job_process(job, 1), node.job_process(job, 2)
+
+    assert (one.answer(), two.answer()) == ("OK", "OK")
+    assert one.cgroups()["cpuset"] == f"/{node.name}/{job}.1"
+    assert two.cgroups()["cpuset"] == f"/{node.name}/{job}.2"
+    cpus = [(node.cgroup("cpuset", f"{job}.{t}") / "cpuset.cpus").read_text().strip()
+            for t in (1, 2)]
+    assert cpus[0] != cpus[1] and "" not in cpus
+
+
+# -- refusals of frames -----------------------------------------------------------
+
+
+def _valid_status(node: Node, **kw: Any) -> bytes:
+    return protocol.encode(MsgType.STATUS, b"", node.key, **kw)
+
+
+def _unsigned(node: Node) -> bytes:
+    frame = _valid_status(node)
+    return frame[:-32] + bytes(32)
+
+
+def _badly_signed(node: Node) -> bytes:
+    return _valid_status(node)[:-32] + protocol.encode(MsgType.STATUS, b"", os.urandom(32))[-32:]
+
+
+def _stale(node: Node) -> bytes:
+    return _valid_status(node, ts_ns=time.time_ns() - 120 * 10**9)
+
+
+def _oversized(node: Node) -> bytes:
+    header = bytearray(_valid_status(node)[:36])
+    header[8:12] = struct.pack("<I", 5000)
+    return bytes(header) + b"x" * 100
+
+
+def _unknown_type(node: Node) -> bytes:
+    return protocol.encode(9, b"", node.key)
+
+
+def _wrong_version(node: Node) -> bytes:
+    return protocol.encode(MsgType.STATUS, b"", node.key, version=2)
+
+
+@pytest.mark.parametrize(("make", "reason", "status"), [
+    (_unsigned, "mac", AckStatus.BAD_REQUEST),
+    (_badly_signed, "mac", AckStatus.BAD_REQUEST),
+    (_stale, "stale", AckStatus.BAD_REQUEST),
+    (_oversized, "length", AckStatus.BAD_REQUEST),
+    (_unknown_type, "type", AckStatus.BAD_REQUEST),
+    (_wrong_version, "version", AckStatus.VERSION),
+    (lambda node: b"GET / HTTP/1.0\r\n\r\n", "magic", AckStatus.BAD_REQUEST),
+], ids=["unsigned", "badly-signed", "stale", "oversized", "unknown-type", "version", "garbage"])
+def test_a_bad_frame_is_answered_with_why_journaled_and_the_next_client_is_served(
+        node: Node, gecod: Gecod, journal: Any, make: Any, reason: str,
+        status: AckStatus) -> None:
+    """Given a frame failing one protocol check, when sent, then gecod answers at once with
+    an ACK (no job) whose status says BAD_REQUEST (VERSION for another protocol version),
+    closes, journals a quarantine-refused entry at priority 4 naming the peer's pid/uid and
+    the reason, and the next valid request is answered promptly."""
+    since = time.time()
+    data = make(node)
+    started = time.monotonic()
+    reply = exchange(gecod.sock, data)
+    elapsed = time.monotonic() - started
+
+    nonce = data[12:28] if len(data) >= 28 else bytes(16)
+    ack = protocol.decode_ack(reply, node.key, nonce)
+    assert (ack.job_id, ack.task_id, ack.status) == (0, 0, status)
+    assert elapsed < DEADLINE  # answered, not left to time out
+    [entry] = logged(journal, since, GECO_EVENT="quarantine-refused", REASON=reason,
+                              _PID=str(gecod.pid))
+    assert (entry["PRIORITY"], entry["PEER_PID"], entry["PEER_UID"]) == \
+        ("4", str(os.getpid()), "0")
+    assert_serving(node, gecod)
+
+
+def test_a_replayed_frame_is_refused_the_second_time(
+        node: Node, gecod: Gecod, journal: Any) -> None:
+    since = time.time()
+    frame = _valid_status(node)
+    first = protocol.decode(exchange(gecod.sock, frame), node.key)
+    assert first.type is MsgType.STATUS_REPLY
+
+    again = protocol.decode_ack(exchange(gecod.sock, frame), node.key, frame[12:28])
+    assert again.status is AckStatus.BAD_REQUEST
+    assert len(logged(journal, since, GECO_EVENT="quarantine-refused", REASON="nonce",
+                               _PID=str(gecod.pid))) == 1
+    assert_serving(node, gecod)
+
+
+def test_a_truncated_frame_is_dropped_without_an_answer_and_journaled(
+        node: Node, gecod: Gecod, journal: Any) -> None:
+    """Given a client that sends half a JOB_STARTED frame and closes its side, then gecod
+    closes without replying, journals it with the claimed job (reason closed), and serves on."""
+    since = time.time()
+    frame = protocol.encode(MsgType.JOB_STARTED, JobStarted(4242, 1, os.getpid()), node.key)
+
+    assert exchange(gecod.sock, frame[:50], half_close=True) == b""
+    assert exchange(gecod.sock, frame[:20], half_close=True) == b""
+    entries = logged(journal, since, GECO_EVENT="quarantine-refused", REASON="closed",
+                              _PID=str(gecod.pid))
+    assert len(entries) == 2
+    assert all(e["MESSAGE"].endswith("(truncated)") for e in entries)
+    assert_serving(node, gecod)
+
+
+def test_a_slowloris_client_is_dropped_at_the_deadline_and_others_are_served_meanwhile(
+        node: Node, gecod: Gecod, journal: Any) -> None:
+    """Given a client that sends half a header and then nothing, when a job process asks
+    for quarantine meanwhile, then it is answered OK at once, and the slow client is
+    disconnected after connection_deadline with a quarantine-refused entry (timeout)."""
+    since = time.time()
+    job = new_job()
+    node.make_job(job)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as slow:
+        slow.connect(gecod.sock)
+        slow.sendall(_valid_status(node)[:10])
+        started = time.monotonic()
+        p = node.job_process(job)
+        assert p.answer(timeout=DEADLINE * 3) == "OK"
+        slow.setblocking(False)
+        with pytest.raises(BlockingIOError):  # answered while the slow client still hangs on
+            slow.recv(100)
+        slow.setblocking(True)
+        slow.settimeout(DEADLINE + 5)
+        assert slow.recv(100) == b""  # closed by gecod
+        dropped_after = time.monotonic() - started
+    assert DEADLINE * 0.8 <= dropped_after < DEADLINE + 3
+    [entry] = logged(journal, since, GECO_EVENT="quarantine-refused", REASON="timeout",
+                              _PID=str(gecod.pid))
+    assert entry["MESSAGE"].endswith(f"no whole request within {DEADLINE:g} s "
+                                     "(10 bytes received); dropped")
+
+
+# -- refusals by policy ----------------------------------------------------------------
+
+
+def test_a_process_asking_for_another_pid_is_refused(
+        node: Node, gecod: Gecod, journal: Any) -> None:
+    """Given a root process in the job's spool dir that asks to quarantine another pid
+    (its parent, pytest), then REFUSED, journaled with its own pid as PEER_PID and the
+    claimed pid, and pytest stays where it was."""
+    since = time.time()
+    job = new_job()
+    node.make_job(job)
+    mine = Path("/proc/self/cgroup").read_text()
+    p = node.job_process(job, mode=f"pid={os.getpid()}")
+
+    assert p.answer() == "REFUSED"
+    assert Path("/proc/self/cgroup").read_text() == mine
+    [entry] = logged(journal, since, GECO_EVENT="quarantine-refused", JOB_ID=str(job),
+                              _PID=str(gecod.pid))
+    assert (entry["PEER_PID"], entry["PEER_UID"], entry["PID"], entry["REASON"]) == \
+        (str(p.pid), "0", str(os.getpid()), "refused")
+    assert entry["MESSAGE"].endswith(f"the message names pid {os.getpid()} but was sent by "
+                                     f"pid {p.pid}: a process may only ask for itself")
+    assert_serving(node, gecod)
+
+
+def test_a_non_root_process_may_not_send_job_started(
+        node: Node, gecod: Gecod, journal: Any) -> None:
+    """Given a process in the job's spool dir that drops to uid nobody before asking for
+    itself, then REFUSED (only root and execd_uids start jobs), and it stays outside."""
+    since = time.time()
+    job = new_job()
+    node.make_job(job)
+    p = node.job_process(job, mode="nobody")
+
+    assert p.answer() == "REFUSED"
+    assert p.cgroups()["cpuset"] != f"/{node.name}/{job}.1"
+    [entry] = logged(journal, since, GECO_EVENT="quarantine-refused", JOB_ID=str(job),
+                              _PID=str(gecod.pid))
+    assert entry["PEER_UID"] == str(NOBODY)
+    assert entry["MESSAGE"].endswith(f"uid {NOBODY} may not send JOB_STARTED: only root "
+                                     "(real or effective) and [gecod] execd_uids (0)")
+    assert_serving(node, gecod)
+
+
+def test_an_execd_child_with_real_uid_root_may_send_job_started(
+        node: Node, gecod: Gecod) -> None:
+    """Given a process that, like sge_execd's child about to exec the shepherd, has real uid
+    root and effective uid nobody (SO_PEERCRED reports nobody), then OK with no execd_uids
+    configured: a real-root process can become root again at will, so it is trusted."""
+    job = new_job()
+    node.make_job(job)
+    p = node.job_process(job, mode="execd")
+
+    assert p.answer() == "OK"
+    assert p.cgroups()["cpuset"] == f"/{node.name}/{job}.1"
+
+
+def test_a_process_outside_the_jobs_spool_dir_is_refused(
+        node: Node, gecod: Gecod, journal: Any) -> None:
+    """Given a root process whose cwd is another job's spool dir (or none), when it asks for
+    job J, then REFUSED naming where it works; no cgroup is created for J."""
+    since = time.time()
+    job, other = new_job(), new_job()
+    node.make_job(job)
+    node.make_job(other)
+    p = node.job_process(job, cwd=node.job_dir(other))
+    q = node.job_process(job, cwd=node.base)
+
+    assert (p.answer(), q.answer()) == ("REFUSED", "REFUSED")
+    assert not node.cgroup("cpuset", f"{job}.1").exists()
+    messages = sorted(e["MESSAGE"] for e in logged(
+        journal, since, GECO_EVENT="quarantine-refused", JOB_ID=str(job), _PID=str(gecod.pid)))
+    assert [m.split(": ", 1)[1] for m in messages] == sorted(
+        f"process {pid} works in {cwd}, not in the spool dir of job {job}.1 "
+        f"({node.spool}/<host>/active_jobs/{job}.1)"
+        for pid, cwd in ((p.pid, node.job_dir(other)), (q.pid, node.base)))
+
+
+def test_an_environment_file_naming_another_job_is_refused(
+        node: Node, gecod: Gecod) -> None:
+    job = new_job()
+    d = node.make_job(job)
+    (d / "environment").write_text("JOB_ID=1\nSGE_TASK_ID=undefined\n")
+    assert node.job_process(job).answer() == "REFUSED"
+
+
+def test_a_job_without_slots_on_this_host_fails(node: Node, gecod: Gecod,
+                                                journal: Any) -> None:
+    """Given a resource file that places the job on other hosts only, then FAILED,
+    journaled with the hosts it has."""
+    since = time.time()
+    job = new_job()
+    node.make_job(job)
+    statefile.write(node.state_dir / "resources", ResourceSet(
+        job, 1, owner="root", nodes=(NodeResources("elsewhere", slots=1),)))
+    assert node.job_process(job).answer() == "FAILED"
+    [entry] = logged(journal, since, GECO_EVENT="quarantine-refused", JOB_ID=str(job),
+                              _PID=str(gecod.pid))
+    assert entry["MESSAGE"].endswith(f"job {job}.1 has no slots on this host ({HOST}); "
+                                     "its hosts: elsewhere")
+
+
+def test_the_job_owner_below_the_jobs_shepherd_may_ask_for_itself(
+        node: Node, gecod: Gecod, journal: Any) -> None:
+    """Given a job of nobody whose (fake) sge_shepherd works in its spool dir, when a child of
+    the shepherd running as nobody sends QUARANTINE_SELF (the starter's fallback), then OK
+    and it is in the job's cgroups; a nobody process that does not descend from the
+    shepherd, or one under the shepherd of a job of root, is refused."""
+    since = time.time()
+    job, roots = new_job(), new_job()
+    node.make_job(job, owner="nobody")
+    node.make_job(roots, owner="root")
+    own = node.job_process(job, mode="self-nobody", shepherd=True)
+    stray = node.job_process(job, mode="self-nobody", cwd=node.job_dir(job))
+    foreign = node.job_process(roots, mode="self-nobody", shepherd=True)
+
+    assert (own.answer(), stray.answer(), foreign.answer()) == ("OK", "REFUSED", "REFUSED")
+    assert own.cgroups()["cpuset"] == f"/{node.name}/{job}.1"
+    assert not node.cgroup("cpuset", f"{roots}.1").exists()
+    reasons = sorted(e["MESSAGE"].split(": ", 1)[1] for e in logged(
+        journal, since, GECO_EVENT="quarantine-refused", _PID=str(gecod.pid)))
+    assert reasons == sorted([
+        f"process {stray.pid} does not descend from the sge_shepherd of job {job}.1",
+        f"uid {NOBODY} is not the owner (uid 0) of job {roots}.1"])
+
+
+def test_without_a_resource_file_or_qmaster_a_job_is_contained_from_the_spool(
+        node: Node, journal: Any) -> None:
+    """Given a spooled 1-slot job with no resource file and a qstat that fails, then the
+    process is quarantined anyway (its cores, from the pe_hostfile, but no memory limit)
+    and the journal says so with a degraded-containment warning: never uncontained
+    without a word."""
+    g = start_gecod(node, "noqmaster")
+    try:
+        job = new_job()
+        node.make_job(job)
+        statefile.remove(node.state_dir / "resources", job, 1)
+        p = node.job_process(job, sock=g.sock)
+
+        assert p.answer() == "OK"
+        assert p.cgroups()["cpuset"] == f"/{node.name}/{job}.1"
+        cpus = (node.cgroup("cpuset", f"{job}.1") / "cpuset.cpus").read_text().strip()
+        assert cpus and "," not in cpus and "-" not in cpus  # one core: the pe_hostfile's slot
+        limit = int((node.cgroup("memory", f"{job}.1") / "memory.limit_in_bytes").read_text())
+        assert limit >= 1 << 62  # the kernel's "no limit"
+        [warning] = journal.entries(GECO_EVENT="degraded-containment", JOB_ID=str(job),
+                                    _PID=str(g.pid))
+        assert warning["PRIORITY"] == "4"
+    finally:
+        assert g.stop() == 0, g.output()
+
+
+def _unknown_job_qstat(node: Node, delay: float = 0.0) -> str:
+    """A fake qstat that answers <unknown_jobs> (as SGE does for a finished job)."""
+    fake = node.base / f"qstat-unknown-{delay:g}"
+    fake.write_text(f"#!/bin/sh\nsleep {delay}\ncat <<'EOF'\n<?xml version='1.0'?>\n"
+                    "<unknown_jobs >\n    <ST_name>1</ST_name>\n</unknown_jobs>\nEOF\n")
+    fake.chmod(0o755)
+    return str(fake)
+
+
+def test_a_job_grid_engine_does_not_know_gets_no_such_job(node: Node, journal: Any) -> None:
+    """Given no resource file and a qstat that answers <unknown_jobs>, then NO_SUCH_JOB,
+    journaled, and no cgroup is made."""
+    g = start_gecod(node, "unknown", qstat=_unknown_job_qstat(node))
+    try:
+        job = new_job()
+        node.make_job(job)
+        statefile.remove(node.state_dir / "resources", job, 1)
+
+        assert node.job_process(job, sock=g.sock).answer() == "NO_SUCH_JOB"
+        assert not node.cgroup("cpuset", f"{job}.1").exists()
+        [entry] = journal.entries(GECO_EVENT="quarantine-refused", JOB_ID=str(job),
+                                  _PID=str(g.pid))
+        assert entry["REASON"] == "no_such_job"
+    finally:
+        assert g.stop() == 0, g.output()
+
+
+def test_over_tcp_the_processs_own_uid_and_cwd_decide(node: Node, journal: Any) -> None:
+    """Given gecod on a loopback TCP port (no peer credentials), when a root process in the
+    job's spool dir asks for itself, then OK; when a process that dropped to nobody asks,
+    then REFUSED by its uid read from /proc, journaled without a peer pid."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    since = time.time()
+    g = start_gecod(node, "tcp", sock=f"port:{port}")
+    try:
+        job = new_job()
+        node.make_job(job)
+        ok = node.job_process(job, sock=f"port:{port}")
+        nobody = node.job_process(job, mode="nobody", sock=f"port:{port}")
+
+        assert (ok.answer(), nobody.answer()) == ("OK", "REFUSED")
+        assert ok.cgroups()["cpuset"] == f"/{node.name}/{job}.1"
+        [entry] = logged(journal, since, GECO_EVENT="quarantine-refused", _PID=str(g.pid))
+        assert "PEER_PID" not in entry
+        assert entry["MESSAGE"] == (
+            f"refused JOB_STARTED from a TCP client (job {job}.1 pid {nobody.pid}): process "
+            f"{nobody.pid} runs as uid {NOBODY}: only root (real or effective) and [gecod] "
+            f"execd_uids (0) start "
+            "jobs")
+    finally:
+        assert g.stop() == 0, g.output()
+
+
+def test_adopt_is_refused_as_not_implemented(node: Node, gecod: Gecod) -> None:
+    frame = protocol.encode(MsgType.ADOPT, protocol.Adopt(0, os.getpid(), 0), node.key)
+    ack = protocol.decode_ack(exchange(gecod.sock, frame), node.key, frame[12:28])
+    assert ack.status is AckStatus.REFUSED
+
+
+# -- restarts -------------------------------------------------------------------
+
+
+def test_kill_9_and_restart_leaves_jobs_contained_and_rebuilds_from_the_cgroup_tree(
+        node: Node, journal: Any) -> None:
+    """Given gecod A that quarantined job X, when A is killed with SIGKILL and gecod B is
+    started, then X's cgroup and process are untouched, B's STATUS lists X with its process,
+    and a new job Y gets cores disjoint from X's."""
+    a = start_gecod(node, "restart")
+    x, y = new_job(), new_job()
+    node.make_job(x)
+    node.make_job(y)
+    px = node.job_process(x, sock=a.sock)
+    assert px.answer() == "OK"
+    x_cpus = (node.cgroup("cpuset", f"{x}.1") / "cpuset.cpus").read_text().strip()
+
+    assert a.stop(signal.SIGKILL) == -signal.SIGKILL
+    b = start_gecod(node, "restart")  # the dead gecod's socket file is still there
+    try:
+        assert px.proc.poll() is None
+        assert px.cgroups()["cpuset"] == f"/{node.name}/{x}.1"
+        doc = status(node, b.sock)
+        [entry] = [j for j in doc["jobs"] if j["key"] == f"{x}.1"]
+        assert (entry["cpus"], entry["pids"]) == (x_cpus, 1)
+        py = node.job_process(y, sock=b.sock)
+        assert py.answer() == "OK"
+        y_cpus = (node.cgroup("cpuset", f"{y}.1") / "cpuset.cpus").read_text().strip()
+        assert y_cpus and not set(y_cpus.split(",")) & set(x_cpus.split(","))
+    finally:
+        assert b.stop() == 0, b.output()
+
+
+def test_sigterm_stops_gecod_but_leaves_job_cgroups_and_processes_in_place(
+        node: Node, journal: Any) -> None:
+    g = start_gecod(node, "term")
+    job = new_job()
+    node.make_job(job)
+    p = node.job_process(job, sock=g.sock)
+    assert p.answer() == "OK"
+
+    assert g.stop() == 0, g.output()
+    assert not Path(g.sock).exists()
+    assert p.proc.poll() is None
+    assert p.cgroups()["memory"] == f"/{node.name}/{job}.1"
+    for c in CONTROLLERS:
+        assert node.cgroup(c, f"{job}.1").is_dir()
+    assert journal.entries(GECO_EVENT="gecod-stopping", _PID=str(g.pid))
+
+
+def test_sighup_rereads_the_configuration_and_says_what_needs_a_restart(
+        node: Node, journal: Any) -> None:
+    """Given gecod refusing a process running as nobody, when nobody is added to execd_uids
+    (and the workers changed) and gecod gets SIGHUP, then the same request is answered OK,
+    the reload is journaled, and the workers change is logged as needing a restart."""
+    g = start_gecod(node, "hup")
+    try:
+        job = new_job()
+        node.make_job(job)
+        assert node.job_process(job, mode="nobody", sock=g.sock).answer() == "REFUSED"
+        since = time.time()
+        node.write_config("hup", execd_uids=f"[{NOBODY}]", workers="2")
+        g.proc.send_signal(signal.SIGHUP)
+        [reloaded] = journal.wait_for(GECO_EVENT="gecod-reloaded", _PID=str(g.pid))
+
+        assert int(reloaded["__REALTIME_TIMESTAMP"]) >= since * 1e6
+        assert node.job_process(job, mode="nobody", sock=g.sock).answer() == "OK"
+        assert "SIGHUP: gecod_workers changed to 2; it takes effect when gecod restarts" \
+            in g.output()
+    finally:
+        assert g.stop() == 0, g.output()
+
+
+def test_sigterm_answers_the_requests_already_being_worked_on(node: Node) -> None:
+    """Given a request whose qstat takes 1.5 s, when gecod gets SIGTERM meanwhile, then the
+    client still gets its answer, gecod exits 0 after that, and new clients are refused
+    at once (the socket is closed)."""
+    g = start_gecod(node, "drain", qstat=_unknown_job_qstat(node, 1.5))
+    job = new_job()
+    node.make_job(job)
+    statefile.remove(node.state_dir / "resources", job, 1)
+    p = node.job_process(job, sock=g.sock)
+    deadline = time.monotonic() + 10
+    while "qstat-unknown" not in subprocess.run(["ps", "-eo", "args"], capture_output=True,
+                                                text=True).stdout:
+        assert time.monotonic() < deadline, "gecod never ran qstat"
+        time.sleep(0.02)
+
+    g.proc.send_signal(signal.SIGTERM)
+    assert p.answer() == "NO_SUCH_JOB"
+    assert g.stop() == 0, g.output()
+    with socket.socket(socket.AF_UNIX) as s, pytest.raises(FileNotFoundError):
+        s.connect(g.sock)
+
+
+def test_the_real_exec_preload_is_quarantined_by_gecod_before_its_exec(
+        node: Node, gecod: Gecod, journal: Any) -> None:
+    """Given preload/ built into a library and its config rendered by `geco preload-config`
+    from gecod's own geco.toml, when a process in a job's spool dir execs a program named
+    sge_shepherd under LD_PRELOAD, then that program already runs in the job's cgroups
+    (the C client and gecod agree on the wire), and gecod journaled the quarantine."""
+    build = node.base / "preload-build"
+    make = subprocess.run(["make", "-s", "-C", str(REPO / "preload"), f"BUILD={build}"],
+                          capture_output=True, text=True, timeout=300)
+    assert make.returncode == 0, make.stdout + make.stderr
+    conf = node.base / "preload.conf"
+    rendered = subprocess.run(
+        [sys.executable, "-m", "geco.cli", "preload-config", "-o", str(conf)], cwd=REPO,
+        capture_output=True, text=True, timeout=60,
+        env={"PYTHONPATH": str(REPO), "GECO_CONFIG": str(node.base / "gecod.toml")})
+    assert rendered.returncode == 0, rendered.stderr
+    shepherd = node.base / "preload-bin" / "sge_shepherd"  # the fake shepherd is a shell
+    shepherd.parent.mkdir(exist_ok=True)
+    shutil.copy("/bin/cat", shepherd)
+    job = new_job()
+    node.make_job(job)
+
+    ran = subprocess.run(
+        [sys.executable, "-c", f"import os; os.execv({str(shepherd)!r}, "
+                               "['sge_shepherd', '/proc/self/cgroup'])"],
+        cwd=node.job_dir(job), capture_output=True, text=True, timeout=60,
+        env={"LD_PRELOAD": str(build / "libgeco_preload.so"), "GECO_PRELOAD_CONF": str(conf),
+             "PATH": "/usr/bin:/bin"})
+
+    assert ran.returncode == 0, ran.stderr
+    cgroups = dict(line.split(":", 2)[1:] for line in ran.stdout.splitlines())
+    assert cgroups["cpuset"] == cgroups["memory"] == f"/{node.name}/{job}.1"
+    assert journal.wait_for(GECO_EVENT="quarantined", JOB_ID=str(job), _PID=str(gecod.pid))
+
+
+# -- start-up refusals and systemd ----------------------------------------------------------
+
+
+def _run_gecod(config: Path, user: int | None = None) -> subprocess.CompletedProcess[str]:
+    def drop() -> None:
+        if user is not None:
+            os.setgroups([])
+            os.setgid(user)
+            os.setuid(user)
+    return subprocess.run([sys.executable, "-m", "geco.daemon", "--config", str(config)],
+                          cwd=REPO, capture_output=True, text=True, timeout=60,
+                          env={"PYTHONPATH": str(REPO)}, preexec_fn=drop)
+
+
+def test_start_up_refusals_are_one_line_and_exit_1(node: Node, gecod: Gecod) -> None:
+    """Given a non-root user, an unsafe key file, or a socket another gecod owns, then
+    gecod prints one line saying why and exits 1, and the running gecod is untouched."""
+    config = node.write_config("startup")
+    as_nobody = _run_gecod(config, NOBODY)
+    assert (as_nobody.returncode, as_nobody.stderr) == (1, (
+        "gecod: gecod must run as root (it creates cgroups and moves other users' processes "
+        f"into them); running as uid {NOBODY}\n"))
+
+    loose = node.base / "loose.key"
+    loose.write_bytes(node.key)
+    loose.chmod(0o644)
+    config.write_text(config.read_text().replace(str(node.key_file), str(loose)))
+    unsafe = _run_gecod(config)
+    assert unsafe.returncode == 1
+    assert unsafe.stderr.count("\n") == 1
+    assert unsafe.stderr.startswith("gecod: the quarantine key file must not be accessible "
+                                    "to group or others (mode 0600 or 0400), got 0644; fix: "
+                                    f"`chmod 600 {loose}`")
+
+    second = _run_gecod(node.write_config("startup2", sock=gecod.sock))
+    assert (second.returncode, second.stderr) == (1, (
+        f"gecod: another gecod is already listening on path:{gecod.sock}; stop it first "
+        "(systemctl stop gecod)\n"))
+    assert_serving(node, gecod)
+
+
+def test_systemd_is_told_ready_status_watchdog_and_stopping(node: Node,
+                                                            journal: Any) -> None:
+    """Given NOTIFY_SOCKET and WATCHDOG_USEC=200 ms, then gecod sends READY=1 once
+    listening, STATUS= with the job count, WATCHDOG=1 every ~100 ms from its loop, and
+    STOPPING=1 on SIGTERM."""
+    path = node.base / "systemd-notify.socket"
+    messages: list[str] = []
+
+    def receive(ns: socket.socket, until: str, count: int = 1) -> None:
+        deadline = time.monotonic() + 10
+        while messages.count(until) < count and time.monotonic() < deadline:
+            with contextlib.suppress(TimeoutError):
+                messages.append(ns.recv(4096).decode())
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as ns:
+        ns.bind(str(path))
+        ns.settimeout(0.2)
+        g = start_gecod(node, "notify", env={"NOTIFY_SOCKET": str(path),
+                                             "WATCHDOG_USEC": "200000"})
+        started = time.monotonic()
+        receive(ns, "WATCHDOG=1", 3)
+        three_pings = time.monotonic() - started
+        assert g.stop() == 0
+        receive(ns, "STOPPING=1")
+    assert messages[0] == "READY=1", messages
+    assert messages[1].startswith(f"STATUS=serving on path:{g.sock}: ") and \
+        messages[1].endswith(" job(s) contained, 0 request(s) answered, 0 refused"), messages
+    assert messages.count("WATCHDOG=1") >= 3 and three_pings < 2.0, (three_pings, messages)
+    assert messages[-1] == "STOPPING=1", messages
+
+
+def _unit_capabilities() -> list[str]:
+    for line in (REPO / "conf" / "gecod.service").read_text().splitlines():
+        if line.startswith("CapabilityBoundingSet="):
+            return line.split("=", 1)[1].split()
+    raise AssertionError("conf/gecod.service has no CapabilityBoundingSet")
+
+
+def test_the_capabilities_gecod_service_grants_are_enough(node: Node, journal: Any) -> None:
+    """Given gecod running with only the unit's CapabilityBoundingSet (setpriv), then a
+    JOB_STARTED from a process with euid nobody and real uid root (execd's child; nobody
+    listed in execd_uids) and a QUARANTINE_SELF from a nobody-owned job's process are both
+    answered OK and the processes are in their cgroups: the unit does not starve gecod."""
+    caps = _unit_capabilities()
+    bounding = "-all," + ",".join("+" + c.removeprefix("CAP_").lower() for c in caps)
+    g = start_gecod(node, "caps", prefix=("setpriv", f"--bounding-set={bounding}", "--"),
+                    execd_uids=f"[{NOBODY}]")
+    try:
+        status_line = Path(f"/proc/{g.pid}/status").read_text()
+        [bnd] = [ln.split()[1] for ln in status_line.splitlines() if ln.startswith("CapBnd:")]
+        assert int(bnd, 16) != int(Path("/proc/self/status").read_text().split("CapBnd:")[1]
+                                   .split()[0], 16)  # really reduced
+        execd_job, owner_job = new_job(), new_job()
+        node.make_job(execd_job)
+        node.make_job(owner_job, owner="nobody")
+        p = node.job_process(execd_job, mode="execd", sock=g.sock)
+        q = node.job_process(owner_job, mode="self-nobody", shepherd=True, sock=g.sock)
+        assert (p.answer(), q.answer()) == ("OK", "OK"), g.output()
+        assert p.cgroups()["cpuset"] == f"/{node.name}/{execd_job}.1"
+        assert q.cgroups()["cpuset"] == f"/{node.name}/{owner_job}.1"
+    finally:
+        assert g.stop() == 0, g.output()
+
+
+def test_a_status_reply_with_more_jobs_than_fit_is_cut_to_4096_bytes_and_says_so() -> None:
+    """Given 300 job cgroups (far more than 4096 bytes of JSON), then the STATUS_REPLY
+    payload is at most 4096 bytes, lists the first jobs in key order, marks itself
+    truncated, and still counts all 300; with 3 jobs nothing is cut."""
+    from geco.daemon.state import JobState, NodeState, status_document
+
+    jobs = tuple(JobState(f"{1000 + i}.1", "0-63", "0-1", 1 << 40, 1 << 40, 12345)
+                 for i in range(300))
+    data = status_document(NodeState(jobs, "0-127"), pid=1)
+    doc = protocol.StatusReply.unpack(data).document
+    assert len(data) <= protocol.MAX_PAYLOAD
+    assert (doc["job_count"], doc["truncated"]) == (300, True)
+    assert [j["key"] for j in doc["jobs"]] == [j.key for j in jobs[:len(doc["jobs"])]]
+    # nothing more would have fitted
+    assert len(data) + len(json.dumps(jobs[len(doc["jobs"])].as_json(),
+                                      separators=(",", ":"))) + 1 > protocol.MAX_PAYLOAD
+    small = protocol.StatusReply.unpack(status_document(NodeState(jobs[:3], "0-127")))
+    assert (small.document["truncated"], len(small.document["jobs"])) == (False, 3)

@@ -1,0 +1,881 @@
+"""The exec() preload (``preload/libgeco_preload.so``) in real processes.
+
+The library is built with its own Makefile and the tiny C programs of
+``tests/preload/`` with ``cc``, once per session, into a scratch directory that
+unprivileged users can traverse. Each test runs one of them under
+``LD_PRELOAD`` with a test config (``$GECO_PRELOAD_CONF``) and a test key (a
+root-owned 0600 file), against a fake gecod written here: it speaks the real
+protocol (``geco.protocol``), records each request with the kernel's view of
+the sender (SO_PEERCRED) and answers as the test tells it to -- OK, REFUSED,
+a forged MAC, another request's nonce, silence, ...
+
+Programs (``tests/preload/``):
+
+* ``exec_variant VARIANT TARGET PATHDIR`` calls one exec function with a fixed
+  argv/environment full of odd entries and prints its pid, then ``rc``/``errno``
+  if the call returns;
+* ``dump_args`` (also copied as ``sge_shepherd``) prints its pid, argv and
+  environment byte for byte;
+* ``spy_exec.so``, a second preload under ours, reports the errno and the
+  argv/envp pointers the "real" function receives;
+* ``fork_exec`` and ``mt_exec``: fork-then-exec, and threads that fork and exec
+  while others allocate and fail execs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import shutil
+import socket
+import struct
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from geco import address, protocol
+from geco.protocol import Ack, AckStatus, JobStarted, MsgType
+
+pytestmark = [
+    pytest.mark.root,
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the test key must be owned by "
+                       "root, and some tests switch users with setpriv"),
+]
+
+REPO = Path(__file__).resolve().parents[2]
+PRELOAD_SRC = REPO / "preload"
+PROGRAMS_SRC = REPO / "tests" / "preload"
+VARIANTS = ("execve", "execv", "execvp", "execvpe", "execl", "execle", "execlp", "fexecve")
+# the variants that take argv (and envp) as arrays, which must reach libc as the same pointers
+ARRAY_VARIANTS = ("execve", "execv", "execvp", "execvpe", "fexecve")
+BASE_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+NOBODY = 65534
+
+# what exec_variant hands to its target (see tests/preload/exec_variant.c)
+TARGET_ARGV = [b"argv0-of-target", b"", b"two words", b"tab\there", b"no=split", b"last"]
+
+
+def target_env(path_dir: Path | str) -> list[bytes]:
+    """The environment exec_variant gives its target, PATH included."""
+    return [b"A=1", b"NOEQUALS", b"", b"B==x", b"C=multi\nline",
+            b"PATH=" + os.fsencode(path_dir), b"Z="]
+
+
+# ---------------------------------------------------------------------------
+# building
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Built:
+    """The library and the test programs, in a directory everyone can traverse."""
+
+    root: Path
+    lib: Path
+    spy: Path
+
+    def prog(self, name: str) -> Path:
+        """Path of the compiled ``tests/preload/<name>.c``."""
+        return self.root / "bin" / name
+
+
+@pytest.fixture(scope="session")
+def built() -> Iterator[Built]:
+    """Build libgeco_preload.so (make) and every tests/preload/*.c (cc), once."""
+    for tool in ("make", "cc", "strace", "nm"):
+        if shutil.which(tool) is None:
+            pytest.fail(f"{tool} is missing: apt-get install build-essential strace binutils")
+    # mkdtemp is 0700; 0755 so the tests that drop to nobody can run the programs
+    root = Path(tempfile.mkdtemp(prefix="geco-test-preload-"))
+    root.chmod(0o755)
+    try:
+        proc = subprocess.run(["make", "-C", str(PRELOAD_SRC), f"BUILD={root}/lib"],
+                              capture_output=True, text=True, env=BASE_ENV, check=False)
+        if proc.returncode != 0:
+            pytest.fail(f"make -C preload failed:\n{proc.stdout}{proc.stderr}")
+        (root / "bin").mkdir(mode=0o755)
+        for src in sorted(PROGRAMS_SRC.glob("*.c")):
+            shared = src.stem == "spy_exec"
+            out = root / "lib" / "spy_exec.so" if shared else root / "bin" / src.stem
+            argv = ["cc", "-O1", "-Wall", "-Wextra", "-Werror", "-pthread", "-o", str(out),
+                    str(src)]
+            if shared:
+                argv[1:1] = ["-shared", "-fPIC"]
+                argv.append("-ldl")
+            proc = subprocess.run(argv, capture_output=True, text=True, env=BASE_ENV,
+                                  check=False)
+            if proc.returncode != 0:
+                pytest.fail(f"{' '.join(argv)} failed:\n{proc.stderr}")
+        for path in root.rglob("*"):
+            path.chmod(0o755)
+        yield Built(root, root / "lib" / "libgeco_preload.so", root / "lib" / "spy_exec.so")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------
+# the fake gecod
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Request:
+    """One JOB_STARTED as the fake gecod received it."""
+
+    job: int
+    task: int
+    pid: int
+    peer_pid: int | None  # SO_PEERCRED (Unix socket only)
+    nonce: bytes
+
+
+ANSWERS = ("ok", "refused", "busy_once", "bad_mac", "wrong_nonce", "other_job", "stale",
+           "silent", "close", "version")
+
+
+class FakeGecod:
+    """Serves one connection at a time on ``addr`` and answers each request per ``answer``.
+
+    ``ok`` ACK OK; ``refused`` ACK REFUSED; ``busy_once`` BUSY first, then OK;
+    ``bad_mac`` an OK ack with one MAC bit flipped; ``wrong_nonce`` an OK ack
+    bound to another request; ``other_job`` an OK ack for job+1; ``stale`` an OK
+    ack stamped 60 s ago; ``silent`` never answers (waits for the client to
+    give up); ``close`` hangs up without a reply; ``version`` an OK ack in
+    protocol version 2.
+    """
+
+    def __init__(self, addr: address.Address, key: bytes, answer: str) -> None:
+        assert answer in ANSWERS, answer
+        self.key = key
+        self.answer = answer
+        self.requests: list[Request] = []
+        self.errors: list[str] = []
+        self._cache = protocol.ReplayCache.for_skew(30.0)
+        self._stop = threading.Event()
+        self._listener = address.listen(addr)
+        self._listener.settimeout(0.05)
+        self.addr = addr
+        if addr.family == "tcp" and addr.port == 0:
+            self.addr = address.Address("tcp", port=self._listener.getsockname()[1])
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop serving and remove the socket."""
+        self._stop.set()
+        self._thread.join(10)
+        self._listener.close()
+        address.unlink_socket(self.addr)
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                try:
+                    self._handle(conn)
+                except Exception as exc:  # reported by the test, never lost in the thread
+                    self.errors.append(f"{type(exc).__name__}: {exc}")
+
+    def _handle(self, conn: socket.socket) -> None:
+        conn.settimeout(None)
+        peer_pid = None
+        if conn.family == socket.AF_UNIX:
+            creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+            peer_pid = struct.unpack("3i", creds)[0]
+        frame = protocol.decode(protocol.read_frame(conn, time.monotonic() + 5), self.key,
+                                replay=self._cache)
+        msg = frame.message
+        assert frame.type is MsgType.JOB_STARTED and isinstance(msg, JobStarted), frame
+        self.requests.append(Request(msg.job_id, msg.task_id, msg.pid, peer_pid, frame.nonce))
+        answer = self.answer
+        if answer == "busy_once":
+            answer = "busy" if len(self.requests) == 1 else "ok"
+        if answer == "close":
+            return
+        if answer == "silent":
+            conn.settimeout(30)
+            with contextlib.suppress(OSError):
+                while conn.recv(64):  # until the client gives up and closes
+                    pass
+            return
+        status = {"refused": AckStatus.REFUSED, "busy": AckStatus.BUSY}.get(answer, AckStatus.OK)
+        job = msg.job_id + 1 if answer == "other_job" else msg.job_id
+        nonce = secrets.token_bytes(16) if answer == "wrong_nonce" else frame.nonce
+        ts_ns = time.time_ns() - 60 * 10**9 if answer == "stale" else None
+        version = 2 if answer == "version" else protocol.VERSION
+        reply = protocol.encode(MsgType.ACK, Ack(job, msg.task_id, status, nonce), self.key,
+                                ts_ns=ts_ns, version=version)
+        if answer == "bad_mac":
+            reply = reply[:-1] + bytes([reply[-1] ^ 1])
+        conn.sendall(reply)
+
+
+# ---------------------------------------------------------------------------
+# a fake execd node: key, config, job directory, fake gecod
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Dump:
+    """What dump_args (the exec'd program) reported."""
+
+    pid: int
+    argv: list[bytes]
+    envp: list[bytes]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One run of a test program: its exit, stdout split up, and stderr."""
+
+    returncode: int
+    pid: int | None  # the first "pid=" line: the exec'ing process
+    ptrs: tuple[str, str] | None  # exec_variant ... ptrs: its argv and envp arrays
+    dump: Dump | None  # the exec'd program's report, if it ran
+    rest: bytes  # stdout after those ("rc=-1 errno=EAGAIN\n", ...)
+    stderr: str
+
+
+def _take_line(data: bytes, prefix: bytes) -> tuple[bytes | None, bytes]:
+    if not data.startswith(prefix):
+        return None, data
+    line, _, rest = data.partition(b"\n")
+    return line[len(prefix):], rest
+
+
+def _take_int(data: bytes, prefix: bytes) -> tuple[int | None, bytes]:
+    value, rest = _take_line(data, prefix)
+    return (None if value is None else int(value)), rest
+
+
+def _take_strings(data: bytes, count: int) -> tuple[list[bytes], bytes]:
+    items = []
+    for _ in range(count):
+        item, _, data = data.partition(b"\0")
+        items.append(item)
+    return items, data
+
+
+def parse_output(returncode: int, stdout: bytes, stderr: bytes) -> Outcome:
+    """Split exec_variant's stdout: its pid, dump_args' report if it ran, the rest."""
+    pid, data = _take_int(stdout, b"pid=")
+    ptrs = None
+    raw, data = _take_line(data, b"ptrs ")
+    if raw is not None:
+        found = re.fullmatch(rb"argv=(0x[0-9a-f]+) envp=(0x[0-9a-f]+)", raw)
+        assert found, raw
+        ptrs = (found[1].decode(), found[2].decode())
+    dump = None
+    dump_pid, after = _take_int(data, b"pid=")
+    if dump_pid is not None:
+        argc, after = _take_int(after, b"argc=")
+        assert argc is not None, stdout
+        argv, after = _take_strings(after, argc)
+        envc, after = _take_int(after, b"envc=")
+        assert envc is not None, stdout
+        envp, data = _take_strings(after, envc)
+        dump = Dump(dump_pid, argv, envp)
+    return Outcome(returncode, pid, ptrs, dump, data, stderr.decode())
+
+
+@dataclass
+class Node:
+    """One test's world: key, config, job directory with ``environment``, gecod address."""
+
+    built: Built
+    root: Path
+    key: bytes
+    key_file: Path
+    sock: Path
+    job_dir: Path
+    bin_dir: Path  # holds sge_shepherd (a copy of dump_args)
+    conf_file: Path
+    gecods: list[FakeGecod] = field(default_factory=list)
+
+    @property
+    def shepherd(self) -> Path:
+        """The fake sge_shepherd."""
+        return self.bin_dir / "sge_shepherd"
+
+    def write_conf(self, *, policy: str = "refuse", timeout_ms: int = 3000,
+                   sock: str | None = None, extra: str = "") -> Path:
+        """Write the preload config (root-owned, 0644) and return its path."""
+        self.conf_file.write_text(
+            f"# test config\n"
+            f"socket={sock or 'path:' + str(self.sock)}\n"
+            f"key_file={self.key_file}\n"
+            f"timeout_ms={timeout_ms}\n"
+            f"policy={policy}        # refuse | allow\n"
+            f"exec_filter=sge_shepherd\n{extra}")
+        self.conf_file.chmod(0o644)
+        return self.conf_file
+
+    def environment(self, text: str) -> None:
+        """Write the job's ``environment`` file (what sge_execd leaves in active_jobs)."""
+        (self.job_dir / "environment").write_text(text)
+
+    def gecod(self, answer: str, addr: address.Address | None = None) -> FakeGecod:
+        """Start a fake gecod (stopped at the end of the test)."""
+        fake = FakeGecod(addr or address.Address("unix", path=str(self.sock)), self.key, answer)
+        self.gecods.append(fake)
+        return fake
+
+    def env(self, preload: bool | list[Path] = True, conf: Path | None = None) -> dict[str, str]:
+        """The environment of a test program, with or without the preload."""
+        env = dict(BASE_ENV)
+        if preload:
+            libs = [self.built.lib] if preload is True else preload
+            env["LD_PRELOAD"] = " ".join(str(p) for p in libs)
+            env["GECO_PRELOAD_CONF"] = str(conf or self.conf_file)
+        return env
+
+    def run(self, *argv: str | Path, preload: bool | list[Path] = True,
+            conf: Path | None = None, cwd: Path | None = None,
+            user: int | None = None) -> Outcome:
+        """Run a test program (in the job directory) and parse what it printed.
+
+        ``user``: run it with that uid/gid (real and effective) via setpriv, which
+        itself runs without the preload.
+        """
+        cmd = [str(a) for a in argv]
+        env = self.env(preload, conf)
+        if user is not None:
+            cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups",
+                   "env", "-i", *[f"{k}={v}" for k, v in env.items()], *cmd]
+            env = self.env(False)
+        proc = subprocess.run(cmd, capture_output=True, env=env, cwd=cwd or self.job_dir,
+                              timeout=60, check=False)
+        return parse_output(proc.returncode, proc.stdout, proc.stderr)
+
+    def exec_variant(self, variant: str, target: str | Path, **kwargs: Any) -> Outcome:
+        """Run exec_variant VARIANT TARGET with PATH = the sge_shepherd directory."""
+        return self.run(self.built.prog("exec_variant"), variant, target, self.bin_dir, **kwargs)
+
+
+@pytest.fixture
+def node(built: Built) -> Iterator[Node]:
+    """A fresh node: root-owned 0600 key, active config (policy refuse), job 42.3."""
+    root = Path(tempfile.mkdtemp(prefix="geco-test-preload-node-"))
+    root.chmod(0o755)
+    key = secrets.token_bytes(32)
+    key_file = root / "quarantine.key"
+    key_file.write_bytes(key)
+    key_file.chmod(0o600)
+    os.chown(key_file, 0, 0)
+    job_dir = root / "active_jobs" / "42.3"
+    job_dir.mkdir(parents=True)
+    bin_dir = root / "bin"
+    bin_dir.mkdir()
+    shutil.copy(built.prog("dump_args"), bin_dir / "sge_shepherd")
+    for d in (root / "active_jobs", job_dir, bin_dir):
+        d.chmod(0o755)
+    n = Node(built, root, key, key_file, root / "gecod.sock", job_dir, bin_dir,
+             root / "preload.conf")
+    n.write_conf()
+    n.environment("SGE_O_HOME=/home/u\nJOB_ID=42\nJOB_NAME=sleep\nSGE_TASK_ID=3\n")
+    try:
+        yield n
+    finally:
+        for fake in n.gecods:
+            fake.close()
+            assert not fake.errors, fake.errors
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def refused_line(node: Node, pid: int | None, why: str, job: str = "42.3") -> str:
+    """The one stderr line of a refused shepherd exec."""
+    return (f"geco: sge_shepherd (pid {pid}, job {job}): quarantine by gecod at "
+            f"path:{node.sock} failed: {why}; exec refused (policy=refuse, errno EAGAIN)\n")
+
+
+# ---------------------------------------------------------------------------
+# the library itself
+# ---------------------------------------------------------------------------
+
+def test_only_the_exec_wrappers_are_exported(built: Built) -> None:
+    """Given the built library, nm -D lists exactly the eight exec functions as defined."""
+    out = subprocess.run(["nm", "-D", "--defined-only", str(built.lib)], capture_output=True,
+                         text=True, check=True).stdout
+    names = sorted(line.split()[-1] for line in out.splitlines() if line.strip())
+    assert names == sorted(VARIANTS)
+
+
+# ---------------------------------------------------------------------------
+# non-matching execs: untouched
+# ---------------------------------------------------------------------------
+
+def _cases(node: Node) -> dict[str, tuple[Path, str | None]]:
+    """Target per case and the errno exec_variant reports (None: the target runs)."""
+    missing = node.root / "no" / "such-program"
+    no_exec_bit = node.root / "plain-file"
+    no_exec_bit.write_text("data\n")
+    no_exec_bit.chmod(0o644)
+    no_shebang = node.root / "no-shebang"
+    no_shebang.write_text("echo ran-by-sh; exit 7\n")
+    no_shebang.chmod(0o755)
+    return {"runs": (node.built.prog("dump_args"), None), "ENOENT": (missing, "ENOENT"),
+            "EACCES": (no_exec_bit, "EACCES"), "ENOEXEC": (no_shebang, "ENOEXEC")}
+
+
+def _normalize(out: Outcome) -> tuple[int, Dump | None, bytes, str]:
+    dump = out.dump and Dump(0, out.dump.argv, out.dump.envp)
+    return out.returncode, dump, out.rest, out.stderr
+
+
+@pytest.mark.parametrize("case", ["runs", "ENOENT", "EACCES", "ENOEXEC"])
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_non_matching_exec_is_identical_with_and_without_the_preload(
+        node: Node, variant: str, case: str) -> None:
+    """Given an exec of a program that is not sge_shepherd,
+    when it runs with and without the preload,
+    then the target gets the same argv and environment byte for byte (empty strings,
+    entries without '=', newlines), or the call fails with the same rc and errno,
+    and the preload prints nothing (gecod is not even listening)."""
+    target, expected_errno = _cases(node)[case]
+    without = node.exec_variant(variant, target, preload=False)
+    with_preload = node.exec_variant(variant, target)
+    assert _normalize(with_preload) == _normalize(without)
+    assert with_preload.stderr == ""
+    if expected_errno is None:
+        assert with_preload.dump is not None
+        assert with_preload.dump.pid == with_preload.pid  # exec keeps the pid
+        assert with_preload.dump.argv == TARGET_ARGV
+        assert with_preload.dump.envp == target_env(node.bin_dir)
+    elif case == "ENOEXEC" and variant in ("execvp", "execvpe", "execlp"):
+        # glibc's p-variants run a script without #! through /bin/sh instead
+        assert with_preload.rest == b"ran-by-sh\n"
+        assert with_preload.returncode == 7
+    else:
+        # fexecve gets the fd of open(target): -1 for a missing file, EINVAL
+        errno_name = "EINVAL" if (variant, case) == ("fexecve", "ENOENT") else expected_errno
+        assert with_preload.rest == f"rc=-1 errno={errno_name}\n".encode()
+
+
+@pytest.mark.parametrize("variant", ["execvp", "execvpe", "execlp"])
+def test_path_search_is_unchanged(node: Node, variant: str) -> None:
+    """Given a bare program name, when a p-variant searches PATH with the preload,
+    then it finds the program, or fails with ENOENT, exactly as without it."""
+    shutil.copy(node.built.prog("dump_args"), node.bin_dir / "dump_args")
+    for name, runs in (("dump_args", True), ("geco-no-such-program", False)):
+        without = node.exec_variant(variant, name, preload=False)
+        with_preload = node.exec_variant(variant, name)
+        assert _normalize(with_preload) == _normalize(without)
+        assert (with_preload.dump is not None) is runs
+        if not runs:
+            assert with_preload.rest == b"rc=-1 errno=ENOENT\n"
+
+
+@pytest.mark.parametrize("variant", ["execve", "execv"])
+def test_null_path_fails_with_efault_not_a_crash(node: Node, variant: str) -> None:
+    """Given execve/execv with a NULL path, when the preload is loaded,
+    then the call fails with EFAULT as without it (the wrapper does not dereference it)."""
+    without = node.exec_variant(variant, "NULL", preload=False)
+    with_preload = node.exec_variant(variant, "NULL")
+    assert with_preload.rest == without.rest == b"rc=-1 errno=EFAULT\n"
+    assert with_preload.returncode == 0
+
+
+
+@pytest.mark.parametrize("matching", [False, True], ids=["plain", "sge_shepherd"])
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_real_function_gets_callers_errno_and_arrays(node: Node, variant: str,
+                                                     matching: bool) -> None:
+    """Given a caller that set errno=EDOM, when the wrapper calls through to the real
+    function (spy_exec.so, loaded under the preload) -- after a full quarantine round
+    trip for sge_shepherd --, then that function sees errno EDOM and the caller's own
+    argv/envp arrays (execl*: argv is built like glibc does, envp is still the caller's)."""
+    if matching:
+        node.gecod("ok")
+    target = node.shepherd if matching else node.built.prog("dump_args")
+    out = node.run(node.built.prog("exec_variant"), variant, target, node.bin_dir, "ptrs",
+                   preload=[node.built.lib, node.built.spy])
+    assert out.dump is not None and out.ptrs is not None
+    argv_p, envp_p = out.ptrs
+    called = {"execl": "execve", "execle": "execve", "execlp": "execvpe"}.get(variant, variant)
+    envp_seen = "-" if variant in ("execv", "execvp") else envp_p
+    if variant in ARRAY_VARIANTS:
+        assert out.stderr == f"spy {called} errno=EDOM argv={argv_p} envp={envp_seen}\n"
+    else:
+        assert re.fullmatch(rf"spy {called} errno=EDOM argv=0x[0-9a-f]+ envp={envp_seen}\n",
+                            out.stderr), out.stderr
+    assert out.dump.argv == TARGET_ARGV
+
+
+# ---------------------------------------------------------------------------
+# sge_shepherd: quarantine first
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_shepherd_exec_asks_gecod_for_its_own_pid_then_runs(node: Node, variant: str) -> None:
+    """Given a cwd whose environment names job 42 task 3 and a gecod that answers OK,
+    when the process execs sge_shepherd (by path; p-variants by name through PATH),
+    then gecod got JOB_STARTED(42, 3, pid) from that very process (SO_PEERCRED), and the
+    shepherd ran with that pid and the untouched argv and environment."""
+    fake = node.gecod("ok")
+    target = "sge_shepherd" if variant in ("execvp", "execvpe", "execlp") else node.shepherd
+    out = node.exec_variant(variant, target)
+    assert out.stderr == ""
+    assert out.dump is not None, out
+    assert out.dump.pid == out.pid
+    assert out.dump.argv == TARGET_ARGV
+    assert out.dump.envp == target_env(node.bin_dir)
+    assert [(r.job, r.task, r.pid, r.peer_pid) for r in fake.requests] == [
+        (42, 3, out.pid, out.pid)]
+
+
+def test_fexecve_of_an_unlinked_shepherd_is_still_a_shepherd(node: Node) -> None:
+    """Given an open fd of sge_shepherd whose file was then unlinked (/proc shows
+    "sge_shepherd (deleted)"), when it is fexecve()d, then it is quarantined and runs."""
+    fake = node.gecod("ok")
+    out = node.exec_variant("fexecve-deleted", node.shepherd)
+    assert not node.shepherd.exists()
+    assert out.dump is not None and out.stderr == ""
+    assert [(r.job, r.task, r.pid) for r in fake.requests] == [(42, 3, out.pid)]
+
+
+def test_request_is_sent_and_acked_before_the_execve(node: Node) -> None:
+    """Given a gecod that answers OK, when the shepherd exec runs under strace,
+    then the same process connects to gecod's socket, sends the request and receives
+    the ack before its execve of sge_shepherd."""
+    node.gecod("ok")
+    trace = node.root / "strace.out"
+    env = node.env()
+    argv = ["strace", "-f", "-qq", "-o", str(trace), "-s", "256",
+            "-e", "trace=connect,sendto,write,recvfrom,read,execve",
+            "-E", f"LD_PRELOAD={env['LD_PRELOAD']}",
+            "-E", f"GECO_PRELOAD_CONF={env['GECO_PRELOAD_CONF']}",
+            str(node.built.prog("exec_variant")), "execve", str(node.shepherd), str(node.bin_dir)]
+    proc = subprocess.run(argv, capture_output=True, env=BASE_ENV, cwd=node.job_dir,
+                          timeout=60, check=False)
+    out = parse_output(proc.returncode, proc.stdout, proc.stderr)
+    assert out.dump is not None and out.dump.pid == out.pid, proc.stderr
+    lines = trace.read_text().splitlines()
+
+    def first(pattern: str) -> int:
+        for i, line in enumerate(lines):
+            if re.match(rf"{out.pid} +{pattern}", line):
+                return i
+        raise AssertionError(f"no {pattern!r} by pid {out.pid} in:\n" + "\n".join(lines))
+
+    connect = first(rf'connect\(\d+, \{{sa_family=AF_UNIX, sun_path="{re.escape(str(node.sock))}"')
+    send = first(r'sendto\(\d+, "GECQ\\1\\1')
+    ack = first(r'recvfrom\(\d+, "GECQ\\1\\2')
+    execve = first(rf'execve\("{re.escape(str(node.shepherd))}".* = 0$')
+    assert connect < send < ack < execve
+
+
+def test_forked_child_asks_for_itself_not_its_parent(node: Node) -> None:
+    """Given a parent that forks, when the child execs sge_shepherd,
+    then the request names the child's pid (the process that becomes the shepherd)."""
+    fake = node.gecod("ok")
+    proc = subprocess.run([str(node.built.prog("fork_exec")), str(node.shepherd)],
+                          capture_output=True, env=node.env(), cwd=node.job_dir, timeout=60,
+                          check=True)
+    parent, _, rest = proc.stdout.partition(b"\n")
+    child = re.search(rb"child=(\d+) exit=0\n$", rest)
+    assert child is not None, proc.stdout
+    assert proc.stderr == b""
+    assert [(r.pid, r.peer_pid) for r in fake.requests] == [(int(child[1]), int(child[1]))]
+    assert int(child[1]) != int(parent.removeprefix(b"parent="))
+
+
+def test_threads_forking_and_execing_concurrently(node: Node) -> None:
+    """Given 4 threads that fork and exec sge_shepherd or /bin/true 12 times each while
+    another thread mallocs and another fails execve() in a loop, when all run under the
+    preload, then every child exits 0, every shepherd child asked gecod for itself,
+    and every failing execve reported ENOENT."""
+    fake = node.gecod("ok")
+    shutil.copy("/bin/true", node.shepherd)
+    proc = subprocess.run([str(node.built.prog("mt_exec")), str(node.shepherd), "/bin/true",
+                           "4", "12"], capture_output=True, env=node.env(), cwd=node.job_dir,
+                          timeout=120, check=False)
+    summary = re.fullmatch(rb"forks=48 failed=0 enoent=(\d+) bad_errno=0\n", proc.stdout)
+    assert summary is not None and proc.returncode == 0, (proc.stdout, proc.stderr)
+    assert int(summary[1]) > 0
+    assert proc.stderr == b""
+    assert len(fake.requests) == 24
+    assert all(r.pid == r.peer_pid and (r.job, r.task) == (42, 3) for r in fake.requests)
+    assert len({r.pid for r in fake.requests}) == 24
+
+
+def test_tcp_address(node: Node) -> None:
+    """Given gecod on a loopback TCP port (socket=port:N), when sge_shepherd is exec'd,
+    then the request goes there and the shepherd runs."""
+    fake = node.gecod("ok", address.Address("tcp", port=0))
+    node.write_conf(sock=f"port:{fake.addr.port}")
+    out = node.exec_variant("execve", node.shepherd)
+    assert out.dump is not None and out.stderr == ""
+    assert [(r.job, r.task, r.pid) for r in fake.requests] == [(42, 3, out.pid)]
+
+
+def _free_service() -> tuple[str, int]:
+    """A TCP service name from /etc/services whose loopback port is free right now."""
+    for line in Path("/etc/services").read_text().splitlines():
+        found = re.match(r"([a-z][\w-]*)\s+(\d+)/tcp", line)
+        if not found or int(found[2]) < 1024:
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", int(found[2])))
+            except OSError:
+                continue
+        return found[1], int(found[2])
+    pytest.fail("no /etc/services tcp entry >= 1024 with a free port (package netbase)")
+
+
+def test_service_name_address(node: Node) -> None:
+    """Given socket=service:<name>, when the library loads, then it resolves the name
+    through /etc/services once, and the request reaches gecod on that loopback port."""
+    name, port = _free_service()
+    fake = node.gecod("ok", address.Address("tcp", port=port))
+    node.write_conf(sock=f"service:{name}")
+    out = node.exec_variant("execv", node.shepherd)
+    assert out.dump is not None and out.stderr == ""
+    assert [r.pid for r in fake.requests] == [out.pid]
+
+
+def test_busy_answer_is_retried_with_a_new_request(node: Node) -> None:
+    """Given a gecod that answers BUSY once and OK then, when sge_shepherd is exec'd,
+    then the preload asks again (fresh nonce) within its deadline and the shepherd runs."""
+    fake = node.gecod("busy_once")
+    out = node.exec_variant("execve", node.shepherd)
+    assert out.dump is not None and out.stderr == ""
+    assert [r.pid for r in fake.requests] == [out.pid, out.pid]
+    assert fake.requests[0].nonce != fake.requests[1].nonce
+
+
+FAILURES = {
+    "refused": "gecod answered REFUSED (its journal says why)",
+    "bad_mac": "reply rejected: MAC mismatch (forged, corrupted, or another key)",
+    "wrong_nonce": "reply rejected: ack does not answer this request (nonce mismatch)",
+    "other_job": "the ack names job 43.3",
+    "stale": "reply rejected: timestamp outside the allowed clock skew",
+    "silent": "no reply within timeout_ms=300 (waiting for reply)",
+    "close": "gecod closed the connection without a complete reply",
+    "version": "reply rejected: unsupported protocol version: gecod speaks protocol 1; "
+               "upgrade the preload/gecod",
+    "no_gecod": "cannot connect: ENOENT (is gecod running?) (after N attempts)",
+}
+
+
+@pytest.mark.parametrize("policy", ["refuse", "allow"])
+@pytest.mark.parametrize("answer", FAILURES)
+def test_failed_quarantine_follows_the_policy(node: Node, answer: str, policy: str) -> None:
+    """Given a gecod that does not acknowledge (refuses, forges, replays, stays silent,
+    is not there...), when sge_shepherd is exec'd,
+    then with policy=refuse the exec fails with EAGAIN and the shepherd does not run,
+    and with policy=allow it runs; either way one "geco:" line says why."""
+    # a short deadline where it is what the test waits out; else room for a slow machine
+    node.write_conf(policy=policy, timeout_ms=300 if answer in ("silent", "no_gecod") else 5000)
+    fake = None if answer == "no_gecod" else node.gecod(answer)
+    out = node.exec_variant("execve", node.shepherd)
+    stderr = re.sub(r"after \d+ attempts", "after N attempts", out.stderr)
+    if policy == "refuse":
+        assert out.dump is None
+        assert out.rest == b"rc=-1 errno=EAGAIN\n"
+        assert stderr == refused_line(node, out.pid, FAILURES[answer])
+    else:
+        assert out.dump is not None and out.dump.pid == out.pid
+        assert stderr == (f"geco: sge_shepherd (pid {out.pid}, job 42.3): quarantine by gecod "
+                          f"at path:{node.sock} failed: {FAILURES[answer]}; starting it "
+                          f"without quarantine (policy=allow)\n")
+    if fake is not None:
+        assert [(r.job, r.task, r.pid) for r in fake.requests] == [(42, 3, out.pid)]
+
+
+# ---------------------------------------------------------------------------
+# the job's environment file
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("text", "job", "task"), [
+    ("JOB_ID=42\nSGE_TASK_ID=undefined\n", 42, 1),
+    ("JOB_ID=42\n", 42, 1),
+    ("SGE_TASK_ID=7\nJOB_ID=366474", 366474, 7),  # no final newline
+    ("JOB_ID=1\nLONG=" + "y" * 100_000 + "\nJOB_ID=42\nSGE_TASK_ID=9\n", 42, 9),  # later wins
+    ("JOB_IDX=5\nMY_JOB_ID=6\nJOB_ID=18446744073709551615\n", 2**64 - 1, 1),
+], ids=["undefined-task", "no-task", "no-newline", "long-line-later-wins", "look-alikes"])
+def test_job_and_task_come_from_the_environment_file(node: Node, text: str, job: int,
+                                                     task: int) -> None:
+    """Given an environment file in the cwd, when sge_shepherd is exec'd,
+    then the request names its JOB_ID and SGE_TASK_ID ("undefined" or missing: 1)."""
+    fake = node.gecod("ok")
+    node.environment(text)
+    out = node.exec_variant("execve", node.shepherd)
+    assert out.dump is not None and out.stderr == ""
+    assert [(r.job, r.task) for r in fake.requests] == [(job, task)]
+
+
+@pytest.mark.parametrize(("text", "why"), [
+    (None, "cannot open it: ENOENT"),
+    ("", "it has no JOB_ID= line"),
+    ("SGE_TASK_ID=3\n", "it has no JOB_ID= line"),
+    ("JOB_ID=abc\n", "JOB_ID must be a number >= 1"),
+    ("JOB_ID=0\n", "JOB_ID must be a number >= 1"),
+    ("JOB_ID=18446744073709551616\n", "JOB_ID must be a number >= 1"),
+    ("JOB_ID= 42\n", "JOB_ID must be a number >= 1"),
+    ("JOB_ID=42\nSGE_TASK_ID=x\n", 'SGE_TASK_ID must be "undefined" or a number >= 1'),
+    ("JOB_ID=42\nSGE_TASK_ID=\n", 'SGE_TASK_ID must be "undefined" or a number >= 1'),
+    ("dir", "cannot read it as a regular file: EINVAL"),
+], ids=["missing", "empty", "no-job", "letters", "zero", "overflow", "blank", "bad-task",
+        "empty-task", "directory"])
+def test_unreadable_job_id_follows_the_policy(node: Node, text: str | None, why: str) -> None:
+    """Given no usable job id in the cwd's environment file, when sge_shepherd is
+    exec'd with policy=refuse, then nothing is sent, the exec fails with EAGAIN, and
+    the message names the file and what is wrong with it."""
+    fake = node.gecod("ok")
+    env_file = node.job_dir / "environment"
+    env_file.unlink()
+    if text == "dir":
+        env_file.mkdir()
+    elif text is not None:
+        env_file.write_text(text)
+    out = node.exec_variant("execve", node.shepherd)
+    assert out.dump is None and out.rest == b"rc=-1 errno=EAGAIN\n"
+    assert out.stderr == (f"geco: sge_shepherd (pid {out.pid}): cannot tell its job: "
+                          f"{node.job_dir}/environment: {why}; exec refused (policy=refuse, "
+                          f"errno EAGAIN)\n")
+    assert fake.requests == []
+
+
+# ---------------------------------------------------------------------------
+# configuration: inert when missing or broken, never breaking the host
+# ---------------------------------------------------------------------------
+
+def test_missing_config_passes_everything_and_warns_at_a_job_start(node: Node) -> None:
+    """Given no config file, when a program loads the preload, then it says nothing and
+    passes execs through; a shepherd exec still runs, with one warning naming the fix."""
+    missing = node.root / "absent.conf"
+    plain = node.exec_variant("execve", node.built.prog("dump_args"), conf=missing)
+    assert plain.dump is not None and plain.stderr == ""
+    shepherd = node.exec_variant("execve", node.shepherd, conf=missing)
+    assert shepherd.dump is not None
+    assert shepherd.stderr == (f"geco: sge_shepherd (pid {shepherd.pid}) starts without "
+                               f"quarantine: preload inactive: config {missing}: ENOENT "
+                               f"(write it with: geco preload-config)\n")
+
+
+def _inert_line(reason: str) -> str:
+    return f"geco: preload inactive, every exec passes through unchecked: {reason}\n"
+
+
+# id: (a config line to add, or a change to make; the reason the preload gives)
+BROKEN = {
+    "bad-policy": ("policy=maybe",
+                   "config {conf}: line 7: policy must be refuse or allow, got 'maybe'"),
+    "zero-timeout": ("timeout_ms=0", "config {conf}: line 7: timeout_ms must be a number of "
+                                     "milliseconds in 1..3600000, got '0'"),
+    "bad-socket": ("socket=tcp://localhost",
+                   "config {conf}: line 7: socket 'tcp://localhost': expected path:<absolute "
+                   "path>, port:<1-65535>, service:<name|port>, a port number or an absolute "
+                   "path"),
+    "unknown-service": ("socket=service:geco-no-such-service",
+                        "config {conf}: line 7: socket 'service:geco-no-such-service': unknown "
+                        "TCP service name (not in /etc/services)"),
+    "empty-filter-name": ("exec_filter=sge_shepherd,,x",
+                          "config {conf}: line 7: exec_filter must be comma-separated program "
+                          "basenames (no '/', none empty), got ''"),
+    "bad-log": ("log=loud", "config {conf}: line 7: log must be stderr, syslog or none, got "
+                            "'loud'"),
+    "no-equals": ("just words", "config {conf}: line 7: expected key=value, got 'just words'"),
+    "relative-key-file": ("key_file=relative.key", "config {conf}: line 7: key_file must be an "
+                                                   "absolute path, got 'relative.key'"),
+    "conf-mode-666": ("", "config {conf}: must be a regular file owned by root and not "
+                          "writable by group or others"),
+    "key-mode-644": ("", "key file {key} must be a regular file owned by root with mode 0600 "
+                         "or 0400, got uid 0 mode 0644 (fix: chown root:root {key}; chmod 600 "
+                         "{key})"),
+    "key-owner-nobody": ("", "key file {key} must be a regular file owned by root with mode "
+                             "0600 or 0400, got uid 65534 mode 0600 (fix: chown root:root "
+                             "{key}; chmod 600 {key})"),
+    "key-16-bytes": ("", "key file {key} must hold exactly 32 bytes, got 16 (regenerate it: "
+                         "geco keygen --force, then restart gecod and sge_execd)"),
+    "key-missing": ("", "key file {key}: ENOENT (create it with: geco keygen)"),
+}
+
+
+@pytest.mark.parametrize("case", BROKEN)
+def test_broken_setup_makes_the_preload_inert_and_says_so_once(node: Node, case: str) -> None:
+    """Given a broken config or key file, when a program loads the preload,
+    then it says so once at load (and again at a job start), passes every exec through,
+    and never contacts gecod."""
+    fake = node.gecod("ok")
+    line, reason = BROKEN[case]
+    node.write_conf(extra=line + "\n" if line else "")
+    if case == "conf-mode-666":
+        node.conf_file.chmod(0o666)
+    elif case == "key-mode-644":
+        node.key_file.chmod(0o644)
+    elif case == "key-owner-nobody":
+        os.chown(node.key_file, NOBODY, NOBODY)
+    elif case == "key-16-bytes":
+        node.key_file.write_bytes(node.key[:16])
+    elif case == "key-missing":
+        node.key_file.unlink()
+    text = reason.format(conf=node.conf_file, key=node.key_file)
+    plain = node.exec_variant("execve", node.built.prog("dump_args"))
+    assert plain.dump is not None
+    assert plain.stderr == _inert_line(text)
+    shepherd = node.exec_variant("execve", node.shepherd)
+    assert shepherd.dump is not None
+    assert shepherd.stderr == _inert_line(text) + (
+        f"geco: sge_shepherd (pid {shepherd.pid}) starts without quarantine: preload "
+        f"inactive: {text}\n")
+    assert fake.requests == []
+
+
+def test_unknown_keys_are_named_and_ignored(node: Node) -> None:
+    """Given a config with keys this preload does not know (a newer renderer), when it
+    loads, then it names the first and counts the rest, and still quarantines."""
+    fake = node.gecod("ok")
+    node.write_conf(extra="colour=blue\nmax_skew_ms=5000\nshape=round\nsize=9\n")
+    out = node.exec_variant("execve", node.shepherd)
+    assert out.stderr == (f"geco: ignored unknown key 'colour' on line 7 and 2 more unknown "
+                          f"key(s) (in {node.conf_file})\n")
+    assert out.dump is not None and [r.pid for r in fake.requests] == [out.pid]
+
+
+def test_unprivileged_process_is_quietly_inert(node: Node) -> None:
+    """Given a process of another user (it cannot read the root-only key), when it loads
+    the preload, then it says nothing at load, and a shepherd exec runs with a warning
+    that names the key file and why."""
+    fake = node.gecod("ok")
+    plain = node.exec_variant("execve", node.built.prog("dump_args"), user=NOBODY)
+    assert plain.dump is not None and plain.stderr == ""
+    shepherd = node.exec_variant("execve", node.shepherd, user=NOBODY)
+    assert shepherd.dump is not None
+    assert shepherd.stderr == (
+        f"geco: sge_shepherd (pid {shepherd.pid}) starts without quarantine: preload "
+        f"inactive: key file {node.key_file}: EACCES (the preload reads it as root: load it "
+        f"into sge_execd started by root)\n")
+    assert fake.requests == []
+
+
+def test_log_none_is_silent(node: Node) -> None:
+    """Given log=none, when a quarantine fails with policy=refuse, then the exec still
+    fails with EAGAIN, and nothing is written to stderr."""
+    node.write_conf(timeout_ms=200, extra="log=none\n")
+    out = node.exec_variant("execve", node.shepherd)
+    assert out.dump is None and out.rest == b"rc=-1 errno=EAGAIN\n"
+    assert out.stderr == ""
+
+
+def test_log_syslog_reaches_the_journal(node: Node, journal: Any) -> None:
+    """Given log=syslog, when a quarantine fails, then the message goes to syslog
+    (journald here) as geco-preload[pid], not to stderr."""
+    node.write_conf(timeout_ms=200, extra="log=syslog\n")
+    out = node.exec_variant("execve", node.shepherd)
+    assert out.dump is None and out.stderr == ""
+    entries = journal.wait_for(SYSLOG_IDENTIFIER="geco-preload", SYSLOG_PID=str(out.pid))
+    messages = [re.sub(r"after \d+ attempts", "after N attempts", e["MESSAGE"])
+                for e in entries]
+    assert messages == [refused_line(node, out.pid, FAILURES["no_gecod"])
+                        .removeprefix("geco: ").rstrip("\n")]

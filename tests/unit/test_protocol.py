@@ -1,0 +1,585 @@
+"""The quarantine wire format (geco/protocol.py): vectors, check order, replay, transport.
+
+The vectors in tests/vectors/quarantine.json are checked three ways: against
+frames rebuilt here with ``struct`` and ``hashlib.blake2b`` (independent of
+geco and of libsodium), against geco's encoder/decoder, and against the hex in
+docs/wire-format.md, so the JSON, the code and the document cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import re
+import socket
+import struct
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from geco import protocol as P
+from geco.errors import ProtocolError
+
+REPO = Path(__file__).resolve().parents[2]
+VECTORS = json.loads((REPO / "tests" / "vectors" / "quarantine.json").read_text())
+DOC = (REPO / "docs" / "wire-format.md").read_text()
+KEY = bytes.fromhex(VECTORS["key"])
+BY_NAME = {v["name"]: v for v in VECTORS["vectors"]}
+NEGATIVE = VECTORS["negative"]
+TS = BY_NAME["job_started"]["timestamp_ns"]
+SKEW_NS = 30 * 10**9
+
+u64 = st.integers(0, 2**64 - 1)
+u32 = st.integers(0, 2**32 - 1)
+nonces = st.binary(min_size=16, max_size=16)
+int64 = st.integers(-(2**63), 2**63 - 1)
+
+
+def reference_frame(type_: int, payload: bytes, nonce: bytes, ts: int, *, key: bytes = KEY,
+                    version: int = 1, flags: int = 0, length: int | None = None,
+                    magic: bytes = b"GECQ") -> bytes:
+    """The frame as docs/wire-format.md §2 defines it, built without geco."""
+    n = len(payload) if length is None else length
+    body = struct.pack("<4sBBHI16sq", magic, version, type_, flags, n, nonce, ts) + payload
+    return body + hashlib.blake2b(body, key=key, digest_size=32).digest()
+
+
+def message_of(vector: dict[str, Any]) -> P.Message | None:
+    """The geco message object a vector's fields describe."""
+    f = vector["fields"]
+    match P.MsgType(vector["type"]):
+        case P.MsgType.JOB_STARTED | P.MsgType.QUARANTINE_SELF:
+            return P.JobStarted(f["job_id"], f["task_id"], f["pid"])
+        case P.MsgType.ACK:
+            return P.Ack(f["job_id"], f["task_id"], P.AckStatus(f["status"]),
+                         bytes.fromhex(f["request_nonce"]))
+        case P.MsgType.ADOPT:
+            return P.Adopt(f["job_id"], f["pid"], f["uid"])
+        case P.MsgType.STATUS_REPLY:
+            return P.StatusReply(f["document"])
+        case _:
+            return None
+
+
+def refused(frame: bytes, **kw: Any) -> ProtocolError:
+    with pytest.raises(ProtocolError) as info:
+        P.decode(frame, KEY, **kw)
+    return info.value
+
+
+# ---------------------------------------------------------------------------
+# vectors
+# ---------------------------------------------------------------------------
+
+def test_the_vectors_cover_every_message_type_and_every_refusal_reason() -> None:
+    """Given the JSON vectors, then each message type has a positive vector and each decoder
+    reason of the C enum a negative one: nothing in the format goes untested."""
+    assert {v["type"] for v in VECTORS["vectors"]} == {t.value for t in P.MsgType}
+    reasons = {n["reason"] for n in NEGATIVE}
+    assert reasons == {"short", "magic", "version", "flags", "length", "mac", "type", "payload",
+                       "stale", "nonce"}
+
+
+@pytest.mark.parametrize("vector", VECTORS["vectors"], ids=lambda v: v["name"])
+def test_a_vector_frame_is_the_independently_built_frame(vector: dict[str, Any]) -> None:
+    """Given a vector's inputs, when its frame is rebuilt with struct + hashlib.blake2b,
+    then it equals the recorded frame: the vectors follow the documented layout."""
+    payload = bytes.fromhex(vector["payload"])
+    frame = reference_frame(vector["type"], payload, bytes.fromhex(vector["nonce"]),
+                            vector["timestamp_ns"])
+    assert frame.hex() == vector["frame"]
+
+
+@pytest.mark.parametrize("vector", VECTORS["vectors"], ids=lambda v: v["name"])
+def test_python_encodes_a_vector_byte_for_byte(vector: dict[str, Any]) -> None:
+    """Given a vector's fields, key, nonce and timestamp, when geco encodes them,
+    then the frame equals the vector's hex."""
+    msg = message_of(vector)
+    frame = P.encode(vector["type"], b"" if msg is None else msg, KEY,
+                     nonce=bytes.fromhex(vector["nonce"]), ts_ns=vector["timestamp_ns"])
+    assert frame.hex() == vector["frame"]
+
+
+@pytest.mark.parametrize("vector", VECTORS["vectors"], ids=lambda v: v["name"])
+def test_python_decodes_a_vector_back_to_its_fields(vector: dict[str, Any]) -> None:
+    """Given a vector's frame received at its own timestamp, when decoded,
+    then type, nonce, timestamp and message are the vector's inputs."""
+    got = P.decode(bytes.fromhex(vector["frame"]), KEY, now_ns=vector["timestamp_ns"])
+    assert got.type == vector["type"]
+    assert got.nonce.hex() == vector["nonce"]
+    assert got.timestamp_ns == vector["timestamp_ns"]
+    assert got.payload.hex() == vector["payload"]
+    assert got.message == message_of(vector)
+
+
+@pytest.mark.parametrize("neg", NEGATIVE, ids=lambda n: n["name"])
+def test_a_negative_vector_is_refused_with_its_reason_and_message(neg: dict[str, Any]) -> None:
+    """Given a negative vector, when decoded as the awaited ack (decode_ack, like the C),
+    then ProtocolError names the vector's reason with the recorded full text; the generic
+    decode() gives the recorded decode_reason (None: accepted)."""
+    frame = bytes.fromhex(neg["frame"])
+    with pytest.raises(ProtocolError) as info:
+        P.decode_ack(frame, KEY, bytes.fromhex(neg["request_nonce"]), now_ns=neg["now_ns"],
+                     max_skew=neg["max_skew_ns"] / 1e9)
+    assert info.value.reason == neg["reason"]
+    assert str(info.value) == f"{neg['message']} (reason={neg['reason']})"
+    try:
+        P.decode(frame, KEY, now_ns=neg["now_ns"], max_skew=neg["max_skew_ns"] / 1e9)
+    except ProtocolError as exc:
+        assert exc.reason == neg["decode_reason"]
+    else:
+        assert neg["decode_reason"] is None
+
+
+def test_the_ack_vector_decodes_as_the_answer_to_the_job_started_vector() -> None:
+    """Given the ACK vector and the JOB_STARTED vector's nonce, then decode_ack returns OK for
+    that job task."""
+    ack = P.decode_ack(bytes.fromhex(BY_NAME["ack"]["frame"]), KEY,
+                       bytes.fromhex(BY_NAME["job_started"]["nonce"]),
+                       now_ns=BY_NAME["ack"]["timestamp_ns"])
+    assert ack == P.Ack(366474, 27, P.AckStatus.OK, bytes.fromhex(BY_NAME["job_started"]["nonce"]))
+
+
+# ---------------------------------------------------------------------------
+# the document cannot drift from the JSON
+# ---------------------------------------------------------------------------
+
+def doc_hex_blocks() -> dict[str, str]:
+    blocks: dict[str, str] = {}
+    for name, body in re.findall(r"^```hex (\S+)\n(.*?)^```$", DOC, re.MULTILINE | re.DOTALL):
+        assert name not in blocks, f"hex block {name} appears twice in the document"
+        blocks[name] = "".join(body.split())
+    return blocks
+
+
+def test_every_hex_block_of_the_document_is_the_json_vector() -> None:
+    """Given docs/wire-format.md, when its ```hex NAME blocks are read, then they are exactly
+    the key, every vector's frame and every negative frame of the JSON: no more, no fewer,
+    byte for byte."""
+    expected = {"key": VECTORS["key"]}
+    expected |= {v["name"]: v["frame"] for v in VECTORS["vectors"]}
+    expected |= {f"negative:{n['name']}": n["frame"] for n in NEGATIVE}
+    assert doc_hex_blocks() == expected
+
+
+def test_the_documents_byte_table_adds_up_to_the_job_started_frame() -> None:
+    """Given the byte-by-byte table of the document, then its hex column, in order, is the
+    JOB_STARTED vector and its offsets and sizes are consistent."""
+    section = DOC.split("### 9.1 JOB_STARTED, byte by byte")[1].split("###")[0]
+    rows = re.findall(r"^\| (\d+) \| (\d+) \| [^|]+ \| [^|]+ \| `([0-9a-f]+)` \|$", section,
+                      re.MULTILINE)
+    assert "".join(h for _, _, h in rows) == BY_NAME["job_started"]["frame"]
+    offset = 0
+    for off, size, h in rows:
+        assert (int(off), int(size)) == (offset, len(h) // 2)
+        offset += int(size)
+
+
+def test_the_document_quotes_every_negative_message_and_input() -> None:
+    """Given the negative vectors, then the document shows each one's full error text, and
+    each positive vector's nonce and timestamp."""
+    for neg in NEGATIVE:
+        assert f"**{neg['name']}**: {neg['message']}\n" in DOC
+    for v in VECTORS["vectors"]:
+        assert f"| nonce | `{v['nonce']}` |" in DOC
+        assert f"| timestamp_ns | {v['timestamp_ns']} |" in DOC
+
+
+# ---------------------------------------------------------------------------
+# round trips
+# ---------------------------------------------------------------------------
+
+@given(u64, u64, u32, nonces, int64, st.sampled_from([1, 6]))
+def test_job_started_round_trips(job: int, task: int, pid: int, nonce: bytes, ts: int,
+                                 type_: int) -> None:
+    """Given any JOB_STARTED/QUARANTINE_SELF fields, when encoded and decoded at the same
+    time, then the same fields come back, and the frame is the reference frame."""
+    frame = P.encode(type_, P.JobStarted(job, task, pid), KEY, nonce=nonce, ts_ns=ts)
+    assert frame == reference_frame(type_, struct.pack("<QQII", job, task, pid, 0), nonce, ts)
+    got = P.decode(frame, KEY, now_ns=ts)
+    assert (got.type, got.nonce, got.timestamp_ns) == (type_, nonce, ts)
+    assert got.message == P.JobStarted(job, task, pid)
+
+
+@given(u64, u64, st.sampled_from(list(P.AckStatus)), nonces, nonces, int64)
+def test_ack_round_trips(job: int, task: int, status: P.AckStatus, request: bytes,
+                         nonce: bytes, ts: int) -> None:
+    frame = P.encode(P.MsgType.ACK, P.Ack(job, task, status, request), KEY, nonce=nonce,
+                     ts_ns=ts)
+    assert P.decode_ack(frame, KEY, request, now_ns=ts) == P.Ack(job, task, status, request)
+
+
+@given(u64, u32, u32, int64)
+def test_adopt_round_trips(job: int, pid: int, uid: int, ts: int) -> None:
+    frame = P.encode(P.MsgType.ADOPT, P.Adopt(job, pid, uid), KEY, ts_ns=ts)
+    assert P.decode(frame, KEY, now_ns=ts).message == P.Adopt(job, pid, uid)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                max_size=4),
+    max_leaves=20)
+
+
+@given(st.dictionaries(st.text(max_size=8), json_values, max_size=5))
+def test_status_reply_round_trips(doc: dict[str, Any]) -> None:
+    """Given any JSON object (any Unicode), then STATUS_REPLY carries it unchanged."""
+    reply = P.StatusReply(doc)
+    if len(reply.pack()) > P.MAX_PAYLOAD:
+        return
+    frame = P.encode(P.MsgType.STATUS_REPLY, reply, KEY)
+    assert P.decode(frame, KEY).message == reply
+
+
+def test_a_fresh_frame_gets_a_random_nonce_and_the_current_time() -> None:
+    """Given no nonce and no timestamp, then encode draws 16 random bytes and reads the
+    clock: two frames differ, and both pass decode with the default clock and skew."""
+    before = time.time_ns()
+    a = P.encode(P.MsgType.STATUS, b"", KEY)
+    b = P.encode(P.MsgType.STATUS, b"", KEY)
+    after = time.time_ns()
+    fa, fb = P.decode(a, KEY), P.decode(b, KEY)
+    assert fa.nonce != fb.nonce
+    assert before <= fa.timestamp_ns <= fb.timestamp_ns <= after
+    assert fa.message is None
+
+
+# ---------------------------------------------------------------------------
+# refusals: order, boundaries, every reason's full text
+# ---------------------------------------------------------------------------
+
+JS = BY_NAME["job_started"]
+JS_PAYLOAD = bytes.fromhex(JS["payload"])
+JS_NONCE = bytes.fromhex(JS["nonce"])
+
+
+@pytest.mark.parametrize(("faults", "reason"), [
+    ({"magic": b"XECQ", "version": 9, "flags": 1, "key": bytes(32)}, "magic"),
+    ({"version": 9, "flags": 1, "length": 5000, "key": bytes(32)}, "version"),
+    ({"flags": 1, "length": 5000, "key": bytes(32)}, "flags"),
+    ({"length": 5000, "key": bytes(32)}, "length"),
+    ({"key": bytes(32), "type_": 99}, "mac"),
+    ({"type_": 99, "ts": TS - 10**12}, "type"),
+])
+def test_the_first_failed_check_in_the_documented_order_names_the_refusal(
+        faults: dict[str, Any], reason: str) -> None:
+    """Given a frame with several faults, then the refusal is the one the documented check
+    order reaches first (shape before MAC, MAC before content)."""
+    type_ = faults.pop("type_", 1)
+    ts = faults.pop("ts", TS)
+    frame = reference_frame(type_, JS_PAYLOAD, JS_NONCE, ts, **faults)
+    assert refused(frame, now_ns=TS).reason == reason
+
+
+def test_payload_content_is_checked_before_the_clock() -> None:
+    """Given a JOB_STARTED with a nonzero reserved field and an old timestamp, then it is
+    refused for the payload: the clock check comes after."""
+    frame = reference_frame(1, struct.pack("<QQII", 1, 1, 1, 5), JS_NONCE, TS - 10**12)
+    err = refused(frame, now_ns=TS)
+    assert str(err) == "the reserved field of the JOB_STARTED payload must be 0, got 5 " \
+                       "(reason=payload)"
+
+
+@pytest.mark.parametrize(("type_", "payload", "text"), [
+    (1, bytes(23), "the JOB_STARTED payload must be 24 bytes, got 23"),
+    (6, bytes(25), "the QUARANTINE_SELF payload must be 24 bytes, got 25"),
+    (3, b"x", "the STATUS payload must be 0 bytes, got 1"),
+    (5, struct.pack("<QIIQ", 1, 2, 3, 4), "the reserved field of the ADOPT payload must be 0, "
+                                          "got 4"),
+    (4, b"[1, 2]", "a STATUS_REPLY must be a JSON object, got list"),
+    (4, b"\xff{}", "a STATUS_REPLY must be UTF-8 JSON: 'utf-8' codec can't decode byte 0xff "
+                   "in position 0: invalid start byte"),
+    (4, b"{", "a STATUS_REPLY must be UTF-8 JSON: Expecting property name enclosed in double "
+              "quotes: line 1 column 2 (char 1)"),
+])
+def test_a_payload_wrong_for_its_type_is_refused_with_the_full_text(
+        type_: int, payload: bytes, text: str) -> None:
+    err = refused(reference_frame(type_, payload, JS_NONCE, TS), now_ns=TS)
+    assert str(err) == f"{text} (reason=payload)"
+
+
+@pytest.mark.parametrize(("offset_ns", "accepted"), [
+    (0, True), (SKEW_NS, True), (-SKEW_NS, True), (SKEW_NS + 1, False), (-SKEW_NS - 1, False),
+])
+def test_the_timestamp_window_is_plus_minus_max_skew_inclusive(offset_ns: int,
+                                                               accepted: bool) -> None:
+    """Given a frame stamped at TS, when received at TS + offset with the default skew
+    (30 s), then exactly the offsets within ±30 s are accepted."""
+    frame = bytes.fromhex(JS["frame"])
+    if accepted:
+        assert P.decode(frame, KEY, now_ns=TS + offset_ns).timestamp_ns == TS
+    else:
+        err = refused(frame, now_ns=TS + offset_ns)
+        side = "behind" if offset_ns > 0 else "ahead of"
+        assert str(err) == (f"timestamp must be within ±30 s of this host's clock, got "
+                            f"30.000000001 s {side} it (a replayed frame, or clocks out of "
+                            f"step: check NTP) (reason=stale)")
+
+
+def test_max_skew_is_the_receivers_setting() -> None:
+    frame = bytes.fromhex(JS["frame"])
+    err = refused(frame, now_ns=TS + 2 * 10**9, max_skew=1.5)
+    assert err.reason == "stale" and "within ±1.5 s" in str(err) and "got 2 s behind" in str(err)
+    assert P.decode(frame, KEY, now_ns=TS + 2 * 10**9, max_skew=2.0).type == P.MsgType.JOB_STARTED
+
+
+def test_extreme_timestamps_are_stale_not_an_overflow() -> None:
+    """Given frames stamped at the ends of int64, then they are refused as stale."""
+    for ts in (-(2**63), 2**63 - 1):
+        frame = P.encode(1, P.JobStarted(1, 1, 1), KEY, ts_ns=ts)
+        assert refused(frame).reason == "stale"
+
+
+def test_every_prefix_of_a_frame_is_refused_as_short_or_length() -> None:
+    """Given each truncation of a valid frame (and one with a byte appended), then decode
+    refuses it: below 68 bytes as short, else as a length mismatch."""
+    frame = bytes.fromhex(BY_NAME["status_reply"]["frame"])
+    for cut in range(len(frame)):
+        assert refused(frame[:cut], now_ns=TS).reason == ("short" if cut < 68 else "length")
+    err = refused(frame + b"\0", now_ns=TS)
+    assert str(err) == "a frame with a 23-byte payload must be 91 bytes, got 92 (reason=length)"
+
+
+def test_a_maximal_payload_is_accepted_and_one_more_byte_refused() -> None:
+    big = P.StatusReply({"x": "y" * (P.MAX_PAYLOAD - 8)})
+    assert len(big.pack()) == P.MAX_PAYLOAD
+    frame = P.encode(P.MsgType.STATUS_REPLY, big, KEY)
+    assert len(frame) == P.MAX_FRAME
+    assert P.decode(frame, KEY).message == big
+    over = reference_frame(4, b"{" + b" " * 4095 + b"}", JS_NONCE, TS)
+    assert str(refused(over, now_ns=TS)) == ("payload length must be at most 4096, got 4097 "
+                                             "(reason=length)")
+
+
+def test_another_key_is_refused_as_a_mac_mismatch() -> None:
+    frame = P.encode(1, P.JobStarted(1, 1, 1), bytes(range(1, 33)))
+    assert str(refused(frame)) == (
+        "the MAC does not match: the frame is forged, corrupted or made with another key "
+        "(gecod and the preload must read the same key file) (reason=mac)")
+
+
+@settings(max_examples=300)
+@given(st.data())
+def test_any_single_byte_change_of_a_valid_frame_is_refused(data: st.DataObject) -> None:
+    """Given a valid frame, when any one byte is changed to any other value, then it is
+    refused (the MAC covers every byte, and the MAC itself is checked)."""
+    vector = data.draw(st.sampled_from(VECTORS["vectors"]))
+    frame = bytearray.fromhex(vector["frame"])
+    i = data.draw(st.integers(0, len(frame) - 1))
+    frame[i] ^= data.draw(st.integers(1, 255))
+    with pytest.raises(ProtocolError):
+        P.decode(bytes(frame), KEY, now_ns=vector["timestamp_ns"])
+
+
+@settings(max_examples=500)
+@given(st.binary(max_size=200) | st.binary(min_size=4100, max_size=4300))
+def test_random_bytes_raise_nothing_but_protocol_error(raw: bytes) -> None:
+    """Given arbitrary bytes, then decode, decode_ack and expected_length either accept or
+    raise ProtocolError, never anything else."""
+    for call in (lambda: P.decode(raw, KEY),
+                 lambda: P.decode_ack(raw, KEY, bytes(16)),
+                 lambda: P.expected_length(raw)):
+        with contextlib.suppress(ProtocolError):
+            call()
+
+
+@settings(max_examples=300)
+@given(st.binary(min_size=0, max_size=120))
+def test_random_bytes_behind_a_valid_header_raise_only_protocol_error(tail: bytes) -> None:
+    """Given a well-shaped header followed by arbitrary bytes, then only ProtocolError."""
+    raw = b"GECQ\x01" + tail
+    try:
+        P.decode(raw, KEY)
+    except ProtocolError as exc:
+        assert exc.reason in {"short", "flags", "length", "mac"}
+
+
+@pytest.mark.parametrize(("args", "text"), [
+    ((1, P.JobStarted(1, 1, 1), bytes(31)), "the key must be 32 bytes, got 31"),
+    ((1, P.JobStarted(1, 1, 1), KEY, {"nonce": bytes(15)}), "a nonce must be 16 bytes, got 15"),
+    ((4, bytes(4097), KEY), "a payload must be at most 4096 bytes, got 4097"),
+    ((2, P.JobStarted(1, 1, 1), KEY), "a JobStarted cannot be sent as type 2"),
+    ((1, P.JobStarted(-1, 1, 1), KEY), "a field of the JobStarted does not fit its integer: "),
+    ((1, P.JobStarted(1, 1, 1), KEY, {"ts_ns": 2**63}), "a header field does not fit"),
+    ((2, P.Ack(1, 1, P.AckStatus.OK, bytes(8)), KEY), "request_nonce must be 16 bytes, got 8"),
+])
+def test_encode_refuses_what_it_cannot_send(args: tuple[Any, ...], text: str) -> None:
+    """Given a bad key, nonce, payload size, type or field, then encode raises ValueError
+    (a programming error, never a frame on the wire)."""
+    kw = args[3] if len(args) > 3 else {}
+    with pytest.raises(ValueError, match=re.escape(text)):
+        P.encode(*args[:3], **kw)
+
+
+# ---------------------------------------------------------------------------
+# replay
+# ---------------------------------------------------------------------------
+
+def test_a_replayed_frame_is_refused_within_the_window_and_forgotten_after() -> None:
+    """Given a receiver with a replay cache (window 2 x 30 s), when the same frame arrives
+    twice within its clock window, then the second is refused; a nonce older than the
+    window is forgotten."""
+    cache = P.ReplayCache.for_skew(30.0)
+    assert cache.window == 60.0
+    frame = bytes.fromhex(JS["frame"])
+    P.decode(frame, KEY, now_ns=TS, replay=cache)
+    with pytest.raises(ProtocolError) as info:
+        P.decode(frame, KEY, now_ns=TS + SKEW_NS, replay=cache)
+    assert str(info.value) == (f"nonce {JS['nonce']} was already used within the last 60 s: "
+                               f"a replayed frame (reason=nonce)")
+    assert len(cache) == 1
+    # 60 s + 1 ns after it was first seen, the nonce is gone (the frame is stale by then)
+    cache.check(b"other-nonce-1234", TS + 2 * SKEW_NS + 1)
+    assert len(cache) == 1
+    cache.check(JS_NONCE, TS + 2 * SKEW_NS + 2)
+
+
+def test_the_window_closes_every_replay_the_clock_check_lets_through() -> None:
+    """Given a frame stamped 30 s in the future and first seen at once, when it is replayed
+    at every later moment, then each replay is refused: by the cache within 60 s, by the
+    clock check after (the reason for a 2 x max_skew window)."""
+    cache = P.ReplayCache.for_skew(30.0)
+    frame = P.encode(1, P.JobStarted(1, 1, 1), KEY, ts_ns=TS + SKEW_NS)
+    P.decode(frame, KEY, now_ns=TS, replay=cache)
+    for later in (0, 1, SKEW_NS, 2 * SKEW_NS, 2 * SKEW_NS + 1, 10 * SKEW_NS):
+        with pytest.raises(ProtocolError) as info:
+            P.decode(frame, KEY, now_ns=TS + later, replay=cache)
+        assert info.value.reason == ("nonce" if later <= 2 * SKEW_NS else "stale")
+
+
+def test_a_refused_frame_does_not_spend_its_nonce() -> None:
+    """Given a forged copy (bad MAC) of a frame arriving first, then the genuine frame is
+    still accepted: only authentic frames enter the cache."""
+    cache = P.ReplayCache(60.0)
+    frame = bytes.fromhex(JS["frame"])
+    forged = frame[:-1] + bytes([frame[-1] ^ 1])
+    assert refused(forged, now_ns=TS, replay=cache).reason == "mac"
+    assert len(cache) == 0
+    assert P.decode(frame, KEY, now_ns=TS, replay=cache).nonce == JS_NONCE
+
+
+def test_a_clock_that_jumps_back_keeps_nonces_longer() -> None:
+    cache = P.ReplayCache(1.0)
+    cache.check(JS_NONCE, TS)
+    with pytest.raises(ProtocolError):
+        cache.check(JS_NONCE, TS - 3600 * 10**9)
+
+
+def test_a_full_cache_refuses_rather_than_forgets() -> None:
+    """Given a cache full of nonces inside the window, then a new nonce is refused (fail
+    closed); once they age out, it is accepted."""
+    cache = P.ReplayCache(1.0, capacity=2)
+    cache.check(b"a" * 16, TS)
+    cache.check(b"b" * 16, TS)
+    with pytest.raises(ProtocolError) as info:
+        cache.check(b"c" * 16, TS)
+    assert str(info.value) == ("the replay cache holds 2 nonces younger than 1 s; refusing the "
+                               "frame rather than forgetting one (reason=nonce)")
+    cache.check(b"c" * 16, TS + 10**9 + 1)
+    assert len(cache) == 1
+
+
+def test_a_cache_needs_a_positive_window_and_capacity() -> None:
+    with pytest.raises(ValueError, match=r"window and capacity must be > 0, got 0, 5"):
+        P.ReplayCache(0, capacity=5)
+
+
+# ---------------------------------------------------------------------------
+# streams: expected_length, read_frame; refusal answers
+# ---------------------------------------------------------------------------
+
+def test_expected_length_waits_for_12_bytes_and_checks_shape_as_early_as_possible() -> None:
+    """Given a frame arriving byte by byte, then expected_length says "more" until byte 12,
+    then the total; garbage is refused at the first wrong magic byte, another version at
+    byte 5, a too large N at byte 12."""
+    frame = bytes.fromhex(JS["frame"])
+    assert [P.expected_length(frame[:i]) for i in range(12)] == [None] * 12
+    assert P.expected_length(frame[:12]) == len(frame) == 92
+    with pytest.raises(ProtocolError) as info:
+        P.expected_length(b"GX")
+    assert str(info.value) == "a frame must start with b'GECQ', got b'GX' (reason=magic)"
+    with pytest.raises(ProtocolError) as info:
+        P.expected_length(b"GECQ\x02")
+    assert str(info.value) == ("protocol version must be 1, got 2: gecod speaks protocol 1; "
+                               "upgrade the preload/gecod (reason=version)")
+    with pytest.raises(ProtocolError) as info:
+        P.expected_length(frame[:8] + (4097).to_bytes(4, "little"))
+    assert info.value.reason == "length"
+
+
+def test_read_frame_reads_exactly_one_frame() -> None:
+    """Given a frame followed by more bytes on a stream, then read_frame returns the frame and
+    leaves the rest unread."""
+    a, b = socket.socketpair()
+    with a, b:
+        frame = bytes.fromhex(JS["frame"])
+        a.sendall(frame + b"next")
+        assert P.read_frame(b, time.monotonic() + 5) == frame
+        assert b.recv(100) == b"next"
+
+
+def test_read_frame_assembles_a_frame_sent_in_pieces() -> None:
+    a, b = socket.socketpair()
+    frame = bytes.fromhex(BY_NAME["status_reply"]["frame"])
+
+    def trickle() -> None:
+        for i in range(0, len(frame), 7):
+            a.sendall(frame[i:i + 7])
+            time.sleep(0.002)
+
+    with a, b:
+        writer = threading.Thread(target=trickle)
+        writer.start()
+        assert P.read_frame(b, time.monotonic() + 5) == frame
+        writer.join()
+
+
+def test_read_frame_gives_up_at_the_deadline_and_when_the_peer_closes() -> None:
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(bytes.fromhex(JS["frame"])[:40])
+        start = time.monotonic()
+        with pytest.raises(ProtocolError) as info:
+            P.read_frame(b, start + 0.2)
+        assert str(info.value) == ("no whole frame before the deadline: got 40 bytes "
+                                   "(reason=timeout)")
+        assert time.monotonic() - start < 2
+        a.close()
+        with pytest.raises(ProtocolError) as info:
+            P.read_frame(b, time.monotonic() + 5)
+        assert str(info.value) == ("the peer closed the connection after 0 bytes of a frame "
+                                   "(reason=closed)")
+
+
+def test_read_frame_refuses_garbage_without_waiting_for_more() -> None:
+    """Given a client that sends an HTTP request and waits, then read_frame refuses it at
+    once (magic), not at the deadline."""
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(b"GET / HTTP/1.0\r\n")
+        start = time.monotonic()
+        with pytest.raises(ProtocolError) as info:
+            P.read_frame(b, start + 10)
+        assert info.value.reason == "magic"
+        assert time.monotonic() - start < 2
+
+
+@pytest.mark.parametrize(("received", "status", "nonce"), [
+    (reference_frame(1, JS_PAYLOAD, JS_NONCE, TS, version=2), P.AckStatus.VERSION, JS_NONCE),
+    (reference_frame(1, JS_PAYLOAD, JS_NONCE, TS, key=bytes(32)), P.AckStatus.BAD_REQUEST,
+     JS_NONCE),
+    (b"GECQ\x01", P.AckStatus.BAD_REQUEST, bytes(16)),
+])
+def test_a_refused_request_is_answered_with_a_bound_ack(received: bytes, status: P.AckStatus,
+                                                        nonce: bytes) -> None:
+    """Given a refused request, then ack_for_error answers VERSION for another protocol
+    version, else BAD_REQUEST, bound to the request's nonce (zeros if it never arrived)."""
+    answer = P.ack_for_error(received, refused(received, now_ns=TS), KEY)
+    assert P.decode_ack(answer, KEY, nonce) == P.Ack(0, 0, status, nonce)
