@@ -107,6 +107,7 @@ def render(cfg: Config, *, source: Path | str | None = None) -> str:
     return (f"# written by `geco preload-config`{origin}; edit geco.toml and re-run it\n"
             f"socket={sock}\n"
             f"key_file={key_file}\n"
+            f"log={cfg.gecod_preload_log}\n"
             f"timeout_ms={timeout_ms}\n"
             f"max_skew_ms={skew_ms}\n"
             f"policy={policy}\n"

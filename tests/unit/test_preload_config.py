@@ -16,6 +16,7 @@ from geco.errors import ConfigError
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_TEXT = ("socket=path:/run/geco/gecod.sock\n"
                 "key_file=/etc/geco/quarantine.key\n"
+                "log=syslog\n"
                 "timeout_ms=10000\n"
                 "max_skew_ms=30000\n"
                 "policy=refuse\n"
@@ -44,9 +45,10 @@ def test_settings_are_rendered_in_the_preloads_units_and_forms() -> None:
                               gecod_request_timeout=2.5, gecod_max_skew=0.25,
                               gecod_unreachable_policy="allow",
                               gecod_exec_filter=("sge_shepherd", "geco-shepherd"),
-                              gecod_key_file=Path("/srv/geco/q.key"))
+                              gecod_key_file=Path("/srv/geco/q.key"), gecod_preload_log="none")
     assert preload_config.render(cfg).splitlines()[1:] == [
-        "socket=port:8080", "key_file=/srv/geco/q.key", "timeout_ms=2500", "max_skew_ms=250",
+        "socket=port:8080", "key_file=/srv/geco/q.key", "log=none", "timeout_ms=2500",
+        "max_skew_ms=250",
         "policy=allow", "exec_filter=sge_shepherd,geco-shepherd"]
 
 
