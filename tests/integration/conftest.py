@@ -5,6 +5,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,6 +17,9 @@ from typing import Any
 import pytest
 
 PROBE = Path(__file__).with_name("probe.py")
+GECO = "/opt/geco/venv/bin/geco"
+SOCKET = Path("/run/geco/gecod.sock")
+CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 
 
 @dataclass
@@ -57,3 +65,49 @@ def job_dir(sge: Any, job_owner: Any, request: pytest.FixtureRequest) -> JobDir:
     shutil.copy(PROBE, path / "probe.py")
     os.chown(path / "probe.py", job_owner.uid, job_owner.gid)
     return JobDir(path, sge, job_owner)
+
+
+@dataclass
+class Gecod:
+    """gecod as a child of this test session, serving the site configuration."""
+
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen([GECO, "daemon"], env=CLEAN_ENV, cwd="/",
+                                         stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                         start_new_session=True)
+        deadline = time.monotonic() + 30
+        while not self.serving():
+            assert self.proc.poll() is None, f"gecod exited: {self.log.read_text()}"
+            assert time.monotonic() < deadline, f"gecod not serving: {self.log.read_text()}"
+            time.sleep(0.1)
+
+    def serving(self) -> bool:
+        with socket.socket(socket.AF_UNIX) as s:
+            return s.connect_ex(str(SOCKET)) == 0
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def gecod_service(sge: Any, journal: Any,
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gecod]:
+    """A real gecod serving the site configuration's socket for one test module."""
+    sge.require_hooks()
+    daemon = Gecod(tmp_path_factory.mktemp("gecod") / "gecod.log")
+    daemon.start()
+    try:
+        yield daemon
+    finally:
+        daemon.stop()

@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,57 +26,18 @@ import pytest
 pytestmark = pytest.mark.sge
 
 PRELOAD = "/opt/geco/lib/libgeco_preload.so"
-GECO = "/opt/geco/venv/bin/geco"
-SOCKET = Path("/run/geco/gecod.sock")
 FORKER = Path(__file__).with_name("forker.c")
 CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 
 
-@dataclass
-class Gecod:
-    """gecod as a child of this test session, serving the site configuration."""
-
-    log: Path
-    proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen([GECO, "daemon"], env=CLEAN_ENV, cwd="/",
-                                         stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                         start_new_session=True)
-        deadline = time.monotonic() + 30
-        while not self.serving():
-            assert self.proc.poll() is None, f"gecod exited: {self.log.read_text()}"
-            assert time.monotonic() < deadline, f"gecod not serving: {self.log.read_text()}"
-            time.sleep(0.1)
-
-    def serving(self) -> bool:
-        import socket
-        with socket.socket(socket.AF_UNIX) as s:
-            return s.connect_ex(str(SOCKET)) == 0
-
-    def kill9(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=30)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=30)
-
-
 @pytest.fixture(scope="module")
-def gecod(sge: Any, journal: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gecod]:
-    sge.require_hooks()
-    daemon = Gecod(tmp_path_factory.mktemp("gecod") / "gecod.log")
-    daemon.start()
+def gecod(sge: Any, gecod_service: Any) -> Iterator[Any]:
+    """gecod serving, and sge_execd running with the preload, for this module."""
     sge.configure(GECO_EXECD_PRELOAD=PRELOAD)
     try:
-        yield daemon
+        yield gecod_service
     finally:
         sge.configure(GECO_EXECD_PRELOAD="")
-        daemon.stop()
 
 
 def cgroups_of(pid: int) -> dict[str, str]:
@@ -113,7 +72,7 @@ def wait_for_output(path: Path, text: str, timeout: float = 60) -> str:
 
 
 def test_the_shepherd_is_quarantined_before_it_runs_and_500_children_forked_at_once_are_inside(
-        sge: Any, gecod: Gecod, job_dir: Any, job_owner: Any, journal: Any) -> None:
+        sge: Any, gecod: Any, job_dir: Any, job_owner: Any, journal: Any) -> None:
     """Given a job that forks 500 children the moment it starts, then while they live every
     process of the job owner on the node is in the job's cgroups (cpuset, memory, freezer),
     and the journal shows gecod quarantined the job's shepherd at its exec, before the
@@ -138,7 +97,7 @@ def test_the_shepherd_is_quarantined_before_it_runs_and_500_children_forked_at_o
 
 
 def test_a_qrsh_inherit_task_of_a_parallel_job_runs_in_the_same_cgroups(
-        sge: Any, gecod: Gecod, job_dir: Any) -> None:
+        sge: Any, gecod: Any, job_dir: Any) -> None:
     """Given a `-pe mpi 2` job whose script starts a task with `qrsh -inherit` (no prolog runs
     for such a task), then the task reports the job's own cgroups and both of the job's
     cores, exactly like the master."""
@@ -158,7 +117,7 @@ def test_a_qrsh_inherit_task_of_a_parallel_job_runs_in_the_same_cgroups(
 
 
 def test_after_gecod_is_killed_and_restarted_running_jobs_stay_contained_and_cores_are_not_reused(
-        sge: Any, gecod: Gecod, job_dir: Any, journal: Any) -> None:
+        sge: Any, gecod: Any, job_dir: Any, journal: Any) -> None:
     """Given a running one-slot job, when gecod is killed with SIGKILL and started again, then
     the job's processes are still in its cgroups, and a new job starts normally on the
     other core (no core is handed out twice)."""
@@ -182,7 +141,7 @@ def test_after_gecod_is_killed_and_restarted_running_jobs_stay_contained_and_cor
 
 
 def test_while_gecod_is_down_a_job_is_requeued_never_run_uncontained_and_no_queue_fails(
-        sge: Any, gecod: Gecod, job_dir: Any, journal: Any) -> None:
+        sge: Any, gecod: Any, job_dir: Any, journal: Any) -> None:
     """Given gecod stopped for longer than the preload waits for it (request_timeout, 10 s),
     when a job is submitted, then the preload refuses its shepherd's exec and says why in the
     journal, and Grid Engine reschedules the job ("failed 1: assumedly before job", no queue
