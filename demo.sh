@@ -2,11 +2,14 @@
 # demo.sh -- geco on one fresh Debian 12 machine, as root, from nothing:
 #
 #   1. scripts/install.sh        packages, /opt/geco/venv, geco, hooks in /opt/geco/libexec
-#   2. integration/sge/setup.sh  a single-host Grid Engine whose queue runs geco's hooks
-#   3. as the user "gecodemo", four jobs from integration/demo/:
+#   2. gecod, the quarantine daemon, then integration/sge/setup.sh: a single-host Grid
+#      Engine whose queue runs geco's hooks and whose sge_execd runs with geco's exec()
+#      preload (every job's shepherd is put into the job's cgroups before it runs)
+#   3. as the user "gecodemo", five jobs from integration/demo/:
 #        serial   1 slot
 #        smp      -pe smp 2            (two cores, one cgroup)
 #        array    -t 1-2               (each task its own cgroups)
+#        mpi      -pe mpi 2            (a qrsh -inherit task lands in the job's cgroups too)
 #        oom      -l m_mem_free=200M   (then uses 400M)
 #      each prints, from inside, its cgroups, its allowed CPUs and its memory limit
 #   4. waits, then shows each job's output and how the oom job ended
@@ -47,7 +50,26 @@ else
   journal_alive && echo "  started /lib/systemd/systemd-journald" || echo "  WARNING: no journald"
 fi
 
-say "starting Grid Engine with geco's hooks"
+say "starting gecod (geco's quarantine daemon)"
+gecod_serving() {
+  /opt/geco/venv/bin/python -c 'import socket, sys
+s = socket.socket(socket.AF_UNIX)
+sys.exit(s.connect_ex("/run/geco/gecod.sock"))' 2>/dev/null
+}
+if [ "${GECO_DEMO_HOOKS:-1}" = 0 ]; then
+  echo "  skipped (GECO_DEMO_HOOKS=0)"
+elif gecod_serving; then
+  echo "  gecod is running"
+else
+  # with systemd: systemctl start gecod (conf/gecod.service); here it runs on its own
+  (cd / && env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin setsid /opt/geco/venv/bin/geco daemon \
+     </dev/null >>/var/log/geco-demo-gecod.log 2>&1 &)
+  for _ in $(seq 100); do gecod_serving && break; sleep 0.1; done
+  gecod_serving && echo "  started gecod (log: /var/log/geco-demo-gecod.log)" \
+    || { echo "  gecod did not start:"; tail -5 /var/log/geco-demo-gecod.log; exit 1; }
+fi
+
+say "starting Grid Engine with geco's hooks (and sge_execd with geco's exec() preload)"
 hooks=()
 if [ "${GECO_DEMO_HOOKS:-1}" = 0 ]; then
   echo "GECO_DEMO_HOOKS=0: plain Grid Engine, for comparison"
@@ -55,6 +77,7 @@ else
 [ -x "$LIBEXEC/prolog" ] && hooks+=(GECO_PROLOG="root@$LIBEXEC/prolog \$job_id \$ja_task_id")
 [ -x "$LIBEXEC/epilog" ] && hooks+=(GECO_EPILOG="root@$LIBEXEC/epilog \$job_id \$ja_task_id")
 [ -x "$LIBEXEC/starter" ] && hooks+=(GECO_STARTER="$LIBEXEC/starter")
+[ -r /opt/geco/lib/libgeco_preload.so ] && hooks+=(GECO_EXECD_PRELOAD=/opt/geco/lib/libgeco_preload.so)
 if [ ${#hooks[@]} -lt 3 ]; then
   echo "WARNING: geco's hooks are not all in $LIBEXEC: the jobs below run with only plain Grid Engine"
 fi
@@ -75,11 +98,12 @@ submit() { # name qsub-args... script
   printf '  %-7s job %-5s qsub -cwd -N %s %s\n' "$name" "${JOBS[$name]}" "$name" "$*"
 }
 declare -A JOBS
-declare -a ORDER=(serial smp array oom)
+declare -a ORDER=(serial smp array mpi oom)
 say "submitting as $DEMO_USER from $dir"
 submit serial serial.sh
 submit smp -pe smp 2 smp.sh
 submit array -t 1-2 array.sh
+submit mpi -pe mpi 2 mpi.sh
 submit oom -l m_mem_free=200M oom.sh
 
 say "waiting for the jobs (up to ${TIMEOUT}s)"
