@@ -139,6 +139,60 @@ def _preload_config(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _add_status_command(sub: Any) -> None:
+    """The parser entry of `geco status`."""
+    st = sub.add_parser("status", help="show the jobs gecod contains on this node",
+                        description="Ask gecod (any user may) which jobs it contains on this "
+                                    "node: their cpus, NUMA nodes, memory limit and process "
+                                    "count. Exit 1 when gecod is not running.")
+    st.add_argument("--json", action="store_true", help="print gecod's STATUS document as JSON")
+
+
+def _status_table(doc: dict[str, Any]) -> str:
+    from geco.units import format_memory  # see _keygen
+
+    rows = [("JOB", "CPUS", "MEMS", "MEMORY", "PIDS")]
+    notes = []
+    for job in doc.get("jobs", []):
+        memory = int(job.get("memory") or 0)
+        rows.append((str(job.get("key", "?")), str(job.get("cpus") or "-"),
+                     str(job.get("mems") or "-"), format_memory(memory) if memory else "-",
+                     str(job.get("pids", "?"))))
+        if job.get("error"):
+            notes.append(f"{job.get('key', '?')}: {job['error']}")
+    count = int(doc.get("job_count", len(rows) - 1))
+    lines = [f"gecod on {doc.get('host', '?')} (pid {doc.get('pid', '?')}): {count} job(s); "
+             f"cpus in use: {doc.get('cpus_in_use') or 'none'} of "
+             f"{doc.get('available_cpus') or '?'}"]
+    if len(rows) > 1:
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+                  for r in rows]
+    if doc.get("truncated"):
+        lines.append(f"(only {len(rows) - 1} of {count} jobs shown: gecod's reply is limited "
+                     f"to 4096 bytes)")
+    return "\n".join(lines + notes) + "\n"
+
+
+def _status(args: argparse.Namespace) -> int:
+    import json
+
+    from geco import client  # see _keygen
+
+    try:
+        doc = client.status(_config.load())
+    except ConfigError as exc:
+        print(f"geco status: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except GecoError as exc:
+        print(f"geco status: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n" if args.json
+                     else _status_table(doc))
+    sys.stdout.flush()
+    return EXIT_OK
+
+
 def _add_daemon_command(sub: Any) -> None:
     """The parser entry of `geco daemon` (gecod); its options live in geco.daemon."""
     from geco import daemon
@@ -169,6 +223,7 @@ def _build_parser() -> _Parser:
                     help="output format (default text)")
     _add_key_commands(sub)
     _add_daemon_command(sub)
+    _add_status_command(sub)
     return parser
 
 
@@ -184,6 +239,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _keygen(args)
         if args.command == "preload-config":
             return _preload_config(args)
+        if args.command == "status":
+            return _status(args)
         if args.command == "rsrcinfo":
             if args.xml is None and (args.placement or args.pe_hostfile):
                 raise _Usage("geco rsrcinfo: --placement and --pe-hostfile go with --xml")

@@ -19,9 +19,21 @@ connection is a small state machine driven by the runloop:
     the reply is sent without blocking (within another deadline), then the
     connection is closed.
 
+Peer-credentialed frames (flag PEERCRED, MAC keyed with the public all-zero
+key; ``docs/wire-format.md``) come from users without the key: the job
+owner's starter (QUARANTINE_SELF) and ``geco status`` (STATUS). They are
+accepted only on the Unix socket, where SO_PEERCRED names the sender (over
+TCP they are refused as soon as their header arrives), and only for those two
+types (the protocol layer refuses the flag on anything else, JOB_STARTED
+included). Every other check applies as to any frame, and the reply is in
+kind (PEERCRED, public-key MAC), since the asker could not check the secret
+key's MAC. Their nonces go to a replay cache of their own, so a flood of
+them (anyone can make them) can never fill the cache that guards JOB_STARTED.
+
 Every refusal is journaled as ``GECO_EVENT=quarantine-refused`` (priority
 warning) with the peer's pid and uid as the kernel gave them, the claimed
-job, task and pid, and the reason; every success as ``GECO_EVENT=quarantined``.
+job, task and pid, and the reason; every success as ``GECO_EVENT=quarantined``;
+both with ``PEERCRED=1`` when the frame was peer-credentialed.
 Nothing a client sends can stop the server: a bad client costs one socket
 until its deadline.
 """
@@ -49,6 +61,8 @@ from geco.errors import ProtocolError
 from geco.protocol import (
     HEADER_BYTES,
     MAX_FRAME,
+    PEERCRED,
+    VERSION,
     Ack,
     AckStatus,
     Frame,
@@ -99,6 +113,7 @@ class _Connection:
     deadline: Timer | None = None
     accepted: float = field(default_factory=time.monotonic)
     claimed: tuple[int | None, int | None, int | None] = (None, None, None)
+    peercred: bool = False  # the header has the PEERCRED flag (answer in kind)
 
     def describe(self) -> str:
         if self.peer is None:
@@ -113,6 +128,12 @@ def _peer_of(sock: socket.socket) -> Peer | None:
     pid, uid, gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                                                   _UCRED.size))
     return Peer(pid, uid, gid)
+
+
+def _has_peercred(frame: bytes | bytearray) -> bool:
+    """The PEERCRED bit of a (protocol 1) header, read without trusting the frame."""
+    return len(frame) >= 8 and frame[4] == VERSION and bool(
+        int.from_bytes(frame[6:8], "little") & PEERCRED)
 
 
 def _claimed(frame: bytes) -> tuple[int | None, int | None, int | None]:
@@ -149,6 +170,9 @@ class Server:
         self.executor = executor
         self.on_change = on_change
         self.replay = ReplayCache.for_skew(ctx.config.gecod_max_skew)
+        # PEERCRED frames can be minted by anyone: their own cache, which forgets when full
+        self.replay_peercred = ReplayCache.for_skew(ctx.config.gecod_max_skew,
+                                                    forget_when_full=True)
         self.started = time.time()
         self.connections: set[_Connection] = set()
         self.working = 0
@@ -238,11 +262,21 @@ class Server:
         if conn.want is None:
             try:
                 conn.want = expected_length(bytes(conn.buf))
+                if conn.want is not None:
+                    self._check_transport(conn)
             except ProtocolError as exc:
                 self._reject(conn, exc)
                 return
         if conn.want is not None and len(conn.buf) >= conn.want:
             self._received(conn)
+
+    def _check_transport(self, conn: _Connection) -> None:
+        """A PEERCRED frame is believed only where the kernel names its sender."""
+        conn.peercred = _has_peercred(conn.buf)
+        if conn.peercred and conn.peer is None:
+            raise ProtocolError("the PEERCRED flag needs gecod's Unix socket: over TCP the "
+                                "kernel cannot name the sender, so only frames MAC'd with the "
+                                "secret key are accepted here", reason="flags")
 
     def _expired(self, conn: _Connection) -> None:
         if conn.phase is _Phase.READING:
@@ -265,7 +299,7 @@ class Server:
         conn.phase = _Phase.WORKING
         try:
             got = decode(frame, self.key, max_skew=self.ctx.config.gecod_max_skew,
-                         replay=self.replay)
+                         replay=self.replay_peercred if conn.peercred else self.replay)
         except ProtocolError as exc:
             self._reject(conn, exc)
             return
@@ -304,7 +338,7 @@ class Server:
             result = Outcome(AckStatus.FAILED, f"internal error: {type(exc).__name__}: {exc}")
         if isinstance(result, bytes):
             self.served += 1
-            self._send(conn, encode(MsgType.STATUS_REPLY, result, self.key))
+            self._send(conn, encode(MsgType.STATUS_REPLY, result, self.key, flags=got.flags))
         else:
             assert isinstance(result, Outcome)
             self._answer(conn, got, result)
@@ -329,6 +363,7 @@ class Server:
                       extra=log.job_fields(
                           job, task, "quarantined", PID=pid, PEER_PID=_pid(conn),
                           PEER_UID=_uid(conn), REQUEST=got.type.name,
+                          PEERCRED=1 if got.peercred else None,
                           CGROUP_CREATED=int(outcome.created),
                           CPUS=limits.cpus if limits else None,
                           MEMS=limits.mems if limits else None,
@@ -340,7 +375,8 @@ class Server:
             self._journal_refusal(conn, outcome.status.name.lower(), outcome.reason,
                                   outcome.status, got.type.name)
         ack = Ack(job or 0, task or 0, outcome.status, got.nonce)
-        self._send(conn, encode(MsgType.ACK, ack, self.key))
+        # in kind: a PEERCRED asker has no secret key to check any other MAC
+        self._send(conn, encode(MsgType.ACK, ack, self.key, flags=got.flags))
 
     # -- refusals -------------------------------------------------------------
 
@@ -354,6 +390,7 @@ class Server:
                      extra=log.job_fields(job, task, "quarantine-refused", PID=pid,
                                           PEER_PID=_pid(conn), PEER_UID=_uid(conn),
                                           REASON=reason, REQUEST=request,
+                                          PEERCRED=1 if conn.peercred else None,
                                           ACK_STATUS=status.name if status else "none"))
 
     def _reject(self, conn: _Connection, exc: ProtocolError) -> None:
@@ -361,6 +398,7 @@ class Server:
         data = bytes(conn.buf)
         if conn.claimed == (None, None, None):
             conn.claimed = _claimed(data)
+        conn.peercred = _has_peercred(data)
         reply = ack_for_error(data, exc, self.key)
         status = AckStatus.VERSION if exc.reason == "version" else AckStatus.BAD_REQUEST
         self._journal_refusal(conn, exc.reason, exc.msg, status)
@@ -372,6 +410,7 @@ class Server:
     def _refuse_unanswered(self, conn: _Connection, reason: str, text: str) -> None:
         """A client that never completed a frame: journal it and close without a reply."""
         conn.claimed = _claimed(bytes(conn.buf))
+        conn.peercred = _has_peercred(conn.buf)
         self._journal_refusal(conn, reason, text, None)
         self._close(conn)
 

@@ -6,14 +6,21 @@ Steps, in order:
 
 1. Find the job from its environment.
 2. Check, from /proc, that this process is inside the job's cgroups in every
-   managed controller. A batch job that is not is refused with one plain
-   sentence in its stderr file: it would run unbound and unlimited.
-   (``qrsh -inherit`` tasks are contained by gecod; until it runs on the
-   node they start with a journaled warning.)
-3. Export ``GECO_*`` facts read back from the kernel (what is enforced, not
+   managed controller (the exec() preload in sge_execd had gecod put the
+   shepherd there, or the prolog did).
+3. If it is not (a site without the preload, a ``qrsh -inherit`` task), ask
+   gecod to move it: a peer-credentialed QUARANTINE_SELF for its own pid
+   (:func:`geco.client.quarantine_self`; gecod checks, through the kernel, that
+   it runs as the job's owner below the job's shepherd). When gecod answers
+   OK, check containment again from /proc. When it refuses or cannot be
+   reached: a batch job is refused with one plain sentence in its stderr file
+   (exit 100): it would run unbound and unlimited. A ``qrsh -inherit`` task
+   follows ``[gecod] unreachable_policy``: ``refuse`` refuses it the same
+   way, ``allow`` starts it uncontained with a journaled warning.
+4. Export ``GECO_*`` facts read back from the kernel (what is enforced, not
    what was asked for): ``GECO_CPUS``, ``GECO_NCPUS``, ``GECO_MEMS``,
    ``GECO_MEMORY_LIMIT``, ``GECO_VMEM_LIMIT`` (bytes, 0 = none), ``GECO_NODE``.
-4. Start the job the way Grid Engine itself would: with a configured starter,
+5. Start the job the way Grid Engine itself would: with a configured starter,
    Grid Engine hands over the job script and leaves ``shell_start_mode`` to us
    (``SGE_STARTER_SHELL_START_MODE``, ``..._SHELL_PATH``, ``..._USE_LOGIN_SHELL``).
    The job's arguments are passed on untouched.
@@ -28,7 +35,7 @@ from collections.abc import Mapping, Sequence
 
 from geco import cgroup, log, sgejob
 from geco.config import Config
-from geco.errors import NotContained
+from geco.errors import GecoError, NotContained
 from geco.hooks import Exit, run
 
 __all__ = ["job_argv", "main"]
@@ -61,6 +68,31 @@ def _facts(limits: cgroup.Limits, ncpus: int) -> dict[str, str]:
             "GECO_NODE": os.uname().nodename}
 
 
+def _ask_gecod(cfg: Config, job: sgejob.JobRef, backend: cgroup.Backend,
+               logger: logging.Logger) -> str:
+    """Have gecod move this process into the job's cgroups; return "" or why it did not."""
+    # imported only on this rare path: the protocol and socket code are not needed by a
+    # starter that is already contained, which is every job on a node with the preload
+    from geco import client
+
+    try:
+        client.quarantine_self(cfg, job.job_id, job.task_id)
+    except GecoError as exc:
+        why = str(exc)
+    else:
+        if backend.contains(job.key, os.getpid()):
+            logger.info("job %s: the starter was outside the job's cgroups; gecod moved it "
+                        "in", job.key, extra=log.job_fields(job.job_id, job.task_id,
+                                                           "starter-quarantined"))
+            return ""
+        why = "gecod answered OK, but this process is still outside the job's cgroups"
+    logger.warning("job %s: the starter is outside the job's cgroups and gecod did not move "
+                   "it: %s", job.key, why,
+                   extra=log.job_fields(job.job_id, job.task_id, "starter-not-quarantined",
+                                        REASON=why))
+    return why
+
+
 def _body(cfg: Config, logger: logging.Logger) -> Exit:
     argv = sys.argv[1:]
     if not argv:
@@ -69,18 +101,28 @@ def _body(cfg: Config, logger: logging.Logger) -> Exit:
     job = sgejob.job_from_hook([], os.environ)
     backend = cgroup.for_config(cfg)
     env = dict(os.environ)
-    if backend.contains(job.key, os.getpid()):
+    node = os.uname().nodename
+    why = ""
+    if not backend.contains(job.key, os.getpid()):
+        why = _ask_gecod(cfg, job, backend, logger)
+    qrsh = os.environ.get("JOB_SCRIPT") == "QRSH"
+    if not why:
         limits = backend.read_limits(job.key)
         env.update(_facts(limits, len(os.sched_getaffinity(0))))
-    elif os.environ.get("JOB_SCRIPT") == "QRSH":
-        logger.warning("qrsh -inherit task of job %s started outside the job's cgroups "
-                       "(gecod is not running on %s)", job.key, os.uname().nodename,
-                       extra=log.job_fields(job.job_id, job.task_id, "task-not-contained"))
+    elif qrsh and cfg.gecod_unreachable_policy == "allow":
+        logger.warning("qrsh -inherit task of job %s started outside the job's cgroups on %s "
+                       "([gecod] unreachable_policy = allow): %s", job.key, node, why,
+                       extra=log.job_fields(job.job_id, job.task_id, "task-not-contained",
+                                            REASON=why))
     else:
         where = ", ".join(str(p) for p in backend.paths(job.key).values())
-        raise NotContained(f"job {job.key} is not inside its cgroups on "
-                           f"{os.uname().nodename}; it is not started uncontained. "
-                           f"Ask your admin to check the queue's geco prolog", cgroups=where)
+        if qrsh:
+            raise NotContained(f"qrsh -inherit task of job {job.key} is not inside the job's "
+                               f"cgroups on {node}; it is not started uncontained ({why}). "
+                               f"Ask your admin to check gecod on {node}", cgroups=where)
+        raise NotContained(f"job {job.key} is not inside its cgroups on {node}; it is not "
+                           f"started uncontained. Ask your admin to check the queue's geco "
+                           f"prolog", cgroups=where)
     program, args = job_argv(argv, env)
     try:
         os.execvpe(program, args, env)

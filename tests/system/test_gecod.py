@@ -9,9 +9,11 @@ qstat is ever needed.
 
 A "job process" is a separate Python process whose cwd is that spool dir and
 which sends JOB_STARTED for its own pid, as the preload does inside the child
-sge_execd forks for sge_shepherd; it prints the ACK's status and stays alive
-until the test lets it go. What is checked is the kernel's word:
-``/proc/<pid>/cgroup``, the cgroup files, and journald's entries.
+sge_execd forks for sge_shepherd (or, as the job owner without the key, a
+peer-credentialed QUARANTINE_SELF through :mod:`geco.client`, as the starter's
+fallback does); it prints the ACK's status and stays alive until the test lets
+it go. What is checked is the kernel's word: ``/proc/<pid>/cgroup``, the
+cgroup files, and journald's entries.
 
 Every cgroup and process a test creates is removed with plain syscalls (not
 with the code under test) after each test, so a broken gecod cannot leak them.
@@ -20,6 +22,7 @@ with the code under test) after each test, so a broken gecod cannot leak them.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import json
 import os
@@ -31,18 +34,20 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from geco import address, protocol, statefile
-from geco.errors import GecoError
+from geco import address, client, config, protocol, statefile
+from geco.errors import GecoError, ProtocolError
 from geco.protocol import AckStatus, JobStarted, MsgType
 from geco.resource import NodeResources, ResourceSet, short_hostname
+from geco.topology import parse_cpulist
 
 REPO = Path(__file__).resolve().parents[2]
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -67,28 +72,38 @@ def _why_not() -> str:
 
 pytestmark = [pytest.mark.root, pytest.mark.skipif(bool(_why_not()), reason=_why_not())]
 
-# The job process: read the key as root, then (optionally) drop to nobody, ask for
-# quarantine, print the ACK status, stay alive until stdin closes.
+# The job process: read the key as root (except "peercred"), then (optionally) drop to
+# nobody, ask for quarantine, print the ACK status, stay alive until stdin closes.
 CLIENT = r"""
-import os, sys, time
-from geco import address, protocol
+import dataclasses, os, sys
+from geco import address, client, config, protocol
 key_file, where, job, task, mode = sys.argv[1:6]
-key = open(key_file, "rb").read()
+key = b"" if mode == "peercred" else open(key_file, "rb").read()
 pid = os.getpid()
-if mode.endswith("nobody"):
+if mode.endswith("nobody") or mode == "peercred":
     os.setgroups([]); os.setgid(65534); os.setuid(65534)
 elif mode == "execd":  # as sge_execd forks the shepherd: real uid root, effective not
     os.setegid(65534); os.seteuid(65534)
 elif mode.startswith("pid="):
     pid = int(mode[4:])
-kind = protocol.MsgType.QUARANTINE_SELF if mode.startswith("self") else \
-    protocol.MsgType.JOB_STARTED
-frame = protocol.encode(kind, protocol.JobStarted(int(job), int(task), pid), key)
-s = address.connect(address.parse(where), 30)
-s.sendall(frame)
-reply = protocol.read_frame(s, time.monotonic() + 30)
-ack = protocol.decode_ack(reply, key, frame[12:28])
-print(ack.status.name, ack.job_id, ack.task_id, os.getpid(), flush=True)
+if mode == "peercred":  # the starter's fallback: no key, the kernel vouches
+    try:
+        open(key_file, "rb")
+        sys.exit("nobody can read the key file")
+    except PermissionError:
+        pass
+    cfg = dataclasses.replace(config.Config(), gecod_socket=where)
+    try:
+        status = client.quarantine_self(cfg, int(job), int(task), timeout=30).status.name
+    except client.GecodRefused as exc:
+        status = exc.status.name
+else:
+    kind = protocol.MsgType.QUARANTINE_SELF if mode.startswith("self") else \
+        protocol.MsgType.JOB_STARTED
+    frame = protocol.encode(kind, protocol.JobStarted(int(job), int(task), pid), key)
+    reply = client.request(address.parse(where), frame, 30)
+    status = protocol.decode_ack(reply, key, frame[12:28]).status.name
+print(status, job, task, os.getpid(), flush=True)
 sys.stdin.read()
 """
 
@@ -160,6 +175,20 @@ class Node:
         shutil.copy(self.job_dir(job, task) / "environment", d / "environment")
         return d
 
+    def under_shepherd(self, argv: list[str]) -> list[str]:
+        """``argv`` run as the child of a fake ``sge_shepherd`` (a copy of /bin/sh)."""
+        fake = self.base / "shepherd-bin" / "sge_shepherd"
+        fake.parent.mkdir(exist_ok=True)
+        if not fake.exists():
+            shutil.copy("/bin/sh", fake)
+        # "; exit $?" keeps the shell as the parent instead of exec'ing the client
+        return [str(fake), "-c", 'exec_client() { "$@"; exit $?; }; exec_client "$@"',
+                "sge_shepherd", *argv]
+
+    def client_config(self, sock: str) -> config.Config:
+        """The configuration a client of the gecod at ``sock`` uses (geco.client)."""
+        return dataclasses.replace(config.Config(), gecod_socket=sock)
+
     def cgroup(self, controller: str, key: str = "") -> Path:
         return CGROUP_ROOT / controller / self.name / key if key else \
             CGROUP_ROOT / controller / self.name
@@ -172,19 +201,15 @@ class Node:
         ``mode``: ``plain`` (JOB_STARTED for itself), ``nobody`` (the same after
         dropping to uid nobody), ``execd`` (the same with euid nobody, real uid root,
         as the child sge_execd forks for the shepherd), ``pid=<n>`` (JOB_STARTED for another pid),
-        ``self-nobody`` (QUARANTINE_SELF as nobody). ``shepherd``: run it as the
+        ``self-nobody`` (QUARANTINE_SELF as nobody, MAC'd with the key read before),
+        ``peercred`` (QUARANTINE_SELF as nobody that never had the key:
+        :func:`geco.client.quarantine_self`). ``shepherd``: run it as the
         child of a fake ``sge_shepherd`` (a copy of /bin/sh) working in the spool dir.
         """
         argv = [sys.executable, "-c", CLIENT, str(self.key_file), sock or self.socket_path(),
                 str(job), str(task), mode]
         if shepherd:
-            fake = self.base / "shepherd-bin" / "sge_shepherd"
-            fake.parent.mkdir(exist_ok=True)
-            if not fake.exists():
-                shutil.copy("/bin/sh", fake)
-            # "; exit $?" keeps the shell as the parent instead of exec'ing the client
-            argv = [str(fake), "-c", 'exec_client() { "$@"; exit $?; }; exec_client "$@"',
-                    "sge_shepherd", *argv]
+            argv = self.under_shepherd(argv)
         proc = subprocess.Popen(
             argv,
             cwd=cwd or self.job_dir(job, task), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -371,13 +396,8 @@ def exchange(sock_path: str, data: bytes, *, half_close: bool = False,
 
 
 def status(node: Node, sock: str) -> dict[str, Any]:
-    """Ask gecod for STATUS and return the JSON document."""
-    frame = protocol.encode(MsgType.STATUS, b"", node.key)
-    reply = protocol.decode(exchange(sock, frame), node.key)
-    assert reply.type is MsgType.STATUS_REPLY
-    msg = reply.message
-    assert isinstance(msg, protocol.StatusReply)
-    return msg.document
+    """Ask gecod for STATUS (as any user would: geco.client) and return the JSON document."""
+    return client.status(node.client_config(sock), timeout=10)
 
 
 def assert_serving(node: Node, g: Gecod, within: float = 2.0) -> None:
@@ -496,6 +516,10 @@ def _wrong_version(node: Node) -> bytes:
     return protocol.encode(MsgType.STATUS, b"", node.key, version=2)
 
 
+def _unknown_flag(node: Node) -> bytes:
+    return protocol.encode(MsgType.STATUS, b"", node.key, flags=0x0002)
+
+
 @pytest.mark.parametrize(("make", "reason", "status"), [
     (_unsigned, "mac", AckStatus.BAD_REQUEST),
     (_badly_signed, "mac", AckStatus.BAD_REQUEST),
@@ -503,8 +527,10 @@ def _wrong_version(node: Node) -> bytes:
     (_oversized, "length", AckStatus.BAD_REQUEST),
     (_unknown_type, "type", AckStatus.BAD_REQUEST),
     (_wrong_version, "version", AckStatus.VERSION),
+    (_unknown_flag, "flags", AckStatus.BAD_REQUEST),
     (lambda node: b"GET / HTTP/1.0\r\n\r\n", "magic", AckStatus.BAD_REQUEST),
-], ids=["unsigned", "badly-signed", "stale", "oversized", "unknown-type", "version", "garbage"])
+], ids=["unsigned", "badly-signed", "stale", "oversized", "unknown-type", "version",
+        "unknown-flag", "garbage"])
 def test_a_bad_frame_is_answered_with_why_journaled_and_the_next_client_is_served(
         node: Node, gecod: Gecod, journal: Any, make: Any, reason: str,
         status: AckStatus) -> None:
@@ -798,6 +824,387 @@ def test_adopt_is_refused_as_not_implemented(node: Node, gecod: Gecod) -> None:
     frame = protocol.encode(MsgType.ADOPT, protocol.Adopt(0, os.getpid(), 0), node.key)
     ack = protocol.decode_ack(exchange(gecod.sock, frame), node.key, frame[12:28])
     assert ack.status is AckStatus.REFUSED
+
+
+# -- peer-credentialed requests: users without the key ------------------------------
+
+
+def test_a_job_owner_without_the_key_is_quarantined_by_a_peercred_request(
+        node: Node, gecod: Gecod, journal: Any) -> None:
+    """Given a job of nobody under its (fake) shepherd, when a child of the shepherd running
+    as nobody, which cannot read the key, asks through geco.client (a PEERCRED
+    QUARANTINE_SELF), then OK, it is in the job's cgroups in every controller, and the
+    journal says so with PEERCRED=1; the same request from a nobody process outside the
+    shepherd's tree is REFUSED: the kernel, not a key, decides."""
+    since = time.time()
+    job = new_job()
+    node.make_job(job, owner="nobody")
+    own = node.job_process(job, mode="peercred", shepherd=True)
+    stray = node.job_process(job, mode="peercred", cwd=node.job_dir(job))
+
+    assert (own.answer(), stray.answer()) == ("OK", "REFUSED")
+    cgroups = own.cgroups()
+    for c in CONTROLLERS:
+        assert cgroups[c] == f"/{node.name}/{job}.1", (c, cgroups)
+    [ok] = logged(journal, since, GECO_EVENT="quarantined", JOB_ID=str(job),
+                  _PID=str(gecod.pid))
+    assert (ok["REQUEST"], ok["PEERCRED"], ok["PEER_UID"], ok["PID"]) == (
+        "QUARANTINE_SELF", "1", str(NOBODY), str(own.pid))
+    [no] = logged(journal, since, GECO_EVENT="quarantine-refused", JOB_ID=str(job),
+                  _PID=str(gecod.pid))
+    assert no["PEERCRED"] == "1"
+    assert no["MESSAGE"].endswith(f"process {stray.pid} does not descend from the "
+                                  f"sge_shepherd of job {job}.1")
+
+
+def test_job_started_with_the_peercred_flag_is_refused_and_answered_in_kind(
+        node: Node, gecod: Gecod, journal: Any) -> None:
+    """Given a root process that sends JOB_STARTED for itself as a PEERCRED frame (the
+    privileged request without the key), then gecod refuses it from its header alone: it
+    answers BAD_REQUEST with a PEERCRED ACK (which a keyless sender can check), journals
+    the refusal (REASON=flags, PEERCRED=1) with the rule's text, creates no cgroup, and
+    serves on."""
+    since = time.time()
+    job = new_job()
+    node.make_job(job)
+    frame = protocol.encode(MsgType.JOB_STARTED, JobStarted(job, 1, os.getpid()),
+                            protocol.PUBLIC_KEY, flags=protocol.PEERCRED)
+
+    reply = exchange(gecod.sock, frame)
+    ack = protocol.decode_ack(reply, protocol.PUBLIC_KEY, frame[12:28], peercred=True)
+    assert (ack.job_id, ack.task_id, ack.status) == (0, 0, AckStatus.BAD_REQUEST)
+    assert not node.cgroup("cpuset", f"{job}.1").exists()
+    [entry] = logged(journal, since, GECO_EVENT="quarantine-refused", REASON="flags",
+                     _PID=str(gecod.pid))
+    assert (entry["PEERCRED"], entry["PEER_PID"], entry["PEER_UID"]) == (
+        "1", str(os.getpid()), "0")
+    assert entry["MESSAGE"] == (
+        f"refused a request from pid {os.getpid()} uid 0 (no readable claim): the PEERCRED "
+        "flag is only allowed on STATUS and QUARANTINE_SELF requests and their replies, got "
+        "it on JOB_STARTED: JOB_STARTED must be MAC'd with the secret key")
+    assert_serving(node, gecod)
+
+
+def test_a_peercred_request_over_tcp_is_refused_and_geco_client_never_sends_one(
+        node: Node, journal: Any) -> None:
+    """Given gecod on a loopback TCP port, when a PEERCRED STATUS arrives there, then gecod
+    refuses it (BAD_REQUEST, in kind) and journals why: over TCP no kernel names the sender.
+    geco.client does not even try: over TCP nothing vouches for the reply either."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    since = time.time()
+    g = start_gecod(node, "tcp-peercred", sock=f"port:{port}")
+    try:
+        frame = protocol.encode(MsgType.STATUS, b"", protocol.PUBLIC_KEY,
+                                flags=protocol.PEERCRED)
+        reply = client.request(address.parse(f"port:{port}"), frame, 10)
+        ack = protocol.decode_ack(reply, protocol.PUBLIC_KEY, frame[12:28], peercred=True)
+        assert ack.status is AckStatus.BAD_REQUEST
+        [entry] = logged(journal, since, GECO_EVENT="quarantine-refused", _PID=str(g.pid))
+        assert (entry["REASON"], entry["PEERCRED"]) == ("flags", "1")
+        assert "PEER_PID" not in entry
+        assert entry["MESSAGE"] == (
+            "refused a request from a TCP client (no readable claim): the PEERCRED flag needs "
+            "gecod's Unix socket: over TCP the kernel cannot name the sender, so only frames "
+            "MAC'd with the secret key are accepted here")
+        with pytest.raises(GecoError) as info:
+            client.status(node.client_config(f"port:{port}"))
+        assert str(info.value) == (
+            'asking gecod without the secret key needs its Unix socket ([gecod] socket = '
+            f'"path:..."), got port:{port}: over TCP neither the kernel nor a root-owned '
+            "directory vouches for either end")
+    finally:
+        assert g.stop() == 0, g.output()
+
+
+def _as_nobody() -> None:
+    os.setgroups([])
+    os.setgid(NOBODY)
+    os.setuid(NOBODY)
+
+
+def geco_cli(*args: str, config_path: Path) -> subprocess.CompletedProcess[str]:
+    """Run ``geco <args>`` as nobody with ``GECO_CONFIG=config_path``."""
+    return subprocess.run([sys.executable, "-m", "geco.cli", *args], cwd="/",
+                          capture_output=True, text=True, timeout=60, preexec_fn=_as_nobody,
+                          env={"PYTHONPATH": str(REPO), "GECO_CONFIG": str(config_path),
+                               "PATH": "/usr/bin:/bin"})
+
+
+def test_geco_status_as_any_user_lists_the_jobs_gecod_contains(
+        node: Node, gecod: Gecod) -> None:
+    """Given a job quarantined by gecod (256 MiB), when `geco status` runs as nobody (no
+    key), then it prints a summary and a table row with the job's key, cpus, NUMA nodes,
+    memory limit and process count, as the kernel has them; `--json` prints gecod's
+    document with the same facts."""
+    job = new_job()
+    node.make_job(job, memory=256 * MiB)
+    assert node.job_process(job).answer() == "OK"
+    cpuset = node.cgroup("cpuset", f"{job}.1")
+    cpus, mems = ((cpuset / f).read_text().strip() for f in ("cpuset.cpus", "cpuset.mems"))
+    conf = node.base / "gecod.toml"  # the module's gecod
+
+    table = geco_cli("status", config_path=conf)
+    assert (table.returncode, table.stderr) == (0, "")
+    lines = table.stdout.splitlines()
+    assert lines[0].startswith(f"gecod on {HOST} (pid {gecod.pid}): 1 job(s); cpus in use: ")
+    assert lines[1].split() == ["JOB", "CPUS", "MEMS", "MEMORY", "PIDS"]
+    assert [line.split() for line in lines[2:]] == [[f"{job}.1", cpus, mems, "256M", "1"]]
+
+    as_json = geco_cli("status", "--json", config_path=conf)
+    assert as_json.returncode == 0, as_json.stderr
+    doc = json.loads(as_json.stdout)
+    [entry] = doc["jobs"]
+    assert (entry["key"], entry["cpus"], entry["mems"], entry["memory"], entry["pids"]) == (
+        f"{job}.1", cpus, mems, 256 * MiB, 1)
+    assert (doc["pid"], doc["job_count"], doc["truncated"]) == (gecod.pid, 1, False)
+
+
+def test_geco_status_without_gecod_says_so_in_one_line_and_exits_1(node: Node) -> None:
+    conf = node.write_config("nogecod")  # nobody ever listened on its socket
+    done = geco_cli("status", config_path=conf)
+    assert (done.returncode, done.stdout, done.stderr) == (
+        1, "", f"geco status: gecod is not running (no socket at "
+               f"{node.socket_path('nogecod')})\n")
+
+
+# -- geco.client against fake gecods ----------------------------------------------------
+
+
+@contextlib.contextmanager
+def fake_gecod(path: Path, answer: Callable[[protocol.Frame], bytes | None]) -> Iterator[None]:
+    """A listener on ``path`` that reads one request per connection and sends ``answer(frame)``
+    (None: close without a reply); ``path``'s directory is left as the test made it."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(8)
+    listener.settimeout(0.1)
+    done = threading.Event()
+
+    def serve() -> None:
+        while not done.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                got = protocol.decode(protocol.read_frame(conn, time.monotonic() + 5),
+                                      protocol.PUBLIC_KEY)
+                reply = answer(got)
+                if reply is not None:
+                    conn.sendall(reply)
+                    with contextlib.suppress(OSError):
+                        conn.recv(1)  # until the client closes
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(5)
+        listener.close()
+
+
+def _peercred_ack(status: AckStatus) -> Callable[[protocol.Frame], bytes]:
+    return lambda got: protocol.encode(MsgType.ACK, protocol.Ack(0, 0, status, got.nonce),
+                                       protocol.PUBLIC_KEY, flags=protocol.PEERCRED)
+
+
+def test_geco_client_waits_out_busy_answers_within_its_timeout(node: Node) -> None:
+    """Given a gecod that answers BUSY twice, then the document, when geco.client asks for
+    STATUS, then it retries and returns the document; one that is always BUSY makes it give
+    up at its timeout with "gecod refused: BUSY"."""
+    sock = node.base / "busy.sock"
+    busy = _peercred_ack(AckStatus.BUSY)
+    asked: list[protocol.Frame] = []
+
+    def busy_twice(got: protocol.Frame) -> bytes:
+        asked.append(got)
+        if len(asked) <= 2:
+            return busy(got)
+        return protocol.encode(MsgType.STATUS_REPLY, protocol.StatusReply({"jobs": []}),
+                               protocol.PUBLIC_KEY, flags=protocol.PEERCRED)
+
+    with fake_gecod(sock, busy_twice):
+        assert client.status(node.client_config(str(sock)), timeout=5) == {"jobs": []}
+    assert len({f.nonce for f in asked}) == 3 and all(f.peercred for f in asked)
+    sock.unlink()
+    with fake_gecod(sock, busy):
+        started = time.monotonic()
+        with pytest.raises(client.GecodRefused) as info:
+            client.status(node.client_config(str(sock)), timeout=0.5)
+    assert (str(info.value), info.value.status) == ("gecod refused: BUSY", AckStatus.BUSY)
+    assert time.monotonic() - started < 3
+
+
+def test_geco_client_reports_a_silent_a_hanging_up_and_an_old_gecod(node: Node) -> None:
+    """Given a gecod that never answers, one that hangs up, and one too old for PEERCRED
+    (it answers with an ACK MAC'd with its secret key), then geco.client raises
+    GecodTimeout, GecodUnavailable and ProtocolError (flags), each saying so."""
+    sock = node.base / "odd.sock"
+    where = f"path:{sock}"
+    cfg = node.client_config(where)
+
+    def silent(got: protocol.Frame) -> None:
+        time.sleep(1)
+
+    with fake_gecod(sock, silent), pytest.raises(client.GecodTimeout) as timed_out:
+        client.quarantine_self(cfg, 1, 1, timeout=0.3)
+    assert str(timed_out.value) == f"gecod did not answer within 0.3 s (address={where})"
+    sock.unlink()
+    with fake_gecod(sock, lambda got: None), pytest.raises(client.GecodUnavailable) as hung_up:
+        client.status(cfg, timeout=5)
+    assert str(hung_up.value) == f"gecod closed the connection without an answer " \
+                                 f"(address={where})"
+    sock.unlink()
+    old = lambda got: protocol.ack_for_error(  # noqa: E731
+        b"", ProtocolError("flags must be 0", reason="flags"), node.key)
+    with fake_gecod(sock, old), pytest.raises(ProtocolError) as too_old:
+        client.status(cfg, timeout=5)
+    assert too_old.value.reason == "flags"
+    assert "upgrade gecod" in str(too_old.value)
+
+
+@pytest.mark.parametrize(("mode", "owner"), [(0o777, 0), (0o755, NOBODY)],
+                         ids=["world-writable", "owned-by-nobody"])
+def test_geco_client_asks_no_socket_that_another_user_could_have_put_there(
+        node: Node, mode: int, owner: int) -> None:
+    """Given a listener in a directory that is writable by others or not owned by root,
+    then geco.client refuses to ask it (its reply would prove nothing) and says where to put
+    the socket; nothing is sent."""
+    d = node.base / f"untrusted-{mode:o}-{owner}"
+    d.mkdir()
+    os.chown(d, owner, -1)
+    d.chmod(mode)
+    sock = d / "gecod.sock"
+    asked: list[protocol.Frame] = []
+
+    def answer(got: protocol.Frame) -> None:
+        asked.append(got)
+
+    with fake_gecod(sock, answer), pytest.raises(GecoError) as info:
+        client.status(node.client_config(str(sock)), timeout=5)
+    assert str(info.value) == (
+        f"gecod's socket {sock} is in {d}, which must be owned by root and writable by root "
+        f"only (got uid {owner}, mode {mode:04o}): another user could answer in gecod's "
+        f"place. Put the socket in a root-owned directory such as /run/geco (path={d})")
+    assert asked == []
+
+
+# -- the starter's fallback ---------------------------------------------------------
+
+# Test-only: the starter reads /etc/geco/geco.toml and nothing else (the hooks have no
+# environment override, on purpose). This runs it as the installed hook does (python -I
+# -m geco.hooks.starter), from this checkout, with geco.config.DEFAULT_PATH pointed at
+# the test's configuration first.
+STARTER = r"""
+import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+import geco.config
+geco.config.DEFAULT_PATH = Path(sys.argv[2])
+from geco.hooks import starter
+sys.argv = ["starter", *sys.argv[3:]]
+sys.exit(starter.main())
+"""
+
+
+def run_starter(node: Node, job: int, config_path: Path,
+                job_script: str) -> subprocess.CompletedProcess[bytes]:
+    """Run the starter as nobody below the job's fake shepherd, as Grid Engine does; the job
+    is ``cat /proc/self/cgroup /proc/self/environ``."""
+    env = {"JOB_ID": str(job), "SGE_TASK_ID": "undefined", "JOB_SCRIPT": job_script,
+           "SGE_JOB_SPOOL_DIR": str(node.job_dir(job)), "PATH": "/usr/bin:/bin",
+           "SGE_STARTER_SHELL_START_MODE": "unix_behavior", "SGE_STARTER_SHELL_PATH": ""}
+    argv = node.under_shepherd([sys.executable, "-I", "-c", STARTER, str(REPO),
+                                str(config_path), "/bin/cat", "/proc/self/cgroup",
+                                "/proc/self/environ"])
+    return subprocess.run(argv, cwd=node.job_dir(job), env=env, capture_output=True,
+                          timeout=60, preexec_fn=_as_nobody)
+
+
+def job_output(out: bytes) -> tuple[dict[str, str], dict[str, str]]:
+    """(controller -> cgroup, environment) from the job's output: /proc/self/cgroup's lines,
+    then /proc/self/environ (NUL-separated, no newline in this test's environment)."""
+    cgroup_text, _, environ = out.rpartition(b"\n")
+    cgroups = {}
+    for line in cgroup_text.decode().splitlines():
+        _, ctrls, path = line.split(":", 2)
+        cgroups.update(dict.fromkeys(ctrls.split(","), path))
+    env = dict(item.split("=", 1) for item in environ.decode().split("\0") if item)
+    return cgroups, env
+
+
+@pytest.mark.parametrize("job_script", ["QRSH", "cat"], ids=["qrsh-task", "batch-job"])
+def test_a_starter_outside_its_job_has_gecod_move_it_and_starts_the_job_inside(
+        node: Node, gecod: Gecod, journal: Any, job_script: str) -> None:
+    """Given a job of nobody with no cgroups yet, when its starter (nobody, below the job's
+    fake shepherd, no key) finds itself outside the job's cgroups, then it asks gecod for
+    itself (PEERCRED QUARANTINE_SELF), and the job, a qrsh -inherit task or a batch job,
+    runs inside the job's cgroups with GECO_* facts that are the cgroup's."""
+    job = new_job()
+    node.make_job(job, owner="nobody", memory=256 * MiB)
+
+    ran = run_starter(node, job, node.base / "gecod.toml", job_script)
+    assert ran.returncode == 0, ran.stderr.decode()
+    cgroups, env = job_output(ran.stdout)
+    for c in CONTROLLERS:
+        assert cgroups[c] == f"/{node.name}/{job}.1", (c, cgroups)
+    cpus = (node.cgroup("cpuset", f"{job}.1") / "cpuset.cpus").read_text().strip()
+    limit = (node.cgroup("memory", f"{job}.1") / "memory.limit_in_bytes").read_text().strip()
+    assert (env["GECO_CPUS"], env["GECO_NCPUS"], env["GECO_MEMORY_LIMIT"], env["GECO_NODE"]) \
+        == (cpus, str(len(parse_cpulist(cpus))), limit, os.uname().nodename)
+    [moved] = journal.wait_for(GECO_EVENT="starter-quarantined", JOB_ID=str(job))
+    assert moved["_UID"] == str(NOBODY)
+
+
+@pytest.mark.parametrize(("job_script", "policy", "stop"), [
+    ("cat", "allow", signal.SIGTERM),
+    ("QRSH", "refuse", signal.SIGKILL),
+    ("QRSH", "allow", signal.SIGTERM),
+], ids=["batch-job", "qrsh-task-refuse", "qrsh-task-allow"])
+def test_without_gecod_a_batch_job_is_refused_and_a_qrsh_task_follows_the_policy(
+        node: Node, journal: Any, job_script: str, policy: str, stop: int) -> None:
+    """Given gecod stopped (SIGTERM: its socket is gone; SIGKILL: a dead socket is left),
+    when a starter outside its job's cgroups cannot reach it, then a batch job is refused
+    (exit 100, the plain sentence, whatever the policy); a qrsh -inherit task is refused
+    the same way under unreachable_policy "refuse" (the sentence says why), and runs
+    uncontained with a journaled warning under "allow"."""
+    tag = f"stopped-{job_script.lower()}-{policy}"
+    g = start_gecod(node, tag, unreachable_policy=f'"{policy}"')
+    g.stop(stop)
+    conf = node.base / f"{tag}.toml"
+    sock = node.socket_path(tag)
+    why = (f"gecod is not running (no socket at {sock})" if stop == signal.SIGTERM else
+           f"gecod is not running (nobody listens on {sock})")
+    host = os.uname().nodename
+    job = new_job()
+    node.make_job(job, owner="nobody")
+
+    ran = run_starter(node, job, conf, job_script)
+    if job_script == "QRSH" and policy == "allow":
+        assert ran.returncode == 0, ran.stderr.decode()
+        cgroups, env = job_output(ran.stdout)
+        assert cgroups["cpuset"] != f"/{node.name}/{job}.1"
+        assert not [k for k in env if k.startswith("GECO_")]
+        [warning] = journal.wait_for(GECO_EVENT="task-not-contained", JOB_ID=str(job))
+        assert (warning["PRIORITY"], warning["REASON"]) == ("4", why)
+        return
+    stderr = ran.stderr.decode()
+    assert (ran.returncode, ran.stdout, stderr.count("\n")) == (100, b"", 1), stderr
+    if job_script == "QRSH":
+        sentence = (f"geco starter: qrsh -inherit task of job {job}.1 is not inside the job's "
+                    f"cgroups on {host}; it is not started uncontained ({why}). Ask your "
+                    f"admin to check gecod on {host} (cgroups=")
+    else:
+        sentence = (f"geco starter: job {job}.1 is not inside its cgroups on {host}; it is "
+                    f"not started uncontained. Ask your admin to check the queue's geco "
+                    f"prolog (cgroups=")
+    assert sentence in stderr
+    assert stderr.rstrip().endswith("; the job is put in error state")
+    [failed] = journal.wait_for(GECO_EVENT="starter-not-quarantined", JOB_ID=str(job))
+    assert failed["REASON"] == why
 
 
 # -- restarts -------------------------------------------------------------------

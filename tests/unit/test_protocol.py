@@ -3,13 +3,15 @@
 The vectors in tests/vectors/quarantine.json are checked three ways: against
 frames rebuilt here with ``struct`` and ``hashlib.blake2b`` (independent of
 geco and of libsodium), against geco's encoder/decoder, and against the hex in
-docs/wire-format.md, so the JSON, the code and the document cannot drift apart.
+docs/wire-format.md, so the JSON, the code and the document cannot drift apart;
+and both files are what tests/vectors/make_quarantine.py writes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.util
 import json
 import re
 import socket
@@ -34,6 +36,7 @@ BY_NAME = {v["name"]: v for v in VECTORS["vectors"]}
 NEGATIVE = VECTORS["negative"]
 TS = BY_NAME["job_started"]["timestamp_ns"]
 SKEW_NS = 30 * 10**9
+ZERO_KEY = bytes(32)  # the public key of PEERCRED frames, spelled out independently of geco
 
 u64 = st.integers(0, 2**64 - 1)
 u32 = st.integers(0, 2**32 - 1)
@@ -86,32 +89,48 @@ def test_the_vectors_cover_every_message_type_and_every_refusal_reason() -> None
                        "stale", "nonce"}
 
 
+def test_the_vectors_cover_peer_credentialed_frames_and_their_refusals() -> None:
+    """Given the JSON vectors, then PEERCRED frames of both requests and of the ACK are
+    there, and refusals for a PEERCRED JOB_STARTED and for an unknown flag bit."""
+    assert {(v["type_name"], v["flags"]) for v in VECTORS["vectors"] if v["flags"]} == {
+        ("QUARANTINE_SELF", 1), ("STATUS", 1), ("ACK", 1)}
+    flagged = {n["name"]: int.from_bytes(bytes.fromhex(n["frame"])[6:8], "little")
+               for n in NEGATIVE if n["reason"] == "flags"}
+    assert flagged["peercred_job_started"] == P.PEERCRED
+    assert flagged["unknown_flag"] & ~P.PEERCRED
+
+
 @pytest.mark.parametrize("vector", VECTORS["vectors"], ids=lambda v: v["name"])
 def test_a_vector_frame_is_the_independently_built_frame(vector: dict[str, Any]) -> None:
     """Given a vector's inputs, when its frame is rebuilt with struct + hashlib.blake2b,
-    then it equals the recorded frame: the vectors follow the documented layout."""
+    then it equals the recorded frame: the vectors follow the documented layout (a PEERCRED
+    frame's MAC keyed with 32 zero bytes)."""
     payload = bytes.fromhex(vector["payload"])
     frame = reference_frame(vector["type"], payload, bytes.fromhex(vector["nonce"]),
-                            vector["timestamp_ns"])
+                            vector["timestamp_ns"], flags=vector["flags"],
+                            key=ZERO_KEY if vector["flags"] else KEY)
     assert frame.hex() == vector["frame"]
 
 
 @pytest.mark.parametrize("vector", VECTORS["vectors"], ids=lambda v: v["name"])
 def test_python_encodes_a_vector_byte_for_byte(vector: dict[str, Any]) -> None:
-    """Given a vector's fields, key, nonce and timestamp, when geco encodes them,
-    then the frame equals the vector's hex."""
+    """Given a vector's fields, key, flags, nonce and timestamp, when geco encodes them,
+    then the frame equals the vector's hex (the flag, not the key passed, picks the MAC
+    key)."""
     msg = message_of(vector)
     frame = P.encode(vector["type"], b"" if msg is None else msg, KEY,
-                     nonce=bytes.fromhex(vector["nonce"]), ts_ns=vector["timestamp_ns"])
+                     nonce=bytes.fromhex(vector["nonce"]), ts_ns=vector["timestamp_ns"],
+                     flags=vector["flags"])
     assert frame.hex() == vector["frame"]
 
 
 @pytest.mark.parametrize("vector", VECTORS["vectors"], ids=lambda v: v["name"])
 def test_python_decodes_a_vector_back_to_its_fields(vector: dict[str, Any]) -> None:
     """Given a vector's frame received at its own timestamp, when decoded,
-    then type, nonce, timestamp and message are the vector's inputs."""
+    then type, flags, nonce, timestamp and message are the vector's inputs."""
     got = P.decode(bytes.fromhex(vector["frame"]), KEY, now_ns=vector["timestamp_ns"])
     assert got.type == vector["type"]
+    assert (got.flags, got.peercred) == (vector["flags"], bool(vector["flags"]))
     assert got.nonce.hex() == vector["nonce"]
     assert got.timestamp_ns == vector["timestamp_ns"]
     assert got.payload.hex() == vector["payload"]
@@ -166,6 +185,24 @@ def test_every_hex_block_of_the_document_is_the_json_vector() -> None:
     expected |= {v["name"]: v["frame"] for v in VECTORS["vectors"]}
     expected |= {f"negative:{n['name']}": n["frame"] for n in NEGATIVE}
     assert doc_hex_blocks() == expected
+
+
+def _generator() -> Any:
+    path = REPO / "tests" / "vectors" / "make_quarantine.py"
+    spec = importlib.util.spec_from_file_location("make_quarantine", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_json_and_the_documents_section_9_are_what_the_generator_writes() -> None:
+    """Given tests/vectors/make_quarantine.py, when it renders the vectors and section 9,
+    then they are the committed files byte for byte: nobody edited them by hand, and the
+    next change runs the generator instead of a scratch script."""
+    json_text, doc_text = _generator().render()
+    assert json_text == (REPO / "tests" / "vectors" / "quarantine.json").read_text()
+    assert doc_text == DOC
 
 
 def test_the_documents_byte_table_adds_up_to_the_job_started_frame() -> None:
@@ -416,6 +453,178 @@ def test_encode_refuses_what_it_cannot_send(args: tuple[Any, ...], text: str) ->
     kw = args[3] if len(args) > 3 else {}
     with pytest.raises(ValueError, match=re.escape(text)):
         P.encode(*args[:3], **kw)
+
+
+# ---------------------------------------------------------------------------
+# peer-credentialed frames (flag PEERCRED, MAC keyed with 32 zero bytes)
+# ---------------------------------------------------------------------------
+
+PQS = BY_NAME["peercred_quarantine_self"]
+PACK = BY_NAME["peercred_ack"]
+PEERCRED_REPLY = "the reply carries the PEERCRED flag (MAC'd with the public key), but it " \
+                 "answers a request MAC'd with the secret key, so it must be MAC'd with " \
+                 "that key too"
+LACKS_PEERCRED = "the reply lacks the PEERCRED flag: it is MAC'd with gecod's secret key, " \
+                 "which this client cannot check (a gecod older than this client refuses " \
+                 "peer-credentialed requests: upgrade gecod)"
+
+
+def test_the_public_key_is_32_zero_bytes_and_the_flag_is_bit_0() -> None:
+    assert (P.PUBLIC_KEY, P.PEERCRED) == (ZERO_KEY, 0x0001)
+    assert sorted(P.PEERCRED_TYPES) == [P.MsgType.ACK, P.MsgType.STATUS,
+                                        P.MsgType.STATUS_REPLY, P.MsgType.QUARANTINE_SELF]
+
+
+@given(st.sampled_from(sorted(P.PEERCRED_TYPES)), nonces, int64,
+       st.binary(min_size=32, max_size=32), st.data())
+def test_a_peercred_frame_round_trips_under_any_key_the_caller_holds(
+        type_: P.MsgType, nonce: bytes, ts: int, key: bytes, data: st.DataObject) -> None:
+    """Given any PEERCRED frame of a type that may carry the flag, encoded with whatever key
+    the sender holds, then it is the reference frame MAC'd with 32 zero bytes, and any
+    receiver decodes it with whatever key it holds: the flag, not the key, decides."""
+    msg: P.Message | bytes
+    match type_:
+        case P.MsgType.QUARANTINE_SELF:
+            msg = P.JobStarted(data.draw(u64), data.draw(u64), data.draw(u32))
+        case P.MsgType.ACK:
+            msg = P.Ack(data.draw(u64), data.draw(u64), data.draw(st.sampled_from(
+                list(P.AckStatus))), data.draw(nonces))
+        case P.MsgType.STATUS_REPLY:
+            msg = P.StatusReply({"jobs": [], "n": data.draw(u32)})
+        case _:
+            msg = b""
+    frame = P.encode(type_, msg, key, nonce=nonce, ts_ns=ts, flags=P.PEERCRED)
+    payload = msg if isinstance(msg, bytes) else msg.pack()
+    assert frame == reference_frame(type_, payload, nonce, ts, key=ZERO_KEY, flags=1)
+    got = P.decode(frame, data.draw(st.binary(min_size=32, max_size=32)), now_ns=ts)
+    assert (got.type, got.flags, got.peercred, got.nonce, got.payload) == (
+        type_, P.PEERCRED, True, nonce, payload)
+    assert P.decode(frame, P.PUBLIC_KEY, now_ns=ts, peercred=True).payload == payload
+
+
+@pytest.mark.parametrize(("type_", "name"), [(1, "JOB_STARTED"), (5, "ADOPT"), (7, "type 7"),
+                                             (255, "type 255")])
+def test_the_peercred_flag_on_any_other_type_is_refused_as_flags_before_the_mac(
+        type_: int, name: str) -> None:
+    """Given a PEERCRED frame of a type other than STATUS, QUARANTINE_SELF and their replies
+    (even with a good public-key MAC), then decode and expected_length refuse it as
+    ``flags``, saying the type needs the secret key: JOB_STARTED stays privileged."""
+    frame = reference_frame(type_, JS_PAYLOAD, JS_NONCE, TS, key=ZERO_KEY, flags=1)
+    text = (f"the PEERCRED flag is only allowed on STATUS and QUARANTINE_SELF requests and "
+            f"their replies, got it on {name}: {name} must be MAC'd with the secret key "
+            f"(reason=flags)")
+    assert str(refused(frame, now_ns=TS)) == text
+    with pytest.raises(ProtocolError) as info:
+        P.expected_length(frame[:12])
+    assert str(info.value) == text
+
+
+@given(st.integers(0, 0xFFFF).filter(lambda f: f & ~P.PEERCRED), st.sampled_from([1, 3, 6]))
+def test_an_unknown_flag_bit_is_refused_whatever_else_is_set(flags: int, type_: int) -> None:
+    frame = reference_frame(type_, b"" if type_ == 3 else JS_PAYLOAD, JS_NONCE, TS,
+                            key=ZERO_KEY, flags=flags)
+    assert str(refused(frame, now_ns=TS)) == (
+        f"flags must be 0 or 0x0001 (PEERCRED), got 0x{flags:04x} (reason=flags)")
+
+
+def test_a_peercred_frame_macd_with_the_secret_key_is_refused_as_mac_saying_which_key() -> None:
+    """Given a STATUS flagged PEERCRED but MAC'd with the secret key (a client mixing the
+    two), then the receiver, checking with the public key, refuses it naming that key."""
+    frame = reference_frame(3, b"", JS_NONCE, TS, key=KEY, flags=1)
+    assert str(refused(frame, now_ns=TS)) == (
+        "the MAC of a PEERCRED frame does not match: it must be keyed with the public key "
+        "(32 zero bytes); the frame is corrupted or was MAC'd with another key (reason=mac)")
+
+
+@pytest.mark.parametrize(("faults", "reason"), [
+    ({"flags": 3, "length": 5000, "key": KEY}, "flags"),
+    ({"length": 5000, "key": KEY}, "length"),
+    ({"key": KEY, "type_": 99}, "flags"),
+    ({"key": KEY}, "mac"),
+    ({"ts": TS - 10**12}, "stale"),
+])
+def test_a_peercred_frame_goes_through_the_same_checks_in_the_same_order(
+        faults: dict[str, Any], reason: str) -> None:
+    """Given a PEERCRED STATUS with several faults, then the first check of the documented
+    order names the refusal, as for any frame (the clock check included)."""
+    type_ = faults.pop("type_", 3)
+    ts = faults.pop("ts", TS)
+    faults.setdefault("flags", 1)
+    faults.setdefault("key", ZERO_KEY)
+    frame = reference_frame(type_, b"", JS_NONCE, ts, **faults)
+    assert refused(frame, now_ns=TS).reason == reason
+
+
+def test_a_peercred_request_is_answered_by_a_peercred_ack_and_nothing_else() -> None:
+    """Given the PEERCRED QUARANTINE_SELF vector's nonce, then decode_ack(peercred=True)
+    accepts the PEERCRED ACK vector, and refuses the (secret-keyed) ACK vector re-bound to
+    that nonce, because the asker could not have checked its MAC."""
+    request = bytes.fromhex(PQS["nonce"])
+    ack = P.decode_ack(bytes.fromhex(PACK["frame"]), P.PUBLIC_KEY, request,
+                       now_ns=PACK["timestamp_ns"], peercred=True)
+    assert ack == P.Ack(366474, 27, P.AckStatus.OK, request)
+    keyed = P.encode(P.MsgType.ACK, ack, KEY, ts_ns=PACK["timestamp_ns"])
+    with pytest.raises(ProtocolError) as info:
+        P.decode_ack(keyed, KEY, request, now_ns=PACK["timestamp_ns"], peercred=True)
+    assert str(info.value) == f"{LACKS_PEERCRED} (reason=flags)"
+
+
+def test_a_peercred_ack_never_answers_a_request_macd_with_the_secret_key() -> None:
+    """Given a root client that sent a secret-keyed request, when a PEERCRED ACK for its
+    nonce arrives (anyone can make one), then decode_ack refuses it before the MAC."""
+    request = bytes.fromhex(JS["nonce"])
+    forged = P.encode(P.MsgType.ACK, P.Ack(1, 1, P.AckStatus.OK, request), P.PUBLIC_KEY,
+                      flags=P.PEERCRED)
+    with pytest.raises(ProtocolError) as info:
+        P.decode_ack(forged, KEY, request)
+    assert str(info.value) == f"{PEERCRED_REPLY} (reason=flags)"
+
+
+def test_decode_with_peercred_true_or_false_insists_on_the_flag_of_the_request() -> None:
+    """Given a STATUS_REPLY with and without the flag, then decode(peercred=True) takes only
+    the flagged one, decode(peercred=False) only the other, and decode() both."""
+    doc = P.StatusReply({"jobs": [], "version": 1})
+    flagged = P.encode(P.MsgType.STATUS_REPLY, doc, KEY, flags=P.PEERCRED)
+    keyed = P.encode(P.MsgType.STATUS_REPLY, doc, KEY)
+    assert P.decode(flagged, P.PUBLIC_KEY, peercred=True).message == doc
+    assert P.decode(keyed, KEY, peercred=False).message == doc
+    assert P.decode(flagged, KEY).peercred and not P.decode(keyed, KEY).peercred
+    assert str(refused(keyed, peercred=True)) == f"{LACKS_PEERCRED} (reason=flags)"
+    assert str(refused(flagged, peercred=False)) == f"{PEERCRED_REPLY} (reason=flags)"
+
+
+@pytest.mark.parametrize(("received", "flags"), [
+    (reference_frame(1, JS_PAYLOAD, JS_NONCE, TS, key=ZERO_KEY, flags=1), P.PEERCRED),
+    (reference_frame(6, JS_PAYLOAD, JS_NONCE, TS, key=KEY, flags=1), P.PEERCRED),
+    (reference_frame(6, JS_PAYLOAD, JS_NONCE, TS, key=ZERO_KEY, flags=3), P.PEERCRED),
+    (reference_frame(6, JS_PAYLOAD, JS_NONCE, TS, key=ZERO_KEY, flags=1, version=2), 0),
+    (reference_frame(6, JS_PAYLOAD, JS_NONCE, TS, flags=2), 0),
+])
+def test_a_refused_peercred_request_is_answered_in_kind(received: bytes, flags: int) -> None:
+    """Given a refused request whose header has the PEERCRED bit, then ack_for_error answers
+    with a PEERCRED ACK its keyless sender can check; other frames, and any frame of another
+    protocol version (never read past byte 4), get a secret-keyed ACK."""
+    answer = P.ack_for_error(received, refused(received, now_ns=TS), KEY)
+    got = P.decode(answer, KEY)
+    assert got.flags == flags
+    ack = P.decode_ack(answer, KEY, JS_NONCE, peercred=bool(flags))
+    assert ack.status in (P.AckStatus.BAD_REQUEST, P.AckStatus.VERSION)
+
+
+def test_a_cache_for_peercred_frames_forgets_its_oldest_nonce_when_full() -> None:
+    """Given a PEERCRED replay cache (forget_when_full) full of live nonces, then a new nonce
+    is accepted and the oldest forgotten (anyone can mint such frames, so failing closed
+    would hand every local user a switch that blocks everyone); a nonce it still holds is
+    refused as a replay."""
+    cache = P.ReplayCache.for_skew(0.5, capacity=2, forget_when_full=True)
+    cache.check(b"a" * 16, TS)
+    cache.check(b"b" * 16, TS)
+    cache.check(b"c" * 16, TS)
+    assert len(cache) == 2
+    with pytest.raises(ProtocolError) as info:
+        cache.check(b"c" * 16, TS)
+    assert info.value.reason == "nonce"
+    cache.check(b"a" * 16, TS)  # forgotten, so accepted again
 
 
 # ---------------------------------------------------------------------------
