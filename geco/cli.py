@@ -103,6 +103,16 @@ def _add_key_commands(sub: Any) -> None:
                     help="write it atomically here (e.g. /etc/geco/preload.conf)")
 
 
+def _failed(command: str, exc: GecoError) -> int:
+    """Say why ``geco <command>`` failed, in one stderr line; return its exit status.
+
+    A bad geco.toml (ConfigError) is bad input (2); anything else is the system
+    failing us (1).
+    """
+    print(f"geco {command}: {exc}", file=sys.stderr)
+    return EXIT_BAD_INPUT if isinstance(exc, ConfigError) else EXIT_FAILED
+
+
 def _keygen(args: argparse.Namespace) -> int:
     # imported here: pynacl costs ~15 ms at import, which `geco rsrcinfo` need not pay
     from geco import keys
@@ -130,12 +140,8 @@ def _preload_config(args: argparse.Namespace) -> int:
             preload_config.write(cfg, args.output, source=source)
         else:
             sys.stdout.write(preload_config.render(cfg, source=source))
-    except ConfigError as exc:
-        print(f"geco preload-config: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
     except GecoError as exc:
-        print(f"geco preload-config: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+        return _failed("preload-config", exc)
     return EXIT_OK
 
 
@@ -181,12 +187,8 @@ def _status(args: argparse.Namespace) -> int:
 
     try:
         doc = client.status(_config.load())
-    except ConfigError as exc:
-        print(f"geco status: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
     except GecoError as exc:
-        print(f"geco status: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+        return _failed("status", exc)
     sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n" if args.json
                      else _status_table(doc))
     sys.stdout.flush()

@@ -47,8 +47,7 @@ static int has_prefix(const char *s, const char *prefix)
     return strncmp(s, prefix, strlen(prefix)) == 0;
 }
 
-/* A decimal number in 1..65535 made of digits only; else -1. */
-static long parse_port(const char *s)
+long geco_parse_count(const char *s, long max)
 {
     long v = 0;
     if (*s == '\0')
@@ -57,7 +56,7 @@ static long parse_port(const char *s)
         if (*s < '0' || *s > '9')
             return -1;
         v = v * 10 + (*s - '0');
-        if (v > 65535)
+        if (v > max)
             return -1;
     }
     return v == 0 ? -1 : v;
@@ -114,7 +113,7 @@ int geco_address_parse(const char *text, geco_address_t *out, const char **why)
     if (text[0] == '/')
         return set_unix(text, out, why);
     if (has_prefix(text, "port:") || all_digits(text)) {
-        port = parse_port(has_prefix(text, "port:") ? text + 5 : text);
+        port = geco_parse_count(has_prefix(text, "port:") ? text + 5 : text, 65535);
         if (port < 0) {
             *why = "a port must be a number in 1..65535";
             return -1;
@@ -125,7 +124,7 @@ int geco_address_parse(const char *text, geco_address_t *out, const char **why)
     if (has_prefix(text, "service:")) {
         const char *name = text + 8;
         if (all_digits(name)) {
-            port = parse_port(name);
+            port = geco_parse_count(name, 65535);
             if (port < 0) {
                 *why = "a port must be a number in 1..65535";
                 return -1;

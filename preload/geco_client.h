@@ -31,6 +31,13 @@ typedef struct {
  */
 int geco_address_parse(const char *text, geco_address_t *out, const char **why);
 
+/*
+ * A whole number in 1..max written in decimal digits only (no sign, no white
+ * space); else -1. max must be below LONG_MAX / 10, so no digit can
+ * overflow. Ports and the preload.conf millisecond values are read with it.
+ */
+long geco_parse_count(const char *s, long max);
+
 /* Outcomes of reading the job id from an `environment` file. */
 enum geco_env_result {
     GECO_ENV_OK = 0,

@@ -239,22 +239,6 @@ static char *trim(char *s, char *end)
     return s;
 }
 
-/* A decimal in 1..max; else -1. */
-static long parse_ms(const char *s, long max)
-{
-    long v = 0;
-    if (*s == '\0')
-        return -1;
-    for (; *s != '\0'; s++) {
-        if (*s < '0' || *s > '9')
-            return -1;
-        v = v * 10 + (*s - '0');
-        if (v > max)
-            return -1;
-    }
-    return v == 0 ? -1 : v;
-}
-
 static int set_filters(char *value, line_t *err)
 {
     cfg.nfilters = 0;
@@ -306,7 +290,7 @@ static int apply(const char *key, char *value, char *key_file, line_t *err)
         }
         memcpy(key_file, value, strlen(value) + 1);
     } else if (strcmp(key, "timeout_ms") == 0 || strcmp(key, "max_skew_ms") == 0) {
-        v = parse_ms(value, 3600000);
+        v = geco_parse_count(value, 3600000);
         if (v < 0) {
             put(err, key);
             put(err, " must be a number of milliseconds in 1..3600000, got '");
@@ -881,76 +865,69 @@ static void fill_args(char **argv, long n, const char *arg, va_list ap)
     argv[n] = NULL;
 }
 
-GECO_EXPORT int execl(const char *path, const char *arg, ...)
+/*
+ * execl, execle and execlp: collect `arg` and the arguments after it (up to
+ * the NULL; for execle, the envp after that) into an argv on the stack -- no
+ * malloc -- then gate and call *real: real_execve, or real_execvpe for execlp
+ * (read only after geco_gate(), which resolves them on a first exec). One
+ * function does all of it because the array must live in the frame that
+ * makes the call. More arguments than fit an argv: -1 with E2BIG before
+ * anything else, like glibc. The caller's errno is restored before the
+ * call-through, as in every wrapper.
+ */
+static int exec_list(execve_fn *real, int with_envp, const char *path, const char *arg,
+                     va_list ap)
 {
     int saved = errno;
-    va_list ap;
-    va_start(ap, arg);
-    long n = count_args(arg, ap);
-    va_end(ap);
+    va_list count;
+    va_copy(count, ap);
+    long n = count_args(arg, count);
+    va_end(count);
     if (n < 0) {
         errno = E2BIG;
         return -1;
     }
     char *argv[n + 1];
-    va_start(ap, arg);
     fill_args(argv, n, arg, ap);
-    va_end(ap);
+    char *const *envp = environ;
+    if (with_envp) {
+        if (n > 0)
+            (void)va_arg(ap, char *); /* the NULL that ends the arguments */
+        envp = va_arg(ap, char *const *);
+    }
     if (geco_gate(path) != 0)
         return -1;
-    if (real_execve == NULL)
+    if (*real == NULL)
         return missing();
     errno = saved;
-    return real_execve(path, argv, environ);
+    return (*real)(path, argv, envp);
+}
+
+GECO_EXPORT int execl(const char *path, const char *arg, ...)
+{
+    va_list ap;
+    va_start(ap, arg);
+    int rc = exec_list(&real_execve, 0, path, arg, ap);
+    va_end(ap);
+    return rc;
 }
 
 GECO_EXPORT int execle(const char *path, const char *arg, ...)
 {
-    int saved = errno;
     va_list ap;
     va_start(ap, arg);
-    long n = count_args(arg, ap);
+    int rc = exec_list(&real_execve, 1, path, arg, ap);
     va_end(ap);
-    if (n < 0) {
-        errno = E2BIG;
-        return -1;
-    }
-    char *argv[n + 1];
-    va_start(ap, arg);
-    fill_args(argv, n, arg, ap);
-    if (n > 0)
-        (void)va_arg(ap, char *); /* the NULL that ends the arguments */
-    char *const *envp = va_arg(ap, char *const *);
-    va_end(ap);
-    if (geco_gate(path) != 0)
-        return -1;
-    if (real_execve == NULL)
-        return missing();
-    errno = saved;
-    return real_execve(path, argv, envp);
+    return rc;
 }
 
 GECO_EXPORT int execlp(const char *file, const char *arg, ...)
 {
-    int saved = errno;
     va_list ap;
     va_start(ap, arg);
-    long n = count_args(arg, ap);
-    va_end(ap);
-    if (n < 0) {
-        errno = E2BIG;
-        return -1;
-    }
-    char *argv[n + 1];
-    va_start(ap, arg);
-    fill_args(argv, n, arg, ap);
-    va_end(ap);
-    if (geco_gate(file) != 0)
-        return -1;
-    if (real_execvpe == NULL)
-        return missing();
-    errno = saved;
     /* glibc's execlp is execvpe(file, argv, environ): same PATH search and
        ENOEXEC fallback to /bin/sh */
-    return real_execvpe(file, argv, environ);
+    int rc = exec_list(&real_execvpe, 0, file, arg, ap);
+    va_end(ap);
+    return rc;
 }

@@ -15,15 +15,12 @@ refusal of overlapping exclusive cpusets.
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import itertools
 import mmap
 import os
 import posixpath
-import select
 import signal
-import struct
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -41,18 +38,28 @@ from geco.cgroup import (
 )
 from geco.errors import CgroupError
 
+# pytest puts only this file's own directory on sys.path, and no conftest may
+# help (tests/vm, the other user of cgroup_testkit, runs with --noconftest)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from cgroup_testkit import (
+    allocate,
+    count,
+    counter_body,
+    cpu_list,
+    eventually,
+    fork_forever,
+    fresh_name,
+    parse_list,
+    raw_cleanup,
+    read,
+    reap,
+    report_affinity,
+    start_in,
+)
+
 MiB = 1 << 20
 MOUNTINFO = Path("/proc/self/mountinfo").read_bytes()
 MOUNTED = find_hierarchies(parse_mountinfo(MOUNTINFO), Path("/sys/fs/cgroup"))
-
-
-def parse_list(text: str) -> set[int]:
-    """The numbers of a kernel list such as ``0-2,5``."""
-    out: set[int] = set()
-    for part in filter(None, text.strip().split(",")):
-        first, _, last = part.partition("-")
-        out.update(range(int(first), int(last or first) + 1))
-    return out
 
 
 def remove_idle_geco() -> str:
@@ -107,7 +114,6 @@ pytestmark = [pytest.mark.root, pytest.mark.skipif(bool(WHY_NOT), reason=WHY_NOT
 needs_two_cpus = pytest.mark.skipif(
     bool(HIER) and len(parse_list((HIER["cpuset"].mount_point / "cpuset.cpus").read_text())) < 2,
     reason="this machine has fewer than 2 cpus")
-_names = itertools.count()
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -118,81 +124,7 @@ def _idle_geco() -> None:
         pytest.skip(busy)
 
 
-# -- helpers ------------------------------------------------------------------
-
-
-class Child:
-    """A forked child that waits until the test has put it into a cgroup, then runs ``body``.
-
-    ``body(out_fd)`` runs only after :meth:`go`, so whatever it observes (its
-    affinity, its memory limit) is the cgroup's doing, not the parent's.
-    """
-
-    def __init__(self, body: Callable[[int], None], registry: list[int]) -> None:
-        go_r, self._go = os.pipe()
-        self._out, out_w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # child: never return into pytest
-            code = 0
-            try:
-                os.close(self._go)
-                os.close(self._out)
-                os.read(go_r, 1)
-                body(out_w)
-            except BaseException:
-                code = 70
-            os._exit(code)
-        os.close(go_r)
-        os.close(out_w)
-        self.pid = pid
-        registry.append(pid)
-        self._status: int | None = None
-
-    def go(self) -> None:
-        os.write(self._go, b"x")
-        os.close(self._go)
-
-    def output(self, timeout: float = 30.0) -> bytes:
-        """Everything the child wrote to its out pipe, until it closes it."""
-        data = b""
-        deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            ready, _, _ = select.select([self._out], [], [], left)
-            if not ready:
-                break
-            chunk = os.read(self._out, 65536)
-            if not chunk:
-                break
-            data += chunk
-        os.close(self._out)
-        return data
-
-    def wait(self) -> int:
-        """The child's exit code (``-9`` for SIGKILL)."""
-        if self._status is None:
-            _, status = os.waitpid(self.pid, 0)
-            self._status = os.waitstatus_to_exitcode(status)
-        return self._status
-
-
-def start_in(backend: V1Backend, key: str, body: Callable[[int], None],
-             registry: list[int]) -> Child:
-    """Fork ``body`` into job ``key``: moved first, released second."""
-    child = Child(body, registry)
-    backend.add_pid(key, child.pid)
-    child.go()
-    return child
-
-
-def report_affinity(out: int) -> None:
-    os.write(out, ",".join(map(str, sorted(os.sched_getaffinity(0)))).encode())
-
-
-def allocate(size: int) -> Callable[[int], None]:
-    def body(out: int) -> None:
-        block = bytearray(size)  # zero-filled: every page is touched
-        os.write(out, f"survived {len(block)}".encode())
-    return body
+# -- helpers (the shared ones are in tests/cgroup_testkit.py) -----------------
 
 
 def exec_shell(script: str) -> Callable[[int], None]:
@@ -202,81 +134,19 @@ def exec_shell(script: str) -> Callable[[int], None]:
     return body
 
 
-def fork_forever(out: int) -> None:
-    """Fork sleeping children as fast as the kernel allows, retrying when refused."""
-    os.close(out)
-    while True:
-        try:
-            if os.fork() == 0:
-                time.sleep(300)
-                os._exit(0)
-        except OSError:
-            time.sleep(0.001)
-
-
-def cpu_list(cpus: set[int]) -> str:
-    return ",".join(map(str, sorted(cpus)))
-
-
-def _write(path: Path, data: bytes) -> None:
-    try:
-        fd = os.open(path, os.O_WRONLY)
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
-
-
-def raw_cleanup(parents: list[Path], children: list[int]) -> None:
-    """Remove a test parent in every controller with plain syscalls, whatever state it is in."""
-    for parent in parents:
-        for dirpath, _, files in os.walk(parent):
-            if "freezer.state" in files:
-                _write(Path(dirpath) / "freezer.state", b"THAWED")
-    for _ in range(200):
-        pids: set[int] = set()
-        for parent in parents:
-            for dirpath, _, _ in os.walk(parent):
-                with contextlib.suppress(OSError):
-                    pids.update(map(int, (Path(dirpath) / "cgroup.procs").read_text().split()))
-        if not pids:
-            break
-        for pid in pids:  # only test children were ever put into a test parent
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.05)
-    for pid in children:
-        try:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-        except (ProcessLookupError, ChildProcessError):
-            pass
-    for parent in parents:
-        for dirpath, _, _ in sorted(os.walk(parent), key=lambda w: -len(w[0])):
-            with contextlib.suppress(FileNotFoundError):
-                os.rmdir(dirpath)
-
-
 @pytest.fixture
 def name() -> Iterator[str]:
     """A fresh parent name; whatever is created under it in any controller is removed after."""
-    n = f"geco-test-{os.getpid()}-{next(_names)}"
+    n = fresh_name()
     yield n
-    raw_cleanup([h.mount_point / n for h in HIER.values()], [])
+    raw_cleanup(h.mount_point / n for h in HIER.values())
 
 
 @pytest.fixture
 def children() -> Iterator[list[int]]:
     pids: list[int] = []
     yield pids
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-        except (ProcessLookupError, ChildProcessError):
-            pass
+    reap(pids)
 
 
 @pytest.fixture
@@ -284,10 +154,6 @@ def backend(name: str, children: list[int]) -> V1Backend:
     b = V1Backend(HIER, name)
     b.ensure_root()
     return b
-
-
-def read(path: Path) -> str:
-    return path.read_text().strip()
 
 
 # -- detection ----------------------------------------------------------------
@@ -506,20 +372,6 @@ def test_given_memory_above_memory_swap_when_created_then_ram_is_capped_at_memor
 # -- pids, freeze, kill, destroy ----------------------------------------------
 
 
-def counter_body(counter: mmap.mmap) -> Callable[[int], None]:
-    def body(out: int) -> None:
-        os.close(out)
-        n = 0
-        while True:
-            n += 1
-            struct.pack_into("Q", counter, 0, n)
-    return body
-
-
-def count(counter: mmap.mmap) -> int:
-    return int(struct.unpack_from("Q", counter, 0)[0])
-
-
 def proc_state(pid: int) -> str:
     stat = Path(f"/proc/{pid}/stat").read_bytes()
     return stat[stat.rindex(b")") + 2:].split()[0].decode()
@@ -530,7 +382,7 @@ def test_given_a_running_job_when_frozen_then_it_stops_and_when_thawed_it_runs_a
     counter = mmap.mmap(-1, 8)
     backend.create("9.1", Limits())
     child = start_in(backend, "9.1", counter_body(counter), children)
-    assert _eventually(lambda: count(counter) > 0)
+    assert eventually(lambda: count(counter) > 0)
     backend.freeze("9.1")
     assert read(backend.paths("9.1")["freezer"] / "freezer.state") == "FROZEN"
     assert proc_state(child.pid) == "D"
@@ -538,7 +390,7 @@ def test_given_a_running_job_when_frozen_then_it_stops_and_when_thawed_it_runs_a
     time.sleep(0.3)
     assert count(counter) == frozen_at
     backend.thaw("9.1")
-    assert _eventually(lambda: count(counter) > frozen_at)
+    assert eventually(lambda: count(counter) > frozen_at)
     assert backend.kill("9.1") == 1
     assert child.wait() == -signal.SIGKILL
 
@@ -547,7 +399,7 @@ def test_given_a_frozen_job_when_killed_then_it_is_left_thawed_so_the_processes_
         backend: V1Backend, children: list[int]) -> None:
     backend.create("9.2", Limits())
     child = start_in(backend, "9.2", exec_shell("exec sleep 300"), children)
-    assert _eventually(lambda: backend.pids("9.2") == [child.pid])
+    assert eventually(lambda: backend.pids("9.2") == [child.pid])
     backend.freeze("9.2")
     assert backend.kill("9.2") == 1
     assert child.wait() == -signal.SIGKILL
@@ -562,7 +414,7 @@ def test_given_a_forking_job_with_a_pids_limit_when_killed_then_nothing_is_left(
     backend.create("10.1", Limits(pids=32))
     child = start_in(backend, "10.1", fork_forever, children)
     # the fork loop runs into pids.max and keeps trying; the kernel holds it at the limit
-    assert _eventually(lambda: len(backend.pids("10.1")) == 32)
+    assert eventually(lambda: len(backend.pids("10.1")) == 32)
     time.sleep(0.2)
     assert len(backend.pids("10.1")) == 32
     killed = backend.kill("10.1")
@@ -579,7 +431,7 @@ def test_given_processes_left_when_destroyed_then_the_error_lists_them(
     backend.create("11.1", Limits())
     child = start_in(backend, "11.1", exec_shell("sleep 300 & sleep 300 & exec sleep 300"),
                      children)
-    assert _eventually(lambda: len(backend.pids("11.1")) == 3)
+    assert eventually(lambda: len(backend.pids("11.1")) == 3)
     pids = backend.pids("11.1")
     assert child.pid in pids
     assert not backend.wait_empty("11.1", 0.1)
@@ -655,12 +507,3 @@ def test_given_no_cgroup_when_read_then_the_error_names_the_job(backend: V1Backe
     assert backend.kill("14.1") == 0
     assert backend.wait_empty("14.1", 0)
     assert not backend.exists("14.1")
-
-
-def _eventually(check: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.01)
-    return check()

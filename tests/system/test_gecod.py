@@ -425,6 +425,13 @@ def new_job() -> int:
     return next(_jobs)
 
 
+def free_tcp_port() -> int:
+    """A loopback TCP port nothing listens on right now (the kernel's pick)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 # -- quarantine -----------------------------------------------------------------
 
 
@@ -796,9 +803,7 @@ def test_over_tcp_the_processs_own_uid_and_cwd_decide(node: Node, journal: Any) 
     """Given gecod on a loopback TCP port (no peer credentials), when a root process in the
     job's spool dir asks for itself, then OK; when a process that dropped to nobody asks,
     then REFUSED by its uid read from /proc, journaled without a peer pid."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_tcp_port()
     since = time.time()
     g = start_gecod(node, "tcp", sock=f"port:{port}")
     try:
@@ -890,9 +895,7 @@ def test_a_peercred_request_over_tcp_is_refused_and_geco_client_never_sends_one(
     """Given gecod on a loopback TCP port, when a PEERCRED STATUS arrives there, then gecod
     refuses it (BAD_REQUEST, in kind) and journals why: over TCP no kernel names the sender.
     geco.client does not even try: over TCP nothing vouches for the reply either."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_tcp_port()
     since = time.time()
     g = start_gecod(node, "tcp-peercred", sock=f"port:{port}")
     try:

@@ -4,6 +4,8 @@ Runs INSIDE the QEMU machine (systemd as PID 1, pure cgroup v2): the host's
 ``tests/system/test_cgroup_v2_vm.py`` boots it with ``run-in-vm.sh`` and runs
 ``python3 -m pytest -q -p no:cacheprovider tests/vm`` there. Only the
 standard library, pytest and geco.cgroup are used: the guest has no venv.
+The helpers shared with tests/system/test_cgroup_v1.py are in
+``tests/cgroup_testkit.py``, standard library only as well.
 
 Each test works below its own base ``/sys/fs/cgroup/geco-test-<pid>-<n>``,
 removed afterwards with plain syscalls (SIGKILL, rmdir), not with the code
@@ -14,21 +16,38 @@ process sees, the OOM kill, processes that stop counting while frozen,
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import mmap
 import os
-import select
 import signal
-import struct
+import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from geco.cgroup import Limits, V2Backend, detect, parse_mountinfo
 from geco.errors import CgroupError
+
+# pytest puts only this file's own directory on sys.path, and the guest runs
+# with --noconftest: add tests/ for the stdlib-only helpers in cgroup_testkit
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from cgroup_testkit import (
+    Child,
+    allocate,
+    count,
+    counter_body,
+    cpu_list,
+    eventually,
+    fork_forever,
+    fresh_name,
+    parse_list,
+    raw_cleanup,
+    read,
+    reap,
+    report_affinity,
+    start_in,
+)
 
 MiB = 1 << 20
 MOUNT = Path("/sys/fs/cgroup")
@@ -53,77 +72,9 @@ WHY_NOT = _usable_cgroup2()
 pytestmark = [pytest.mark.vm, pytest.mark.skipif(bool(WHY_NOT), reason=WHY_NOT)]
 needs_two_cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
                                     reason="this machine has fewer than 2 cpus")
-_names = itertools.count()
 
 
-# -- helpers (the same as in tests/system/test_cgroup_v1.py; the guest has no conftest) --
-
-
-class Child:
-    """A forked child that waits until the test has put it into a cgroup, then runs ``body``."""
-
-    def __init__(self, body: Callable[[int], None], registry: list[int]) -> None:
-        go_r, self._go = os.pipe()
-        self._out, out_w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # child: never return into pytest
-            code = 0
-            try:
-                os.close(self._go)
-                os.close(self._out)
-                os.read(go_r, 1)
-                body(out_w)
-            except BaseException:
-                code = 70
-            os._exit(code)
-        os.close(go_r)
-        os.close(out_w)
-        self.pid = pid
-        registry.append(pid)
-        self._status: int | None = None
-
-    def go(self) -> None:
-        os.write(self._go, b"x")
-        os.close(self._go)
-
-    def output(self, timeout: float = 60.0) -> bytes:
-        data = b""
-        deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            ready, _, _ = select.select([self._out], [], [], left)
-            if not ready:
-                break
-            chunk = os.read(self._out, 65536)
-            if not chunk:
-                break
-            data += chunk
-        os.close(self._out)
-        return data
-
-    def wait(self) -> int:
-        if self._status is None:
-            _, status = os.waitpid(self.pid, 0)
-            self._status = os.waitstatus_to_exitcode(status)
-        return self._status
-
-
-def start_in(backend: V2Backend, key: str, body: Callable[[int], None],
-             registry: list[int]) -> Child:
-    child = Child(body, registry)
-    backend.add_pid(key, child.pid)
-    child.go()
-    return child
-
-
-def report_affinity(out: int) -> None:
-    os.write(out, ",".join(map(str, sorted(os.sched_getaffinity(0)))).encode())
-
-
-def allocate(size: int) -> Callable[[int], None]:
-    def body(out: int) -> None:
-        block = bytearray(size)  # zero-filled: every page is touched
-        os.write(out, f"survived {len(block)}".encode())
-    return body
+# -- helpers (the shared ones are in tests/cgroup_testkit.py) -----------------
 
 
 def sleeper(out: int) -> None:
@@ -131,91 +82,18 @@ def sleeper(out: int) -> None:
     os.execvp("sleep", ["sleep", "300"])
 
 
-def fork_forever(out: int) -> None:
-    """Fork sleeping children as fast as the kernel allows, retrying when refused."""
-    os.close(out)
-    while True:
-        try:
-            if os.fork() == 0:
-                time.sleep(300)
-                os._exit(0)
-        except OSError:
-            time.sleep(0.001)
-
-
-def counter_body(counter: mmap.mmap) -> Callable[[int], None]:
-    def body(out: int) -> None:
-        os.close(out)
-        n = 0
-        while True:
-            n += 1
-            struct.pack_into("Q", counter, 0, n)
-    return body
-
-
-def count(counter: mmap.mmap) -> int:
-    return int(struct.unpack_from("Q", counter, 0)[0])
-
-
-def parse_list(text: str) -> set[int]:
-    """The cpus of a kernel list such as ``0-2,5``."""
-    cpus: set[int] = set()
-    for part in filter(None, text.split(",")):
-        first, _, last = part.partition("-")
-        cpus.update(range(int(first), int(last or first) + 1))
-    return cpus
-
-
-def read(path: Path) -> str:
-    return path.read_text().strip()
-
-
-def eventually(check: Callable[[], bool], timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.02)
-    return check()
-
-
-def raw_cleanup(top: Path) -> None:
-    """Remove a test base with plain syscalls, whatever state it is in."""
-    if not top.exists():
-        return
-    for _ in range(200):
-        pids: set[int] = set()
-        for dirpath, _, _ in os.walk(top):
-            with contextlib.suppress(OSError):
-                pids.update(map(int, (Path(dirpath) / "cgroup.procs").read_text().split()))
-        if not pids:
-            break
-        for pid in pids:  # only test children were ever put below a test base
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.05)
-    for dirpath, _, _ in sorted(os.walk(top), key=lambda w: -len(w[0])):
-        with contextlib.suppress(FileNotFoundError):
-            os.rmdir(dirpath)
-
-
 @pytest.fixture
 def children() -> Iterator[list[int]]:
     pids: list[int] = []
     yield pids
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-        except (ProcessLookupError, ChildProcessError):
-            pass
+    reap(pids)
 
 
 @pytest.fixture
 def name(children: list[int]) -> Iterator[str]:
-    n = f"geco-test-{os.getpid()}-{next(_names)}"
+    n = fresh_name()
     yield n
-    raw_cleanup(MOUNT / n)
+    raw_cleanup([MOUNT / n])
 
 
 @pytest.fixture
@@ -294,7 +172,7 @@ def test_given_no_cpus_when_created_then_the_job_inherits_the_base(
     assert read(backend.paths("5.3")["cpuset"] / "cpuset.cpus") == ""
     child = start_in(backend, "5.3", report_affinity, children)
     inherited = parse_list(read(backend.base / "cpuset.cpus.effective"))
-    assert child.output().decode() == ",".join(map(str, sorted(inherited)))
+    assert child.output().decode() == cpu_list(inherited)
     assert child.wait() == 0
 
 

@@ -1,0 +1,256 @@
+"""Helpers shared by the cgroup backend tests on real kernels.
+
+Used by ``tests/system/test_cgroup_v1.py`` (this host's v1 hierarchies) and
+``tests/vm/test_cgroup_v2.py`` (inside the QEMU machine). Standard library
+only, and no pytest fixtures: the guest runs tests/vm with a bare python3 and
+pytest, ``--noconftest``, so this is a plain module those tests put on
+sys.path themselves. Nothing here uses the code under test: cleanup is plain
+syscalls, so a broken backend cannot leak cgroups or processes.
+
+A test forks a :class:`Child`, moves it into a job cgroup, then lets it run one
+of the bodies below (``body(out_fd)``); what the child observes or survives is
+then the cgroup's doing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import mmap
+import os
+import select
+import signal
+import struct
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Protocol
+
+__all__ = [
+    "Child",
+    "allocate",
+    "count",
+    "counter_body",
+    "cpu_list",
+    "eventually",
+    "fork_forever",
+    "fresh_name",
+    "parse_list",
+    "raw_cleanup",
+    "read",
+    "reap",
+    "report_affinity",
+    "start_in",
+]
+
+_names = itertools.count()
+
+
+class _Backend(Protocol):
+    """What :func:`start_in` needs of a cgroup backend (V1Backend and V2Backend both)."""
+
+    def add_pid(self, key: str, pid: int) -> None: ...
+
+
+class Child:
+    """A forked child that waits until the test has put it into a cgroup, then runs ``body``.
+
+    ``body(out_fd)`` runs only after :meth:`go`, so whatever it observes (its
+    affinity, its memory limit) is the cgroup's doing, not the parent's. The
+    pid goes into ``registry`` (the test's ``children`` fixture, see
+    :func:`reap`) the moment it exists.
+    """
+
+    def __init__(self, body: Callable[[int], None], registry: list[int]) -> None:
+        go_r, self._go = os.pipe()
+        self._out, out_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child: never return into pytest
+            code = 0
+            try:
+                os.close(self._go)
+                os.close(self._out)
+                os.read(go_r, 1)
+                body(out_w)
+            except BaseException:
+                code = 70
+            os._exit(code)
+        os.close(go_r)
+        os.close(out_w)
+        self.pid = pid
+        registry.append(pid)
+        self._status: int | None = None
+
+    def go(self) -> None:
+        """Let the child run its body."""
+        os.write(self._go, b"x")
+        os.close(self._go)
+
+    def output(self, timeout: float = 60.0) -> bytes:
+        """Everything the child wrote to its out pipe, until it closes it.
+
+        The timeout only matters when a test fails; it is generous because the
+        QEMU machine runs several times slower under software emulation.
+        """
+        data = b""
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            ready, _, _ = select.select([self._out], [], [], left)
+            if not ready:
+                break
+            chunk = os.read(self._out, 65536)
+            if not chunk:
+                break
+            data += chunk
+        os.close(self._out)
+        return data
+
+    def wait(self) -> int:
+        """The child's exit code (``-9`` for SIGKILL, 70 when its body raised)."""
+        if self._status is None:
+            _, status = os.waitpid(self.pid, 0)
+            self._status = os.waitstatus_to_exitcode(status)
+        return self._status
+
+
+def start_in(backend: _Backend, key: str, body: Callable[[int], None],
+             registry: list[int]) -> Child:
+    """Fork ``body`` into job ``key``: moved first, released second."""
+    child = Child(body, registry)
+    backend.add_pid(key, child.pid)
+    child.go()
+    return child
+
+
+# -- bodies for a Child -------------------------------------------------------
+
+
+def report_affinity(out: int) -> None:
+    """Write the cpus this process may run on, as ``0,1``."""
+    os.write(out, cpu_list(os.sched_getaffinity(0)).encode())
+
+
+def allocate(size: int) -> Callable[[int], None]:
+    """A body that touches ``size`` bytes and writes ``survived <size>`` if it lives."""
+    def body(out: int) -> None:
+        block = bytearray(size)  # zero-filled: every page is touched
+        os.write(out, f"survived {len(block)}".encode())
+    return body
+
+
+def fork_forever(out: int) -> None:
+    """Fork sleeping children as fast as the kernel allows, retrying when refused."""
+    os.close(out)
+    while True:
+        try:
+            if os.fork() == 0:
+                time.sleep(300)
+                os._exit(0)
+        except OSError:
+            time.sleep(0.001)
+
+
+def counter_body(counter: mmap.mmap) -> Callable[[int], None]:
+    """A body that counts up in shared memory as fast as it can (see :func:`count`)."""
+    def body(out: int) -> None:
+        os.close(out)
+        n = 0
+        while True:
+            n += 1
+            struct.pack_into("Q", counter, 0, n)
+    return body
+
+
+def count(counter: mmap.mmap) -> int:
+    """How far a :func:`counter_body` child has counted."""
+    return int(struct.unpack_from("Q", counter, 0)[0])
+
+
+# -- reading and waiting ------------------------------------------------------
+
+
+def parse_list(text: str) -> set[int]:
+    """The numbers of a kernel list such as ``0-2,5`` (surrounding white space allowed)."""
+    out: set[int] = set()
+    for part in filter(None, text.strip().split(",")):
+        first, _, last = part.partition("-")
+        out.update(range(int(first), int(last or first) + 1))
+    return out
+
+
+def cpu_list(cpus: Iterable[int]) -> str:
+    """The cpus as a plain sorted list such as ``0,1,2``."""
+    return ",".join(map(str, sorted(cpus)))
+
+
+def read(path: Path) -> str:
+    """A cgroup file's text without the trailing newline."""
+    return path.read_text().strip()
+
+
+def eventually(check: Callable[[], bool], timeout: float = 30.0) -> bool:
+    """Poll ``check`` until it holds or ``timeout`` seconds pass; its last answer."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.02)
+    return check()
+
+
+# -- cleanup ------------------------------------------------------------------
+
+
+def fresh_name() -> str:
+    """A cgroup name no other test of this run uses: ``geco-test-<pid>-<n>``."""
+    return f"geco-test-{os.getpid()}-{next(_names)}"
+
+
+def reap(pids: Iterable[int]) -> None:
+    """SIGKILL and wait for each of a test's forked children that is still there."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+
+
+def _write(path: Path, data: bytes) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+
+
+def raw_cleanup(tops: Iterable[Path]) -> None:
+    """Remove test cgroups (``tops`` and all below) with plain syscalls, whatever their state.
+
+    v1 freezers are thawed first (a frozen task would not die of SIGKILL
+    before it is thawed); every process in them is SIGKILLed until none is
+    left, then the directories are removed deepest first. Only test children
+    are ever put below a test cgroup, so killing what is there is safe.
+    """
+    dirs = list(tops)
+    for top in dirs:
+        for dirpath, _, files in os.walk(top):
+            if "freezer.state" in files:
+                _write(Path(dirpath) / "freezer.state", b"THAWED")
+    for _ in range(200):
+        pids: set[int] = set()
+        for top in dirs:
+            for dirpath, _, _ in os.walk(top):
+                with contextlib.suppress(OSError):
+                    pids.update(map(int, (Path(dirpath) / "cgroup.procs").read_text().split()))
+        if not pids:
+            break
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
+    for top in dirs:
+        for dirpath, _, _ in sorted(os.walk(top), key=lambda w: -len(w[0])):
+            with contextlib.suppress(FileNotFoundError):
+                os.rmdir(dirpath)
