@@ -39,6 +39,7 @@ class Config:
     cgroup_mount: Path = Path("/sys/fs/cgroup")
     cgroup_name: str = "GECO"
     cgroup_version: str = "auto"
+    cgroup_v2_base: str = ""
     exclusive_cpus: bool = False
     # [cores]
     hardware_threads: bool = False
@@ -72,7 +73,8 @@ class Config:
 # TOML section -> the Config fields it holds.
 _SECTIONS: dict[str, tuple[str, ...]] = {
     "paths": ("state_dir", "execd_spool_dir"),
-    "cgroup": ("cgroup_mount", "cgroup_name", "cgroup_version", "exclusive_cpus"),
+    "cgroup": ("cgroup_mount", "cgroup_name", "cgroup_version", "cgroup_v2_base",
+               "exclusive_cpus"),
     "cores": ("hardware_threads",),
     "qstat": ("qstat", "qstat_timeout", "qstat_retries"),
     "log": ("log_level",),
@@ -84,6 +86,7 @@ _SECTIONS: dict[str, tuple[str, ...]] = {
 }
 # A key's TOML name is its field name with the section prefix dropped where that reads better.
 _TOML_NAME = {"cgroup_mount": "mount", "cgroup_name": "name", "cgroup_version": "version",
+              "cgroup_v2_base": "v2_base",
               "qstat": "command", "qstat_timeout": "timeout", "qstat_retries": "retries",
               "log_level": "level",
               **{f"gecod_{n}": n for n in (
@@ -96,6 +99,8 @@ _CHOICES = {"cgroup_version": ("auto", "1", "2"),
             "gecod_preload_log": ("syslog", "stderr", "none")}
 # Whole-number settings whose smallest sensible value is above 0.
 _MINIMUM = {"gecod_workers": 1}
+# Path settings where "" means "the built-in choice" (not a path).
+_OPTIONAL_PATHS = ("cgroup_v2_base",)
 # List settings: the type of their items, and whether an empty list is allowed.
 _LISTS: dict[str, tuple[type, bool]] = {"gecod_exec_filter": (str, False),
                                         "gecod_execd_uids": (int, True)}
@@ -121,6 +126,10 @@ def _coerce(name: str, value: Any, default: Any) -> Any:
     """Return ``value`` converted to the type of ``default``, or raise ValueError."""
     if name in _LISTS:
         return _coerce_list(name, value)
+    if name in _OPTIONAL_PATHS:
+        if not isinstance(value, str) or (value and not value.startswith("/")):
+            raise ValueError(f'must be an absolute path or "" (the default), got {value!r}')
+        return os.path.normpath(value) if value else ""
     if isinstance(default, bool):
         if not isinstance(value, bool):
             raise ValueError(f"must be true or false, got {value!r}")

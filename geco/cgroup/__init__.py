@@ -29,11 +29,12 @@ from pathlib import Path
 from geco.cgroup._base import Backend, Limits, check_key, job_key
 from geco.cgroup._fs import Mount, parse_mountinfo, read_bytes, read_str
 from geco.cgroup._v1 import Hierarchy, V1Backend, find_hierarchies
-from geco.cgroup._v2 import V2Backend
+from geco.cgroup._v2 import HOLDER, V2Backend, unit_cgroup
 from geco.config import Config
 from geco.errors import CgroupError
 
 __all__ = [
+    "HOLDER",
     "Backend",
     "Hierarchy",
     "Limits",
@@ -46,6 +47,7 @@ __all__ = [
     "for_config",
     "job_key",
     "parse_mountinfo",
+    "unit_cgroup",
 ]
 
 _VERSIONS = ("auto", "1", "2")
@@ -115,6 +117,16 @@ def detect(mount: Path = Path("/sys/fs/cgroup"), name: str = "GECO", version: st
 
 
 def for_config(cfg: Config) -> Backend:
-    """Return the backend the configuration asks for (see :func:`detect`)."""
-    return detect(cfg.cgroup_mount, cfg.cgroup_name, cfg.cgroup_version,
+    """Return the backend the configuration asks for (see :func:`detect`).
+
+    ``[cgroup] v2_base`` (``cfg.cgroup_v2_base``) is the v2 base when set;
+    ``""`` keeps the default ``<mount>/<name>``.
+
+    Raises
+    ------
+    CgroupError
+        as :func:`detect`.
+    """
+    base = Path(cfg.cgroup_v2_base) if cfg.cgroup_v2_base else None
+    return detect(cfg.cgroup_mount, cfg.cgroup_name, cfg.cgroup_version, base=base,
                   exclusive_cpus=cfg.exclusive_cpus)

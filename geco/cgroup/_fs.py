@@ -32,6 +32,7 @@ __all__ = [
     "read_keyed",
     "read_pids",
     "read_str",
+    "read_xattr",
     "remove_tree",
     "rmdir_quietly",
     "set_value",
@@ -164,6 +165,27 @@ def read_bytes(path: Path) -> bytes:
 def read_str(path: Path) -> str:
     """Return a one-value cgroup file's content without the trailing newline."""
     return read_bytes(path).strip().decode("ascii", "replace")
+
+
+def read_xattr(path: Path, name: str) -> bytes | None:
+    """Return the extended attribute ``name`` of a cgroup directory, or None when it has none.
+
+    systemd marks the cgroups of its units with ``user.*`` attributes
+    (``user.invocation_id``, ``user.delegate``); the ``user.`` namespace is
+    readable without CAP_SYS_ADMIN, which gecod does not have.
+
+    Raises
+    ------
+    CgroupError
+        when the directory cannot be read for another reason than "no such
+        attribute" or "attributes not supported here".
+    """
+    try:
+        return os.getxattr(path, name)
+    except OSError as exc:
+        if exc.errno in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP):
+            return None
+        raise cgroup_error(f"cannot read the attribute {name}", exc, path=path) from exc
 
 
 def write_bytes(path: Path, data: bytes, *, hints: Mapping[int, str] | None = None,

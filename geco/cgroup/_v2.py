@@ -1,10 +1,22 @@
 """cgroup v2: one unified hierarchy; job cgroups are leaves under one base directory.
 
 Layout: ``<base>/<job>.<task>``, where the base is ``<mount>/<name>`` by
-default. Under systemd the base must be inside a subtree gecod owns
-(``Delegate=yes``), e.g. ``/sys/fs/cgroup/system.slice/gecod.service/jobs``,
-because systemd rewrites ``cgroup.subtree_control`` of cgroups it considers
-its own (it may drop ``+cpuset`` on a daemon-reload).
+default. Under systemd the base must be inside a delegated subtree
+(``Delegate=yes``), because systemd rewrites ``cgroup.subtree_control`` of
+cgroups it considers its own (it may drop ``+cpuset`` on a daemon-reload):
+``conf/geco-jobs.service`` exists for that, and the base is then
+``/sys/fs/cgroup/system.slice/geco-jobs.service/jobs``.
+
+Under a delegated unit (the base's nearest ancestor named ``*.service`` or
+``*.scope``, the only unit types systemd delegates), :meth:`V2Backend.ensure_root`
+writes nothing above the unit's cgroup, refuses a unit that is not delegated
+(naming the ``Delegate=yes`` fix), moves the unit's placeholder process (a
+unit without a live process loses its cgroup) into the leaf ``holder``, and
+refuses to run from the unit's cgroup itself: a restart would then put the
+new process into a cgroup that passes controllers down, which cgroup v2
+forbids while jobs run below it (systemd 252 fails such a start with status
+219/CGROUP and leaves the service dead; ``tests/vm_systemd`` shows the working
+layout).
 
 Kernel rules this module is shaped by (checked in the QEMU machine by
 ``tests/vm/test_cgroup_v2.py``):
@@ -42,19 +54,40 @@ from geco.cgroup._fs import (
     proc_cgroups,
     read_int,
     read_keyed,
+    read_pids,
     read_str,
+    read_xattr,
     rmdir_quietly,
     set_value,
     write_bytes,
 )
 from geco.errors import CgroupError
 
-__all__ = ["OPTIONAL", "REQUIRED", "V2Backend"]
+__all__ = ["HOLDER", "OPTIONAL", "REQUIRED", "V2Backend", "unit_cgroup"]
 
 _log = log.get("cgroup")
 
 REQUIRED = ("cpuset", "memory")
 OPTIONAL = ("pids",)
+# The leaf a delegated unit's own processes (its placeholder) are moved into.
+HOLDER = "holder"
+# systemd names each unit's cgroup after the unit; only these types can be delegated.
+_DELEGATABLE = (".service", ".scope")
+
+
+def unit_cgroup(mount_point: Path, base: Path) -> Path | None:
+    """Return the systemd unit cgroup that holds ``base``, or None when no unit does.
+
+    That is ``base`` or its nearest ancestor below ``mount_point`` whose name
+    ends in ``.service`` or ``.scope``. Slices end in ``.slice`` and are never
+    delegated, so a base below ``system.slice`` alone is in no unit.
+    """
+    for d in (base, *base.parents):
+        if d == mount_point or mount_point not in d.parents:
+            return None
+        if d.name.endswith(_DELEGATABLE):
+            return d
+    return None
 
 
 def _max_value(path: Path) -> int:
@@ -75,6 +108,11 @@ class V2Backend(Backend):
     mount_root: the cgroup path shown at ``mount_point`` (from mountinfo; ``/``
         unless only a subtree is visible).
     proc: the /proc to read.
+
+    Attributes
+    ----------
+    delegated_root: the cgroup of the systemd unit (service or scope) the base
+        lies in, or None (see :func:`unit_cgroup`); geco writes nothing above it.
 
     Raises
     ------
@@ -104,6 +142,7 @@ class V2Backend(Backend):
                               f"{' '.join(available) or 'nothing'})",
                               path=self.mount_point / "cgroup.controllers")
         self._controllers = REQUIRED + tuple(c for c in OPTIONAL if c in available)
+        self.delegated_root = unit_cgroup(self.mount_point, self.base)
 
     def __repr__(self) -> str:
         return f"V2Backend(base={str(self.base)!r}, controllers={self._controllers})"
@@ -130,13 +169,84 @@ class V2Backend(Backend):
     # -- the base -------------------------------------------------------------
 
     def ensure_root(self) -> None:
-        d = self.mount_point
-        for part in self.base.relative_to(self.mount_point).parts:
+        """Create the base and pass the controllers down to it.
+
+        Without a delegated unit, every level from the mount down gets them.
+        Inside one, only the unit's cgroup and below are written (the levels
+        above are systemd's), after :meth:`_claim_unit` made it usable.
+        """
+        top = self.mount_point
+        if self.delegated_root is not None:
+            self._claim_unit(self.delegated_root)
+            top = self.delegated_root
+        d = top
+        for part in self.base.relative_to(top).parts:
             self._enable_controllers(d)
             d = d / part
             if make_dir(d):
                 _log.info("created the cgroup parent %s", d)
         self._enable_controllers(self.base)
+
+    def _claim_unit(self, root: Path) -> None:
+        """Check that systemd delegated ``root`` and empty it of processes, or raise.
+
+        Raises
+        ------
+        CgroupError
+            when the unit is not running, the calling process runs in ``root``
+            itself, or the unit is not delegated (``user.invocation_id`` without
+            ``user.delegate``, or cpuset/memory missing from its ``cgroup.controllers``).
+        """
+        unit = root.name
+        where = f"[cgroup] v2_base {self.base} lies in the cgroup of {unit}"
+        if not root.is_dir():
+            raise CgroupError(f"{where}, which does not exist: start that unit first "
+                              f"(systemctl start {unit})", path=root)
+        if self._own_cgroup() == root:
+            raise CgroupError(
+                f"{where}, and this process (pid {os.getpid()}) runs in that cgroup itself: "
+                f"{root} must pass controllers down, so it may hold no process, and systemd "
+                f"could not start {unit} again while jobs run below it (status 219/CGROUP); "
+                "keep job cgroups in a unit of their own (geco-jobs.service), or have "
+                f"systemd start {unit} in a sub-cgroup (DelegateSubgroup=, systemd 254 or "
+                "later)", path=root)
+        # systemd 251 and later mark every unit's cgroup with user.invocation_id and a
+        # delegated one with user.delegate too; older ones mark neither, and only the
+        # controllers below can tell
+        if read_xattr(root, "user.invocation_id") is not None \
+                and read_xattr(root, "user.delegate") != b"1":
+            raise CgroupError(f"{where}, which systemd does not delegate (it would undo geco's "
+                              f"settings there): set Delegate=yes in {unit}", path=root)
+        have = read_str(root / "cgroup.controllers").split()
+        missing = [c for c in REQUIRED if c not in have]
+        if missing:
+            raise CgroupError(f"{where}, which lacks the {' and '.join(missing)} controller "
+                              f"(cgroup.controllers has: {' '.join(have) or 'nothing'}): set "
+                              f"Delegate=yes in {unit} (cpuset needs systemd 244 or later)",
+                              path=root / "cgroup.controllers")
+        pids = read_pids(root)
+        if pids:
+            # the unit's placeholder (geco-jobs.service's sleep): keeps the unit, and
+            # so its cgroup, alive; it may stay anywhere inside, so a leaf it is
+            holder = root / HOLDER
+            make_dir(holder)
+            for pid in pids:
+                try:
+                    write_bytes(holder / "cgroup.procs", str(pid).encode("ascii"), pid=pid)
+                except CgroupError as exc:
+                    if exc.fields.get("errno") != "ESRCH":
+                        raise
+            _log.info("moved the processes %s of %s into %s (cgroup v2 lets only a cgroup "
+                      "without processes pass controllers down)",
+                      " ".join(map(str, pids)), unit, holder)
+
+    def _own_cgroup(self) -> Path | None:
+        """The directory of the calling process's cgroup2 cgroup, or None if not visible here."""
+        have = proc_cgroups(self.proc, os.getpid()) or {}
+        cgpath = have.get("")
+        if cgpath is None or not is_under(cgpath, self.mount_root):
+            return None
+        return self.mount_point / posixpath.relpath(cgpath, self.mount_root)
 
     def _enable_controllers(self, d: Path) -> None:
         """Add the managed controllers missing from ``d``'s ``cgroup.subtree_control``."""

@@ -8,6 +8,12 @@ Start-up refuses, with one line on stderr and exit status 1, when:
 * another gecod already answers on the socket;
 * the cgroup hierarchy or the node topology cannot be used.
 
+On cgroup v2 under systemd, job cgroups live in a delegated unit of their own
+(``[cgroup] v2_base`` in ``geco-jobs.service``): start-up checks that systemd
+delegates it and passes the controllers down (:meth:`geco.cgroup.V2Backend.ensure_root`
+says which unit setting to fix when not); a base outside any unit is only
+warned about, since systemd owns that part of the tree.
+
 Then it rebuilds its view of the node from the cgroup tree (nothing lives only
 in its memory), listens, and tells systemd ``READY=1``. While it runs:
 ``WATCHDOG=1`` at half of ``$WATCHDOG_USEC`` from a runloop timer (a hung
@@ -15,8 +21,9 @@ loop stops pinging, and systemd restarts it), ``STATUS=`` with the job count.
 SIGHUP re-reads the configuration and the key file. SIGTERM or SIGINT: stop
 accepting, answer the requests already being worked on (at most
 ``_DRAIN_GRACE`` seconds), ``STOPPING=1``, exit 0. Job cgroups are never
-touched on the way out: running jobs stay contained, and a restart
-(``KillMode=process`` in ``gecod.service``) neither kills nor releases them.
+touched on the way out: running jobs stay contained, and a restart neither
+kills nor releases them (they are not in gecod's cgroup, so no ``KillMode=``
+reaches them; ``conf/gecod.service`` says why they cannot be).
 """
 
 from __future__ import annotations
@@ -43,13 +50,15 @@ __all__ = ["Daemon", "notify", "run"]
 _log = log.get("gecod")
 
 EXIT_OK, EXIT_FAILED = 0, 1
+# Exists when systemd is the init system (sd_booted(3)).
+_SYSTEMD_RUN_DIR = Path("/run/systemd/system")
 # Seconds SIGTERM waits for requests already in a worker to be answered.
 _DRAIN_GRACE = 10.0
 # Settings a SIGHUP cannot change in a running gecod (sockets, threads, cgroup
 # layout and the replay window are set up once); a change is logged instead.
 _RESTART_ONLY = ("gecod_socket", "gecod_max_skew", "gecod_workers", "gecod_granularity",
-                 "cgroup_mount", "cgroup_name", "cgroup_version", "exclusive_cpus",
-                 "state_dir")
+                 "cgroup_mount", "cgroup_name", "cgroup_version", "cgroup_v2_base",
+                 "exclusive_cpus", "state_dir")
 
 
 def notify(message: str) -> bool:
@@ -105,6 +114,7 @@ class Daemon:
         try:
             self.backend = cgroup.for_config(cfg)
             self.backend.ensure_root()
+            self._warn_outside_units()
             self.topology = Topology.load()
             node = state.scan(self.backend)
         except GecoError as exc:
@@ -127,6 +137,19 @@ class Daemon:
         self.server = Server(self.loop, self.listener, self.address, self.key, self.ctx,
                              self.executor, on_change=self._report_status)
         self._stopping = False
+
+    def _warn_outside_units(self) -> None:
+        """Warn when systemd runs this node but the v2 job cgroups are in no delegated unit."""
+        backend = self.backend
+        if isinstance(backend, cgroup.V2Backend) and backend.delegated_root is None \
+                and _SYSTEMD_RUN_DIR.is_dir():
+            _log.warning("job cgroups live in %s, outside any delegated systemd unit: systemd "
+                         "owns that part of the tree and may undo geco's settings there (drop "
+                         "+cpuset on a daemon-reload); install conf/geco-jobs.service and set "
+                         "[cgroup] v2_base = \"%s/system.slice/geco-jobs.service/jobs\"",
+                         backend.base, backend.mount_point,
+                         extra=log.job_fields(None, None, "cgroup-base-not-delegated",
+                                              CGROUP=backend.base))
 
     def _refuse_second_gecod(self) -> None:
         """Fail when something already answers on our socket (a running gecod)."""
