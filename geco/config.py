@@ -63,6 +63,7 @@ class Config:
     gecod_execd_uids: tuple[int, ...] = ()
     gecod_workers: int = 4
     gecod_preload_log: str = "syslog"
+    gecod_oom: str = "kernel"
 
     @property
     def resources_dir(self) -> Path:
@@ -82,7 +83,7 @@ _SECTIONS: dict[str, tuple[str, ...]] = {
     "gecod": ("gecod_socket", "gecod_key_file", "gecod_request_timeout",
               "gecod_unreachable_policy", "gecod_exec_filter", "gecod_max_skew",
               "gecod_connection_deadline", "gecod_granularity", "gecod_execd_uids",
-              "gecod_workers", "gecod_preload_log"),
+              "gecod_workers", "gecod_preload_log", "gecod_oom"),
 }
 # A key's TOML name is its field name with the section prefix dropped where that reads better.
 _TOML_NAME = {"cgroup_mount": "mount", "cgroup_name": "name", "cgroup_version": "version",
@@ -92,11 +93,12 @@ _TOML_NAME = {"cgroup_mount": "mount", "cgroup_name": "name", "cgroup_version": 
               **{f"gecod_{n}": n for n in (
                   "socket", "key_file", "request_timeout", "unreachable_policy", "exec_filter",
                   "max_skew", "connection_deadline", "granularity", "execd_uids", "workers",
-                  "preload_log")}}
+                  "preload_log", "oom")}}
 _CHOICES = {"cgroup_version": ("auto", "1", "2"),
             "log_level": ("quiet", "error", "warn", "info", "debug"),
             "gecod_unreachable_policy": ("refuse", "allow"),
-            "gecod_preload_log": ("syslog", "stderr", "none")}
+            "gecod_preload_log": ("syslog", "stderr", "none"),
+            "gecod_oom": ("kernel", "kill-job")}
 # Whole-number settings whose smallest sensible value is above 0.
 _MINIMUM = {"gecod_workers": 1}
 # Path settings where "" means "the built-in choice" (not a path).

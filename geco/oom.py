@@ -1156,6 +1156,10 @@ def check_policy(policy: str) -> str:
     return policy
 
 
+def _is_shepherd(pid: int) -> bool:
+    return sgejob.proc_comm(pid).startswith("sge_shepherd")
+
+
 def handle(events: Sequence[OomEvent], policy: str, backend: Backend, *,
            target: StderrTarget | None = None, hint: RequestHint | None = None,
            write_timeout: float = 10.0) -> int | None:
@@ -1209,7 +1213,8 @@ def handle(events: Sequence[OomEvent], policy: str, backend: Backend, *,
     killed: int | None = None
     if policy == "kill-job":
         try:
-            killed = backend.kill(last.key)
+            # not the shepherd: it must live to report the job's end and run the epilog
+            killed = backend.kill_except(last.key, spare=_is_shepherd)
         except CgroupError as exc:
             _log.error("job %s: cannot end the job after its out-of-memory kill: %s",
                        last.key, exc, extra=log.job_fields(

@@ -12,6 +12,7 @@ import os
 import re
 import signal
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -410,7 +411,25 @@ class Backend(ABC):
                               f"process out first (move_to_cgroups_of)", key=key,
                               pid=os.getpid())
 
-    def _kill_frozen(self, key: str, freezable: bool) -> int:
+    def kill_except(self, key: str, spare: Callable[[int], bool]) -> int:
+        """SIGKILL every process of the job but those ``spare(pid)`` keeps; return how many.
+
+        For ending a job while Grid Engine's ``sge_shepherd`` (which lives in the job's
+        cgroups) survives to report the job's end and run its epilog. The job is frozen
+        meanwhile when the kernel can, so nothing forks past the sweep.
+        """
+        check_key(key)
+        if not self.exists(key):
+            return 0
+        self._refuse_own_job(key)
+        return self._kill_frozen(key, self._freezable(key), spare)
+
+    def _freezable(self, key: str) -> bool:
+        """True when the job's cgroup can be frozen (v1 freezer / v2 cgroup.freeze)."""
+        raise NotImplementedError
+
+    def _kill_frozen(self, key: str, freezable: bool,
+                     spare: Callable[[int], bool] | None = None) -> int:
         """Freeze (best effort), SIGKILL every member, thaw; return how many were signalled.
 
         A forking job cannot outrun the sweep while frozen; a process stuck in the
@@ -423,15 +442,16 @@ class Backend(ABC):
             except CgroupError as exc:
                 _log.warning("killing job %s without a complete freeze: %s", key, exc)
         try:
-            count = self._sigkill_all(key)
+            count = self._sigkill_all(key, spare)
         finally:
             if freezable:
                 self.thaw(key)
         _log.debug("sent SIGKILL to %d processes of job %s", count, key)
         return count
 
-    def _sigkill_all(self, key: str) -> int:
-        """SIGKILL every member until a sweep finds no new pid; return how many were signalled."""
+    def _sigkill_all(self, key: str, spare: Callable[[int], bool] | None = None) -> int:
+        """SIGKILL every member (but the spared) until a sweep finds no new pid; return how
+        many were signalled."""
         seen: set[int] = set()
         signalled = 0
         for _ in range(_KILL_ROUNDS):
@@ -440,6 +460,8 @@ class Backend(ABC):
                 break
             for pid in new:
                 seen.add(pid)
+                if spare is not None and spare(pid):
+                    continue
                 if signal_pid(pid, signal.SIGKILL, lambda p: self._is_member(key, p)):
                     signalled += 1
         return signalled

@@ -399,8 +399,10 @@ class V1Backend(Backend):
         if not self.exists(key):
             return 0
         self._refuse_own_job(key)
-        return self._kill_frozen(
-            key, "freezer" in self._hier and self._dir("freezer", key).is_dir())
+        return self._kill_frozen(key, self._freezable(key))
+
+    def _freezable(self, key: str) -> bool:
+        return "freezer" in self._hier and self._dir("freezer", key).is_dir()
 
     def usage(self, key: str) -> dict[str, int]:
         check_key(key)

@@ -384,11 +384,14 @@ class V2Backend(Backend):
             return 0
         self._refuse_own_job(key)
         if not (d / "cgroup.kill").exists():  # kernels before 5.14
-            return self._kill_frozen(key, (d / "cgroup.freeze").exists())
+            return self._kill_frozen(key, self._freezable(key))
         count = len(self.pids(key))
         write_bytes(d / "cgroup.kill", b"1", key=key)
         _log.debug("cgroup.kill for %d processes of job %s", count, key)
         return count
+
+    def _freezable(self, key: str) -> bool:
+        return (self._dir(key) / "cgroup.freeze").exists()
 
     def usage(self, key: str) -> dict[str, int]:
         d = self._dir(key)

@@ -157,11 +157,14 @@ class Server:
     ctx: the policy's context (settings, cgroup backend, topology).
     executor: the worker pool for slow work.
     on_change: called in the loop after a request changed the node's jobs.
+    on_contained: called in the loop with ``<job>.<task>`` once a process of that job
+        is in its cgroups (gecod starts watching the job, e.g. for OOM kills).
     """
 
     def __init__(self, loop: RunLoop, listener: socket.socket, address: Address, key: bytes,
                  ctx: Context, executor: concurrent.futures.ThreadPoolExecutor, *,
-                 on_change: Callable[[], None] | None = None) -> None:
+                 on_change: Callable[[], None] | None = None,
+                 on_contained: Callable[[str], None] | None = None) -> None:
         self.loop = loop
         self.listener: socket.socket | None = listener
         self.address = address
@@ -169,6 +172,7 @@ class Server:
         self.ctx = ctx
         self.executor = executor
         self.on_change = on_change
+        self.on_contained = on_contained
         self.replay = ReplayCache.for_skew(ctx.config.gecod_max_skew)
         # PEERCRED frames can be minted by anyone: their own cache, which forgets when full
         self.replay_peercred = ReplayCache.for_skew(ctx.config.gecod_max_skew,
@@ -369,6 +373,8 @@ class Server:
                           MEMS=limits.mems if limits else None,
                           MEMORY_LIMIT=limits.memory if limits else None,
                           MEMSW_LIMIT=limits.memory_swap if limits else None))
+            if self.on_contained is not None:
+                self.on_contained(f"{job}.{task}")
             if self.on_change is not None:
                 self.on_change()
         else:

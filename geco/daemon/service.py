@@ -36,7 +36,7 @@ import signal
 import sys
 from pathlib import Path
 
-from geco import __version__, address, cgroup, keys, log
+from geco import __version__, address, cgroup, keys, log, oom
 from geco import config as _config
 from geco.daemon import state
 from geco.daemon.quarantine import Context
@@ -134,8 +134,14 @@ class Daemon:
         self.loop = RunLoop(cfg.gecod_granularity)
         self.executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=cfg.gecod_workers, thread_name_prefix="gecod-worker")
+        # OOM kills of every job cgroup: watched from the loop, reported (owner's .e
+        # file, journal) and acted on (policy) in the workers
+        self.oom = oom.OomMonitor(self.loop, self.backend, state_dir=cfg.state_dir,
+                                  policy=cfg.gecod_oom, execd_spool_dir=cfg.execd_spool_dir,
+                                  resources_dir=cfg.resources_dir, executor=self.executor)
         self.server = Server(self.loop, self.listener, self.address, self.key, self.ctx,
-                             self.executor, on_change=self._report_status)
+                             self.executor, on_change=self._report_status,
+                             on_contained=self._watch_job)
         self._stopping = False
 
     def _warn_outside_units(self) -> None:
@@ -160,6 +166,12 @@ class Daemon:
         probe.close()
         raise _StartupError(f"another gecod is already listening on {self.address}; stop it "
                             f"first (systemctl stop gecod)")
+
+    def _watch_job(self, key: str) -> None:
+        try:
+            self.oom.watch(key)
+        except GecoError as exc:  # the job runs on; only its OOM report would be missing
+            _log.warning("job %s: cannot watch for OOM kills: %s", key, exc)
 
     # -- systemd ----------------------------------------------------------------
 
@@ -206,6 +218,10 @@ class Daemon:
         except GecoError as exc:
             _log.error("SIGHUP: keeping the running key: %s", exc)
             key = self.key
+        try:
+            self.oom.policy = oom.check_policy(new.gecod_oom)
+        except GecoError as exc:
+            _log.error("SIGHUP: keeping OOM policy %s: %s", self.oom.policy, exc)
         self.cfg = self.ctx.config = new
         self.key = key
         self.server.replace_key(key)
@@ -226,6 +242,7 @@ class Daemon:
         _log.info("gecod %s listening on %s (pid %d, %d workers)", __version__, self.address,
                   os.getpid(), self.cfg.gecod_workers,
                   extra=log.job_fields(None, None, "gecod-started", SOCKET=self.address))
+        self.oom.start()
         notify("READY=1")
         self._report_status()
         try:
@@ -240,6 +257,7 @@ class Daemon:
         if self.server.listener is not None:
             self.server.shutdown(on_idle=lambda: None)
         address.unlink_socket(self.address)
+        self.oom.close()
         self.loop.close()
         # on the way out already: a second SIGTERM (an impatient admin, kill -TERM
         # twice) must not turn a clean exit into a kill while workers finish
