@@ -915,12 +915,7 @@ def _read_env(path: Path) -> dict[bytes, bytes]:
     except OSError as exc:
         raise GecoError.from_oserror("cannot read the job's spooled environment", exc,
                                      path=path) from exc
-    env: dict[bytes, bytes] = {}
-    for line in data.split(b"\n"):
-        key, sep, value = line.partition(b"=")
-        if sep:
-            env[key] = value
-    return env
+    return sgejob.parse_key_values(data)
 
 
 def stderr_target(spool_dir: Path) -> StderrTarget | None:

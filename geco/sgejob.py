@@ -23,7 +23,8 @@ from pathlib import Path
 
 from geco.errors import GecoError
 
-__all__ = ["JobRef", "find_shepherd", "job_from_hook", "proc_comm", "proc_ppid", "read_config"]
+__all__ = ["JobRef", "find_shepherd", "job_from_hook", "parse_key_values", "proc_comm",
+           "proc_ppid", "read_config"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +82,19 @@ def job_from_hook(argv: Sequence[str], env: Mapping[str, str]) -> JobRef:
                   Path(spool) if spool else None)
 
 
+def parse_key_values(data: bytes) -> dict[bytes, bytes]:
+    """Parse the ``key=value`` lines of a spooled ``config`` or ``environment`` file.
+
+    Lines without ``=`` are skipped; a later line wins, as in the shepherd.
+    """
+    out: dict[bytes, bytes] = {}
+    for line in data.split(b"\n"):
+        key, sep, value = line.partition(b"=")
+        if sep:
+            out[key] = value
+    return out
+
+
 def read_config(spool_dir: Path) -> dict[str, str]:
     """Parse the spooled ``config`` file (``key=value`` lines) of a job."""
     try:
@@ -88,12 +102,8 @@ def read_config(spool_dir: Path) -> dict[str, str]:
     except OSError as exc:
         raise GecoError.from_oserror("cannot read the job's spooled config", exc,
                                      path=spool_dir / "config") from exc
-    out: dict[str, str] = {}
-    for line in data.split(b"\n"):
-        key, sep, value = line.partition(b"=")
-        if sep:
-            out[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
-    return out
+    return {k.decode("utf-8", "surrogateescape"): v.decode("utf-8", "surrogateescape")
+            for k, v in parse_key_values(data).items()}
 
 
 def proc_comm(pid: int) -> str:

@@ -244,12 +244,7 @@ def _read_environment(directory: Path) -> dict[bytes, bytes]:
         data = (directory / "environment").read_bytes()
     except OSError as exc:
         raise _refuse(f"cannot read {directory / 'environment'}: {exc.strerror}") from None
-    env: dict[bytes, bytes] = {}
-    for line in data.split(b"\n"):
-        key, sep, value = line.partition(b"=")
-        if sep:
-            env[key] = value
-    return env
+    return sgejob.parse_key_values(data)
 
 
 def _check_environment(directory: Path, job_id: int, task_id: int) -> None:

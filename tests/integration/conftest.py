@@ -19,6 +19,7 @@ import pytest
 PROBE = Path(__file__).with_name("probe.py")
 GECO = "/opt/geco/venv/bin/geco"
 SOCKET = Path("/run/geco/gecod.sock")
+PRELOAD = "/opt/geco/lib/libgeco_preload.so"
 CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 
 
@@ -111,3 +112,14 @@ def gecod_service(sge: Any, journal: Any,
         yield daemon
     finally:
         daemon.stop()
+
+
+@pytest.fixture(scope="module")
+def gecod(sge: Any, gecod_service: Gecod) -> Iterator[Gecod]:
+    """gecod serving and sge_execd running with the exec() preload, for one test module;
+    execd is put back without the preload afterwards (other modules test the hooks alone)."""
+    sge.configure(GECO_EXECD_PRELOAD=PRELOAD)
+    try:
+        yield gecod_service
+    finally:
+        sge.configure(GECO_EXECD_PRELOAD="")

@@ -17,28 +17,16 @@ import pytest
 
 pytestmark = pytest.mark.sge
 
-PRELOAD = "/opt/geco/lib/libgeco_preload.so"
 SITE_CONFIG = Path("/etc/geco/geco.toml")
 M = 1 << 20
 HOG = "/usr/bin/python3 probe.py --alloc 400\necho \"probe exit $?\"\n"
-
-
-@pytest.fixture(scope="module")
-def gecod(sge: Any, gecod_service: Any) -> Iterator[Any]:
-    sge.configure(GECO_EXECD_PRELOAD=PRELOAD)
-    try:
-        yield gecod_service
-    finally:
-        sge.configure(GECO_EXECD_PRELOAD="")
 
 
 @pytest.fixture
 def kill_job_policy(gecod: Any) -> Iterator[None]:
     """[gecod] oom = "kill-job" in the site configuration, applied with SIGHUP."""
     saved = SITE_CONFIG.read_bytes()
-    SITE_CONFIG.write_bytes(saved + b'\n[gecod]\noom = "kill-job"\n'
-                            if b"[gecod]" not in saved else
-                            saved.replace(b"[gecod]", b'[gecod]\noom = "kill-job"', 1))
+    SITE_CONFIG.write_text(with_oom_policy(saved.decode(), "kill-job"))
     gecod.proc.send_signal(signal.SIGHUP)
     time.sleep(1)
     try:
@@ -47,6 +35,16 @@ def kill_job_policy(gecod: Any) -> Iterator[None]:
         SITE_CONFIG.write_bytes(saved)
         gecod.proc.send_signal(signal.SIGHUP)
         time.sleep(1)
+
+
+def with_oom_policy(toml: str, policy: str) -> str:
+    """The configuration text with [gecod] oom set to ``policy`` (replaced, or added)."""
+    line = f'oom = "{policy}"'
+    if re.search(r"^oom\s*=", toml, re.MULTILINE):
+        return re.sub(r"^oom\s*=.*$", line, toml, count=1, flags=re.MULTILINE)
+    if re.search(r"^\[gecod\]", toml, re.MULTILINE):
+        return re.sub(r"^\[gecod\]$", f"[gecod]\n{line}", toml, count=1, flags=re.MULTILINE)
+    return f"{toml}\n[gecod]\n{line}\n"
 
 
 def oom_lines(text: str) -> list[str]:

@@ -17,7 +17,6 @@ import os
 import re
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,19 +24,8 @@ import pytest
 
 pytestmark = pytest.mark.sge
 
-PRELOAD = "/opt/geco/lib/libgeco_preload.so"
 FORKER = Path(__file__).with_name("forker.c")
 CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
-
-
-@pytest.fixture(scope="module")
-def gecod(sge: Any, gecod_service: Any) -> Iterator[Any]:
-    """gecod serving, and sge_execd running with the preload, for this module."""
-    sge.configure(GECO_EXECD_PRELOAD=PRELOAD)
-    try:
-        yield gecod_service
-    finally:
-        sge.configure(GECO_EXECD_PRELOAD="")
 
 
 def cgroups_of(pid: int) -> dict[str, str]:
