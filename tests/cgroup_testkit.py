@@ -18,13 +18,14 @@ import contextlib
 import itertools
 import mmap
 import os
+import posixpath
 import select
 import signal
 import struct
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 __all__ = [
     "Child",
@@ -254,3 +255,38 @@ def raw_cleanup(tops: Iterable[Path]) -> None:
         for dirpath, _, _ in sorted(os.walk(top), key=lambda w: -len(w[0])):
             with contextlib.suppress(FileNotFoundError):
                 os.rmdir(dirpath)
+
+
+def usable_v1_hierarchies(mounted: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The hierarchies the tests build their parents in, and why they cannot run ("" = they can).
+
+    Normally the real ones. But a cpu_exclusive cpuset at the top (the GECO
+    that geco's own prolog leaves behind, e.g. after tests/integration) bars
+    every other top-level cpuset from its cpus, so no test parent could get a
+    cpu there; the tests' cpuset parents then go inside that cpuset, which
+    plays the root's part, as long as it holds no other cpuset using cpus.
+    """
+    from geco.cgroup import Hierarchy  # here, not at the top: the VM's v2 tests never call this
+
+    if os.geteuid() != 0:
+        return {}, "writing cgroups needs root"
+    if "cpuset" not in mounted or "memory" not in mounted:
+        return {}, "this machine has no cgroup v1 cpuset and memory hierarchies"
+    top = mounted["cpuset"]
+    root_cpus = parse_list((top.mount_point / "cpuset.cpus").read_text())
+    blockers = [d for d in top.mount_point.iterdir()
+                if d.is_dir() and (d / "cpuset.cpu_exclusive").read_text().strip() == "1"
+                and parse_list((d / "cpuset.cpus").read_text()) & root_cpus]
+    if not blockers:
+        return dict(mounted), ""
+    if len(blockers) > 1:
+        return {}, f"the cpusets {', '.join(map(str, blockers))} are cpu_exclusive over this " \
+                   "machine's cpus, so no test cpuset can get one"
+    inside = blockers[0]
+    busy = [d for d in inside.iterdir()
+            if d.is_dir() and (d / "cpuset.cpus").read_text().strip()]
+    if busy:
+        return {}, f"the cpuset {inside} is cpu_exclusive over this machine's cpus and is " \
+                   f"in use ({', '.join(d.name for d in busy)}), so no test cpuset can get one"
+    return {**mounted, "cpuset": Hierarchy("cpuset", inside,
+                                           posixpath.join(top.root, inside.name))}, ""

@@ -18,7 +18,6 @@ from __future__ import annotations
 import errno
 import mmap
 import os
-import posixpath
 import signal
 import sys
 import time
@@ -28,7 +27,6 @@ from pathlib import Path
 import pytest
 
 from geco.cgroup import (
-    Hierarchy,
     Limits,
     V1Backend,
     detect,
@@ -55,6 +53,7 @@ from cgroup_testkit import (
     reap,
     report_affinity,
     start_in,
+    usable_v1_hierarchies,
 )
 
 MiB = 1 << 20
@@ -78,38 +77,7 @@ def remove_idle_geco() -> str:
     return ""
 
 
-def usable_hierarchies() -> tuple[dict[str, Hierarchy], str]:
-    """The hierarchies the tests build their parents in, and why they cannot run ("" = they can).
-
-    Normally the real ones. But a cpu_exclusive cpuset at the top (the GECO
-    that geco's own prolog leaves behind, e.g. after tests/integration) bars
-    every other top-level cpuset from its cpus, so no test parent could get a
-    cpu there; the tests' cpuset parents then go inside that cpuset, which
-    plays the root's part, as long as it holds no other cpuset using cpus.
-    """
-    if "cpuset" not in MOUNTED or "memory" not in MOUNTED:
-        return {}, "this machine has no cgroup v1 cpuset and memory hierarchies"
-    top = MOUNTED["cpuset"]
-    root_cpus = parse_list((top.mount_point / "cpuset.cpus").read_text())
-    blockers = [d for d in top.mount_point.iterdir()
-                if d.is_dir() and (d / "cpuset.cpu_exclusive").read_text().strip() == "1"
-                and parse_list((d / "cpuset.cpus").read_text()) & root_cpus]
-    if not blockers:
-        return dict(MOUNTED), ""
-    if len(blockers) > 1:
-        return {}, f"the cpusets {', '.join(map(str, blockers))} are cpu_exclusive over this " \
-                   "machine's cpus, so no test cpuset can get one"
-    inside = blockers[0]
-    busy = [d for d in inside.iterdir()
-            if d.is_dir() and (d / "cpuset.cpus").read_text().strip()]
-    if busy:
-        return {}, f"the cpuset {inside} is cpu_exclusive over this machine's cpus and is " \
-                   f"in use ({', '.join(d.name for d in busy)}), so no test cpuset can get one"
-    return {**MOUNTED, "cpuset": Hierarchy("cpuset", inside,
-                                           posixpath.join(top.root, inside.name))}, ""
-
-
-HIER, WHY_NOT = usable_hierarchies() if os.geteuid() == 0 else ({}, "writing cgroups needs root")
+HIER, WHY_NOT = usable_v1_hierarchies(MOUNTED)
 pytestmark = [pytest.mark.root, pytest.mark.skipif(bool(WHY_NOT), reason=WHY_NOT)]
 needs_two_cpus = pytest.mark.skipif(
     bool(HIER) and len(parse_list((HIER["cpuset"].mount_point / "cpuset.cpus").read_text())) < 2,

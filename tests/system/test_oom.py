@@ -19,7 +19,6 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import posixpath
 import select
 import shutil
 import signal
@@ -37,14 +36,22 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from geco import log, oom, statefile
-from geco.cgroup import Hierarchy, Limits, V1Backend, V2Backend, find_hierarchies, parse_mountinfo
+from geco.cgroup import Limits, V1Backend, V2Backend, find_hierarchies, parse_mountinfo
 from geco.daemon.runloop import RunLoop
 from geco.errors import GecoError
 from geco.resource import NodeResources, ResourceSet, short_hostname
 from geco.units import format_memory, parse_memory
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from cgroup_testkit import allocate, eventually, fresh_name, parse_list, raw_cleanup, reap, start_in
+from cgroup_testkit import (
+    allocate,
+    eventually,
+    fresh_name,
+    raw_cleanup,
+    reap,
+    start_in,
+    usable_v1_hierarchies,
+)
 
 MiB = 1 << 20
 SHARED = Path("/work/shared/fixtures/hooks")
@@ -398,33 +405,7 @@ MOUNTED = find_hierarchies(parse_mountinfo(Path("/proc/self/mountinfo").read_byt
                            Path("/sys/fs/cgroup"))
 
 
-def usable_hierarchies() -> tuple[dict[str, Hierarchy], str]:
-    """The v1 hierarchies to build test parents in (as tests/system/test_cgroup_v1.py does).
-
-    A cpu_exclusive top-level cpuset (an idle GECO left by the integration
-    tests) bars other top-level cpusets from its cpus; test parents then go
-    inside it.
-    """
-    if os.geteuid() != 0:
-        return {}, "writing cgroups needs root"
-    if "cpuset" not in MOUNTED or "memory" not in MOUNTED:
-        return {}, "this machine has no cgroup v1 cpuset and memory hierarchies"
-    top = MOUNTED["cpuset"]
-    root_cpus = parse_list((top.mount_point / "cpuset.cpus").read_text())
-    blockers = [d for d in top.mount_point.iterdir()
-                if d.is_dir() and (d / "cpuset.cpu_exclusive").read_text().strip() == "1"
-                and parse_list((d / "cpuset.cpus").read_text()) & root_cpus]
-    if not blockers:
-        return dict(MOUNTED), ""
-    if len(blockers) > 1 or any((d / "cpuset.cpus").read_text().strip()
-                                for d in blockers[0].iterdir() if d.is_dir()):
-        return {}, f"cpu_exclusive cpusets in use ({blockers}) leave no cpu for a test cpuset"
-    inside = blockers[0]
-    return {**MOUNTED, "cpuset": Hierarchy("cpuset", inside,
-                                           posixpath.join(top.root, inside.name))}, ""
-
-
-HIER, WHY_NOT = usable_hierarchies()
+HIER, WHY_NOT = usable_v1_hierarchies(MOUNTED)
 needs_v1 = pytest.mark.skipif(bool(WHY_NOT), reason=WHY_NOT)
 
 # The oom-kill line is rate-limited by the kernel: 10 per 5 s window.
