@@ -158,6 +158,21 @@ def start_failure(since: float) -> dict[str, Any]:
     return lines[0]
 
 
+def refused_start(base: Path) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """Restart gecod with [cgroup] v2_base = ``base``; return the restart and gecod's one-line
+    refusal, then put the good configuration back (gecod stays stopped)."""
+    write_config(base)
+    since = time.time()
+    try:
+        failed = sh("systemctl", "restart", "gecod", check=False)
+        entry = start_failure(since)
+    finally:
+        sh("systemctl", "stop", "gecod")
+        sh("systemctl", "reset-failed", "gecod", check=False)
+        write_config(V2_BASE)
+    return failed, entry
+
+
 # -- jobs -------------------------------------------------------------------------
 
 
@@ -413,15 +428,7 @@ def test_given_v2_base_inside_gecods_own_cgroup_when_it_starts_then_it_refuses_i
     with one line saying why (a restart would fail with 219/CGROUP) and what to use instead,
     and creates nothing there."""
     base = GECOD_CGROUP / "jobs"
-    write_config(base)
-    since = time.time()
-    try:
-        failed = sh("systemctl", "restart", "gecod", check=False)
-        entry = start_failure(since)
-    finally:
-        sh("systemctl", "stop", "gecod")
-        sh("systemctl", "reset-failed", "gecod", check=False)
-        write_config(V2_BASE)
+    failed, entry = refused_start(base)
 
     assert failed.returncode != 0
     assert entry["MESSAGE"] == (
@@ -446,15 +453,7 @@ def test_given_v2_base_in_a_unit_without_delegate_when_gecod_starts_then_it_name
     sh("systemctl", "start", unit)
     cgroup = MOUNT / "system.slice" / unit
     base = cgroup / "jobs"
-    write_config(base)
-    since = time.time()
-    try:
-        failed = sh("systemctl", "restart", "gecod", check=False)
-        entry = start_failure(since)
-    finally:
-        sh("systemctl", "stop", "gecod")
-        sh("systemctl", "reset-failed", "gecod", check=False)
-        write_config(V2_BASE)
+    failed, entry = refused_start(base)
 
     assert failed.returncode != 0
     assert entry["MESSAGE"] == (
