@@ -49,8 +49,11 @@ class Config:
     qstat_retries: int = 3
     # [log]
     log_level: str = "error"
+    trace_dir: Path = Path("/var/log/geco/trace")
+    trace_keep_days: int = 14
     # [epilog]
     kill_timeout: float = 30.0
+    disable_queue_on_stuck: bool = True
     # [gecod]
     gecod_socket: str = "path:/run/geco/gecod.sock"
     gecod_key_file: Path = Path("/etc/geco/quarantine.key")
@@ -64,6 +67,9 @@ class Config:
     gecod_workers: int = 4
     gecod_preload_log: str = "syslog"
     gecod_oom: str = "kernel"
+    gecod_reaper_interval: float = 300.0
+    gecod_walltime_backstop: bool = True
+    gecod_walltime_grace: float = 600.0
 
     @property
     def resources_dir(self) -> Path:
@@ -78,12 +84,13 @@ _SECTIONS: dict[str, tuple[str, ...]] = {
                "exclusive_cpus"),
     "cores": ("hardware_threads",),
     "qstat": ("qstat", "qstat_timeout", "qstat_retries"),
-    "log": ("log_level",),
-    "epilog": ("kill_timeout",),
+    "log": ("log_level", "trace_dir", "trace_keep_days"),
+    "epilog": ("kill_timeout", "disable_queue_on_stuck"),
     "gecod": ("gecod_socket", "gecod_key_file", "gecod_request_timeout",
               "gecod_unreachable_policy", "gecod_exec_filter", "gecod_max_skew",
               "gecod_connection_deadline", "gecod_granularity", "gecod_execd_uids",
-              "gecod_workers", "gecod_preload_log", "gecod_oom"),
+              "gecod_workers", "gecod_preload_log", "gecod_oom", "gecod_reaper_interval",
+              "gecod_walltime_backstop", "gecod_walltime_grace"),
 }
 # A key's TOML name is its field name with the section prefix dropped where that reads better.
 _TOML_NAME = {"cgroup_mount": "mount", "cgroup_name": "name", "cgroup_version": "version",
@@ -93,7 +100,8 @@ _TOML_NAME = {"cgroup_mount": "mount", "cgroup_name": "name", "cgroup_version": 
               **{f"gecod_{n}": n for n in (
                   "socket", "key_file", "request_timeout", "unreachable_policy", "exec_filter",
                   "max_skew", "connection_deadline", "granularity", "execd_uids", "workers",
-                  "preload_log", "oom")}}
+                  "preload_log", "oom", "reaper_interval", "walltime_backstop",
+                  "walltime_grace")}}
 _CHOICES = {"cgroup_version": ("auto", "1", "2"),
             "log_level": ("quiet", "error", "warn", "info", "debug"),
             "gecod_unreachable_policy": ("refuse", "allow"),
