@@ -10,6 +10,11 @@ depend on its contract:
 * ``-u FILE`` reads a v1 resource file; ``-s FILE`` writes one;
 * ``--format text|json|shell|v1`` chooses the output.
 
+``geco status --job N[.T]`` reads one job's live figures from the kernel
+(no gecod needed); ``geco journal N[.T]`` tells its story from the journal.
+Both exit 1 with one line when there is nothing to show (no cgroups on this
+node; no journal entry, or a journal the caller may not read).
+
 Exit status: 0 success, 2 bad input, 1 when the system failed us (qstat
 unreachable, a file that cannot be written); every failure is one line on
 stderr starting with ``geco``.
@@ -27,6 +32,7 @@ from typing import Any, NoReturn
 from geco import __version__, qstat, rsrcinfo, statefile
 from geco import config as _config
 from geco.errors import (
+    CgroupError,
     ConfigError,
     GecoError,
     JobNotFound,
@@ -150,8 +156,33 @@ def _add_status_command(sub: Any) -> None:
     st = sub.add_parser("status", help="show the jobs gecod contains on this node",
                         description="Ask gecod (any user may) which jobs it contains on this "
                                     "node: their cpus, NUMA nodes, memory limit and process "
-                                    "count. Exit 1 when gecod is not running.")
+                                    "count. Exit 1 when gecod is not running. With --job: "
+                                    "one job's live figures, read from its cgroups (no gecod "
+                                    "needed); exit 1 when it has no cgroups on this node.")
     st.add_argument("--json", action="store_true", help="print gecod's STATUS document as JSON")
+    st.add_argument("-j", "--job", type=_job_spec, metavar="JOB[.TASK]",
+                    help="show this job's cores, memory, CPU time, OOM kills, processes and "
+                         "running time (no TASK: each of its tasks on this node)")
+    st.add_argument("-v", "--verbose", action="store_true",
+                    help="with --job: list the job's processes (pid and command)")
+
+
+def _add_journal_command(sub: Any) -> None:
+    """The parser entry of `geco journal`."""
+    jo = sub.add_parser("journal", help="tell a job's story from this node's journal",
+                        description="Print the journal entries of a job on this node, oldest "
+                                    "first (time, writer, GECO_EVENT, message), then how it "
+                                    "ended: peak memory, CPU time, OOM kills, processes killed "
+                                    "at cleanup. Needs root or the systemd-journal group. "
+                                    "Exit 1 when the journal has no entry of the job or "
+                                    "cannot be read.")
+    jo.add_argument("job", type=_job_spec, metavar="JOB[.TASK]",
+                    help="the job (no TASK: every task)")
+    jo.add_argument("--json", action="store_true",
+                    help="print the entries as JSON lines (journalctl -o json's shape), "
+                         "without the summary")
+    jo.add_argument("--all-fields", action="store_true",
+                    help="show every field of each entry, also the journal's own (_PID, ...)")
 
 
 def _status_table(doc: dict[str, Any]) -> str:
@@ -180,11 +211,75 @@ def _status_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines + notes) + "\n"
 
 
+def _job_status(args: argparse.Namespace) -> int:
+    import json
+
+    from geco import cgroup, jobstatus  # see _keygen
+    from geco.resource import short_hostname
+
+    job, task = args.job
+    try:
+        cfg = _config.load()
+        backend = cgroup.for_config(cfg)
+        keys = [cgroup.job_key(job, task)] if task is not None else \
+            jobstatus.keys_of_job(backend, job)
+        if not keys:
+            raise jobstatus.not_here(str(job))
+        found = []
+        for key in keys:
+            try:
+                found.append(jobstatus.read(cfg, backend, key))
+            except CgroupError:
+                # one task of several ended while we looked: show the others
+                if len(keys) == 1 or backend.exists(key):
+                    raise
+    except GecoError as exc:
+        return _failed("status", exc)
+    if args.json:
+        doc = {"host": short_hostname(), "jobs": [jobstatus.to_dict(st) for st in found]}
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    else:
+        sys.stdout.write("\n".join(jobstatus.format_table(st, verbose=args.verbose)
+                                   for st in found))
+    sys.stdout.flush()
+    return EXIT_OK
+
+
+def _journal(args: argparse.Namespace) -> int:
+    from geco import journalview  # see _keygen
+    from geco.resource import short_hostname
+
+    job, task = args.job
+    try:
+        refused = journalview.check_access()
+        entries = journalview.read(job, task)
+    except GecoError as exc:
+        return _failed("journal", exc)
+    if refused:
+        print(f"geco journal: warning: {len(refused)} journal file(s) not readable, entries "
+              f"may be missing (first: {refused[0]})", file=sys.stderr)
+    key = f"{job}.{task}" if task is not None else str(job)
+    if not entries:
+        print(f"geco journal: the journal on {short_hostname()} has no entry of job {key}",
+              file=sys.stderr)
+        return EXIT_FAILED
+    if args.json:
+        sys.stdout.write("".join(journalview.to_json(e, all_fields=args.all_fields) + "\n"
+                                 for e in entries))
+    else:
+        sys.stdout.write(journalview.format_story(entries, job, task,
+                                                  all_fields=args.all_fields))
+    sys.stdout.flush()
+    return EXIT_OK
+
+
 def _status(args: argparse.Namespace) -> int:
     import json
 
     from geco import client  # see _keygen
 
+    if args.job is not None:
+        return _job_status(args)
     try:
         doc = client.status(_config.load())
     except GecoError as exc:
@@ -226,6 +321,7 @@ def _build_parser() -> _Parser:
     _add_key_commands(sub)
     _add_daemon_command(sub)
     _add_status_command(sub)
+    _add_journal_command(sub)
     return parser
 
 
@@ -242,7 +338,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "preload-config":
             return _preload_config(args)
         if args.command == "status":
+            if args.verbose and args.job is None:
+                raise _Usage("geco status: -v goes with --job")
             return _status(args)
+        if args.command == "journal":
+            return _journal(args)
         if args.command == "rsrcinfo":
             if args.xml is None and (args.placement or args.pe_hostfile):
                 raise _Usage("geco rsrcinfo: --placement and --pe-hostfile go with --xml")

@@ -1,0 +1,266 @@
+"""`geco journal`'s formatting of a job's story, and the accounting read back from its fields.
+
+Entries are built by hand (the shape systemd-python's Reader gives after
+geco.journalview's conversion); reading a real journal is in
+tests/system/test_job_cli.py. Times are shown in UTC here (TZ=UTC) so the
+lines can be asserted whole.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from geco.accounting import Accounting
+from geco.journalview import (
+    Entry,
+    accounting_from_fields,
+    format_entry,
+    format_story,
+    summary,
+    to_json,
+)
+
+# 2026-11-22 02:46:20 UTC, in journald's microseconds
+T0 = 1_795_315_580_000_000
+SEC = 1_000_000
+
+
+@pytest.fixture(autouse=True)
+def utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def entry(at: int, ident: str, event: str | None, message: str, job: str = "42",
+          task: str | None = "1", **fields: str) -> Entry:
+    base = {"SYSLOG_IDENTIFIER": ident, "MESSAGE": message, "JOB_ID": job, "PRIORITY": "6",
+            "_PID": "4242", "CODE_FILE": "/x.py", **fields}
+    if event is not None:
+        base["GECO_EVENT"] = event
+    if task is not None:
+        base["SGE_TASK_ID"] = task
+    return Entry(T0 + at, base)
+
+
+CONTAINED = entry(0, "geco-prolog", "job-contained",
+                  "job 42.1 contained on n001: cores 0-1, NUMA nodes 0", CPUS="0-1")
+QUARANTINED = entry(2 * SEC, "gecod", "quarantined", "quarantined process 9868 into job 42.1")
+END = entry(300 * SEC, "geco-epilog", "job-end",
+            "job 42.1 ended: peak memory 1.5G, CPU 12.3 s user + 0.4 s system, no OOM kill",
+            MEMORY_PEAK=str(3 << 29), CPU_USER_SEC="12.345", CPU_SYSTEM_SEC="0.400",
+            OOM_KILLS="0", KILLED="2", CLEANED_BY="epilog")
+
+
+# -- one line per entry ------------------------------------------------------
+
+
+def test_an_entry_reads_time_identifier_event_message() -> None:
+    """Given the prolog's job-contained entry, when formatted, then one line shows its UTC
+    time, identifier, event and message, in that order, two spaces apart."""
+    assert format_entry(CONTAINED) == ("2026-11-22 02:46:20  geco-prolog  job-contained  "
+                                       "job 42.1 contained on n001: cores 0-1, NUMA nodes 0")
+
+
+def test_an_entry_without_event_shows_a_dash_and_columns_pad_to_the_given_widths() -> None:
+    """Given an entry without GECO_EVENT and widths (12, 14), then identifier and event are
+    padded to those widths and the missing event is '-'."""
+    e = entry(5 * SEC, "gecod", None, "something general")
+    assert format_entry(e, (12, 14)) == ("2026-11-22 02:46:25  gecod         -               "
+                                         "something general")
+
+
+def test_a_multi_line_message_continues_under_its_first_line() -> None:
+    """Given a message of three lines (a traceback), then the second and third lines are
+    indented to where the message starts, with no trailing blanks."""
+    e = entry(0, "gecod", "oops", "failed:\n  File x\nValueError: y\n")
+    assert format_entry(e).split("\n") == [
+        "2026-11-22 02:46:20  gecod  oops  failed:",
+        "                                    File x",
+        "                                  ValueError: y"]
+
+
+def test_all_fields_adds_every_field_but_the_message_sorted() -> None:
+    """Given all_fields, then after the line come the fields as '    KEY=value', sorted,
+    the journal's own (_PID) included, MESSAGE left out."""
+    assert format_entry(QUARANTINED, all_fields=True).split("\n") == [
+        "2026-11-22 02:46:22  gecod  quarantined  quarantined process 9868 into job 42.1",
+        "    CODE_FILE=/x.py",
+        "    GECO_EVENT=quarantined",
+        "    JOB_ID=42",
+        "    PRIORITY=6",
+        "    SGE_TASK_ID=1",
+        "    SYSLOG_IDENTIFIER=gecod",
+        "    _PID=4242"]
+
+
+# -- the whole story ---------------------------------------------------------
+
+
+def test_the_story_aligns_columns_and_ends_with_the_job_end_accounting() -> None:
+    """Given prolog, gecod and epilog entries of job 42.1, when the story is formatted,
+    then identifier and event columns are as wide as their longest value, and the last line
+    says when the job ended, its accounting and its cleanup."""
+    assert format_story([CONTAINED, QUARANTINED, END], 42).split("\n") == [
+        "2026-11-22 02:46:20  geco-prolog  job-contained  "
+        "job 42.1 contained on n001: cores 0-1, NUMA nodes 0",
+        "2026-11-22 02:46:22  gecod        quarantined    "
+        "quarantined process 9868 into job 42.1",
+        "2026-11-22 02:51:20  geco-epilog  job-end        "
+        "job 42.1 ended: peak memory 1.5G, CPU 12.3 s user + 0.4 s system, no OOM kill",
+        "job 42.1 ended 2026-11-22 02:51:20: peak memory 1.5G, CPU 12.3 s user + 0.4 s system, "
+        "no OOM kill, 2 processes killed at cleanup (by epilog)",
+        ""]
+
+
+def test_a_story_of_several_tasks_names_the_task_on_each_line_and_sums_up_each() -> None:
+    """Given entries of tasks 1 and 2 of array job 42, task 1 ended by the reaper and task 2
+    still running, then each line carries its <job>.<task> and there is one summary per
+    task, in the order they first appear."""
+    t1 = entry(0, "geco-prolog", "job-contained", "contained", task="1")
+    t2 = entry(SEC, "geco-prolog", "job-contained", "contained", task="2")
+    end1 = entry(9 * SEC, "gecod", "job-end", "ended", task="1", MEMORY_PEAK="1048576",
+                 OOM_KILLS="1", KILLED="1", CLEANED_BY="reaper")
+    assert format_story([t1, t2, end1], 42).split("\n") == [
+        "2026-11-22 02:46:20  42.1  geco-prolog  job-contained  contained",
+        "2026-11-22 02:46:21  42.2  geco-prolog  job-contained  contained",
+        "2026-11-22 02:46:29  42.1  gecod        job-end        ended",
+        "job 42.1 ended 2026-11-22 02:46:29: peak memory 1M, 1 OOM kill, "
+        "1 process killed at cleanup (by reaper)",
+        "job 42.2: no job-end entry yet (still running?)",
+        ""]
+
+
+# -- the summary line --------------------------------------------------------
+
+
+def test_no_end_entry_yet_says_the_job_may_still_run() -> None:
+    """Given only the prolog's entry, then the summary says there is no job-end entry yet."""
+    assert summary([CONTAINED], 42) == ["job 42.1: no job-end entry yet (still running?)"]
+
+
+def test_no_entry_with_a_task_names_the_job_as_asked() -> None:
+    """Given entries without SGE_TASK_ID, then the summary names the job (and task) as asked."""
+    e = entry(0, "gecod", "x", "y", task=None)
+    assert summary([e], 42) == ["job 42: no job-end entry yet (still running?)"]
+    assert summary([e], 42, 3) == ["job 42.3: no job-end entry yet (still running?)"]
+
+
+def test_a_stuck_cleanup_as_last_word_says_so_with_its_pids() -> None:
+    """Given a cleanup-stuck entry after the prolog, then the summary names the stuck pids
+    and that the cgroups are kept for the reaper."""
+    stuck = entry(60 * SEC, "geco-epilog", "cleanup-stuck", "stuck", PIDS="123 456",
+                  CLEANED_BY="epilog")
+    assert summary([CONTAINED, stuck], 42) == [
+        "job 42.1: no job-end entry yet; cleanup stuck at 2026-11-22 02:47:20: processes "
+        "123 456 survived SIGKILL, cgroups kept (gecod's reaper retries)"]
+
+
+def test_a_job_end_after_a_stuck_cleanup_wins() -> None:
+    """Given cleanup-stuck then (reaper, later) job-end, then the summary is the job end."""
+    stuck = entry(60 * SEC, "geco-epilog", "cleanup-stuck", "stuck", PIDS="123")
+    end = entry(400 * SEC, "gecod", "job-end", "ended", MEMORY_PEAK="0", OOM_KILLS="0",
+                KILLED="0", CLEANED_BY="reaper")
+    assert summary([CONTAINED, stuck, end], 42) == [
+        "job 42.1 ended 2026-11-22 02:53:00: peak memory 0, no OOM kill, "
+        "nothing left to kill at cleanup (by reaper)"]
+
+
+def test_a_job_end_without_figures_says_no_accounting() -> None:
+    """Given the job-end an epilog writes for a job without cgroups (no fields), then the
+    summary says no accounting was recorded."""
+    end = entry(SEC, "geco-epilog", "job-end", "job 42.1 has no cgroups on this node")
+    assert summary([end], 42) == [
+        "job 42.1 ended 2026-11-22 02:46:21: no accounting recorded"]
+
+
+def test_a_job_end_without_oom_kills_counts_the_oom_entries_instead() -> None:
+    """Given an older epilog's job-end (MEMORY_PEAK and KILLED only) after two oom entries,
+    then the summary counts 2 OOM kills rather than claiming none."""
+    ooms = [entry(i * SEC, "gecod", "oom", "killed") for i in (1, 2)]
+    end = entry(5 * SEC, "geco-epilog", "job-end", "ended", MEMORY_PEAK="10035200",
+                KILLED="0")
+    assert summary([*ooms, end], 42) == [
+        "job 42.1 ended 2026-11-22 02:46:25: peak memory 9.57M, 2 OOM kills, "
+        "nothing left to kill at cleanup"]
+
+
+def test_cleaned_by_without_killed_still_says_who_cleaned_up() -> None:
+    end = entry(0, "gecod", "job-end", "ended", MEMORY_PEAK="1024", OOM_KILLS="0",
+                CLEANED_BY="reaper")
+    assert summary([end], 42) == [
+        "job 42.1 ended 2026-11-22 02:46:20: peak memory 1K, no OOM kill, cleaned up by reaper"]
+
+
+# -- accounting read back ----------------------------------------------------
+
+
+def test_accounting_is_read_back_from_the_job_end_fields() -> None:
+    """Given the job-end fields, then the Accounting has the peak in bytes, CPU seconds and
+    the OOM kill count."""
+    assert accounting_from_fields(END) == Accounting(memory_peak=3 << 29, cpu_user=12.345,
+                                                     cpu_system=0.4, oom_kills=0)
+
+
+def test_cpu_fields_missing_mean_not_accounted() -> None:
+    assert accounting_from_fields({"MEMORY_PEAK": "5", "OOM_KILLS": "3"}) == Accounting(
+        memory_peak=5, cpu_user=None, cpu_system=None, oom_kills=3)
+
+
+@pytest.mark.parametrize("fields", [{}, {"MEMORY_PEAK": "lots"}, {"MEMORY_PEAK": "-1"}])
+def test_no_usable_peak_means_no_accounting(fields: dict[str, str]) -> None:
+    """Given a job-end without a MEMORY_PEAK that is a number >= 0, then there is none."""
+    assert accounting_from_fields(fields) is None
+
+
+def test_a_field_that_is_not_a_number_counts_as_unknown() -> None:
+    """Given hand-sent garbage in CPU_USER_SEC and OOM_KILLS, then CPU user is not known and
+    the kill count is 0, without an exception."""
+    assert accounting_from_fields({"MEMORY_PEAK": "1", "CPU_USER_SEC": "x", "OOM_KILLS": "?"}
+                                  ) == Accounting(memory_peak=1, cpu_user=None, oom_kills=0)
+
+
+@given(peak=st.integers(0, 1 << 50), kills=st.integers(0, 10_000),
+       user=st.none() | st.floats(0, 1e7), system=st.none() | st.floats(0, 1e7))
+def test_journal_fields_read_back_to_the_same_accounting(peak: int, kills: int,
+                                                         user: float | None,
+                                                         system: float | None) -> None:
+    """Property: Accounting -> journal_fields (as journald stores them: text) -> read back
+    gives the same record, CPU seconds to the three decimals the fields keep."""
+    acc = Accounting(memory_peak=peak, cpu_user=user, cpu_system=system, oom_kills=kills)
+    fields = {k: str(v) for k, v in acc.journal_fields().items()}
+    back = accounting_from_fields(fields)
+    assert back == Accounting(memory_peak=peak,
+                              cpu_user=None if user is None else round(user, 3),
+                              cpu_system=None if system is None else round(system, 3),
+                              oom_kills=kills)
+
+
+# -- JSON lines --------------------------------------------------------------
+
+
+def test_json_keeps_geco_fields_and_drops_the_journals_own_unless_all_fields() -> None:
+    """Given an entry with _PID and CODE_FILE, then --json's line has the timestamp, message,
+    priority, identifier and geco's fields; with all_fields also _PID and CODE_FILE."""
+    assert json.loads(to_json(CONTAINED)) == {
+        "__REALTIME_TIMESTAMP": str(T0), "SYSLOG_IDENTIFIER": "geco-prolog",
+        "MESSAGE": "job 42.1 contained on n001: cores 0-1, NUMA nodes 0", "JOB_ID": "42",
+        "SGE_TASK_ID": "1", "GECO_EVENT": "job-contained", "PRIORITY": "6", "CPUS": "0-1"}
+    assert set(json.loads(to_json(CONTAINED, all_fields=True))) == {
+        "__REALTIME_TIMESTAMP", "SYSLOG_IDENTIFIER", "MESSAGE", "JOB_ID", "SGE_TASK_ID",
+        "GECO_EVENT", "PRIORITY", "CPUS", "_PID", "CODE_FILE"}
+
+
+def test_json_keeps_a_repeated_field_as_a_list() -> None:
+    e = Entry(T0, {"MESSAGE": "m", "TAG": ("a", "b")})
+    assert json.loads(to_json(e)) == {"__REALTIME_TIMESTAMP": str(T0), "MESSAGE": "m",
+                                      "TAG": ["a", "b"]}
+    assert e.get("TAG") == "a"
