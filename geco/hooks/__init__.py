@@ -11,19 +11,30 @@ an exit code Grid Engine understands (``sge_shepherd(8)``):
 
 Any other code would put the *queue* in error state and stop the node for
 everyone, so no hook ever returns one, not even on a bug.
+
+:func:`run` also writes the job's trace (``-l geco_trace_level=N``, see
+:mod:`geco.trace`): the epilog and the starter read the job's level from the
+resource file the prolog saved, before their body runs; the prolog learns it
+only from the resources it fetches, so it calls :func:`attach_trace` then, and
+what it logged before is replayed into the file. The outcome and the
+"finished" line are traced too. A trace problem is journaled and never
+changes the exit code.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import os
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from geco import config as _config
-from geco import log
+from geco import log, sgejob
 from geco.errors import (
     ConfigError,
     GecoError,
@@ -32,7 +43,11 @@ from geco.errors import (
     ResourceFormatError,
 )
 
-__all__ = ["Exit", "run"]
+if TYPE_CHECKING:
+    from geco import trace
+    from geco.resource import ResourceSet
+
+__all__ = ["Exit", "attach_trace", "run"]
 
 
 class Exit(enum.IntEnum):
@@ -46,6 +61,97 @@ class Exit(enum.IntEnum):
 # Errors that re-queueing cannot fix (the job's data, or a queue without geco's
 # prolog): the job waits in error state with the reason instead of looping.
 _JOB_ERRORS: tuple[type[GecoError], ...] = (QstatParseError, ResourceFormatError, NotContained)
+
+
+# Hooks that run after the prolog saved the job's resource file, and whether the
+# job is named on their command line (epilog: $job_id $ja_task_id) or only in
+# their environment (starter: its arguments are the job's command).
+_AFTER_PROLOG = {"epilog": True, "starter": False}
+
+
+class _Trace:
+    """The job's trace during one hook run: at most one file, attached once."""
+
+    def __init__(self, program: str) -> None:
+        self.program = program
+        self.stack = contextlib.ExitStack()
+        self.backlog: trace.Backlog | None = None
+        self.attached = False
+        self.path: Path | None = None
+
+    def collect(self) -> None:
+        """Keep what is logged from now on, for a trace attached later."""
+        from geco import trace
+
+        self.backlog = trace.Backlog()
+        logging.getLogger("geco").addHandler(self.backlog)
+
+    def _drop_backlog(self) -> None:
+        if self.backlog is not None:
+            logging.getLogger("geco").removeHandler(self.backlog)
+            self.backlog = None
+
+    def attach(self, cfg: _config.Config, rs: ResourceSet | None) -> Path | None:
+        if not self.attached:
+            self.attached = True
+            if rs is None or rs.trace_level <= 0:  # the common case: nothing to import
+                self._drop_backlog()
+                return None
+            try:
+                from geco import trace
+
+                self.path = self.stack.enter_context(
+                    trace.for_job(cfg, rs, program=self.program, backlog=self.backlog))
+            except Exception as exc:  # never raised by for_job on purpose; a bug is reported
+                log.get("trace").warning("no trace for this hook: internal error %s: %s",
+                                         type(exc).__name__, exc)
+            finally:
+                self._drop_backlog()
+        return self.path
+
+    def close(self) -> None:
+        self._drop_backlog()
+        with contextlib.suppress(Exception):
+            self.stack.close()
+
+
+_current: _Trace | None = None
+
+
+def attach_trace(cfg: _config.Config, rs: ResourceSet | None) -> Path | None:
+    """Trace the rest of this hook run into ``rs``'s trace file, at its level.
+
+    For a hook body that learns the job's resources itself (the prolog): what
+    was logged since the body started is written first. Does nothing outside
+    :func:`run`, when the job's level is 0, or when a trace is already attached.
+    Never raises.
+
+    Returns
+    -------
+    The trace file's path, or None when not tracing.
+    """
+    return _current.attach(cfg, rs) if _current is not None else None
+
+
+def _saved_resources(cfg: _config.Config, name: str,
+                     logger: logging.Logger) -> ResourceSet | None:
+    """The resource file of the job this hook runs for (None when none or unusable)."""
+    try:
+        argv = sys.argv[1:] if _AFTER_PROLOG[name] else []
+        job = sgejob.job_from_hook(argv, os.environ)
+        # only root creates trace files: a hook running as the owner (the starter,
+        # on every job's critical path) appends to the prolog's file or does nothing,
+        # so one stat decides before anything else is imported or read. The name is
+        # geco.trace.trace_path's (tests/system/test_trace_access.py checks they agree).
+        if (os.geteuid() != 0
+                and not (cfg.trace_dir / f"{job.job_id}.{job.task_id}.trace").exists()):
+            return None
+        from geco import statefile
+
+        return statefile.read(cfg.resources_dir, job.job_id, job.task_id)
+    except Exception as exc:  # the body meets the same problem and reports it
+        logger.debug("%s: no trace: %s", name, exc)
+        return None
 
 
 def process_age() -> float:
@@ -90,6 +196,33 @@ def run(name: str, body: Callable[[_config.Config, logging.Logger], Exit], *,
         return Exit.OK if after_the_job else Exit.REQUEUE
     logger = log.setup(cfg.log_level, identifier=f"geco-{name}")
     hook_log = log.get(name)
+    global _current
+    _current = job_trace = _Trace(f"geco-{name}")
+    try:
+        if name in _AFTER_PROLOG:
+            job_trace.attach(cfg, _saved_resources(cfg, name, hook_log))
+        else:
+            job_trace.collect()
+        code = _run_body(name, body, cfg, hook_log, after_the_job)
+        elapsed, since_exec = time.monotonic() - started, process_age()
+        job_id, task_id = os.environ.get("JOB_ID"), os.environ.get("SGE_TASK_ID")
+        hook_log.info("%s finished with exit %d in %.3f s (%.3f s since exec)", name, code,
+                      elapsed, since_exec,
+                      extra=log.job_fields(job_id, "1" if task_id == "undefined" else task_id,
+                                           f"{name}-done", EXIT_STATUS=int(code),
+                                           ELAPSED_SEC=f"{elapsed:.6f}",
+                                           SINCE_EXEC_SEC=f"{since_exec:.3f}"))
+    finally:
+        _current = None
+        job_trace.close()
+    logging.shutdown()
+    sys.stderr.flush()
+    return int(code)
+
+
+def _run_body(name: str, body: Callable[[_config.Config, logging.Logger], Exit],
+              cfg: _config.Config, hook_log: logging.Logger, after_the_job: bool) -> Exit:
+    """Run the body; turn whatever it raises into an exit code, logged with the reason."""
     try:
         code = body(cfg, hook_log)
     except _JOB_ERRORS as exc:
@@ -104,14 +237,4 @@ def run(name: str, body: Callable[[_config.Config, logging.Logger], Exit], *,
         code = Exit.REQUEUE
     if after_the_job and code != Exit.OK:
         code = Exit.OK
-    elapsed, since_exec = time.monotonic() - started, process_age()
-    job_id, task_id = os.environ.get("JOB_ID"), os.environ.get("SGE_TASK_ID")
-    hook_log.info("%s finished with exit %d in %.3f s (%.3f s since exec)", name, code,
-                  elapsed, since_exec,
-                  extra=log.job_fields(job_id, "1" if task_id == "undefined" else task_id,
-                                       f"{name}-done", EXIT_STATUS=int(code),
-                                       ELAPSED_SEC=f"{elapsed:.6f}",
-                                       SINCE_EXEC_SEC=f"{since_exec:.3f}"))
-    logging.shutdown()
-    sys.stderr.flush()
-    return int(code)
+    return code

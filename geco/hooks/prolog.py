@@ -15,6 +15,13 @@ Steps, in order:
 3. Create this node's cgroups: whole cores packed by topology, memory limits.
 4. Move the shepherd in. The job, the epilog and everything they fork are
    born inside; nothing of the job exists yet, so nothing can escape.
+
+The journal tells the story (``journalctl JOB_ID=<job>``): ``resources-read``
+(what the job was granted here and where that came from), then
+``job-contained`` (the cores and limits applied). A job submitted with
+``-l geco_trace_level=N`` gets the same lines, and at level 4 every step
+(qstat, timings, the cores free and chosen), in its trace file
+(:mod:`geco.trace`).
 """
 
 from __future__ import annotations
@@ -22,11 +29,14 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
+from pathlib import Path
 
-from geco import cgroup, containment, jobresources, log, sgejob
+from geco import cgroup, containment, jobresources, log, sgejob, statefile
 from geco.config import Config
 from geco.errors import GecoError
-from geco.hooks import Exit, run
+from geco.hooks import Exit, attach_trace, run
+from geco.resource import NodeResources, ResourceSet
 from geco.units import format_memory
 
 __all__ = ["main"]
@@ -36,27 +46,150 @@ def _human(limit: int) -> str:
     return format_memory(limit) if limit else "unlimited"
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _seconds(value: float) -> str:
+    # "%g" would print a week of h_rt as 604800 but two weeks as 1.2096e+06
+    return str(int(value)) if value.is_integer() else f"{value:.3f}"
+
+
+def _file_version(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_ino
+
+
+class _Events(logging.Filter):
+    """Notes the ``GECO_EVENT`` of the records passing a logger (lets every record pass)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        event = getattr(record, "geco_fields", {}).get("GECO_EVENT")
+        if event:
+            self.seen.add(event)
+        return True
+
+
+def _resources(job: sgejob.JobRef, cfg: Config,
+               logger: logging.Logger) -> tuple[ResourceSet, str, float]:
+    """The job's resources, where they came from (file, qstat, spool) and how long it took."""
+    path = statefile.path_for(cfg.resources_dir, job.job_id, job.task_id)
+    before = _file_version(path)
+    if before is not None:
+        logger.debug("job %s: reading the saved resources %s", job.key, path)
+    else:
+        logger.debug("job %s: no saved resources at %s; asking qstat (command %s, timeout "
+                     "%g s, %d retries, placement from %s)", job.key, path, cfg.qstat,
+                     cfg.qstat_timeout, cfg.qstat_retries, job.pe_hostfile or "qstat -g t")
+    # resources_for says "degraded-containment" on the logger it is given when the
+    # qmaster could not be reached; watching for it tells the spool-only case apart
+    events = _Events()
+    logger.addFilter(events)
+    started = time.monotonic()
+    try:
+        rs = jobresources.resources_for(job, cfg, logger)
+    finally:
+        logger.removeFilter(events)
+    took = time.monotonic() - started
+    if "degraded-containment" in events.seen:
+        source = "spool"
+    elif before is not None and _file_version(path) == before:
+        source = "file"
+    else:
+        source = "qstat"
+    logger.debug("job %s: resources from %s in %.3f s: %s", job.key, source, took,
+                 rs.to_v1().decode("utf-8", "backslashreplace"))
+    return rs, source, took
+
+
+def _story(job: sgejob.JobRef, rs: ResourceSet, node: NodeResources | None, source: str,
+           took: float, path: Path, logger: logging.Logger) -> None:
+    """Journal what the job was granted on this node and where geco read it."""
+    here = node.slots if node is not None else 0
+    memory, memsw = (node.memory_limit, node.vmem_limit) if node is not None else (0, 0)
+    total = sum(n.slots for n in rs.nodes)
+    parts = [f"{_plural(here, 'slot')} here of {total} on {_plural(len(rs.nodes), 'node')}"]
+    parts.append(f"memory {_human(memory)}" if memory or not memsw else "")
+    if memsw:
+        parts.append(f"memory+swap {format_memory(memsw)}")
+    if rs.runtime_limit > 0:
+        parts.append(f"h_rt {_seconds(rs.runtime_limit)} s")
+    if rs.trace_level > 0:
+        parts.append(f"trace level {rs.trace_level}")
+    origin = {"qstat": "read from qstat", "file": f"read from {path}",
+              "spool": "from the execd spool only (qmaster unreachable: no memory limits)"}
+    extra = {"OWNER": rs.owner, "JOB_NAME": rs.job_name, "SLOTS": here, "TOTAL_SLOTS": total,
+             "NODES": len(rs.nodes), "MEMORY_LIMIT": memory, "MEMSW_LIMIT": memsw,
+             "TRACE_LEVEL": rs.trace_level, "SOURCE": source,
+             "RESOURCES_SEC": f"{took:.3f}"}
+    if rs.runtime_limit > 0:
+        extra["H_RT"] = _seconds(rs.runtime_limit)
+    if rs.per_slot_vmem > 0:
+        extra["H_VMEM"] = rs.per_slot_vmem
+    logger.info("job %s (owner %s, %r): %s; %s", job.key, rs.owner or "unknown", rs.job_name,
+                ", ".join(p for p in parts if p), origin[source],
+                extra=log.job_fields(job.job_id, job.task_id, "resources-read", **extra))
+
+
+def _cores_before(job: sgejob.JobRef, backend: cgroup.Backend, logger: logging.Logger) -> None:
+    """Debug: the cores geco may hand out and those other jobs hold, before choosing."""
+    try:
+        taken = {key: backend.read_limits(key).cpus for key in backend.job_keys()
+                 if key != job.key}
+        logger.debug("job %s: cores geco may use: %s; taken by other jobs: %s", job.key,
+                     backend.available_cpus(),
+                     ", ".join(f"{k}={c}" for k, c in taken.items()) or "none")
+    except GecoError as exc:  # only a debug line: the allocation itself reports real problems
+        logger.debug("job %s: cannot list the cores in use: %s", job.key, exc)
+
+
 def _body(cfg: Config, logger: logging.Logger) -> Exit:
     job = sgejob.job_from_hook(sys.argv[1:], os.environ)
     if os.geteuid() != 0:
         raise GecoError("the prolog must run as root: configure it as root@<path> in the queue",
                         job=job.key)
     shepherd = sgejob.find_shepherd(job)
-    rs = jobresources.resources_for(job, cfg, logger)
+    logger.debug("job %s: parent %d is the job's sge_shepherd (spool dir %s)", job.key,
+                 shepherd, job.spool_dir)
+    rs, source, took = _resources(job, cfg, logger)
+    trace_file = attach_trace(cfg, rs)
+    if trace_file is not None:
+        logger.debug("job %s: tracing at level %d into %s", job.key, rs.trace_level, trace_file)
     node = rs.node()
+    _story(job, rs, node, source, took,
+           statefile.path_for(cfg.resources_dir, job.job_id, job.task_id), logger)
     if node is None:
         raise GecoError("the job has no slots on this host", job=job.key,
                         host=os.uname().nodename, hosts=",".join(n.name for n in rs.nodes))
     backend = cgroup.for_config(cfg)
     backend.ensure_root()
+    logger.debug("job %s: cgroup %s, controllers %s under %s", job.key,
+                 type(backend).__name__, ",".join(backend.controllers),
+                 ", ".join(str(p) for p in backend.parent_paths().values()))
+    existed = backend.exists(job.key)
+    # listing other jobs' cores costs a read per job: only for someone who reads debug
+    if rs.trace_level >= 4 or cfg.log_level == "debug":
+        _cores_before(job, backend, logger)
+    started = time.monotonic()
     limits = containment.contain(
         job.key, node, backend, state_dir=cfg.state_dir, hardware_threads=cfg.hardware_threads,
         active_jobs=job.spool_dir.parent if job.spool_dir else None)
+    logger.debug("job %s: %s cgroups in %.3f s: %s", job.key,
+                 "reused the existing" if existed else "made", time.monotonic() - started,
+                 ", ".join(str(p) for p in backend.paths(job.key).values()))
     try:
         backend.add_pid(job.key, shepherd)
     except GecoError:
         containment.release(job.key, backend, timeout=cfg.kill_timeout)
         raise
+    logger.debug("job %s: moved the shepherd %d into the job's cgroups", job.key, shepherd)
     logger.info(
         "job %s contained on %s: cores %s, NUMA nodes %s, memory %s, memory+swap %s, shepherd %d",
         job.key, node.name, limits.cpus, limits.mems, _human(limits.memory),

@@ -23,7 +23,12 @@ Steps, in order:
 5. Start the job the way Grid Engine itself would: with a configured starter,
    Grid Engine hands over the job script and leaves ``shell_start_mode`` to us
    (``SGE_STARTER_SHELL_START_MODE``, ``..._SHELL_PATH``, ``..._USE_LOGIN_SHELL``).
-   The job's arguments are passed on untouched.
+   The job's arguments are passed on untouched. A contained job's start is
+   journaled (``GECO_EVENT=job-started``: its cores and the program run).
+
+The starter is on every job's critical path: it imports nothing it does not
+need, and it reads the job's resource file (for its trace level) only when
+the job's trace file exists (:func:`geco.hooks.run`).
 """
 
 from __future__ import annotations
@@ -124,6 +129,15 @@ def _body(cfg: Config, logger: logging.Logger) -> Exit:
                            f"started uncontained. Ask your admin to check the queue's geco "
                            f"prolog", cgroups=where)
     program, args = job_argv(argv, env)
+    if not why:
+        # one journal datagram; the job's arguments stay out of it (they may hold secrets)
+        shell = program != argv[0]
+        logger.info("job %s started in its cgroups on %s: cores %s, running %s%s", job.key,
+                    node, env["GECO_CPUS"] or "all", argv[0],
+                    f" under {program}" if shell else "",
+                    extra=log.job_fields(job.job_id, job.task_id, "job-started",
+                                         CPUS=env["GECO_CPUS"], COMMAND=argv[0],
+                                         SHELL=program if shell else None))
     try:
         os.execvpe(program, args, env)
     except OSError as exc:

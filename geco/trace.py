@@ -1,0 +1,518 @@
+"""Per-job trace files: what geco did for one job, at the level the job asked for.
+
+A job submitted with ``-l geco_trace_level=N`` gets every geco log line about
+it at that level or more severe in ``<trace_dir>/<job>.<task>.trace``:
+
+=====  ========  =====================================================
+level  logging   lines written
+=====  ========  =====================================================
+0      -         none (the default: no file)
+1      ERROR     errors
+2      WARNING   errors and warnings
+3      INFO      ... and the steps an owner cares about
+4      DEBUG     ... and every step (qstat runs, timings, core choice)
+=====  ========  =====================================================
+
+A line is the original's seed format with the program that wrote it after
+the time stamp, so the lines of the prolog, gecod and the epilog interleave
+readably in one file::
+
+    2015-11-19T13:56:46-0500 geco-prolog [28152|INFO ]: (prolog.py:88) job 42.1 ...
+
+The file is readable by the job's owner and root only (0600, owned by the
+owner), in a root-owned directory nobody else can write to. Every file
+operation is done as root on a path whose last components a user could
+otherwise aim elsewhere, so the directory is opened without following
+symlinks and checked (root-owned, not group/other-writable), and the file is
+opened relative to that directory with ``O_NOFOLLOW`` and checked to be a
+regular file with one link. A refused or failing trace is journaled as a
+warning (``GECO_EVENT=trace-refused``) and never fails the job.
+
+Two ways in:
+
+* :func:`for_job`: a hook (one job per process) traces a block of code.
+* :class:`TraceRouter`: gecod (many jobs per process) routes each record that
+  carries a job's fields (:func:`geco.log.job_fields`) to that job's file,
+  reading the job's level from its resource file (cached by mtime).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import errno
+import logging
+import os
+import pwd
+import stat
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from geco import log
+from geco.config import Config
+from geco.resource import ResourceSet
+
+__all__ = ["LEVELS", "Backlog", "TraceFormatter", "TraceRouter", "for_job", "logging_level",
+           "trace_path"]
+
+_log = log.get("trace")
+
+# geco_trace_level -> the least severe logging level written
+LEVELS = {1: logging.ERROR, 2: logging.WARNING, 3: logging.INFO, 4: logging.DEBUG}
+_FIELDS_ATTR = "geco_fields"  # where geco.log.job_fields puts a record's journal fields
+_FILE_MODE = 0o600
+_DIR_MODE = 0o755
+# O_NONBLOCK: opening a FIFO planted in the directory fails (ENXIO) instead of
+# hanging the hook until someone reads it; it changes nothing for a regular file.
+_OPEN_FLAGS = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+               | os.O_NONBLOCK)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_RETRY_REFUSED = 60.0   # seconds gecod leaves a refused trace file alone before trying again
+_BACKLOG_RECORDS = 2000
+
+
+def logging_level(trace_level: int) -> int | None:
+    """Return the least severe logging level a job's trace keeps, None when tracing is off.
+
+    Parameters
+    ----------
+    trace_level: the job's ``geco_trace_level`` (0 or less = off; above 4 = debug).
+    """
+    if trace_level <= 0:
+        return None
+    return LEVELS.get(trace_level, logging.DEBUG)
+
+
+def trace_path(cfg: Config, job_id: int, task_id: int) -> Path:
+    """Return the trace file of one job task: ``<trace_dir>/<job>.<task>.trace``."""
+    return cfg.trace_dir / f"{job_id}.{task_id}.trace"
+
+
+class TraceFormatter(log.SeedFormatter):
+    """The seed format with the writing program after the time stamp."""
+
+    def __init__(self, program: str) -> None:
+        super().__init__()
+        self.program = program
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        # the seed line starts "<stamp> [": the stamp has no blank in it
+        stamp, _, rest = line.partition(" ")
+        return f"{stamp} {self.program} {rest}"
+
+
+# ---------------------------------------------------------------------------
+# opening a trace file safely
+
+
+class _Refused(Exception):
+    """A trace file that must not or cannot be written (the message says why)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Owner:
+    uid: int
+    gid: int
+    known: bool
+
+
+def _owner_ids(name: str) -> _Owner:
+    """The uid/gid the file goes to: the owner's, or root's when the owner is unknown here."""
+    if name:
+        try:
+            pw = pwd.getpwnam(name)
+        except (KeyError, UnicodeEncodeError):
+            pass
+        else:
+            return _Owner(pw.pw_uid, pw.pw_gid, True)
+    return _Owner(0, 0, False)
+
+
+def _make_parents(directory: Path) -> None:
+    """Make the missing directories above the trace directory, 0755 whatever the umask
+    (a hardened node's 077 would keep owners out of their own files)."""
+    missing = []
+    while not os.path.lexists(directory) and directory != directory.parent:
+        missing.append(directory)
+        directory = directory.parent
+    for path in reversed(missing):
+        try:
+            path.mkdir(mode=_DIR_MODE)
+        except FileExistsError:
+            continue
+        os.chmod(path, _DIR_MODE)
+
+
+def _open_dir(directory: Path) -> int:
+    """Open the trace directory (made on demand by root) and check nobody else controls it."""
+    made = False
+    if os.geteuid() == 0 and not os.path.lexists(directory):
+        _make_parents(directory.parent)
+        with contextlib.suppress(FileExistsError):  # another hook made it meanwhile
+            directory.mkdir(mode=_DIR_MODE)
+            made = True
+    try:
+        dfd = os.open(directory, _DIR_FLAGS)
+    except OSError as exc:
+        # with O_DIRECTORY, Linux reports a symlink as ENOTDIR, not ELOOP
+        if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and directory.is_symlink()):
+            raise _Refused(f"{directory} is a symbolic link") from exc
+        if exc.errno == errno.ENOTDIR:
+            raise _Refused(f"{directory} is not a directory") from exc
+        raise _Refused(f"cannot open {directory}: {exc.strerror}") from exc
+    try:
+        st = os.fstat(dfd)
+        # a user who owns or can write the directory could swap the file for a link
+        # to any file root then appends to, or read another job's trace
+        if st.st_uid != 0:
+            raise _Refused(f"{directory} must be owned by root, got uid {st.st_uid}")
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise _Refused(f"{directory} must not be writable by group or others, got mode "
+                           f"{stat.S_IMODE(st.st_mode):04o}")
+        if made and stat.S_IMODE(st.st_mode) != _DIR_MODE:
+            os.fchmod(dfd, _DIR_MODE)  # the umask took bits away; through the fd, not the name
+    except BaseException:
+        os.close(dfd)
+        raise
+    return dfd
+
+
+def _open_in(dfd: int, name: str, owner: _Owner, display: Path) -> int:
+    """Open ``name`` in the trace directory for appending, owned by ``owner``, mode 0600."""
+    root = os.geteuid() == 0
+    for _ in range(2):
+        created = False
+        try:
+            if root:
+                try:
+                    fd = os.open(name, _OPEN_FLAGS | os.O_EXCL, _FILE_MODE, dir_fd=dfd)
+                    created = True
+                except FileExistsError:
+                    fd = os.open(name, _OPEN_FLAGS, _FILE_MODE, dir_fd=dfd)
+            else:
+                # not root (the starter runs as the owner): only append to the file root made
+                fd = os.open(name, _OPEN_FLAGS & ~os.O_CREAT, dir_fd=dfd)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise _Refused(f"{display} is a symbolic link") from exc
+            if exc.errno == errno.ENXIO:
+                raise _Refused(f"{display} is not a regular file") from exc
+            raise _Refused(f"cannot open {display}: {exc.strerror}") from exc
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            os.close(fd)
+            what = "a regular file" if not stat.S_ISREG(st.st_mode) else "a file with one link"
+            raise _Refused(f"{display} is not {what}")
+        if not root:
+            if st.st_uid != os.geteuid():
+                os.close(fd)
+                raise _Refused(f"{display} belongs to uid {st.st_uid}, not to this user")
+            return fd
+        if not created and st.st_uid != owner.uid:
+            # left by an earlier job with the same id (ids restart) and another owner:
+            # handing it over would show that owner's trace to this one
+            os.close(fd)
+            os.unlink(name, dir_fd=dfd)
+            continue
+        if (st.st_uid, st.st_gid) != (owner.uid, owner.gid):
+            os.fchown(fd, owner.uid, owner.gid)
+        if stat.S_IMODE(st.st_mode) != _FILE_MODE:
+            os.fchmod(fd, _FILE_MODE)
+        return fd
+    raise _Refused(f"{display} keeps being replaced")
+
+
+def _open_trace(cfg: Config, job_id: int, task_id: int, owner: _Owner) -> int:
+    """Return a write-only append descriptor of the job's trace file, or raise _Refused."""
+    path = trace_path(cfg, job_id, task_id)
+    try:
+        dfd = _open_dir(cfg.trace_dir)
+    except OSError as exc:  # mkdir refused (read-only /var/log, ...)
+        raise _Refused(f"cannot make {cfg.trace_dir}: {exc.strerror}") from exc
+    try:
+        return _open_in(dfd, path.name, owner, path)
+    except OSError as exc:  # fstat/fchown/unlink refused
+        raise _Refused(f"cannot set up {path}: {exc.strerror}") from exc
+    finally:
+        os.close(dfd)
+
+
+def _refused(job_id: int, task_id: int, why: str) -> None:
+    _log.warning("job %s.%s: no trace file written: %s", job_id, task_id, why,
+                 extra=log.job_fields(job_id, task_id, "trace-refused", REASON=why))
+
+
+def _unknown_owner(job_id: int, task_id: int, owner: str) -> None:
+    _log.warning("job %s.%s: owner %r is not known on this host; its trace file is readable "
+                 "by root only", job_id, task_id, owner,
+                 extra=log.job_fields(job_id, task_id, "trace-owner-unknown", OWNER=owner))
+
+
+def _encode(line: str) -> bytes:
+    return (line + "\n").encode("utf-8", "backslashreplace")
+
+
+# ---------------------------------------------------------------------------
+# hooks: one job per process
+
+
+class _TraceFile(logging.Handler):
+    """Appends each record to one open trace file; stops (with a warning) on a write error."""
+
+    def __init__(self, fd: int, path: Path, level: int, program: str, job: tuple[int, int]):
+        super().__init__(level)
+        self.fd: int | None = fd
+        self.path = path
+        self.job = job
+        self.setFormatter(TraceFormatter(program))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.fd is None:
+            return
+        try:
+            os.write(self.fd, _encode(self.format(record)))
+        except OSError as exc:
+            # closed first, so the warning below does not come back here
+            os.close(self.fd)
+            self.fd = None
+            _refused(*self.job, f"cannot write {self.path}: {exc.strerror}")
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        super().close()
+
+
+class Backlog(logging.Handler):
+    """Keeps the records logged before a job's trace level is known, to replay them.
+
+    The prolog learns the level only from the job's resources, after it ran
+    qstat; with a backlog the trace still shows how those resources were found.
+    Holds at most the last 2,000 records.
+    """
+
+    def __init__(self, maxlen: int = _BACKLOG_RECORDS) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: collections.deque[logging.LogRecord] = collections.deque(maxlen=maxlen)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def replay(self, handler: logging.Handler) -> None:
+        """Pass every kept record ``handler`` accepts to it, then forget them all."""
+        for record in self.records:
+            if record.levelno >= handler.level:
+                handler.handle(record)
+        self.records.clear()
+
+
+@contextlib.contextmanager
+def _for_job(cfg: Config, rs: ResourceSet | None, program: str,
+             backlog: Backlog | None) -> Iterator[Path | None]:
+    level = logging_level(rs.trace_level) if rs is not None else None
+    if rs is None or level is None:
+        yield None
+        return
+    handler: _TraceFile | None = None
+    try:
+        owner = _owner_ids(rs.owner)
+        if not owner.known:
+            _unknown_owner(rs.job_id, rs.task_id, rs.owner)
+        fd = _open_trace(cfg, rs.job_id, rs.task_id, owner)
+        handler = _TraceFile(fd, trace_path(cfg, rs.job_id, rs.task_id), level, program,
+                             (rs.job_id, rs.task_id))
+    except _Refused as exc:
+        _refused(rs.job_id, rs.task_id, str(exc))
+    except Exception as exc:  # a trace must never fail the job: a bug here is reported only
+        _refused(rs.job_id, rs.task_id, f"internal error {type(exc).__name__}: {exc}")
+    if handler is None:
+        yield None
+        return
+    geco = logging.getLogger("geco")
+    saved = geco.level
+    if geco.getEffectiveLevel() > level:
+        geco.setLevel(level)
+    geco.addHandler(handler)
+    try:
+        if backlog is not None:
+            backlog.replay(handler)
+        yield handler.path
+    finally:
+        geco.removeHandler(handler)
+        geco.setLevel(saved)
+        handler.close()
+
+
+def for_job(cfg: Config, rs: ResourceSet | None, *, program: str = "geco",
+            backlog: Backlog | None = None) -> contextlib.AbstractContextManager[Path | None]:
+    """Trace what the ``geco`` loggers say during a block into the job's trace file.
+
+    Adds a handler at the job's level to the ``geco`` logger for the block (and
+    lowers that logger's level for it when needed; both restored after). Does
+    nothing when ``rs`` is None or the job's trace level is 0. A file that
+    cannot or must not be written is journaled as a warning and the block runs
+    untraced: nothing here raises into the caller.
+
+    Parameters
+    ----------
+    cfg: settings (``trace_dir``).
+    rs: the job's resources (level, owner, ids), or None.
+    program: names the writer on each line (``geco-prolog``, ...).
+    backlog: earlier records to write first (those at the job's level or above).
+
+    Returns
+    -------
+    A context manager yielding the trace file's path, or None when not tracing.
+    """
+    return _for_job(cfg, rs, program, backlog)
+
+
+# ---------------------------------------------------------------------------
+# gecod: many jobs per process
+
+
+@dataclass(slots=True)
+class _Job:
+    """What the router knows of one job's resource file."""
+
+    job_id: int
+    task_id: int
+    mtime_ns: int                # st_mtime_ns and st_ino of the resource file read
+    ino: int
+    level: int | None            # least severe logging level traced; None = off
+    owner_name: str
+    owner: _Owner | None = None  # looked up when the first line is written
+    refused_until: float = 0.0   # monotonic time before which no open is retried
+
+
+class _Busy(threading.local):
+    """Per thread: True while the router writes (its own warnings must not come back)."""
+
+    busy = False
+
+
+class TraceRouter(logging.Handler):
+    """Route job records of a multi-job process (gecod) to their jobs' trace files.
+
+    A record is written when it carries ``JOB_ID`` and ``SGE_TASK_ID`` (see
+    :func:`geco.log.job_fields`) and that job's resource file asks for a trace
+    level that admits the record's level. The resource file is read once and
+    kept while its mtime and inode stay the same; a missing, unreadable or
+    garbage file means "not traced" and never raises. For the common job
+    without tracing a record costs one ``stat``.
+
+    Parameters
+    ----------
+    cfg: settings (``resources_dir``, ``trace_dir``).
+    program: names the writer on each line.
+    max_jobs: jobs remembered at most (the oldest are forgotten first).
+    """
+
+    def __init__(self, cfg: Config, *, program: str = "gecod", max_jobs: int = 4096) -> None:
+        super().__init__(logging.DEBUG)
+        self.cfg = cfg
+        self.max_jobs = max_jobs
+        self.setFormatter(TraceFormatter(program))
+        self._resources = f"{cfg.resources_dir}/"
+        self._jobs: dict[str, _Job] = {}
+        self._jobs_lock = threading.Lock()
+        self._write_lock = threading.Lock()
+        self._local = _Busy()
+
+    def handle(self, record: logging.LogRecord) -> bool:
+        # the common case (no job fields, or a job without tracing) is decided here,
+        # without a lock; only a record that is written takes one
+        fields = getattr(record, _FIELDS_ATTR, None)
+        if not fields:
+            return False
+        job_text, task_text = fields.get("JOB_ID"), fields.get("SGE_TASK_ID")
+        # they name files: digits only, so a record cannot point outside the directories
+        if not (job_text and task_text and job_text.isdigit() and task_text.isdigit()):
+            return False
+        if self._local.busy:
+            return False
+        entry = self._lookup(f"{int(job_text)}.{int(task_text)}")
+        if entry is None or entry.level is None or record.levelno < entry.level:
+            return False
+        if not self.filter(record):
+            return False
+        # busy: the warning of a refused file carries the job's fields too; it must
+        # reach the journal, not come back here
+        self._local.busy = True
+        try:
+            with self._write_lock:
+                self._write(entry, record)
+        finally:
+            self._local.busy = False
+        return True
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.handle(record)
+
+    def _lookup(self, key: str) -> _Job | None:
+        """The job's entry, re-read when its resource file changed; None without a file."""
+        path = self._resources + key
+        entry = self._jobs.get(key)
+        # access() answers "no file" without raising: the cheapest test for a job
+        # gecod logs about before (or without) its resource file
+        if entry is None and not os.access(path, os.F_OK):
+            return None
+        try:
+            st = os.stat(path)
+        except OSError:
+            if entry is not None:
+                with self._jobs_lock:
+                    self._jobs.pop(key, None)
+            return None
+        if entry is not None and entry.mtime_ns == st.st_mtime_ns and entry.ino == st.st_ino:
+            return entry
+        entry = self._read(key, st.st_mtime_ns, st.st_ino)
+        with self._jobs_lock:
+            if key not in self._jobs and len(self._jobs) >= self.max_jobs:
+                # dicts keep insertion order: forget the job seen first
+                del self._jobs[next(iter(self._jobs))]
+            self._jobs[key] = entry
+        return entry
+
+    def _read(self, key: str, mtime_ns: int, ino: int) -> _Job:
+        from geco import statefile  # only when a resource file is new or has changed
+
+        job_text, _, task_text = key.partition(".")
+        job_id, task_id = int(job_text), int(task_text)
+        try:
+            rs = statefile.read(self.cfg.resources_dir, job_id, task_id)
+        except Exception:  # garbage or unreadable: not traced; the hooks report the file
+            rs = None
+        level = logging_level(rs.trace_level) if rs is not None else None
+        return _Job(job_id, task_id, mtime_ns, ino, level, rs.owner if rs is not None else "")
+
+    def _write(self, entry: _Job, record: logging.LogRecord) -> None:
+        now = time.monotonic()
+        if now < entry.refused_until:
+            return
+        job = (entry.job_id, entry.task_id)
+        try:
+            if entry.owner is None:
+                entry.owner = _owner_ids(entry.owner_name)
+                if not entry.owner.known:
+                    _unknown_owner(*job, entry.owner_name)
+            data = _encode(self.format(record))
+            fd = _open_trace(self.cfg, *job, entry.owner)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+        except _Refused as exc:
+            entry.refused_until = now + _RETRY_REFUSED
+            _refused(*job, str(exc))
+        except OSError as exc:
+            entry.refused_until = now + _RETRY_REFUSED
+            _refused(*job, f"cannot write {trace_path(self.cfg, *job)}: {exc.strerror}")
+        except Exception as exc:  # a trace must never take gecod down
+            entry.refused_until = now + _RETRY_REFUSED
+            _refused(*job, f"internal error {type(exc).__name__}: {exc}")
