@@ -42,19 +42,13 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from _common import REPO, percentile
 
-from geco import protocol, statefile  # noqa: E402
-from geco.resource import NodeResources, ResourceSet, short_hostname  # noqa: E402
+from geco import protocol, statefile
+from geco.resource import NodeResources, ResourceSet, short_hostname
 
 JOB, TASK = 77001, 1
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-
-
-def _percentile(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(p * (len(ordered) - 1)))]
 
 
 def _client(key: bytes, sock_path: str, job_dir: str, requests: int, start: float,
@@ -187,7 +181,7 @@ def main() -> int:
             times, wall = _round_trips(key, sock_path, job_dir, clients, args.requests)
             ms = [t * 1e3 for t in times]
             rows.append((f"JOB_STARTED round trip, {clients} client(s)",
-                         f"p50 {statistics.median(ms):.2f} ms, p99 {_percentile(ms, 0.99):.2f}"
+                         f"p50 {statistics.median(ms):.2f} ms, p99 {percentile(ms, 0.99):.2f}"
                          f" ms, {len(ms) / wall:.0f} req/s ({len(ms)} requests)"))
         rss_after = _status_field(gecod.pid, "VmRSS")
         time.sleep(1.0)  # let the last replies and journal writes settle

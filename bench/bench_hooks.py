@@ -24,12 +24,10 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
+from _common import journald, percentile
 
-import conftest as harness  # noqa: E402  (the test fixtures' service helpers)
+from tests import conftest as harness  # the test fixtures' service helpers
 
 
 def _journal_fields(job: int, event: str) -> dict[str, str] | None:
@@ -39,11 +37,6 @@ def _journal_fields(job: int, event: str) -> dict[str, str] | None:
     return lines[-1] if lines else None
 
 
-def _percentile(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(p * (len(ordered) - 1)))]
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=20)
@@ -51,36 +44,36 @@ def main() -> int:
     if os.geteuid() != 0:
         print("bench_hooks: run as root (it starts Grid Engine)", file=sys.stderr)
         return 2
-    journald = None if harness.journald_alive() else harness._start_journald()
+    with journald():
+        return _run(args.jobs)
+
+
+def _run(count: int) -> int:
     owner = harness.ensure_user(harness.TEST_USER)
     env = dict(harness.CLEAN_ENV, SGE_TEST_USER=owner.name,
                GECO_PROLOG=harness.HOOK_LINES["prolog"], GECO_EPILOG=harness.HOOK_LINES["epilog"],
                GECO_STARTER=harness.HOOK_LINES["starter"])
-    try:
-        harness.run(["bash", str(harness.SGE_SETUP)], env=env, timeout=600)
-        workdir = owner.make_dir("bench-hooks")
-        jobs = []
-        for _ in range(args.jobs):
-            out = harness.run(["runuser", "-u", owner.name, "--", "qsub", "-b", "y", "-cwd",
-                               "-o", "/dev/null", "-e", "/dev/null", "/bin/true"],
-                              cwd=str(workdir)).stdout
-            jobs.append(int(out.split()[2]))
-        deadline = time.monotonic() + 60 + 5 * args.jobs
-        pending = set(jobs)
-        while pending and time.monotonic() < deadline:
-            pending = {j for j in pending
-                       if harness.run(["qstat", "-j", str(j)], check=False).returncode == 0}
-            time.sleep(0.5)
-        harness.run(["journalctl", "--sync"], check=False)
-        rows = []
-        for hook in ("prolog", "epilog"):
-            found = [f for j in jobs if (f := _journal_fields(j, f"{hook}-done"))]
-            inside = [float(f["ELAPSED_SEC"]) * 1000 for f in found]
-            total = [float(f["SINCE_EXEC_SEC"]) * 1000 for f in found]
-            rows.append((hook, len(found), inside, total))
-    finally:
-        if journald is not None:
-            harness._stop(journald)
+    harness.run(["bash", str(harness.SGE_SETUP)], env=env, timeout=600)
+    workdir = owner.make_dir("bench-hooks")
+    jobs = []
+    for _ in range(count):
+        out = harness.run(["runuser", "-u", owner.name, "--", "qsub", "-b", "y", "-cwd",
+                           "-o", "/dev/null", "-e", "/dev/null", "/bin/true"],
+                          cwd=str(workdir)).stdout
+        jobs.append(int(out.split()[2]))
+    deadline = time.monotonic() + 60 + 5 * count
+    pending = set(jobs)
+    while pending and time.monotonic() < deadline:
+        pending = {j for j in pending
+                   if harness.run(["qstat", "-j", str(j)], check=False).returncode == 0}
+        time.sleep(0.5)
+    harness.run(["journalctl", "--sync"], check=False)
+    rows = []
+    for hook in ("prolog", "epilog"):
+        found = [f for j in jobs if (f := _journal_fields(j, f"{hook}-done"))]
+        inside = [float(f["ELAPSED_SEC"]) * 1000 for f in found]
+        total = [float(f["SINCE_EXEC_SEC"]) * 1000 for f in found]
+        rows.append((hook, len(found), inside, total))
     print(f"geco hooks on {len(jobs)} real Grid Engine jobs (-b y /bin/true, one slot), ms")
     print(f"{'hook':8} {'jobs':>5} {'in hook p50':>12} {'p90':>7} "
           f"{'since exec p50':>15} {'p90':>7}")
@@ -88,8 +81,8 @@ def main() -> int:
         if not inside:
             print(f"{hook:8} {n:>5}  no journal entries: are the hooks configured?")
             continue
-        print(f"{hook:8} {n:>5} {statistics.median(inside):12.1f} {_percentile(inside, .9):7.1f}"
-              f" {statistics.median(total):15.1f} {_percentile(total, .9):7.1f}")
+        print(f"{hook:8} {n:>5} {statistics.median(inside):12.1f} {percentile(inside, .9):7.1f}"
+              f" {statistics.median(total):15.1f} {percentile(total, .9):7.1f}")
     return 0
 
 
