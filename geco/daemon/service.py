@@ -17,13 +17,18 @@ warned about, since systemd owns that part of the tree.
 Then it rebuilds its view of the node from the cgroup tree (nothing lives only
 in its memory), listens, and tells systemd ``READY=1``. While it runs:
 ``WATCHDOG=1`` at half of ``$WATCHDOG_USEC`` from a runloop timer (a hung
-loop stops pinging, and systemd restarts it), ``STATUS=`` with the job count.
-SIGHUP re-reads the configuration and the key file. SIGTERM or SIGINT: stop
+loop stops pinging, and systemd restarts it), ``STATUS=`` with the job count;
+the reaper (:mod:`geco.daemon.reaper`) every ``[gecod] reaper_interval`` s in a
+thread of its own: cgroups of jobs that no longer run here are emptied and
+removed, processes past ``h_rt`` + ``walltime_grace`` killed, old trace files
+deleted. SIGHUP re-reads the configuration and the key file (the reaper's
+interval and walltime settings included). SIGTERM or SIGINT: stop
 accepting, answer the requests already being worked on (at most
-``_DRAIN_GRACE`` seconds), ``STOPPING=1``, exit 0. Job cgroups are never
-touched on the way out: running jobs stay contained, and a restart neither
-kills nor releases them (they are not in gecod's cgroup, so no ``KillMode=``
-reaches them; ``conf/gecod.service`` says why they cannot be).
+``_DRAIN_GRACE`` seconds) and let a reaper round finish the job it is at (a
+teardown cut short could leave a job frozen), ``STOPPING=1``, exit 0. Job
+cgroups are never touched on the way out: running jobs stay contained, and a
+restart neither kills nor releases them (they are not in gecod's cgroup, so
+no ``KillMode=`` reaches them; ``conf/gecod.service`` says why they cannot be).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from geco import __version__, address, cgroup, keys, log, oom
 from geco import config as _config
 from geco.daemon import state
 from geco.daemon.quarantine import Context
+from geco.daemon.reaper import Reaper
 from geco.daemon.runloop import RunLoop
 from geco.daemon.server import Server
 from geco.errors import GecoError
@@ -142,6 +148,13 @@ class Daemon:
         self.server = Server(self.loop, self.listener, self.address, self.key, self.ctx,
                              self.executor, on_change=self._report_status,
                              on_contained=self._watch_job)
+        # leftovers of ended jobs, and jobs past h_rt + grace: rounds in a thread of
+        # their own, so a teardown waiting out kill_timeout never holds a worker a
+        # quarantine request needs
+        self.reaper_executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="gecod-reaper")
+        self.reaper = Reaper(self.loop, self.backend, cfg, self.reaper_executor,
+                             on_reaped=self._job_reaped)
         self._stopping = False
 
     def _warn_outside_units(self) -> None:
@@ -172,6 +185,12 @@ class Daemon:
             self.oom.watch(key)
         except GecoError as exc:  # the job runs on; only its OOM report would be missing
             _log.warning("job %s: cannot watch for OOM kills: %s", key, exc)
+
+    def _job_reaped(self, key: str) -> None:
+        # in the loop; a job re-created under the same key meanwhile keeps its watch
+        if not self.backend.exists(key):
+            self.oom.unwatch(key)
+        self._report_status()
 
     # -- systemd ----------------------------------------------------------------
 
@@ -223,6 +242,7 @@ class Daemon:
         except GecoError as exc:
             _log.error("SIGHUP: keeping OOM policy %s: %s", self.oom.policy, exc)
         self.cfg = self.ctx.config = new
+        self.reaper.reconfigure(new)
         self.key = key
         self.server.replace_key(key)
         log.setup(_stderr_level(self.log_level, new), identifier="gecod")
@@ -243,6 +263,7 @@ class Daemon:
                   os.getpid(), self.cfg.gecod_workers,
                   extra=log.job_fields(None, None, "gecod-started", SOCKET=self.address))
         self.oom.start()
+        self.reaper.start()
         notify("READY=1")
         self._report_status()
         try:
@@ -258,12 +279,15 @@ class Daemon:
             self.server.shutdown(on_idle=lambda: None)
         address.unlink_socket(self.address)
         self.oom.close()
+        self.reaper.close()
         self.loop.close()
         # on the way out already: a second SIGTERM (an impatient admin, kill -TERM
         # twice) must not turn a clean exit into a kill while workers finish
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, signal.SIG_IGN)
         self.executor.shutdown(wait=True, cancel_futures=True)
+        # waits for a round's teardown in progress: one cut short could leave a job frozen
+        self.reaper_executor.shutdown(wait=True, cancel_futures=True)
 
 
 def _stderr_is_journal() -> bool:
