@@ -3,8 +3,9 @@
 :func:`contain` turns a job's record for this host into cgroups: it picks
 whole cores (packed by :mod:`geco.cores` on the hwloc topology), sets the
 memory limits, and creates the cgroups in every managed controller.
-:func:`release` is the epilog's half: freeze, kill, thaw, wait until empty,
-remove.
+:func:`release` is the other half: freeze, kill, thaw, wait until empty,
+remove (the epilog and gecod's reaper go through :mod:`geco.teardown`, which
+adds the journal record and the escalation when a process does not die).
 
 Core choice needs a node-wide lock: two prologs starting at the same moment
 would otherwise both see the same cores as free. The allocator's state is
@@ -27,7 +28,7 @@ from geco.errors import GecoError
 from geco.resource import NodeResources
 from geco.topology import Topology, format_cpulist, parse_cpulist
 
-__all__ = ["Release", "contain", "release"]
+__all__ = ["Release", "contain", "kill_and_remove", "read_usage", "release"]
 
 _log = log.get("containment")
 
@@ -126,25 +127,58 @@ class Release:
         return not self.remaining
 
 
-def release(key: str, backend: Backend, *, timeout: float) -> Release:
-    """Kill everything left in a job's cgroups and remove them.
+def read_usage(key: str, backend: Backend) -> dict[str, int]:
+    """Return the job's accounting counters (see :meth:`Backend.usage`), ``{}`` when unreadable.
+
+    Read them before :func:`kill_and_remove`: removing the cgroups removes
+    the counters with them.
+    """
+    try:
+        return backend.usage(key)
+    except GecoError as exc:  # a half-made cgroup has no counters; teardown still runs
+        _log.debug("job %s: no usage figures: %s", key, exc)
+        return {}
+
+
+def kill_and_remove(key: str, backend: Backend, *, timeout: float) -> tuple[int, tuple[int, ...]]:
+    """SIGKILL everything in the job's cgroups (sub-cgroups included), wait, remove them.
 
     The backend freezes the cgroup so nothing can fork while it is being
     killed, SIGKILLs every member and thaws so the kills are delivered; then
-    we wait for the cgroup to empty within ``timeout`` seconds and remove it. A cgroup that does
-    not empty is kept (with its pids reported), never silently leaked.
+    we wait for the cgroup to empty within ``timeout`` seconds and remove it.
+
+    Returns
+    -------
+    (processes signalled, pids left): the cgroups are removed exactly when no
+    pid is left; a cgroup that does not empty is kept, never silently leaked.
+
+    Raises
+    ------
+    CgroupError
+        when the kernel refuses a read, a write or the removal.
     """
-    if not backend.exists(key):
-        return Release(0, (), {})
-    try:
-        usage = backend.usage(key)
-    except GecoError as exc:  # a half-made cgroup has no counters; teardown still runs
-        _log.debug("job %s: no usage figures: %s", key, exc)
-        usage = {}
     # kill() freezes first on its own (best effort: a missing freezer or a process
     # stuck in D must not stop the SIGKILLs), so nothing can fork away meanwhile
     killed = backend.kill(key)
     if not backend.wait_empty(key, timeout):
-        return Release(killed, tuple(backend.pids(key)), usage)
+        return killed, tuple(backend.pids(key))
     backend.destroy(key)
-    return Release(killed, (), usage)
+    return killed, ()
+
+
+def release(key: str, backend: Backend, *, timeout: float) -> Release:
+    """Kill everything left in a job's cgroups and remove them (see :func:`kill_and_remove`).
+
+    The usage counters are read first, while the cgroups still exist. A job
+    without cgroups is a clean release of nothing.
+
+    Raises
+    ------
+    CgroupError
+        as :func:`kill_and_remove`.
+    """
+    if not backend.exists(key):
+        return Release(0, (), {})
+    usage = read_usage(key, backend)
+    killed, remaining = kill_and_remove(key, backend, timeout=timeout)
+    return Release(killed, remaining, usage)

@@ -64,10 +64,12 @@ __all__ = [
     "Placement",
     "TaskNotRunning",
     "fetch",
+    "find_command",
     "job_number",
     "parse_job",
     "parse_pe_hostfile",
     "parse_placement_gt",
+    "run_once",
     "run_qstat",
 ]
 
@@ -624,15 +626,33 @@ def parse_job(xml: bytes, task_id: int, placement: Sequence[Placement] | None = 
 # running qstat
 
 
-def _command(config: Config) -> str:
-    if "/" in config.qstat:
-        return config.qstat
-    found = shutil.which(config.qstat, path=_SAFE_PATH)
+def find_command(name: str, *, what: str, remedy: str) -> str:
+    """Return the Grid Engine client to run: ``name`` itself when it holds a ``/``, else its
+    path in the fixed system PATH (never the caller's PATH, which a job's owner may set).
+
+    Parameters
+    ----------
+    name: the configured command (``qstat``, ``/opt/sge/bin/lx-amd64/qmod``).
+    what: the command's role for the error (``qstat``, ``qmod``).
+    remedy: the error's advice on where to give its full path.
+
+    Raises
+    ------
+    QstatError
+        when a bare name is not found there.
+    """
+    if "/" in name:
+        return name
+    found = shutil.which(name, path=_SAFE_PATH)
     if found is None:
-        raise QstatError(f"qstat command {config.qstat!r} not found in {_SAFE_PATH}; set "
-                         "[qstat] command in geco.toml to its full path",
-                         command=config.qstat)
+        raise QstatError(f"{what} command {name!r} not found in {_SAFE_PATH}; {remedy}",
+                         command=name)
     return found
+
+
+def _command(config: Config) -> str:
+    return find_command(config.qstat, what="qstat",
+                        remedy="set [qstat] command in geco.toml to its full path")
 
 
 def _environment() -> dict[str, str]:
@@ -649,8 +669,22 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
         proc.kill()
 
 
-def _attempt(argv: list[str], timeout: float) -> tuple[bytes | None, str, int | None]:
-    """Run qstat once: (output or None, why it failed, exit status)."""
+def run_once(argv: list[str], timeout: float) -> tuple[bytes | None, str, int | None]:
+    """Run a Grid Engine client (qstat, qmod) once, the way :func:`run_qstat` runs qstat.
+
+    argv-only, stdin ``/dev/null``, cwd ``/``, its own session (killed with
+    all it started after ``timeout`` seconds), the clean environment.
+
+    Returns
+    -------
+    (stdout, or None when it failed or printed nothing; why it failed; exit
+    status, None when it timed out)
+
+    Raises
+    ------
+    OSError
+        when the command cannot be started (not found, not executable).
+    """
     with subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, env=_environment(), cwd="/",
                           start_new_session=True) as proc:
@@ -718,7 +752,7 @@ def run_qstat(args: list[str], config: Config, *,
     why, status = "", None
     for attempt in range(1, attempts + 1):
         try:
-            out, why, status = _attempt(argv, config.qstat_timeout)
+            out, why, status = run_once(argv, config.qstat_timeout)
         except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
             raise QstatError.from_oserror(f"cannot execute {argv[0]}", exc,
                                           command=argv[0]) from exc

@@ -9,6 +9,7 @@ way for both. File access lives in ``_fs.py``.
 from __future__ import annotations
 
 import os
+import posixpath
 import re
 import signal
 from abc import ABC, abstractmethod
@@ -307,7 +308,7 @@ class Backend(ABC):
 
     @abstractmethod
     def kill(self, key: str) -> int:
-        """SIGKILL every process of the job; return how many processes were signalled.
+        """SIGKILL every process of the job, sub-cgroups included; return how many were signalled.
 
         Does not wait: follow with :meth:`wait_empty`. A missing cgroup is 0.
 
@@ -321,13 +322,17 @@ class Backend(ABC):
 
     @abstractmethod
     def usage(self, key: str) -> dict[str, int]:
-        """Return memory accounting of the job: only the figures this kernel provides.
+        """Return the job's resource accounting: only the figures this kernel provides.
 
         Keys (bytes or counts): ``memory_peak``, ``memory_current``,
         ``memory_max_events`` (times usage hit the limit: v1 memory.failcnt
         plus memory.memsw.failcnt, v2 memory.events ``max``), ``oom_kill``;
         v1 adds ``memsw_peak`` (RAM+swap), v2 adds ``swap_peak`` and
-        ``swap_current`` (swap alone).
+        ``swap_current`` (swap alone). CPU time in microseconds, when the
+        kernel accounts it per cgroup: ``cpu_user_usec`` and ``cpu_system_usec``
+        (v1 from the cpuacct hierarchy, v2 from ``cpu.stat``). The counters
+        cover every process that ever ran in the job, also those that exited,
+        and the job's sub-cgroups.
 
         Raises
         ------
@@ -395,6 +400,32 @@ class Backend(ABC):
         if have is None:
             return False
         return all(k in have and is_under(have[k], path) for k, path in want.items())
+
+    def relative_cgroup(self, key: str, pid: int) -> str | None:
+        """Return where in the job ``pid`` is: its cgroup relative to the job's own.
+
+        ``""`` is the job's own cgroup, ``"stuck"`` or ``"a/b"`` a sub-cgroup
+        made inside it (by an admin tool, systemd-run, or the job). A process
+        may sit in different sub-cgroups of different v1 controllers; the
+        deepest one is named (a nested freezer cgroup is what explains a
+        process that does not die). None when the process is gone or in no
+        cgroup of the job.
+
+        Raises
+        ------
+        CgroupError
+            when the key is bad or ``/proc/<pid>/cgroup`` cannot be read.
+        """
+        want = self.cgroup_paths(check_key(key))
+        have = proc_cgroups(self.proc, pid)
+        if have is None:
+            return None
+        found = [posixpath.relpath(have[k], path) for k, path in want.items()
+                 if k in have and is_under(have[k], path)]
+        if not found:
+            return None
+        deepest = max(found, key=lambda rel: 0 if rel == "." else rel.count("/") + 1)
+        return "" if deepest == "." else deepest
 
     def _is_member(self, key: str, pid: int) -> bool:
         """True when ``pid`` is in the job's cgroup in at least one managed controller."""
@@ -467,7 +498,8 @@ class Backend(ABC):
         return signalled
 
     def wait_empty(self, key: str, timeout: float) -> bool:
-        """Wait until no process is left in the job's cgroup; True if it emptied in time.
+        """Wait until no process is left in the job's cgroup and its sub-cgroups; True if it
+        emptied in time.
 
         Raises
         ------
@@ -478,7 +510,9 @@ class Backend(ABC):
         return poll_until(lambda: not self.pids(key), timeout)
 
     def destroy(self, key: str) -> None:
-        """Remove the job's cgroup in every controller; a cgroup that is already gone is fine.
+        """Remove the job's cgroup and its sub-cgroups (deepest first) in every controller.
+
+        A cgroup that is already gone is fine.
 
         Raises
         ------

@@ -1,11 +1,11 @@
 """cgroup v1: one hierarchy per controller, each with its own ``GECO/<job>.<task>`` directory.
 
 Layout: ``<hierarchy mount point>/<name>/<job>.<task>`` for cpuset and memory
-(required), and freezer and pids when they are mounted. Where each controller
-is mounted comes from ``/proc/self/mountinfo``, never from a guess:
-``/sys/fs/cgroup/<ctrl>`` today, ``/cgroup/<ctrl>`` on RHEL6, co-mounted
-``cpuset,memory`` elsewhere. The configured mount only says which mount wins
-when a controller is mounted twice.
+(required), and freezer, pids and cpuacct (CPU time accounting) when they are
+mounted. Where each controller is mounted comes from ``/proc/self/mountinfo``,
+never from a guess: ``/sys/fs/cgroup/<ctrl>`` today, ``/cgroup/<ctrl>`` on
+RHEL6, co-mounted ``cpuset,memory`` or ``cpu,cpuacct`` elsewhere. The
+configured mount only says which mount wins when a controller is mounted twice.
 
 Kernel rules this module is shaped by (all checked on a real kernel by
 ``tests/system/test_cgroup_v1.py``):
@@ -20,12 +20,18 @@ Kernel rules this module is shaped by (all checked on a real kernel by
 * ``memory.limit_in_bytes`` may never exceed ``memory.memsw.limit_in_bytes``
   (EINVAL), so the two writes are ordered to keep that true at every step.
 * A SIGKILLed task in a FROZEN freezer cgroup stays (state D) until thawed.
+  Thawing a cgroup does not thaw a sub-cgroup that was frozen itself
+  (``freezer.self_freezing``): its tasks stay, and teardown reports them.
+* cpuacct counts in nanoseconds (``cpuacct.usage_user``/``usage_sys``, Linux
+  >= 4.7) or in USER_HZ ticks (``cpuacct.stat``), and keeps counting what
+  exited processes used until the cgroup is removed.
 """
 
 from __future__ import annotations
 
 import errno
 import math
+import os
 import posixpath
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -53,10 +59,11 @@ __all__ = ["OPTIONAL", "REQUIRED", "Hierarchy", "V1Backend", "find_hierarchies"]
 _log = log.get("cgroup")
 
 REQUIRED = ("cpuset", "memory")
-OPTIONAL = ("freezer", "pids")
+OPTIONAL = ("freezer", "pids", "cpuacct")
 # The kernel shows "no limit" as PAGE_COUNTER_MAX pages in bytes
 # (9223372036854771712 with 4 KiB pages); anything this large is "none".
 _UNLIMITED_FROM = 1 << 62
+_USEC = 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +72,7 @@ class Hierarchy:
 
     Attributes
     ----------
-    controller: ``cpuset``, ``memory``, ``freezer`` or ``pids``.
+    controller: ``cpuset``, ``memory``, ``freezer``, ``pids`` or ``cpuacct``.
     mount_point: the directory the hierarchy is mounted on.
     root: the cgroup path shown at the mount point (``/`` unless only a
         subtree is visible); ``/proc/<pid>/cgroup`` paths start with it.
@@ -120,7 +127,7 @@ class V1Backend(Backend):
     Parameters
     ----------
     hierarchies: controller -> :class:`Hierarchy`; cpuset and memory are
-        required, freezer and pids are used when present.
+        required, freezer, pids and cpuacct are used when present.
     name: the GECO parent's directory name in every hierarchy.
     exclusive_cpus: make a geco-created GECO cpuset and the job cpusets
         ``cpu_exclusive`` so the kernel refuses overlapping job cpus. An
@@ -344,7 +351,14 @@ class V1Backend(Backend):
                  errno.ENOENT: f"job {key} has no cgroup here (create it first)",
                  errno.ENOSPC: "the job's cpuset has no cpus or no NUMA nodes"}
         # cpuset first: it is the one that can refuse (ENOSPC), before memory is touched
+        optional = ({self._dir(c, key) for c in OPTIONAL if c in self._hier}
+                    - {self._dir(c, key) for c in REQUIRED})
         for d in self._dirs(key):
+            # the job exists (cpuset and memory took the pid), but an older geco, or one
+            # from before this controller was mounted, made no directory here: make it,
+            # so a job that runs across a geco upgrade can still take new processes
+            if d in optional and make_dir(d):
+                _log.info("job %s had no %s; created it", key, d)
             write_bytes(d / "cgroup.procs", str(pid).encode("ascii"), hints=hints,
                         key=key, pid=pid)
 
@@ -424,5 +438,26 @@ class V1Backend(Backend):
             oom = read_keyed(md / "memory.oom_control")
             if "oom_kill" in oom:  # Linux >= 4.13
                 out["oom_kill"] = oom["oom_kill"]
+        out.update(self._cpu_usage(key))
         return out
+
+    def _cpu_usage(self, key: str) -> dict[str, int]:
+        """CPU time of the job in microseconds, when a cpuacct cgroup counts it."""
+        if "cpuacct" not in self._hier:
+            return {}
+        d = self._dir("cpuacct", key)
+        # a job cgroup made before cpuacct was mounted (or by an older geco) has none
+        if not d.is_dir():
+            return {}
+        user, system = d / "cpuacct.usage_user", d / "cpuacct.usage_sys"
+        if user.exists() and system.exists():  # nanoseconds, Linux >= 4.7
+            return {"cpu_user_usec": read_int(user) // 1000,
+                    "cpu_system_usec": read_int(system) // 1000}
+        stat = d / "cpuacct.stat"
+        ticks = read_keyed(stat) if stat.exists() else {}
+        if "user" not in ticks or "system" not in ticks:
+            return {}
+        hz = os.sysconf("SC_CLK_TCK")  # cpuacct.stat counts USER_HZ ticks
+        return {"cpu_user_usec": ticks["user"] * _USEC // hz,
+                "cpu_system_usec": ticks["system"] * _USEC // hz}
 

@@ -37,6 +37,8 @@ Kernel rules this module is shaped by (checked in the QEMU machine by
   ``memory_swap`` request, swap is unlimited, as on v1.
 * A frozen process still dies of SIGKILL, and ``cgroup.kill`` (Linux 5.14)
   kills the whole subtree atomically, forks included.
+* ``cpu.stat`` (``user_usec``, ``system_usec``) exists in every cgroup, cpu
+  controller enabled or not, and covers the subtree and exited processes.
 """
 
 from __future__ import annotations
@@ -409,4 +411,11 @@ class V2Backend(Backend):
             for name, field in (("memory_max_events", "max"), ("oom_kill", "oom_kill")):
                 if field in events:
                     out[name] = events[field]
+        # cpu.stat is in every cgroup, with or without the cpu controller (Linux >= 4.15)
+        if (d / "cpu.stat").exists():
+            cpu = read_keyed(d / "cpu.stat")
+            for name, field in (("cpu_user_usec", "user_usec"),
+                                ("cpu_system_usec", "system_usec")):
+                if field in cpu:
+                    out[name] = cpu[field]
         return out

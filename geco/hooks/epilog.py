@@ -8,10 +8,16 @@ Steps, in order:
 2. Step out: the epilog and the shepherd were born inside the job's cgroups;
    move both back to where ``sge_execd`` lives so that killing the job's
    cgroup cannot kill them.
-3. Freeze, SIGKILL, thaw, wait until the cgroups are empty, remove them.
-   A cgroup that does not empty is reported with its pids and kept, never
-   silently leaked.
-4. Remove the job's resource file and journal the job's end.
+3. Tear the job down (:func:`geco.teardown.tear_down`): freeze, SIGKILL, thaw,
+   wait until the cgroups are empty, remove them, and journal the job's end
+   with its accounting. A cgroup that does not empty is journaled with its
+   stuck processes and kept for gecod's reaper, and (``disable_queue_on_stuck``)
+   the job's queue instance is disabled with ``qmod -d``.
+4. Remove the job's resource file once its cgroups are gone.
+
+The queue instance comes from the spooled ``config`` (``queue=`` and ``host=``),
+never from ``$QUEUE``/``$HOSTNAME``: the epilog runs with the job's
+environment, which its owner controls.
 
 The epilog always exits 0: the job has already run, and any other code would
 re-run it (99) or put the queue in error state.
@@ -23,12 +29,26 @@ import logging
 import os
 import sys
 
-from geco import cgroup, containment, log, sgejob, statefile
+from geco import cgroup, sgejob, statefile, teardown
 from geco.config import Config
+from geco.errors import GecoError
 from geco.hooks import Exit, run
-from geco.units import format_memory
 
 __all__ = ["main"]
+
+
+def _queue_instance(job: sgejob.JobRef, logger: logging.Logger) -> str | None:
+    """``<queue>@<host>`` from the job's spooled config; None when it does not say."""
+    if job.spool_dir is None:
+        return None
+    try:
+        config = sgejob.read_config(job.spool_dir)
+    except GecoError as exc:
+        logger.warning("job %s: no queue instance from the spooled config (%s); a stuck "
+                       "teardown would disable every queue on this host", job.key, exc)
+        return None
+    queue, host = config.get("queue", ""), config.get("host", "")
+    return f"{queue}@{host}" if queue and host else None
 
 
 def _body(cfg: Config, logger: logging.Logger) -> Exit:
@@ -39,25 +59,11 @@ def _body(cfg: Config, logger: logging.Logger) -> Exit:
         execd = sgejob.proc_ppid(shepherd) or 1
         backend.move_to_cgroups_of(os.getpid(), execd)
         backend.move_to_cgroups_of(shepherd, execd)
-        outcome = containment.release(job.key, backend, timeout=cfg.kill_timeout)
-        if not outcome.clean:
-            logger.error("job %s: %d process(es) survived SIGKILL for %.0f s; "
-                         "cgroups kept: pids %s",
-                         job.key, len(outcome.remaining), cfg.kill_timeout,
-                         " ".join(map(str, outcome.remaining)),
-                         extra=log.job_fields(job.job_id, job.task_id, "cleanup-stuck",
-                                              PIDS=" ".join(map(str, outcome.remaining))))
-            return Exit.OK
-        peak = outcome.usage.get("memory_peak", 0)
-        logger.info("job %s ended: cgroups removed, %d leftover process(es) killed, "
-                    "peak memory %s", job.key, outcome.killed, format_memory(peak),
-                    extra=log.job_fields(job.job_id, job.task_id, "job-end",
-                                         KILLED=outcome.killed,
-                                         MEMORY_PEAK=peak))
-    else:
-        logger.info("job %s has no cgroups on this node", job.key,
-                    extra=log.job_fields(job.job_id, job.task_id, "job-end"))
-    statefile.remove(cfg.resources_dir, job.job_id, job.task_id)
+    result = teardown.tear_down(job.key, backend, cfg, queue_instance=_queue_instance(job, logger),
+                                cleaned_by="epilog")
+    # a stuck job keeps its resource file: the reaper's retry may need it
+    if result.clean:
+        statefile.remove(cfg.resources_dir, job.job_id, job.task_id)
     return Exit.OK
 
 

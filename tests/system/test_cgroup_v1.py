@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from geco.cgroup import (
+    Hierarchy,
     Limits,
     V1Backend,
     detect,
@@ -475,3 +476,149 @@ def test_given_no_cgroup_when_read_then_the_error_names_the_job(backend: V1Backe
     assert backend.kill("14.1") == 0
     assert backend.wait_empty("14.1", 0)
     assert not backend.exists("14.1")
+
+
+# -- nested cgroups -----------------------------------------------------------
+
+
+def make_sub(backend: V1Backend, key: str, sub: str) -> list[Path]:
+    """A sub-cgroup ``sub`` inside the job in every hierarchy (what systemd-run or an admin
+    tool makes); a cpuset gets its parent's cpus and mems, without which it takes no task."""
+    made = []
+    for ctrl, top in backend.paths(key).items():
+        d = top / sub
+        if d in made:
+            continue
+        d.mkdir()
+        if ctrl == "cpuset":
+            for f in ("cpuset.cpus", "cpuset.mems"):
+                (d / f).write_text(read(top / f))
+        made.append(d)
+    return made
+
+
+def test_given_a_process_in_a_sub_cgroup_when_the_job_is_killed_then_it_dies_and_all_goes(
+        backend: V1Backend, children: list[int]) -> None:
+    """pids, kill, wait_empty and destroy cover the job's whole subtree, deepest first."""
+    backend.create("16.1", Limits())
+    child = start_in(backend, "16.1", exec_shell("exec sleep 300"), children)
+    subs = make_sub(backend, "16.1", "inner")
+    for d in subs:
+        (d / "cgroup.procs").write_text(str(child.pid))
+    assert backend.pids("16.1") == [child.pid]
+    assert backend.contains("16.1", child.pid)
+    assert backend.relative_cgroup("16.1", child.pid) == "inner"
+    with pytest.raises(CgroupError) as err:
+        backend.destroy("16.1")
+    assert str(err.value).startswith("cannot remove the cgroup of job 16.1: processes "
+                                     f"{child.pid} are still in it")
+    assert all(d.is_dir() for d in subs)
+    assert backend.kill("16.1") == 1
+    assert child.wait() == -signal.SIGKILL
+    assert backend.wait_empty("16.1", 10)
+    backend.destroy("16.1")
+    assert not any(p.exists() for p in backend.paths("16.1").values())
+
+
+def test_given_a_process_in_the_job_itself_then_its_relative_cgroup_is_empty(
+        backend: V1Backend, children: list[int]) -> None:
+    backend.create("16.2", Limits())
+    child = start_in(backend, "16.2", exec_shell("exec sleep 300"), children)
+    assert eventually(lambda: backend.pids("16.2") == [child.pid])
+    assert backend.relative_cgroup("16.2", child.pid) == ""
+    assert backend.relative_cgroup("16.2", os.getpid()) is None
+
+
+# -- CPU time -----------------------------------------------------------------
+
+
+def spin(seconds: float) -> Callable[[int], None]:
+    """A body that burns ``seconds`` of its own CPU time in user space, says so, then sleeps."""
+    def body(out: int) -> None:
+        # reading the clock is a system call: look at it only every 100000 additions
+        n = 0
+        while time.process_time() < seconds:
+            for _ in range(100_000):
+                n += 1
+        os.write(out, b"spun")
+        os.close(out)
+        time.sleep(300)
+    return body
+
+
+def test_given_cpuacct_when_a_child_spins_then_the_job_is_charged_and_keeps_it_after_exit(
+        backend: V1Backend, children: list[int]) -> None:
+    if "cpuacct" not in backend.controllers:
+        pytest.skip("the cpuacct controller is not mounted on this machine")
+    backend.create("17.1", Limits())
+    assert backend.paths("17.1")["cpuacct"].is_dir()
+    idle = backend.usage("17.1")
+    assert (idle["cpu_user_usec"], idle["cpu_system_usec"]) == (0, 0)
+    started = time.monotonic()
+    child = start_in(backend, "17.1", spin(0.3), children)
+    assert child.output() == b"spun"
+    lived = time.monotonic() - started
+    running = backend.usage("17.1")
+    # the kernel samples user/system per tick: allow one 10 ms tick either way
+    assert 200_000 < running["cpu_user_usec"] <= (lived + 0.01) * 1_000_000
+    assert running["cpu_system_usec"] >= 0
+    os.kill(child.pid, signal.SIGKILL)
+    assert child.wait() == -signal.SIGKILL
+    assert backend.wait_empty("17.1", 10)
+    gone = backend.usage("17.1")
+    assert gone["cpu_user_usec"] >= running["cpu_user_usec"]
+    assert gone["cpu_system_usec"] >= running["cpu_system_usec"]
+
+
+def _fake_v1(tmp_path: Path, cpuacct_files: dict[str, str]) -> V1Backend:
+    """A V1Backend over plain directories holding a job's counter files (no kernel needed)."""
+    hier = {c: Hierarchy(c, tmp_path / c, "/") for c in ("cpuset", "memory", "cpuacct")}
+    (tmp_path / "memory" / "GECO" / "1.1").mkdir(parents=True)
+    (tmp_path / "memory" / "GECO" / "1.1" / "memory.max_usage_in_bytes").write_text("4096\n")
+    acct = tmp_path / "cpuacct" / "GECO" / "1.1"
+    acct.mkdir(parents=True)
+    for name, text in cpuacct_files.items():
+        (acct / name).write_text(text)
+    return V1Backend(hier, "GECO", proc=tmp_path)
+
+
+def test_given_cpuacct_usage_files_then_nanoseconds_become_microseconds(tmp_path: Path) -> None:
+    backend = _fake_v1(tmp_path, {"cpuacct.usage_user": "1234567890\n",
+                                  "cpuacct.usage_sys": "999\n",
+                                  "cpuacct.stat": "user 1\nsystem 1\n"})
+    assert backend.usage("1.1") == {"memory_peak": 4096, "cpu_user_usec": 1_234_567,
+                                    "cpu_system_usec": 0}
+
+
+def test_given_only_cpuacct_stat_then_ticks_become_microseconds(tmp_path: Path) -> None:
+    """Kernels before 4.7 have no usage_user/usage_sys: cpuacct.stat counts USER_HZ ticks."""
+    backend = _fake_v1(tmp_path, {"cpuacct.stat": "user 150\nsystem 25\n"})
+    hz = os.sysconf("SC_CLK_TCK")
+    assert backend.usage("1.1") == {"memory_peak": 4096,
+                                    "cpu_user_usec": 150 * 1_000_000 // hz,
+                                    "cpu_system_usec": 25 * 1_000_000 // hz}
+
+
+def test_given_a_job_made_before_cpuacct_then_usage_has_no_cpu_figures(tmp_path: Path) -> None:
+    backend = _fake_v1(tmp_path, {})
+    (tmp_path / "cpuacct" / "GECO" / "1.1").rmdir()
+    assert backend.usage("1.1") == {"memory_peak": 4096}
+
+
+def test_given_a_job_made_without_cpuacct_when_a_process_joins_then_its_cpuacct_is_made(
+        backend: V1Backend, children: list[int]) -> None:
+    """A job that runs across the geco upgrade that added cpuacct still takes new processes;
+    a job that does not exist gets no directory anywhere."""
+    if "cpuacct" not in backend.controllers:
+        pytest.skip("the cpuacct controller is not mounted on this machine")
+    backend.create("18.1", Limits())
+    acct = backend.paths("18.1")["cpuacct"]
+    acct.rmdir()
+    assert "cpu_user_usec" not in backend.usage("18.1")
+    child = start_in(backend, "18.1", exec_shell("exec sleep 300"), children)
+    assert backend.contains("18.1", child.pid)
+    assert read(acct / "cgroup.procs") == str(child.pid)
+    with pytest.raises(CgroupError) as err:
+        backend.add_pid("18.2", child.pid)
+    assert "job 18.2 has no cgroup here (create it first)" in str(err.value)
+    assert not any(p.exists() for p in backend.paths("18.2").values())

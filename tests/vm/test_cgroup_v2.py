@@ -2,8 +2,9 @@
 
 Runs INSIDE the QEMU machine (systemd as PID 1, pure cgroup v2): the host's
 ``tests/system/test_cgroup_v2_vm.py`` boots it with ``run-in-vm.sh`` and runs
-``python3 -m pytest -q -p no:cacheprovider tests/vm`` there. Only the
-standard library, pytest and geco.cgroup are used: the guest has no venv.
+``python3 -m pytest -q -p no:cacheprovider tests/vm`` there. The guest has
+no venv: the standard library, pytest and geco (with Debian's python3-lxml
+for geco.teardown's qstat import) are what is used.
 The helpers shared with tests/system/test_cgroup_v1.py are in
 ``tests/cgroup_testkit.py``, standard library only as well.
 
@@ -11,23 +12,27 @@ Each test works below its own base ``/sys/fs/cgroup/geco-test-<pid>-<n>``,
 removed afterwards with plain syscalls (SIGKILL, rmdir), not with the code
 under test. What is checked is what the kernel does: the affinity a moved
 process sees, the OOM kill, processes that stop counting while frozen,
-``cgroup.kill`` catching a forking job, and "no internal processes".
+``cgroup.kill`` catching a forking job, "no internal processes", the CPU
+time ``cpu.stat`` charges, and a teardown through a frozen sub-cgroup.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import mmap
 import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from geco.cgroup import Limits, V2Backend, detect, parse_mountinfo
+from geco.config import Config
 from geco.errors import CgroupError
+from geco.teardown import tear_down
 
 # pytest puts only this file's own directory on sys.path, and the guest runs
 # with --noconftest: add tests/ for the stdlib-only helpers in cgroup_testkit
@@ -308,3 +313,76 @@ def test_given_a_bad_key_when_used_then_it_is_refused_and_nothing_is_created(
     assert str(err.value) == ("a job cgroup key must be <job>.<task> in decimal digits without "
                               f"leading zeros (e.g. 42.1), got {bad!r}")
     assert sorted(os.listdir(backend.base)) == before
+
+
+# -- nested cgroups and CPU time ----------------------------------------------
+
+
+def test_given_a_process_in_a_sub_cgroup_when_the_job_is_killed_then_it_dies_and_all_goes(
+        backend: V2Backend, children: list[int]) -> None:
+    """pids, kill (cgroup.kill), wait_empty and destroy cover the job's whole subtree."""
+    backend.create("16.1", Limits())
+    child = start_in(backend, "16.1", sleeper, children)
+    inner = backend.paths("16.1")["memory"] / "inner"
+    inner.mkdir()
+    (inner / "cgroup.procs").write_text(str(child.pid))
+    assert backend.pids("16.1") == [child.pid]
+    assert backend.relative_cgroup("16.1", child.pid) == "inner"
+    assert backend.kill("16.1") == 1
+    assert child.wait() == -signal.SIGKILL
+    assert backend.wait_empty("16.1", 30)
+    backend.destroy("16.1")
+    assert not inner.exists()
+    assert not backend.paths("16.1")["memory"].exists()
+
+
+def spin(seconds: float) -> Callable[[int], None]:
+    """A body that burns ``seconds`` of its own CPU time in user space, says so, then sleeps."""
+    def body(out: int) -> None:
+        # reading the clock is a system call: look at it only every 100000 additions
+        n = 0
+        while time.process_time() < seconds:
+            for _ in range(100_000):
+                n += 1
+        os.write(out, b"spun")
+        os.close(out)
+        time.sleep(300)
+    return body
+
+
+def test_given_cpu_stat_when_a_child_spins_then_the_job_is_charged_and_keeps_it_after_exit(
+        backend: V2Backend, children: list[int]) -> None:
+    """cpu.stat is there without the cpu controller enabled, and outlives the process."""
+    backend.create("17.1", Limits())
+    idle = backend.usage("17.1")
+    assert (idle["cpu_user_usec"], idle["cpu_system_usec"]) == (0, 0)
+    child = start_in(backend, "17.1", spin(0.3), children)
+    assert child.output() == b"spun"
+    running = backend.usage("17.1")
+    assert running["cpu_user_usec"] > 200_000
+    os.kill(child.pid, signal.SIGKILL)
+    assert child.wait() == -signal.SIGKILL
+    assert backend.wait_empty("17.1", 30)
+    gone = backend.usage("17.1")
+    assert gone["cpu_user_usec"] >= running["cpu_user_usec"]
+    assert gone["cpu_system_usec"] >= running["cpu_system_usec"]
+
+
+def test_given_a_process_in_a_frozen_sub_cgroup_when_torn_down_then_v2_still_kills_it(
+        backend: V2Backend, children: list[int], tmp_path: Path) -> None:
+    """Unlike v1, a frozen v2 task dies of SIGKILL: the teardown ends clean, subtree and all."""
+    backend.create("18.1", Limits())
+    child = start_in(backend, "18.1", sleeper, children)
+    inner = backend.paths("18.1")["memory"] / "stuck"
+    inner.mkdir()
+    (inner / "cgroup.procs").write_text(str(child.pid))
+    (inner / "cgroup.freeze").write_text("1")
+    assert eventually(lambda: "frozen 1" in read(inner / "cgroup.events").splitlines())
+    cfg = dataclasses.replace(Config(), kill_timeout=30.0, state_dir=tmp_path)
+    result = tear_down("18.1", backend, cfg, queue_instance=None, cleaned_by="epilog",
+                       qmod="/bin/false")
+    assert (result.clean, result.killed, result.stuck, result.queue_disabled) == \
+        (True, 1, (), None)
+    assert result.accounting.cpu_user is not None
+    assert child.wait() == -signal.SIGKILL
+    assert not backend.paths("18.1")["memory"].exists()

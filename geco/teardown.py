@@ -1,0 +1,297 @@
+"""The end of a job on this node: kill what is left, account for it, escalate what will not die.
+
+The epilog calls :func:`tear_down` when a job ends; gecod's reaper calls it for
+jobs whose epilog never ran, and again every round for a job whose teardown got
+stuck. The steps (OAR's Leon: normal, then exterminate):
+
+1. Read the job's counters (peak memory, CPU time, OOM kills) while its cgroups
+   still exist: removing a cgroup removes its counters.
+2. Freeze, SIGKILL every process (sub-cgroups included), thaw, wait up to
+   ``cfg.kill_timeout`` seconds for the cgroups to empty, remove them deepest
+   first (:func:`geco.containment.kill_and_remove`).
+3. Clean: journal ``GECO_EVENT=job-end`` with the accounting.
+4. Stuck: journal ``GECO_EVENT=cleanup-stuck`` (PRIORITY 3) with every process
+   left, its state and the kernel function it sleeps in, and keep the cgroups
+   for the reaper. When ``cfg.disable_queue_on_stuck``, disable the queue
+   instance with ``qmod -d`` so that no new job lands on a node that cannot
+   clean up after the last one (``queue-disabled``, or ``queue-disable-failed``
+   with the reason).
+
+A sub-cgroup the job's owner cannot make but root can (v1 ``freezer.state``
+is root's) is never thawed here: a frozen one is somebody's deliberate act,
+so its processes are reported as stuck (cgroup ``"stuck"``, state ``D``)
+rather than overruled; once it is thawed, the reaper's next round finishes.
+
+The queue is disabled once per stuck job: the marker ``<state_dir>/stuck/<key>``
+remembers it until the job's cgroups are gone (or the machine reboots), so an
+admin who looked and enabled the queue again is not overruled by the reaper's
+next round. geco never enables a queue: whether the node is healthy again is
+the admin's call (``qmod -e``).
+
+Nothing here raises for a cgroup or qmod problem: it is journaled, and the
+result says what happened.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from geco import containment, log, procinfo, qstat
+from geco.accounting import Accounting
+from geco.cgroup import Backend, check_key
+from geco.config import Config
+from geco.errors import GecoError
+from geco.resource import short_hostname
+
+__all__ = ["StuckProcess", "Teardown", "tear_down"]
+
+_log = log.get("teardown")
+
+_QMOD_REMEDY = ("set [qstat] command in geco.toml to the full path of qstat: qmod is taken "
+                "from the same directory")
+
+
+@dataclass(frozen=True, slots=True)
+class StuckProcess:
+    """A process of the job still alive after SIGKILL and ``kill_timeout``.
+
+    Attributes
+    ----------
+    pid: the process.
+    state: its state letter and name from ``/proc/<pid>/status``, e.g.
+        ``D (disk sleep)``; ``""`` when it was gone by the time it was read.
+    command: its command name (``comm``).
+    wchan: the kernel function it sleeps in (``nfs_wait_bit_killable``); ``""``
+        when unknown.
+    cgroup: where in the job it is: ``""`` the job's own cgroup, ``"stuck"`` a
+        sub-cgroup of that name (see :meth:`~geco.cgroup.Backend.relative_cgroup`).
+    """
+
+    pid: int
+    state: str
+    command: str
+    wchan: str
+    cgroup: str
+
+    @property
+    def brief(self) -> str:
+        """``pid:letter:wchan`` as the journal's ``STATES`` field lists it (``?`` = unknown)."""
+        return f"{self.pid}:{self.state[:1] or '?'}:{self.wchan or '?'}"
+
+    def describe(self) -> str:
+        """One phrase for people: ``pid 123 (sleep) D (disk sleep) in do_wait, cgroup stuck``."""
+        text = f"pid {self.pid} ({self.command or '?'}) {self.state or 'gone'}"
+        if self.wchan:
+            text += f" in {self.wchan}"
+        if self.cgroup:
+            text += f", cgroup {self.cgroup}"
+        return text
+
+
+@dataclass(frozen=True, slots=True)
+class Teardown:
+    """What :func:`tear_down` did for one job.
+
+    Attributes
+    ----------
+    key: ``<job>.<task>``.
+    killed: processes SIGKILLed.
+    stuck: the processes still alive after ``kill_timeout`` (the cgroups are kept).
+    accounting: the job's counters, read before the kill.
+    queue_disabled: the queue instance ``qmod -d`` disabled in this call, if any.
+    error: why the cgroups are kept although no process is listed (the kernel
+        refused a read, a write or the removal); ``""`` otherwise.
+    """
+
+    key: str
+    killed: int
+    stuck: tuple[StuckProcess, ...]
+    accounting: Accounting
+    queue_disabled: str | None
+    error: str = ""
+
+    @property
+    def clean(self) -> bool:
+        """True when the job's cgroups are gone."""
+        return not self.stuck and not self.error
+
+
+def tear_down(key: str, backend: Backend, cfg: Config, *, queue_instance: str | None,
+              cleaned_by: str, qmod: str | None = None) -> Teardown:
+    """Kill what is left of a job, remove its cgroups, journal the job's end or the escalation.
+
+    Parameters
+    ----------
+    key: ``<job>.<task>``.
+    backend: this node's cgroup backend.
+    cfg: ``kill_timeout``, ``disable_queue_on_stuck``, ``qstat`` and
+        ``qstat_timeout`` (for qmod), ``state_dir`` (the queue marker).
+    queue_instance: ``<queue>@<host>`` to disable when the job is stuck (the
+        epilog reads it from the job's spooled ``config``); None disables
+        every queue on this host, ``*@<short hostname>``.
+    cleaned_by: who tears down, journaled as ``CLEANED_BY`` (``epilog``, ``reaper``).
+    qmod: the qmod command; default: ``qmod`` next to ``cfg.qstat`` when that
+        is a full path, else ``qmod`` from the fixed system PATH qstat uses.
+        It is run argv-only (``qmod -d <instance>``), once, for at most
+        ``cfg.qstat_timeout`` seconds.
+
+    Returns
+    -------
+    What happened; ``clean`` when the cgroups are gone.
+
+    Raises
+    ------
+    CgroupError
+        only when ``key`` is not ``<job>.<task>`` (a caller's bug); cgroup and
+        qmod problems are journaled and returned, never raised.
+    """
+    check_key(key)
+    job, _, task = key.partition(".")
+    marker = cfg.state_dir / "stuck" / key
+    if not backend.exists(key):
+        _forget(marker)
+        _log.info("job %s ended: it has no cgroups on this node", key,
+                  extra=log.job_fields(job, task, "job-end", KILLED=0, CLEANED_BY=cleaned_by))
+        return Teardown(key, 0, (), Accounting(), None)
+    accounting = Accounting.from_usage(containment.read_usage(key, backend))
+    killed, error = 0, ""
+    try:
+        killed, left = containment.kill_and_remove(key, backend, timeout=cfg.kill_timeout)
+    except GecoError as exc:
+        error = str(exc)
+        left = _pids_left(key, backend)
+    if not left and not error:
+        _forget(marker)
+        _log.info("job %s ended: %s; cgroups removed, %d leftover process(es) killed", key,
+                  accounting.describe(), killed,
+                  extra=log.job_fields(job, task, "job-end", KILLED=killed,
+                                       CLEANED_BY=cleaned_by, **accounting.journal_fields()))
+        return Teardown(key, killed, (), accounting, None)
+    stuck = tuple(_describe(key, backend, pid) for pid in left)
+    _report_stuck(key, stuck, error, killed, cfg.kill_timeout, cleaned_by)
+    disabled = None
+    if cfg.disable_queue_on_stuck:
+        disabled = _disable_queue(key, queue_instance or f"*@{short_hostname()}", marker,
+                                  cfg, qmod, cleaned_by)
+    return Teardown(key, killed, stuck, accounting, disabled, error)
+
+
+def _pids_left(key: str, backend: Backend) -> tuple[int, ...]:
+    """The job's pids after a failed teardown step, () when even they cannot be read."""
+    try:
+        return tuple(backend.pids(key))
+    except GecoError as exc:
+        _log.debug("job %s: cannot list its processes: %s", key, exc)
+        return ()
+
+
+def _describe(key: str, backend: Backend, pid: int) -> StuckProcess:
+    """What /proc and the cgroups say about one process that did not die."""
+    try:
+        where = backend.relative_cgroup(key, pid) or ""
+    except GecoError:
+        where = ""
+    return StuckProcess(pid, procinfo.state(pid, backend.proc), procinfo.command(pid, backend.proc),
+                        procinfo.wchan(pid, backend.proc), where)
+
+
+def _report_stuck(key: str, stuck: tuple[StuckProcess, ...], error: str, killed: int,
+                  timeout: float, cleaned_by: str) -> None:
+    """Journal ``cleanup-stuck``: the processes left (or the kernel's refusal), cgroups kept."""
+    job, _, task = key.partition(".")
+    if stuck:
+        what = (f"{len(stuck)} process(es) still alive {timeout:g} s after SIGKILL: "
+                + "; ".join(p.describe() for p in stuck))
+    else:
+        what = "no process is left, but the cgroups could not be removed"
+    if error:
+        what += f" ({error})"
+    _log.error("job %s: %s; cgroups kept, gecod's reaper tries again", key, what,
+               extra=log.job_fields(job, task, "cleanup-stuck",
+                                    PIDS=" ".join(str(p.pid) for p in stuck),
+                                    STATES=" ".join(p.brief for p in stuck),
+                                    KILLED=killed, CLEANED_BY=cleaned_by,
+                                    REASON=error or None))
+
+
+def _disable_queue(key: str, instance: str, marker: Path, cfg: Config, qmod: str | None,
+                   cleaned_by: str) -> str | None:
+    """Run ``qmod -d <instance>`` once per stuck job; return the instance when it worked."""
+    job, _, task = key.partition(".")
+    earlier = _marked(marker)
+    if earlier is not None:
+        _log.info("job %s: the queue instance %s was disabled for it already (%s); not again",
+                  key, earlier or instance, marker)
+        return None
+    why = ""
+    try:
+        command = qstat.find_command(_qmod_name(cfg, qmod), what="qmod", remedy=_QMOD_REMEDY)
+        _, why, status = qstat.run_once([command, "-d", instance], cfg.qstat_timeout)
+    except GecoError as exc:
+        why, status = str(exc), None
+    except OSError as exc:
+        why, status = f"cannot execute it: {exc.strerror or exc}", None
+    fields = {"QUEUE_INSTANCE": instance, "CLEANED_BY": cleaned_by}
+    # qmod prints what it changed on stdout, but only its exit status says it worked
+    if status == 0:
+        _remember(marker, instance)
+        _log.error("job %s: disabled the queue instance %s (qmod -d) so that no new job starts "
+                   "on this node while processes of this job cannot be killed; enable it "
+                   "again with qmod -e %s once the node is healthy", key, instance, instance,
+                   extra=log.job_fields(job, task, "queue-disabled", **fields))
+        return instance
+    _log.error("job %s: cannot disable the queue instance %s: qmod -d failed: %s", key,
+               instance, why, extra=log.job_fields(job, task, "queue-disable-failed",
+                                                   REASON=why, **fields))
+    return None
+
+
+def _qmod_name(cfg: Config, qmod: str | None) -> str:
+    """The qmod to run: the given one, else next to a fully given qstat, else ``qmod``."""
+    if qmod is not None:
+        return qmod
+    # a site that names /opt/sge/bin/lx-amd64/qstat has qmod in the same directory
+    configured = Path(cfg.qstat)
+    return str(configured.with_name("qmod")) if configured.is_absolute() else "qmod"
+
+
+def _marked(marker: Path) -> str | None:
+    """The queue instance disabled for this job since boot (marker content), else None."""
+    try:
+        fd = os.open(marker, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            mtime = os.fstat(fd).st_mtime
+            data = os.read(fd, 4096)
+        finally:
+            os.close(fd)
+    except OSError:
+        return None
+    # a marker from before a reboot belongs to another job that had the same key
+    if mtime < procinfo.boot_time():
+        return None
+    return data.strip().decode("utf-8", "replace")
+
+
+def _remember(marker: Path, instance: str) -> None:
+    """Write the marker; if that fails the next round disables the queue again, no worse."""
+    try:
+        marker.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o644)
+        try:
+            os.write(fd, instance.encode("utf-8", "surrogateescape") + b"\n")
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        _log.warning("cannot write %s (%s): the queue may be disabled again next round",
+                     marker, exc)
+
+
+def _forget(marker: Path) -> None:
+    """Remove the marker of a job whose cgroups are gone."""
+    try:
+        marker.unlink(missing_ok=True)
+    except OSError as exc:
+        _log.warning("cannot remove %s: %s", marker, exc)

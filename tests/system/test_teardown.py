@@ -1,0 +1,269 @@
+"""geco.teardown on this machine's real cgroup v1 hierarchies, with journald.
+
+Each test works in its own parent ``geco-test-<pid>-<n>`` in every hierarchy,
+removed afterwards with plain syscalls (thaw, SIGKILL, rmdir: see
+``tests/cgroup_testkit.py``), so a broken teardown cannot leak cgroups or
+processes. The test process is a child subreaper while a test runs, so the
+daemons a job double-forks come back to it and their end (SIGKILL) can be read.
+
+What is checked is what the kernel and the journal say: every process of the
+job dies, the job-end entry carries the kill count and the CPU time the kernel
+charged, and a process that cannot die (it sits in a sub-cgroup frozen on its
+own, which thawing the job does not thaw) is reported with its state, keeps
+the cgroups, and gets the queue instance disabled through qmod.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import itertools
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from geco import log
+from geco.cgroup import Limits, V1Backend, find_hierarchies, parse_mountinfo
+from geco.config import Config
+from geco.teardown import StuckProcess, tear_down
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from cgroup_testkit import (
+    eventually,
+    fresh_name,
+    raw_cleanup,
+    read,
+    reap,
+    start_in,
+    usable_v1_hierarchies,
+)
+
+MOUNTED = find_hierarchies(parse_mountinfo(Path("/proc/self/mountinfo").read_bytes()),
+                           Path("/sys/fs/cgroup"))
+HIER, WHY_NOT = usable_v1_hierarchies(MOUNTED)
+if not WHY_NOT and "freezer" not in HIER:
+    WHY_NOT = "this machine has no cgroup v1 freezer hierarchy"
+pytestmark = [pytest.mark.root, pytest.mark.skipif(bool(WHY_NOT), reason=WHY_NOT)]
+
+_PR_SET_CHILD_SUBREAPER = 36
+_BUSY = 50
+_ids = itertools.count(1)
+
+
+def unique_job() -> int:
+    """A job number no other test (or session) uses at the same time: journal entries are ours."""
+    return 7_000_000 + os.getpid() * 100 + next(_ids)
+
+
+# -- fixtures -------------------------------------------------------------------
+
+
+@pytest.fixture
+def children() -> Iterator[list[int]]:
+    """Pids the test started (or adopted as subreaper); SIGKILLed and reaped afterwards."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0, os.strerror(ctypes.get_errno())
+    pids: list[int] = []
+    try:
+        yield pids
+    finally:
+        reap(pids)
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+
+
+@pytest.fixture
+def backend(children: list[int]) -> Iterator[V1Backend]:
+    name = fresh_name()
+    b = V1Backend(HIER, name, exclusive_cpus=False)
+    b.ensure_root()
+    try:
+        yield b
+    finally:
+        raw_cleanup(h.mount_point / name for h in HIER.values())
+
+
+@pytest.fixture
+def journal_log(journal: Any) -> Iterator[Any]:
+    """geco's loggers send to the session's journald while the test runs."""
+    handler = log.JournalHandler("geco-test-teardown", str(journal.socket))
+    handler.setLevel(logging.INFO)
+    logger = logging.getLogger("geco")
+    old_level = logger.level
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(handler)
+    try:
+        yield journal
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+        handler.close()
+
+
+@pytest.fixture
+def qmod(tmp_path: Path) -> tuple[Path, Path]:
+    """A stand-in qmod that records its arguments and answers like Grid Engine's."""
+    record = tmp_path / "qmod.args"
+    script = tmp_path / "qmod"
+    script.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$*\" >> {record}\n"
+                      "echo \"root@node7 changed state of \\\"$2\\\" (disabled)\"\n")
+    script.chmod(0o755)
+    return script, record
+
+
+def config(tmp_path: Path, kill_timeout: float) -> Config:
+    return dataclasses.replace(Config(), kill_timeout=kill_timeout, state_dir=tmp_path / "state",
+                               qstat_timeout=10.0, disable_queue_on_stuck=True)
+
+
+# -- job bodies -----------------------------------------------------------------
+
+
+def daemon_and_busy(out: int) -> None:
+    """Start 50 busy children and a daemon (setsid, double fork); report their pids; sleep."""
+    busy = []
+    for _ in range(_BUSY):
+        pid = os.fork()
+        if pid == 0:
+            os.close(out)
+            while True:
+                pass
+        busy.append(pid)
+    r, w = os.pipe()
+    middle = os.fork()
+    if middle == 0:
+        os.close(out)
+        os.setsid()
+        daemon = os.fork()
+        if daemon == 0:
+            os.execvp("sleep", ["sleep", "300"])
+        os.write(w, str(daemon).encode())
+        os._exit(0)
+    os.waitpid(middle, 0)
+    daemon = int(os.read(r, 32))
+    os.write(out, " ".join(map(str, [daemon, *busy])).encode())
+    os.close(out)
+    time.sleep(300)
+
+
+def sleeper(out: int) -> None:
+    os.close(out)
+    os.execvp("sleep", ["sleep", "300"])
+
+
+def exit_signal(pid: int) -> int:
+    """Reap ``pid`` (our child, or adopted as subreaper); the signal that ended it."""
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status), f"pid {pid} exited with {status:#x}"
+    return os.WTERMSIG(status)
+
+
+# -- a job that leaves processes behind -----------------------------------------
+
+
+def test_given_a_daemon_and_50_busy_processes_when_torn_down_then_all_die_and_it_is_journaled(
+        backend: V1Backend, children: list[int], journal_log: Any, tmp_path: Path,
+        qmod: tuple[Path, Path]) -> None:
+    job = unique_job()
+    key = f"{job}.1"
+    backend.create(key, Limits())
+    child = start_in(backend, key, daemon_and_busy, children)
+    daemon, *busy = map(int, child.output().split())
+    children.extend([daemon, *busy])
+    assert len(busy) == _BUSY
+    assert os.getsid(daemon) != os.getsid(child.pid)  # its own session, its parent gone
+    assert eventually(lambda: sorted(backend.pids(key)) == sorted([child.pid, daemon, *busy]))
+    time.sleep(0.3)  # let the busy ones be charged some CPU time
+
+    result = tear_down(key, backend, config(tmp_path, 10.0), queue_instance="all.q@node7",
+                       cleaned_by="epilog", qmod=str(qmod[0]))
+
+    assert result.clean
+    assert (result.key, result.killed, result.stuck, result.queue_disabled) == \
+        (key, _BUSY + 2, (), None)
+    assert not any(p.exists() for p in backend.paths(key).values())
+    assert {pid: exit_signal(pid) for pid in [child.pid, daemon, *busy]} == \
+        dict.fromkeys([child.pid, daemon, *busy], signal.SIGKILL)
+    accounting = result.accounting
+    assert accounting.cpu_user is not None and accounting.cpu_user > 0.1
+    assert accounting.cpu_system is not None
+    assert accounting.memory_peak > 0
+    [entry] = journal_log.entries(JOB_ID=str(job), GECO_EVENT="job-end")
+    assert {k: entry[k] for k in ("SGE_TASK_ID", "KILLED", "CLEANED_BY", "PRIORITY",
+                                  "MEMORY_PEAK", "OOM_KILLS", "CPU_USER_SEC",
+                                  "CPU_SYSTEM_SEC")} == {
+        "SGE_TASK_ID": "1", "KILLED": str(_BUSY + 2), "CLEANED_BY": "epilog", "PRIORITY": "6",
+        "MEMORY_PEAK": str(accounting.memory_peak), "OOM_KILLS": "0",
+        "CPU_USER_SEC": f"{accounting.cpu_user:.3f}",
+        "CPU_SYSTEM_SEC": f"{accounting.cpu_system:.3f}"}
+    assert entry["MESSAGE"] == (f"job {key} ended: {accounting.describe()}; cgroups removed, "
+                                f"{_BUSY + 2} leftover process(es) killed")
+    assert not qmod[1].exists()
+
+
+# -- a process that cannot die --------------------------------------------------
+
+
+def test_given_a_process_in_a_self_frozen_sub_cgroup_when_torn_down_then_it_escalates(
+        backend: V1Backend, children: list[int], journal_log: Any, tmp_path: Path,
+        qmod: tuple[Path, Path]) -> None:
+    """The SIGKILL stays pending while the sub-cgroup is frozen: the job is stuck, its cgroups
+    are kept, the queue instance is disabled; once thawed, the reaper's retry finishes."""
+    job = unique_job()
+    key = f"{job}.1"
+    cfg = config(tmp_path, 2.0)
+    backend.create(key, Limits())
+    child = start_in(backend, key, sleeper, children)
+    assert eventually(lambda: read(Path(f"/proc/{child.pid}/comm")) == "sleep")
+    assert backend.pids(key) == [child.pid]
+    stuck_dir = backend.paths(key)["freezer"] / "stuck"
+    stuck_dir.mkdir()
+    (stuck_dir / "cgroup.procs").write_text(str(child.pid))
+    (stuck_dir / "freezer.state").write_text("FROZEN")
+    assert eventually(lambda: read(stuck_dir / "freezer.state") == "FROZEN")
+
+    result = tear_down(key, backend, cfg, queue_instance="all.q@node7", cleaned_by="epilog",
+                       qmod=str(qmod[0]))
+
+    wchan = read(Path(f"/proc/{child.pid}/wchan"))
+    assert not result.clean
+    assert result.killed == 1
+    assert result.stuck == (StuckProcess(child.pid, "D (disk sleep)", "sleep",
+                                         "" if wchan == "0" else wchan, "stuck"),)
+    assert result.queue_disabled == "all.q@node7"
+    assert result.error == ""
+    assert all(p.is_dir() for p in backend.paths(key).values())
+    assert stuck_dir.is_dir()
+    assert qmod[1].read_text() == "-d all.q@node7\n"
+    [stuck] = journal_log.entries(JOB_ID=str(job), GECO_EVENT="cleanup-stuck")
+    brief = result.stuck[0].brief
+    assert brief == f"{child.pid}:D:{wchan if wchan != '0' else '?'}"
+    assert {k: stuck[k] for k in ("PIDS", "STATES", "PRIORITY", "CLEANED_BY", "KILLED")} == {
+        "PIDS": str(child.pid), "STATES": brief, "PRIORITY": "3", "CLEANED_BY": "epilog",
+        "KILLED": "1"}
+    assert stuck["MESSAGE"] == (
+        f"job {key}: 1 process(es) still alive 2 s after SIGKILL: "
+        f"{result.stuck[0].describe()}; cgroups kept, gecod's reaper tries again")
+    [disabled] = journal_log.entries(JOB_ID=str(job), GECO_EVENT="queue-disabled")
+    assert (disabled["QUEUE_INSTANCE"], disabled["PRIORITY"]) == ("all.q@node7", "3")
+    assert journal_log.entries(JOB_ID=str(job), GECO_EVENT="job-end") == []
+
+    # the reaper's next round, after an admin thawed the sub-cgroup
+    (stuck_dir / "freezer.state").write_text("THAWED")
+    assert child.wait() == -signal.SIGKILL
+    again = tear_down(key, backend, cfg, queue_instance=None, cleaned_by="reaper",
+                      qmod=str(qmod[0]))
+    assert again.clean
+    assert (again.killed, again.stuck, again.queue_disabled) == (0, (), None)
+    assert not stuck_dir.exists()
+    assert not any(p.exists() for p in backend.paths(key).values())
+    [end] = journal_log.entries(JOB_ID=str(job), GECO_EVENT="job-end")
+    assert (end["CLEANED_BY"], end["KILLED"]) == ("reaper", "0")
+    assert qmod[1].read_text() == "-d all.q@node7\n"  # not run again
+    assert not (cfg.state_dir / "stuck" / key).exists()

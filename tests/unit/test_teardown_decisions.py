@@ -1,0 +1,383 @@
+"""geco.teardown's decisions and records, on a stand-in backend, a fake /proc and a fake qmod.
+
+The kernel side (real cgroups, real stuck processes, journald) is in
+tests/system/test_teardown.py; here every branch a real machine rarely
+shows: a removal the kernel refuses with no process left, qmod failing,
+hanging or missing, the once-per-job queue marker, and the /proc readers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+
+from geco import procinfo, sgejob
+from geco.accounting import Accounting
+from geco.cgroup import Backend
+from geco.config import Config
+from geco.errors import CgroupError
+from geco.hooks import epilog
+from geco.resource import short_hostname
+from geco.teardown import StuckProcess, Teardown, tear_down
+
+SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+USAGE = {"memory_peak": 3 << 30, "oom_kill": 1, "cpu_user_usec": 12_345_678,
+         "cpu_system_usec": 400_000}
+
+
+@dataclasses.dataclass
+class FakeBackend:
+    """What tear_down uses of a backend, with the answers a test sets."""
+
+    proc: Path
+    exists_: bool = True
+    left: list[int] = dataclasses.field(default_factory=list)
+    killed: int = 3
+    destroy_error: CgroupError | None = None
+    where: str | None = "stuck"
+    calls: list[str] = dataclasses.field(default_factory=list)
+
+    def exists(self, key: str) -> bool:
+        return self.exists_
+
+    def usage(self, key: str) -> dict[str, int]:
+        self.calls.append("usage")
+        return dict(USAGE)
+
+    def kill(self, key: str) -> int:
+        self.calls.append("kill")
+        return self.killed
+
+    def wait_empty(self, key: str, timeout: float) -> bool:
+        self.calls.append(f"wait {timeout:g}")
+        return not self.left
+
+    def pids(self, key: str) -> list[int]:
+        return list(self.left)
+
+    def destroy(self, key: str) -> None:
+        self.calls.append("destroy")
+        if self.destroy_error is not None:
+            raise self.destroy_error
+
+    def relative_cgroup(self, key: str, pid: int) -> str | None:
+        return self.where
+
+
+def fake_proc(tmp_path: Path, pid: int, state: str, comm: str, wchan: str) -> Path:
+    proc = tmp_path / "proc"
+    d = proc / str(pid)
+    d.mkdir(parents=True)
+    (d / "status").write_bytes(f"Name:\t{comm}\nUmask:\t0022\nState:\t{state}\nTgid:\t{pid}\n"
+                               .encode())
+    (d / "comm").write_bytes(comm.encode() + b"\n")
+    (d / "wchan").write_bytes(wchan.encode())
+    (proc / "stat").write_bytes(b"cpu  1 2 3 4\nbtime 1000\nprocesses 9\n")
+    return proc
+
+
+class Records(logging.Handler):
+    """The records of logger geco.teardown, whatever the geco logger's own setup."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def events(self) -> list[tuple[str, str, dict[str, str]]]:
+        """(level, message, journal fields) of each record that names a GECO_EVENT."""
+        out = []
+        for r in self.records:
+            fields = dict(getattr(r, "geco_fields", {}))
+            if "GECO_EVENT" in fields:
+                out.append((r.levelname, r.getMessage(), fields))
+        return out
+
+
+@pytest.fixture
+def records() -> Iterator[Records]:
+    handler = Records()
+    logger = logging.getLogger("geco.teardown")
+    old = logger.level
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old)
+
+
+@pytest.fixture
+def qmod(tmp_path: Path) -> tuple[Path, Path]:
+    """A qmod stand-in that records its arguments (one line per run) and succeeds."""
+    record = tmp_path / "qmod.args"
+    script = tmp_path / "bin" / "qmod"
+    script.parent.mkdir()
+    script.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$*\" >> {record}\necho changed\n")
+    script.chmod(0o755)
+    return script, record
+
+
+def cfg(tmp_path: Path, **changes: Any) -> Config:
+    return dataclasses.replace(Config(), **{"state_dir": tmp_path / "state", "kill_timeout": 2.0,
+                                            "qstat_timeout": 5.0, **changes})
+
+
+def backend_of(fake: FakeBackend) -> Backend:
+    return cast(Backend, fake)
+
+
+def stuck_backend(tmp_path: Path) -> FakeBackend:
+    return FakeBackend(fake_proc(tmp_path, 4242, "D (disk sleep)", "nfs-reader",
+                                 "nfs_wait_bit_killable"), left=[4242])
+
+
+# -- a clean end --------------------------------------------------------------
+
+
+def test_given_a_job_that_empties_then_its_counters_are_read_first_and_job_end_is_journaled(
+        tmp_path: Path, records: Records, qmod: tuple[Path, Path]) -> None:
+    fake = FakeBackend(tmp_path)
+    result = tear_down("42.1", backend_of(fake), cfg(tmp_path), queue_instance="all.q@n1",
+                       cleaned_by="epilog", qmod=str(qmod[0]))
+    accounting = Accounting.from_usage(USAGE)
+    assert result == Teardown("42.1", 3, (), accounting, None)
+    assert result.clean
+    assert fake.calls == ["usage", "kill", "wait 2", "destroy"]
+    assert records.events() == [(
+        "INFO", f"job 42.1 ended: {accounting.describe()}; cgroups removed, 3 leftover "
+                "process(es) killed",
+        {"JOB_ID": "42", "SGE_TASK_ID": "1", "GECO_EVENT": "job-end", "KILLED": "3",
+         "CLEANED_BY": "epilog",
+         **{k: str(v) for k, v in accounting.journal_fields().items()}})]
+    assert {"MEMORY_PEAK", "OOM_KILLS", "CPU_USER_SEC", "CPU_SYSTEM_SEC"} \
+        <= set(records.events()[0][2])
+    assert not qmod[1].exists()
+
+
+def test_given_no_cgroups_then_the_end_is_journaled_without_figures(
+        tmp_path: Path, records: Records) -> None:
+    fake = FakeBackend(tmp_path, exists_=False)
+    result = tear_down("42.2", backend_of(fake), cfg(tmp_path), queue_instance=None,
+                       cleaned_by="epilog")
+    assert result == Teardown("42.2", 0, (), Accounting(), None)
+    assert fake.calls == []
+    assert records.events() == [("INFO", "job 42.2 ended: it has no cgroups on this node",
+                                 {"JOB_ID": "42", "SGE_TASK_ID": "2", "GECO_EVENT": "job-end",
+                                  "KILLED": "0", "CLEANED_BY": "epilog"})]
+
+
+def test_given_a_bad_key_then_it_is_refused_before_anything_is_touched(tmp_path: Path) -> None:
+    fake = FakeBackend(tmp_path)
+    with pytest.raises(CgroupError) as err:
+        tear_down("../42", backend_of(fake), cfg(tmp_path), queue_instance=None,
+                  cleaned_by="epilog")
+    assert str(err.value) == ("a job cgroup key must be <job>.<task> in decimal digits "
+                              "without leading zeros (e.g. 42.1), got '../42'")
+    assert fake.calls == []
+
+
+# -- stuck --------------------------------------------------------------------
+
+
+def test_given_a_process_that_does_not_die_then_it_is_reported_and_the_queue_disabled(
+        tmp_path: Path, records: Records, qmod: tuple[Path, Path]) -> None:
+    fake = stuck_backend(tmp_path)
+    result = tear_down("42.1", backend_of(fake), cfg(tmp_path), queue_instance="all.q@n1",
+                       cleaned_by="reaper", qmod=str(qmod[0]))
+    stuck = StuckProcess(4242, "D (disk sleep)", "nfs-reader", "nfs_wait_bit_killable", "stuck")
+    assert result == Teardown("42.1", 3, (stuck,), Accounting.from_usage(USAGE), "all.q@n1")
+    assert not result.clean
+    assert "destroy" not in fake.calls
+    assert qmod[1].read_text() == "-d all.q@n1\n"
+    assert records.events() == [
+        ("ERROR", "job 42.1: 1 process(es) still alive 2 s after SIGKILL: pid 4242 (nfs-reader) "
+                  "D (disk sleep) in nfs_wait_bit_killable, cgroup stuck; cgroups kept, "
+                  "gecod's reaper tries again",
+         {"JOB_ID": "42", "SGE_TASK_ID": "1", "GECO_EVENT": "cleanup-stuck", "PIDS": "4242",
+          "STATES": "4242:D:nfs_wait_bit_killable", "KILLED": "3", "CLEANED_BY": "reaper"}),
+        ("ERROR", "job 42.1: disabled the queue instance all.q@n1 (qmod -d) so that no new job "
+                  "starts on this node while processes of this job cannot be killed; enable it "
+                  "again with qmod -e all.q@n1 once the node is healthy",
+         {"JOB_ID": "42", "SGE_TASK_ID": "1", "GECO_EVENT": "queue-disabled",
+          "QUEUE_INSTANCE": "all.q@n1", "CLEANED_BY": "reaper"})]
+
+
+def test_given_no_queue_instance_then_every_queue_on_this_host_is_disabled(
+        tmp_path: Path, qmod: tuple[Path, Path]) -> None:
+    result = tear_down("42.1", backend_of(stuck_backend(tmp_path)), cfg(tmp_path),
+                       queue_instance=None, cleaned_by="reaper", qmod=str(qmod[0]))
+    assert result.queue_disabled == f"*@{short_hostname()}"
+    assert qmod[1].read_text() == f"-d *@{short_hostname()}\n"
+
+
+def test_given_queue_disabling_off_then_qmod_is_not_run(
+        tmp_path: Path, records: Records, qmod: tuple[Path, Path]) -> None:
+    result = tear_down("42.1", backend_of(stuck_backend(tmp_path)),
+                       cfg(tmp_path, disable_queue_on_stuck=False), queue_instance="all.q@n1",
+                       cleaned_by="epilog", qmod=str(qmod[0]))
+    assert (result.clean, result.queue_disabled) == (False, None)
+    assert not qmod[1].exists()
+    assert [e[2]["GECO_EVENT"] for e in records.events()] == ["cleanup-stuck"]
+
+
+def test_given_a_stuck_job_torn_down_again_then_the_queue_is_disabled_only_once(
+        tmp_path: Path, records: Records, qmod: tuple[Path, Path]) -> None:
+    """An admin who looked and enabled the queue again is not overruled every reaper round;
+    once the job's cgroups are gone, its marker goes too."""
+    fake = stuck_backend(tmp_path)
+    config = cfg(tmp_path)
+    marker = config.state_dir / "stuck" / "42.1"
+    first = tear_down("42.1", backend_of(fake), config, queue_instance="all.q@n1",
+                      cleaned_by="epilog", qmod=str(qmod[0]))
+    assert marker.read_text() == "all.q@n1\n"
+    second = tear_down("42.1", backend_of(fake), config, queue_instance=None,
+                       cleaned_by="reaper", qmod=str(qmod[0]))
+    assert (first.queue_disabled, second.queue_disabled) == ("all.q@n1", None)
+    assert qmod[1].read_text() == "-d all.q@n1\n"
+    assert records.records[-1].getMessage() == (
+        f"job 42.1: the queue instance all.q@n1 was disabled for it already ({marker}); "
+        "not again")
+    fake.left.clear()
+    assert tear_down("42.1", backend_of(fake), config, queue_instance=None,
+                     cleaned_by="reaper", qmod=str(qmod[0])).clean
+    assert not marker.exists()
+
+
+def test_given_a_marker_from_before_the_boot_then_the_queue_is_disabled_again(
+        tmp_path: Path, qmod: tuple[Path, Path]) -> None:
+    config = cfg(tmp_path)
+    marker = config.state_dir / "stuck" / "42.1"
+    marker.parent.mkdir(parents=True)
+    marker.write_text("all.q@old\n")
+    os.utime(marker, (procinfo.boot_time() - 60, procinfo.boot_time() - 60))
+    result = tear_down("42.1", backend_of(stuck_backend(tmp_path)), config,
+                       queue_instance="all.q@n1", cleaned_by="reaper", qmod=str(qmod[0]))
+    assert result.queue_disabled == "all.q@n1"
+    assert marker.read_text() == "all.q@n1\n"
+
+
+def test_given_a_full_qstat_path_then_qmod_is_taken_from_its_directory(
+        tmp_path: Path, qmod: tuple[Path, Path]) -> None:
+    config = cfg(tmp_path, qstat=str(qmod[0].parent / "qstat"))
+    result = tear_down("42.1", backend_of(stuck_backend(tmp_path)), config,
+                       queue_instance="all.q@n1", cleaned_by="epilog")
+    assert result.queue_disabled == "all.q@n1"
+    assert qmod[1].read_text() == "-d all.q@n1\n"
+
+
+@pytest.mark.parametrize(("script", "timeout", "reason"), [
+    ("echo 'denied: host \"n1\" is no admin host' >&2\nexit 1", 5.0,
+     "exit status 1, stderr: denied: host \"n1\" is no admin host"),
+    ("exec sleep 30", 0.3, "timed out after 0.3 s"),
+], ids=["refused", "hangs"])
+def test_given_qmod_fails_then_the_failure_is_journaled_and_nothing_raises(
+        tmp_path: Path, records: Records, script: str, timeout: float, reason: str) -> None:
+    qmod = tmp_path / "qmod"
+    qmod.write_text(f"#!/bin/sh\n{script}\n")
+    qmod.chmod(0o755)
+    config = cfg(tmp_path, qstat_timeout=timeout)
+    result = tear_down("42.1", backend_of(stuck_backend(tmp_path)), config,
+                       queue_instance="all.q@n1", cleaned_by="epilog", qmod=str(qmod))
+    assert (result.clean, result.queue_disabled) == (False, None)
+    assert not (config.state_dir / "stuck" / "42.1").exists()  # tried again next round
+    assert records.events()[-1] == (
+        "ERROR", f"job 42.1: cannot disable the queue instance all.q@n1: qmod -d failed: {reason}",
+        {"JOB_ID": "42", "SGE_TASK_ID": "1", "GECO_EVENT": "queue-disable-failed",
+         "REASON": reason, "QUEUE_INSTANCE": "all.q@n1", "CLEANED_BY": "epilog"})
+
+
+@pytest.mark.parametrize(("name", "reason"), [
+    ("geco-test-no-such-qmod",
+     f"qmod command 'geco-test-no-such-qmod' not found in {SAFE_PATH}; set [qstat] command in "
+     "geco.toml to the full path of qstat: qmod is taken from the same directory "
+     "(command=geco-test-no-such-qmod)"),
+    ("/nonexistent/qmod", "cannot execute it: No such file or directory"),
+], ids=["not-in-path", "no-such-file"])
+def test_given_no_qmod_then_the_reason_is_journaled(
+        tmp_path: Path, records: Records, name: str, reason: str) -> None:
+    result = tear_down("42.1", backend_of(stuck_backend(tmp_path)), cfg(tmp_path),
+                       queue_instance="all.q@n1", cleaned_by="epilog", qmod=name)
+    assert result.queue_disabled is None
+    level, message, fields = records.events()[-1]
+    assert (level, fields["GECO_EVENT"], fields["REASON"]) == ("ERROR", "queue-disable-failed",
+                                                               reason)
+    assert message == (f"job 42.1: cannot disable the queue instance all.q@n1: qmod -d failed: "
+                       f"{reason}")
+
+
+def test_given_the_kernel_refuses_the_removal_with_no_process_left_then_it_is_not_clean(
+        tmp_path: Path, records: Records, qmod: tuple[Path, Path]) -> None:
+    refusal = CgroupError("cannot remove the cgroup of job 42.1: the kernel says it is busy "
+                          "although it lists no process", key="42.1")
+    fake = FakeBackend(tmp_path, destroy_error=refusal)
+    result = tear_down("42.1", backend_of(fake), cfg(tmp_path), queue_instance="all.q@n1",
+                       cleaned_by="epilog", qmod=str(qmod[0]))
+    assert (result.clean, result.stuck, result.killed) == (False, (), 0)
+    assert result.error == str(refusal)
+    assert result.accounting == Accounting.from_usage(USAGE)
+    level, message, fields = records.events()[0]
+    assert (level, fields["GECO_EVENT"], fields["REASON"]) == ("ERROR", "cleanup-stuck",
+                                                               str(refusal))
+    assert message == (f"job 42.1: no process is left, but the cgroups could not be removed "
+                       f"({refusal}); cgroups kept, gecod's reaper tries again")
+    assert "PIDS" in fields and fields["PIDS"] == ""
+    assert result.queue_disabled == "all.q@n1"
+
+
+def test_given_a_process_gone_by_the_time_it_is_described_then_it_reads_as_gone(
+        tmp_path: Path) -> None:
+    fake = FakeBackend(tmp_path / "empty-proc", left=[777], where=None)
+    result = tear_down("42.1", backend_of(fake), cfg(tmp_path, disable_queue_on_stuck=False),
+                       queue_instance=None, cleaned_by="reaper")
+    [gone] = result.stuck
+    assert gone == StuckProcess(777, "", "", "", "")
+    assert (gone.brief, gone.describe()) == ("777:?:?", "pid 777 (?) gone")
+
+
+# -- /proc readers ------------------------------------------------------------
+
+
+def test_procinfo_reads_state_command_and_wait_channel(tmp_path: Path) -> None:
+    proc = fake_proc(tmp_path, 9, "Z (zombie)", "odd name) x", "0")
+    assert procinfo.state(9, proc) == "Z (zombie)"
+    assert procinfo.command(9, proc) == "odd name) x"
+    assert procinfo.wchan(9, proc) == ""  # running (or zombie): the kernel says 0
+    assert procinfo.boot_time(proc) == 1000.0
+    assert (procinfo.state(10, proc), procinfo.command(10, proc), procinfo.wchan(10, proc)) \
+        == ("", "", "")
+
+
+def test_procinfo_on_this_process_agrees_with_the_kernel() -> None:
+    assert procinfo.state(os.getpid()) == "R (running)"
+    assert procinfo.command(os.getpid()) == Path("/proc/self/comm").read_text().strip()
+    assert 0 < procinfo.boot_time() < os.stat("/proc/self").st_mtime + 1
+
+
+# -- the epilog's queue instance ----------------------------------------------
+
+
+def test_the_epilog_takes_the_queue_instance_from_the_spooled_config_not_the_environment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QUEUE", "evil.q")
+    monkeypatch.setenv("HOSTNAME", "elsewhere")
+    spool = tmp_path / "42.1"
+    spool.mkdir()
+    (spool / "config").write_bytes(b"job_id=42\nqueue=all.q\nhost=node7\nqueue_tmpdir=/tmp\n")
+    logger = logging.getLogger("geco.test")
+    job = sgejob.JobRef(42, 1, spool)
+    assert epilog._queue_instance(job, logger) == "all.q@node7"
+    (spool / "config").write_bytes(b"job_id=42\nqueue=all.q\n")
+    assert epilog._queue_instance(job, logger) is None
+    (spool / "config").unlink()
+    assert epilog._queue_instance(job, logger) is None
+    assert epilog._queue_instance(sgejob.JobRef(42, 1, None), logger) is None
