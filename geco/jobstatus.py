@@ -127,22 +127,6 @@ def _mtime(path: Path) -> float | None:
         return None
 
 
-def _spooled_config(execd_spool_dir: Path, key: str, host: str) -> Path | None:
-    """The job's ``active_jobs/<key>/config``: under this host's short name first, then any.
-
-    (geco.oom.find_spool_dir does the same, but importing geco.oom costs a
-    command ~80 ms of ctypes; this needs two stat calls.)
-    """
-    first = execd_spool_dir / host / "active_jobs" / key / "config"
-    if first.is_file():
-        return first
-    try:
-        found = sorted(execd_spool_dir.glob(f"*/active_jobs/{key}/config"))
-    except OSError:
-        return None
-    return found[0] if found else None
-
-
 def _resources(cfg: Config, key: str) -> tuple[ResourceSet | None, str]:
     """The job's resource file and, when it cannot be used, why (one sentence)."""
     job, _, task = key.partition(".")
@@ -196,7 +180,8 @@ def read(cfg: Config, backend: Backend, key: str, *, now: float | None = None) -
         raise
     rs, why = _resources(cfg, key)
     notes = [why] if why else []
-    config = _spooled_config(cfg.execd_spool_dir, key, host)
+    spool = sgejob.find_spool_dir(cfg.execd_spool_dir, key, host)
+    config = spool / "config" if spool is not None else None
     started = _mtime(config) if config else None
     if started is None and rs is not None:
         started = _mtime(statefile.path_for(cfg.resources_dir, rs.job_id, rs.task_id))

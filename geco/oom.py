@@ -90,7 +90,6 @@ __all__ = [
     "StderrTarget",
     "append_to_owner_file",
     "check_policy",
-    "find_spool_dir",
     "handle",
     "open_inotify",
     "owner_message",
@@ -963,20 +962,6 @@ def stderr_target(spool_dir: Path) -> StderrTarget | None:
     return StderrTarget(path, name, owner)
 
 
-def find_spool_dir(execd_spool_dir: Path, key: str, node: str | None = None) -> Path | None:
-    """Return ``<execd_spool_dir>/<host>/active_jobs/<key>``, or None while there is none.
-
-    ``<host>`` is tried as this node's short name first, then as any name:
-    Grid Engine may spell the host another way (a domain, host_aliases).
-    """
-    check_key(key)
-    first = execd_spool_dir / (node or short_hostname()) / "active_jobs" / key
-    if first.is_dir():
-        return first
-    found = sorted(execd_spool_dir.glob(f"*/active_jobs/{key}"))
-    return found[0] if found else None
-
-
 _APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY
 _WHY = {errno.ENOENT: "the file is gone, and geco never creates one",
         errno.ELOOP: "it is a symbolic link, which geco does not follow",
@@ -1151,10 +1136,6 @@ def check_policy(policy: str) -> str:
     return policy
 
 
-def _is_shepherd(pid: int) -> bool:
-    return sgejob.proc_comm(pid).startswith("sge_shepherd")
-
-
 def handle(events: Sequence[OomEvent], policy: str, backend: Backend, *,
            target: StderrTarget | None = None, hint: RequestHint | None = None,
            write_timeout: float = 10.0) -> int | None:
@@ -1209,7 +1190,7 @@ def handle(events: Sequence[OomEvent], policy: str, backend: Backend, *,
     if policy == "kill-job":
         try:
             # not the shepherd: it must live to report the job's end and run the epilog
-            killed = backend.kill_except(last.key, spare=_is_shepherd)
+            killed = backend.kill_except(last.key, spare=sgejob.is_job_shepherd)
         except CgroupError as exc:
             _log.error("job %s: cannot end the job after its out-of-memory kill: %s",
                        last.key, exc, extra=log.job_fields(
@@ -1505,7 +1486,7 @@ class OomMonitor:
     def _resolve(self, key: str, job: _Job) -> None:
         """Find the job's stderr file and requests (small local files, read once per job)."""
         if job.target is None and self.execd_spool_dir is not None:
-            spool = job.spool_dir or find_spool_dir(self.execd_spool_dir, key, self.node)
+            spool = job.spool_dir or sgejob.find_spool_dir(self.execd_spool_dir, key, self.node)
             if spool is not None:
                 try:
                     job.target = stderr_target(spool)

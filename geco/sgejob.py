@@ -23,8 +23,8 @@ from pathlib import Path
 
 from geco.errors import GecoError
 
-__all__ = ["JobRef", "find_shepherd", "job_from_hook", "parse_key_values", "proc_comm",
-           "proc_ppid", "read_config"]
+__all__ = ["JobRef", "find_shepherd", "find_spool_dir", "is_job_shepherd", "job_from_hook",
+           "parse_key_values", "proc_comm", "proc_ppid", "proc_real_uid", "read_config"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +112,49 @@ def proc_comm(pid: int) -> str:
         return Path(f"/proc/{pid}/comm").read_bytes().rstrip(b"\n").decode("utf-8", "replace")
     except OSError:
         return ""
+
+
+def proc_real_uid(pid: int) -> int | None:
+    """Return the real uid from ``/proc/<pid>/status`` (None when the process is gone)."""
+    try:
+        data = Path(f"/proc/{pid}/status").read_bytes()
+    except OSError:
+        return None
+    for line in data.splitlines():
+        if line.startswith(b"Uid:"):
+            fields = line.split()
+            return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+    return None
+
+
+def is_job_shepherd(pid: int) -> bool:
+    """True for a Grid Engine ``sge_shepherd`` process: spared when geco kills a job's
+    processes itself (OOM ``kill-job``, the walltime backstop), so that Grid Engine
+    sees the job end and runs its epilog.
+
+    The process must also run with real uid 0, as every shepherd does (sge_execd,
+    running as root, forks it): a job's own process may call itself
+    ``sge_shepherd`` (``prctl(PR_SET_NAME)``, a renamed binary), but it cannot
+    become root, so naming itself does not let it survive.
+    """
+    return proc_comm(pid).startswith("sge_shepherd") and proc_real_uid(pid) == 0
+
+
+def find_spool_dir(execd_spool_dir: Path, key: str, node: str) -> Path | None:
+    """Return ``<execd_spool_dir>/<node>/active_jobs/<key>``, or None while there is none.
+
+    ``<node>`` (this host's short name) is tried first, then any host name:
+    Grid Engine may spell the host another way (a domain, host_aliases).
+    ``key`` must be a checked ``<job>.<task>`` (no path separators).
+    """
+    first = execd_spool_dir / node / "active_jobs" / key
+    if first.is_dir():
+        return first
+    try:
+        found = sorted(execd_spool_dir.glob(f"*/active_jobs/{key}"))
+    except OSError:
+        return None
+    return found[0] if found else None
 
 
 def proc_ppid(pid: int) -> int:

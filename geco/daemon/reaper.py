@@ -58,14 +58,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from geco import log, oom, qstat, statefile, teardown
+from geco import log, oom, qstat, sgejob, statefile, teardown
 from geco.cgroup import Backend
 from geco.config import Config
 from geco.errors import GecoError, JobNotFound, TaskNotRunning
 from geco.resource import ResourceSet, short_hostname
 
-__all__ = ["FIRST_ROUND_DELAY", "Reaper", "RoundReport", "Verdict", "is_job_shepherd",
-           "min_age", "prune_traces", "walltime_start"]
+__all__ = ["FIRST_ROUND_DELAY", "Reaper", "RoundReport", "Verdict", "min_age", "prune_traces",
+           "walltime_start"]
 
 _log = log.get("gecod.reaper")
 
@@ -141,31 +141,6 @@ class Loop(Protocol):
 # ---------------------------------------------------------------------------
 # small facts read from the system
 # ---------------------------------------------------------------------------
-
-
-def _real_uid(pid: int) -> int | None:
-    """The real uid from ``/proc/<pid>/status`` (None when the process is gone)."""
-    try:
-        data = Path(f"/proc/{pid}/status").read_bytes()
-    except OSError:
-        return None
-    for line in data.splitlines():
-        if line.startswith(b"Uid:"):
-            fields = line.split()
-            return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
-    return None
-
-
-def is_job_shepherd(pid: int) -> bool:
-    """True for a Grid Engine ``sge_shepherd`` process, which the walltime backstop spares.
-
-    The name test is :mod:`geco.oom`'s (``kill-job`` spares the same process).
-    The process must also run with real uid 0, as every shepherd does (sge_execd,
-    running as root, forks it): a job's own process may call itself
-    ``sge_shepherd`` (``prctl(PR_SET_NAME)``, a renamed binary), but it cannot
-    become root, so naming itself does not let it outlive its walltime.
-    """
-    return oom._is_shepherd(pid) and _real_uid(pid) == 0
 
 
 def _newest_mtime(paths: list[Path]) -> float | None:
@@ -422,7 +397,7 @@ class Reaper:
             if self._closing.is_set():
                 break
             try:
-                spool = oom.find_spool_dir(cfg.execd_spool_dir, key, self.node)
+                spool = sgejob.find_spool_dir(cfg.execd_spool_dir, key, self.node)
                 verdict, why = self._decide(cfg, key, spool, qstat_error)
                 if verdict is Verdict.UNKNOWN:
                     qstat_error = why
@@ -485,7 +460,7 @@ class Reaper:
         job, task = _split(key)
         # the qstat call took time: the job may have been re-dispatched here, or the
         # epilog (late, not gone) may have removed the cgroups meanwhile
-        if oom.find_spool_dir(cfg.execd_spool_dir, key, self.node) is not None:
+        if sgejob.find_spool_dir(cfg.execd_spool_dir, key, self.node) is not None:
             _log.info("reaper: job %s is back in the execd spool; left alone", key)
             return None
         if not self.backend.exists(key):
@@ -548,10 +523,10 @@ class Reaper:
         running = now - start
         if running <= rs.runtime_limit + cfg.gecod_walltime_grace:
             return 0
-        victims = [p for p in self.backend.pids(key) if not is_job_shepherd(p)]
+        victims = [p for p in self.backend.pids(key) if not sgejob.is_job_shepherd(p)]
         if not victims:
             return 0  # only the shepherd is left: Grid Engine is ending the job
-        count = self.backend.kill_except(key, spare=is_job_shepherd)
+        count = self.backend.kill_except(key, spare=sgejob.is_job_shepherd)
         if count:
             _log.warning("job %s has run %d s, past its h_rt of %g s plus the %g s grace: "
                          "killed %d process(es) Grid Engine did not end (its sge_shepherd is "

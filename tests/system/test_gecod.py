@@ -51,7 +51,7 @@ from geco.topology import parse_cpulist
 
 REPO = Path(__file__).resolve().parents[2]
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-CONTROLLERS = ("cpuset", "memory", "freezer", "pids")
+CONTROLLERS = ("cpuset", "memory", "freezer", "pids", "cpuacct")
 HOST = short_hostname()
 MiB = 1 << 20
 NOBODY = 65534
@@ -146,6 +146,7 @@ class Node:
         path.write_text(
             f'[paths]\nstate_dir = "{self.state_dir}"\nexecd_spool_dir = "{self.spool}"\n'
             f'[cgroup]\nname = "{self.name}"\n'
+            f'[log]\ntrace_dir = "{self.base / "trace"}"\n'
             f'[gecod]\nsocket = "{sock or "path:" + self.socket_path(tag)}"\n'
             f'key_file = "{self.key_file}"\n'
             f"connection_deadline = {DEADLINE}\n{extra}")

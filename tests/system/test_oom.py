@@ -301,14 +301,6 @@ def test_given_no_spooled_config_then_the_error_names_the_file(tmp_path: Path) -
                               f"(errno=ENOENT path={tmp_path / 'config'})")
 
 
-def test_given_an_execd_spool_when_finding_the_job_then_any_host_spelling_is_found(
-        tmp_path: Path) -> None:
-    (tmp_path / "vm.example.org" / "active_jobs" / "42.1").mkdir(parents=True)
-    assert oom.find_spool_dir(tmp_path, "42.1", "vm") == \
-        tmp_path / "vm.example.org" / "active_jobs" / "42.1"
-    assert oom.find_spool_dir(tmp_path, "43.1", "vm") is None
-
-
 # -- cgroup v2 on plain files ------------------------------------------------------
 
 

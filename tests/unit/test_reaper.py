@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from geco import statefile, teardown
+from geco import sgejob, statefile, teardown
 from geco.accounting import Accounting
 from geco.config import Config
 from geco.daemon import reaper
@@ -300,7 +300,7 @@ def test_given_a_job_in_the_execd_spool_then_it_is_alive_and_qstat_is_not_asked(
 
 
 def test_given_a_job_spooled_under_another_host_name_then_it_is_alive(node: Node) -> None:
-    """Grid Engine may spell the host with its domain (host_aliases): oom.find_spool_dir's
+    """Grid Engine may spell the host with its domain (host_aliases): sgejob.find_spool_dir's
     rule."""
     node.backend.add("7.1")
     (node.cfg.execd_spool_dir / f"{HOST}.cluster" / "active_jobs" / "7.1").mkdir(parents=True)
@@ -545,7 +545,7 @@ def test_given_a_job_past_h_rt_plus_grace_then_all_but_the_shepherd_are_killed_a
     spares what is_job_shepherd keeps, 2 are killed, and walltime-kill is journaled at
     warning with KILLED, H_RT, RUNNING_FOR."""
     node.reaper.reconfigure(dataclasses.replace(node.cfg, gecod_walltime_grace=1.0))
-    monkeypatch.setattr(reaper, "is_job_shepherd", lambda pid: pid == 100)
+    monkeypatch.setattr(sgejob, "is_job_shepherd", lambda pid: pid == 100)
     node.backend.add("21.1", pids=(100, 101, 102))
     node.spool("21.1", config_age=700)
     node.resources("21.1", runtime_limit=2)
@@ -620,11 +620,6 @@ def test_given_a_garbage_resource_file_then_one_warning_names_it_until_it_change
     path.write_bytes(b"garbage, longer than before")
     node.round()
     assert len(journaled(records, "resource-file-unusable")) == 2
-
-
-def test_a_process_of_another_name_is_no_shepherd() -> None:
-    assert not reaper.is_job_shepherd(os.getpid())  # python
-    assert not reaper.is_job_shepherd(2**22 + 1)  # above pid_max: no such process
 
 
 # -- trace files ----------------------------------------------------------------------

@@ -109,3 +109,16 @@ def test_a_shepherd_of_another_job_is_refused(tmp_path: Path) -> None:
                          cwd=other, capture_output=True, text=True, timeout=30)
     assert "the hook's parent is not this job's shepherd (ppid=" in out.stdout, out.stderr
     assert f"shepherd_cwd={other} spool_dir={mine}" in out.stdout
+
+
+def test_given_an_execd_spool_when_finding_the_job_then_any_host_spelling_is_found(
+        tmp_path: Path) -> None:
+    (tmp_path / "vm.example.org" / "active_jobs" / "42.1").mkdir(parents=True)
+    assert sgejob.find_spool_dir(tmp_path, "42.1", "vm") == \
+        tmp_path / "vm.example.org" / "active_jobs" / "42.1"
+    assert sgejob.find_spool_dir(tmp_path, "43.1", "vm") is None
+
+
+def test_a_process_of_another_name_is_no_shepherd() -> None:
+    assert not sgejob.is_job_shepherd(os.getpid())  # python
+    assert not sgejob.is_job_shepherd(2**22 + 1)  # above pid_max: no such process
