@@ -26,6 +26,7 @@ falls back to ``-lhwloc`` and the default include path.
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import subprocess
@@ -237,7 +238,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="geco-hwloc-build-") as tmp:
         built = Path(ffibuilder.compile(tmpdir=tmp, verbose=False))
         target = package_dir / built.name
-        shutil.copyfile(built, target)
+        # copy beside the target, then rename over it: running processes (a gecod, a
+        # test session) have the old file mapped, and rewriting it in place would
+        # crash them (SIGSEGV); a rename leaves their inode alone
+        staged = package_dir / f".{built.name}.new"
+        shutil.copyfile(built, staged)
+        os.replace(staged, target)
     print(target)
 
 
