@@ -36,12 +36,13 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import dataclasses
+import logging
 import os
 import signal
 import sys
 from pathlib import Path
 
-from geco import __version__, address, cgroup, keys, log, oom
+from geco import __version__, address, cgroup, keys, log, oom, trace
 from geco import config as _config
 from geco.daemon import state
 from geco.daemon.quarantine import Context
@@ -246,6 +247,7 @@ class Daemon:
         self.key = key
         self.server.replace_key(key)
         log.setup(_stderr_level(self.log_level, new), identifier="gecod")
+        _route_traces(new)
         _log.info("SIGHUP: configuration re-read from %s", self.config_path,
                   extra=log.job_fields(None, None, "gecod-reloaded"))
 
@@ -290,6 +292,11 @@ class Daemon:
         self.reaper_executor.shutdown(wait=True, cancel_futures=True)
 
 
+def _route_traces(cfg: _config.Config) -> None:
+    """Copy each job's records to its trace file when it asked for one (-l geco_trace_level)."""
+    logging.getLogger("geco").addHandler(trace.TraceRouter(cfg))
+
+
 def _stderr_is_journal() -> bool:
     """True when systemd connected our stderr to the journal ($JOURNAL_STREAM = dev:inode)."""
     stream = os.environ.get("JOURNAL_STREAM", "")
@@ -314,6 +321,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = _config.load(path)
         log.setup(_stderr_level(args.log_level, cfg), identifier="gecod")
+        _route_traces(cfg)
         daemon = Daemon(cfg, path, args.log_level)
     except (_StartupError, GecoError) as exc:
         print(f"gecod: {exc}", file=sys.stderr)

@@ -30,6 +30,7 @@ import select
 import shutil
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -156,7 +157,7 @@ class Node:
         return self.spool / HOST / "active_jobs" / f"{job}.{task}"
 
     def make_job(self, job: int, task: int = 1, *, slots: int = 1, memory: int = 256 * MiB,
-                 owner: str = "root") -> Path:
+                 owner: str = "root", trace_level: int = 0) -> Path:
         """Spool a running job the way sge_execd does, and its resource file."""
         d = self.job_dir(job, task)
         d.mkdir(parents=True)
@@ -165,7 +166,7 @@ class Node:
         (d / "config").write_text(f"job_owner={owner}\njob_name=t\njob_id={job}\n")
         (d / "pe_hostfile").write_text(f"{HOST} {slots} all.q@{HOST} UNDEFINED\n")
         statefile.write(self.state_dir / "resources", ResourceSet(
-            job, task, job_name="t", owner=owner,
+            job, task, job_name="t", owner=owner, trace_level=trace_level,
             nodes=(NodeResources(HOST, slots=slots, memory_limit=memory),)))
         return d
 
@@ -455,6 +456,28 @@ def test_a_process_in_its_jobs_spool_dir_is_moved_into_the_jobs_cgroups(
     [entry] = journal.entries(GECO_EVENT="quarantined", JOB_ID=str(job), _PID=str(gecod.pid))
     assert (entry["SGE_TASK_ID"], entry["PID"], entry["CGROUP_CREATED"], entry["PRIORITY"]) \
         == ("1", str(p.pid), "1", "6")
+
+
+def test_a_traced_job_gets_gecods_lines_in_its_trace_file_and_others_get_none(
+        node: Node, gecod: Gecod) -> None:
+    """Given two jobs of user nobody, one with trace level 4 in its resource file (-l
+    geco_trace_level=4), when both are quarantined, then the traced job's trace file holds
+    gecod's lines about it (and none about the other), owned by nobody with mode 0600; the
+    other job has no trace file."""
+    traced, plain = new_job(), new_job()
+    node.make_job(traced, owner="nobody", trace_level=4)
+    node.make_job(plain, owner="nobody")
+    assert node.job_process(traced).answer() == "OK"
+    assert node.job_process(plain).answer() == "OK"
+
+    trace_file = node.base / "trace" / f"{traced}.1.trace"
+    st = trace_file.stat()
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (NOBODY, 0o600)
+    lines = trace_file.read_text().splitlines()
+    assert lines and all(" gecod [" in line for line in lines), lines
+    assert any(f"job {traced}.1" in line for line in lines), lines
+    assert not any(f"{plain}." in line for line in lines), lines
+    assert not (node.base / "trace" / f"{plain}.1.trace").exists()
 
 
 def test_a_second_process_of_the_same_job_shares_its_cgroups(
