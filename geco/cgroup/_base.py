@@ -429,11 +429,18 @@ class Backend(ABC):
 
     def _is_member(self, key: str, pid: int) -> bool:
         """True when ``pid`` is in the job's cgroup in at least one managed controller."""
-        have = proc_cgroups(self.proc, pid)
-        if have is None:
-            return False
-        return any(k in have and is_under(have[k], path)
-                   for k, path in self.cgroup_paths(key).items())
+        return self._member_test(key)(pid)
+
+    def _member_test(self, key: str) -> Callable[[int], bool]:
+        """Return ``_is_member`` for one job with its cgroup paths worked out once (the
+        kill sweep asks for every pid of the job)."""
+        want = tuple(self.cgroup_paths(key).items())
+
+        def is_member(pid: int) -> bool:
+            have = proc_cgroups(self.proc, pid)
+            return have is not None and any(k in have and is_under(have[k], path)
+                                            for k, path in want)
+        return is_member
 
     def _refuse_own_job(self, key: str) -> None:
         """Raise when the calling process is itself in the job: kill() would kill the caller."""
@@ -485,6 +492,7 @@ class Backend(ABC):
         many were signalled."""
         seen: set[int] = set()
         signalled = 0
+        is_member = self._member_test(key)
         for _ in range(_KILL_ROUNDS):
             new = [p for p in self.pids(key) if p not in seen]
             if not new:
@@ -493,7 +501,7 @@ class Backend(ABC):
                 seen.add(pid)
                 if spare is not None and spare(pid):
                     continue
-                if signal_pid(pid, signal.SIGKILL, lambda p: self._is_member(key, p)):
+                if signal_pid(pid, signal.SIGKILL, is_member):
                     signalled += 1
         return signalled
 
