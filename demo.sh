@@ -12,7 +12,8 @@
 #        mpi      -pe mpi 2            (a qrsh -inherit task lands in the job's cgroups too)
 #        oom      -l m_mem_free=200M   (then uses 400M)
 #      each prints, from inside, its cgroups, its allowed CPUs and its memory limit
-#   4. waits, then shows each job's output and how the oom job ended
+#   4. waits, then shows each job's output, how the oom job ended (the owner's message
+#      in its .e file, its story from the journal) and what each job used
 #
 # Grid Engine keeps running afterwards (submit more as gecodemo, e.g.
 # `su - gecodemo -c 'qsub -b y -pe smp 2 sleep 60'`); integration/sge/teardown.sh stops it.
@@ -152,8 +153,14 @@ else
 fi
 if journal_alive; then
   journalctl --sync 2>/dev/null || true
-  echo "  geco's side of the story (journalctl JOB_ID=${JOBS[oom]}):"
-  journalctl --no-pager -o short JOB_ID="${JOBS[oom]}" | sed 's/^/    /'
+  echo "  geco's side of the story (geco journal ${JOBS[oom]}; journalctl JOB_ID=${JOBS[oom]} has every field):"
+  /opt/geco/venv/bin/geco journal "${JOBS[oom]}" | sed 's/^/    /' || true
+
+  say "what each job used (the epilog's job-end accounting, from geco journal)"
+  for name in "${ORDER[@]}"; do
+    /opt/geco/venv/bin/geco journal "${JOBS[$name]}" 2>&1 | grep -E '^job [0-9.]+( ended|: no job-end)' \
+      | sed "s/^/  $name: /" || echo "  $name: no journal entries"
+  done
 fi
 
 say "done"
