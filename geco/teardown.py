@@ -67,6 +67,9 @@ class StuckProcess:
         when unknown.
     cgroup: where in the job it is: ``""`` the job's own cgroup, ``"stuck"`` a
         sub-cgroup of that name (see :meth:`~geco.cgroup.Backend.relative_cgroup`).
+    frozen: that sub-cgroup is frozen (v1 ``freezer.state`` FROZEN): the SIGKILL
+        waits until someone thaws it. The kernel shows such a task as ``D``, which an
+        admin would otherwise read as waiting on I/O.
     """
 
     pid: int
@@ -74,6 +77,7 @@ class StuckProcess:
     command: str
     wchan: str
     cgroup: str
+    frozen: bool = False
 
     @property
     def brief(self) -> str:
@@ -87,6 +91,8 @@ class StuckProcess:
             text += f" in {self.wchan}"
         if self.cgroup:
             text += f", cgroup {self.cgroup}"
+        if self.frozen:
+            text += " (frozen: the SIGKILL waits for a thaw)"
         return text
 
 
@@ -194,7 +200,24 @@ def _describe(key: str, backend: Backend, pid: int) -> StuckProcess:
     except GecoError:
         where = ""
     return StuckProcess(pid, procinfo.state(pid, backend.proc), procinfo.command(pid, backend.proc),
-                        procinfo.wchan(pid, backend.proc), where)
+                        procinfo.wchan(pid, backend.proc), where,
+                        _frozen_sub_cgroup(key, backend, where))
+
+
+def _frozen_sub_cgroup(key: str, backend: Backend, where: str) -> bool:
+    """True when the v1 freezer sub-cgroup ``where`` of the job is FROZEN (or freezing).
+
+    Only v1 needs the word: a cgroup v2 freezer lets SIGKILL through, so a frozen
+    v2 sub-cgroup never keeps a job alive.
+    """
+    freezer = backend.paths(key).get("freezer") if backend.version == 1 else None
+    if not where or freezer is None:
+        return False
+    try:
+        state = (freezer / where / "freezer.state").read_bytes()
+    except OSError:  # not a freezer sub-cgroup (the deepest one was in another controller)
+        return False
+    return state.startswith((b"FROZEN", b"FREEZING"))
 
 
 def _report_stuck(key: str, stuck: tuple[StuckProcess, ...], error: str, killed: int,

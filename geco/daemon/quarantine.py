@@ -360,6 +360,9 @@ def _ensure_cgroups(key: str, req: Request, job_dir: Path, ctx: Context) -> tupl
             raise _Refused(AckStatus.FAILED,
                           f"job {key} has no slots on this host ({ctx.hostname}); its hosts: "
                           f"{', '.join(n.name for n in rs.nodes) or 'none'}")
+        # the GECO parents may have gone since gecod started (an admin's cleanup
+        # script, a hierarchy remounted): make them again, as every prolog does
+        backend.ensure_root()
         limits = containment.contain(key, node, backend, state_dir=cfg.state_dir,
                                      hardware_threads=cfg.hardware_threads,
                                      topology=ctx.topology, active_jobs=job_dir.parent)

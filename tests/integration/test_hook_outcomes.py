@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from livekit import running
 
 pytestmark = pytest.mark.sge
 
@@ -30,15 +31,6 @@ def run(argv: list[str], check: bool = True) -> None:
                    env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"})
 
 
-
-
-def running(pid: int) -> bool:
-    """True unless the process is gone or dead (a zombie waiting for init counts as dead)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except FileNotFoundError:
-        return False
-    return stat[stat.rindex(b")") + 2:][:1] not in (b"Z", b"X")
 
 
 def no_queue_in_error(sge: Any) -> bool:

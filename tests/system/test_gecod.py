@@ -480,6 +480,23 @@ def test_a_traced_job_gets_gecods_lines_in_its_trace_file_and_others_get_none(
     assert not (node.base / "trace" / f"{plain}.1.trace").exists()
 
 
+def test_a_geco_parent_removed_while_gecod_runs_is_made_again_for_the_next_job(
+        node: Node, gecod: Gecod) -> None:
+    """Given gecod running and its empty GECO parent cgroups removed behind its back (an
+    admin's cleanup script), when a job's process asks, then it is contained all the same."""
+    for c in CONTROLLERS:
+        parent = CGROUP_ROOT / c / node.name
+        assert not [d for d in parent.iterdir() if d.is_dir()], parent  # no job left in it
+        parent.rmdir()
+    job = new_job()
+    node.make_job(job)
+    p = node.job_process(job)
+
+    assert p.answer() == "OK"
+    assert all(v == f"/{node.name}/{job}.1" for c, v in p.cgroups().items()
+               if c in CONTROLLERS)
+
+
 def test_a_second_process_of_the_same_job_shares_its_cgroups(
         node: Node, gecod: Gecod, journal: Any) -> None:
     """Given a job already quarantined, when a PE task's process (cwd the task dir below the

@@ -235,7 +235,7 @@ def test_given_a_process_in_a_self_frozen_sub_cgroup_when_torn_down_then_it_esca
     assert not result.clean
     assert result.killed == 1
     assert result.stuck == (StuckProcess(child.pid, "D (disk sleep)", "sleep",
-                                         "" if wchan == "0" else wchan, "stuck"),)
+                                         "" if wchan == "0" else wchan, "stuck", frozen=True),)
     assert result.queue_disabled == "all.q@node7"
     assert result.error == ""
     assert all(p.is_dir() for p in backend.paths(key).values())
@@ -243,6 +243,8 @@ def test_given_a_process_in_a_self_frozen_sub_cgroup_when_torn_down_then_it_esca
     assert qmod[1].read_text() == "-d all.q@node7\n"
     [stuck] = journal_log.entries(JOB_ID=str(job), GECO_EVENT="cleanup-stuck")
     brief = result.stuck[0].brief
+    assert result.stuck[0].describe().endswith(
+        ", cgroup stuck (frozen: the SIGKILL waits for a thaw)")
     assert brief == f"{child.pid}:D:{wchan if wchan != '0' else '?'}"
     assert {k: stuck[k] for k in ("PIDS", "STATES", "PRIORITY", "CLEANED_BY", "KILLED")} == {
         "PIDS": str(child.pid), "STATES": brief, "PRIORITY": "3", "CLEANED_BY": "epilog",

@@ -42,6 +42,7 @@ class FakeBackend:
     destroy_error: CgroupError | None = None
     where: str | None = "stuck"
     calls: list[str] = dataclasses.field(default_factory=list)
+    version: int = 2  # no v1 freezer to ask whether the sub-cgroup is frozen
 
     def exists(self, key: str) -> bool:
         return self.exists_

@@ -1,0 +1,169 @@
+"""What the Grid Engine tests of a job's end share: site configuration edits, adopted
+processes (joined to a job's cgroups from outside Grid Engine, as an ssh session would
+be), job cgroup paths, waiting."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+SITE_CONFIG = Path("/etc/geco/geco.toml")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+
+
+def sh(argv: list[str], check: bool = True,
+       timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run a command with a clean environment; raise with its output when check fails."""
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=CLEAN_ENV)
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} exited {proc.returncode}: {proc.stdout}{proc.stderr}")
+    return proc
+
+
+def toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return json.dumps(str(value))
+
+
+def with_setting(toml: str, section: str, key: str, value: object) -> str:
+    """The configuration text with ``[section] key = value``: the key replaced where the
+    section has it, else added right under the section's header, else a new section
+    (never a second copy of a key: that would make the file invalid TOML)."""
+    lines = toml.splitlines()
+    line = f"{key} = {toml_value(value)}"
+    current, header = None, None
+    for i, text in enumerate(lines):
+        found = re.match(r"^\s*\[([^\]]+)\]\s*(#.*)?$", text)
+        if found:
+            current = found.group(1).strip()
+            if current == section and header is None:
+                header = i
+            continue
+        if current == section and re.match(rf"^\s*{re.escape(key)}\s*=", text):
+            lines[i] = line
+            return "\n".join(lines) + "\n"
+    if header is not None:
+        lines.insert(header + 1, line)
+        return "\n".join(lines) + "\n"
+    return "\n".join([*lines, "", f"[{section}]", line]) + "\n"
+
+
+@contextlib.contextmanager
+def site_settings(settings: Mapping[tuple[str, str], object],
+                  gecod: Any = None) -> Iterator[None]:
+    """Set ``{(section, key): value}`` in /etc/geco/geco.toml (what hooks and gecod read;
+    the hooks never read $GECO_CONFIG) for the with-block, then restore the file byte for
+    byte. With *gecod* (a conftest.Gecod), gecod is restarted after each change: a restart
+    re-reads everything, including timers a SIGHUP would not re-arm."""
+    saved = SITE_CONFIG.read_bytes()
+    text = saved.decode()
+    for (section, key), value in settings.items():
+        text = with_setting(text, section, key, value)
+    SITE_CONFIG.write_text(text)
+    try:
+        if gecod is not None:
+            gecod.stop()
+            gecod.start()
+        yield
+    finally:
+        SITE_CONFIG.write_bytes(saved)
+        if gecod is not None:
+            gecod.stop()
+            gecod.start()
+
+
+def job_cgroups(key: str) -> dict[str, Path]:
+    """``{controller: directory}`` of the job's cgroups that exist (v1: one per hierarchy)."""
+    found = {}
+    for hierarchy in sorted(CGROUP_ROOT.iterdir()):
+        path = hierarchy / "GECO" / key
+        if path.is_dir():
+            found[hierarchy.name] = path
+    return found
+
+
+def wait_for_cgroups(key: str, timeout: float = 60) -> dict[str, Path]:
+    """Wait until the job's freezer and memory cgroups exist (made by gecod or the prolog)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        dirs = job_cgroups(key)
+        if {"freezer", "memory"} <= set(dirs) and (dirs["memory"] / "cgroup.procs").read_text():
+            return dirs
+        assert time.monotonic() < deadline, f"job {key} got no populated cgroups in {timeout} s"
+        time.sleep(0.1)
+
+
+def running(pid: int) -> bool:
+    """True unless the process is gone or dead (a zombie counts as dead)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except FileNotFoundError:
+        return False
+    return stat[stat.rindex(b")") + 2:][:1] not in (b"Z", b"X")
+
+
+def wait_until(condition: Any, timeout: float, what: str, step: float = 0.2) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} not within {timeout} s"
+        time.sleep(step)
+
+
+class Adopted:
+    """A process of the job's owner that joins a job's cgroups from outside Grid Engine
+    (as an adopted ssh session does): it lacks the job's additional group id, so Grid
+    Engine cannot find it. ``runuser`` stays its parent and reaps it when it dies."""
+
+    def __init__(self, owner: Any) -> None:
+        self.runuser = subprocess.Popen(
+            ["runuser", "-u", owner.name, "--", "setsid", "sleep", "600"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True, env=CLEAN_ENV)
+        children = Path(f"/proc/{self.runuser.pid}/task/{self.runuser.pid}/children")
+        deadline = time.monotonic() + 10
+        # runuser forks once and execs `setsid sleep` (setsid then execs sleep in place)
+        while not (children.read_text().split() and self._is_sleep()):
+            assert time.monotonic() < deadline, "runuser did not start sleep"
+            time.sleep(0.05)
+        self.pid = int(children.read_text().split()[0])
+
+    def _is_sleep(self) -> bool:
+        kids = Path(f"/proc/{self.runuser.pid}/task/{self.runuser.pid}/children")
+        pid = kids.read_text().split()[0]
+        return Path(f"/proc/{pid}/comm").read_text().strip() == "sleep"
+
+    def join(self, dirs: Mapping[str, Path]) -> None:
+        """Write the process into each of these cgroup directories."""
+        for path in dirs.values():
+            (path / "cgroup.procs").write_text(str(self.pid))
+
+    def end(self) -> None:
+        """Kill it (if still alive) and its runuser parent; reap runuser."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+        self.runuser.kill()
+        self.runuser.wait(timeout=30)
+
+
+def queue_instance(sge: Any) -> str:
+    return f"{sge.queue}@{sge.host}"
+
+
+def no_queue_in_error(sge: Any) -> dict[str, str]:
+    return {q: s for q, s in sge.queue_states().items() if "E" in s}
+
+
+def events_of(journal: Any, job: int) -> list[str]:
+    return [e["GECO_EVENT"] for e in journal.entries(JOB_ID=str(job)) if "GECO_EVENT" in e]
