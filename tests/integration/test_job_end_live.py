@@ -57,6 +57,31 @@ BURN = ("/usr/bin/python3 -c 'import time\nt = time.process_time()\n"
 # 1. a leftover process Grid Engine cannot find: killed, cgroups gone, accounted
 # ---------------------------------------------------------------------------
 
+def test_a_daemonized_child_grid_engine_leaves_running_is_killed_and_journaled(
+        sge: Any, job_dir: Any, journal: Any) -> None:
+    """Given a site without Grid Engine's additional-group-id kill (execd_params
+    ENABLE_ADDGRP_KILL=false, as many sites run) and a job that double-forks a daemon into
+    its own session and exits, when the job ends, then the daemon is dead all the same, the
+    job's cgroups are gone, and the epilog's job-end entry counts it (KILLED=1)."""
+    sge.configure(SGE_EXECD_PARAMS="ENABLE_ADDGRP_KILL=false")
+    try:
+        job = job_dir.submit("daemonize", script=(
+            "setsid sh -c 'sleep 300 </dev/null >/dev/null 2>&1 & echo $!' > daemon.pid\n"
+            "sleep 1\n"))
+        [record] = sge.wait_finished(job, timeout=90)
+        [end] = journal.wait_for(10, JOB_ID=str(job), GECO_EVENT="job-end")
+    finally:
+        sge.configure()
+    daemon = int((job_dir.path / "daemon.pid").read_text())
+
+    assert record["exit_status"] == "0"
+    assert not running(daemon)
+    assert job_cgroups(f"{job}.1") == {}
+    assert (end["KILLED"], end["CLEANED_BY"], end["SYSLOG_IDENTIFIER"]) == (
+        "1", "epilog", "geco-epilog")
+
+
+
 def test_a_process_grid_engine_cannot_find_is_killed_and_the_job_end_is_accounted(
         sge: Any, job_dir: Any, job_owner: Any, journal: Any) -> None:
     """Given a job that burns ~1 s of CPU and a process of its owner that joined its
