@@ -31,8 +31,8 @@ from geco.config import Config
 from geco.hooks import Exit
 from geco.resource import NodeResources, ResourceSet, short_hostname
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from conftest import JobOwner  # type: ignore[import-not-found]
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo: tests.conftest
+from tests.conftest import JobOwner  # not "conftest": tests/integration has one too
 
 pytestmark = [pytest.mark.root,
               pytest.mark.skipif(os.geteuid() != 0,
