@@ -64,11 +64,11 @@ def new_job() -> int:
 
 @dataclass
 class ReaperNode(Node):
-    """test_gecod's node, with the [log] and [epilog] settings the reaper reads."""
+    """test_gecod's node, with the [epilog] settings the reaper reads."""
 
     @property
     def trace_dir(self) -> Path:
-        return self.base / "trace"
+        return self.base / "trace"  # what test_gecod's configuration sets (trace_keep_days 14)
 
     @property
     def qstat_log(self) -> Path:
@@ -78,8 +78,7 @@ class ReaperNode(Node):
                      **gecod: str) -> Path:
         path = super().write_config(tag, sock, qstat, **gecod)
         with path.open("a") as f:
-            f.write(f'[log]\ntrace_dir = "{self.trace_dir}"\ntrace_keep_days = 14\n'
-                    "[epilog]\nkill_timeout = 5.0\ndisable_queue_on_stuck = false\n")
+            f.write("[epilog]\nkill_timeout = 5.0\ndisable_queue_on_stuck = false\n")
         return path
 
     def qstat_script(self, name: str, body: str) -> str:
