@@ -1,0 +1,263 @@
+"""Append to a job's stderr file as the job's owner, never as root.
+
+:func:`stderr_target` finds the file from the job's execd spool dir;
+:func:`append_to_owner_file` writes it from a child process that has dropped
+to the owner, so a path the user chose cannot make root write elsewhere. It
+blocks (a fork per call, a hung file system costs up to its timeout): run it
+in a worker. gecod needs CAP_SETUID and CAP_SETGID for it, and the owners'
+output files writable in its mount namespace (no
+``ProtectHome=``/``ProtectSystem=strict`` over them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import pwd
+import select
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from geco import sgejob
+from geco.errors import GecoError
+
+__all__ = ["StderrTarget", "append_to_owner_file", "stderr_target"]
+
+
+# ---------------------------------------------------------------------------
+# the job's stderr file, written as its owner
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StderrTarget:
+    """Where the job's stderr goes, and whose it is.
+
+    Attributes
+    ----------
+    path: the file; or, when it came from ``-e <dir>`` (the default: the
+        working directory), the directory the file is in.
+    name_in_dir: the file's name when ``path`` is a directory
+        (``<job_name>.e<job_id>[.<task>]``, as sge_shepherd names it); ""
+        when ``path`` is known to be the file.
+    owner: the job owner's user name (``job_owner`` in the spooled config).
+    """
+
+    path: Path
+    name_in_dir: str
+    owner: str
+
+
+def _read_env(path: Path) -> dict[bytes, bytes]:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise GecoError.from_oserror("cannot read the job's spooled environment", exc,
+                                     path=path) from exc
+    return sgejob.parse_key_values(data)
+
+
+def stderr_target(spool_dir: Path) -> StderrTarget | None:
+    """Return where the job's stderr goes, from its execd spool dir (``active_jobs/<job>.<task>``).
+
+    ``SGE_STDERR_PATH`` (``SGE_STDOUT_PATH`` when ``merge_stderr`` is 1, i.e.
+    ``-j y``) from the spooled ``environment`` when it is there. Son of Grid
+    Engine 8.1.9 does not spool those (sge_shepherd sets them for the job
+    only), so then ``stderr_path``/``stdout_path`` from the spooled
+    ``config``: a file, or a directory in which sge_shepherd names the file
+    ``<job_name>.e<job_id>`` (``.<task>`` for array tasks). Whether it is a
+    directory is decided when writing, as the owner: root may not even see
+    into an NFS home (root_squash).
+
+    Returns
+    -------
+    The target, or None when the job's stderr goes to ``/dev/null`` or nowhere.
+
+    Raises
+    ------
+    GecoError
+        when the spool's ``config`` cannot be read or names no ``job_owner``.
+    """
+    config = sgejob.read_config(spool_dir)
+    owner = config.get("job_owner", "")
+    if not owner:
+        raise GecoError("the job's spooled config names no job_owner",
+                        path=spool_dir / "config")
+    merged = config.get("merge_stderr", "0").strip().lower() in ("1", "true", "yes", "y")
+    env = _read_env(spool_dir / "environment")
+    from_env = env.get(b"SGE_STDOUT_PATH" if merged else b"SGE_STDERR_PATH", b"")
+    if from_env:
+        path = Path(os.fsdecode(from_env))
+        return None if path == Path("/dev/null") else StderrTarget(path, "", owner)
+    raw = config.get("stdout_path" if merged else "stderr_path", "")
+    if not raw or Path(raw) == Path("/dev/null"):
+        return None
+    path = Path(raw)
+    if not path.is_absolute():
+        path = Path(config.get("cwd", "/")) / path
+    task = config.get("ja_task_id", "0")
+    name = f"{config.get('job_name', '')}.{'o' if merged else 'e'}{config.get('job_id', '')}"
+    if task not in ("", "0"):
+        name += f".{task}"
+    return StderrTarget(path, name, owner)
+
+
+_APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY
+_WHY = {errno.ENOENT: "the file is gone, and geco never creates one",
+        errno.ELOOP: "it is a symbolic link, which geco does not follow",
+        errno.EACCES: "the job owner may not write it",
+        errno.EPERM: "the job owner may not write it",
+        errno.EISDIR: "it is a directory",
+        errno.ENOTDIR: "a part of the path is not a directory"}
+
+
+def _append_child(result: int, path: bytes, alternative: bytes, data: bytes, uid: int,
+                  gid: int) -> None:
+    """The forked child: become the owner, append; report ``ok <n>`` or ``<errno> <step> <n>``.
+
+    ``<n>`` says which path it was at: 0 = ``path``, 1 = ``alternative``.
+    """
+    step, which = "setgroups", 0
+    # gecod's signal wake-up fd is inherited: a signal sent to this child (it
+    # runs as the user, who may signal it) must not look like one to gecod
+    signal.pthread_sigmask(signal.SIG_SETMASK, signal.valid_signals())
+    try:
+        os.setgroups([])
+        step = "setgid"
+        os.setgid(gid)
+        step = "setuid"
+        os.setuid(uid)
+        step = "open"
+        try:
+            fd = os.open(path, _APPEND_FLAGS)
+        except IsADirectoryError:
+            if not alternative:
+                raise
+            which = 1
+            fd = os.open(alternative, _APPEND_FLAGS)
+        step = "write"
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.close(fd)
+        os.write(result, f"ok {which}".encode("ascii"))
+    except OSError as exc:
+        os.write(result, f"{exc.errno or 0} {step} {which}".encode("ascii"))
+
+
+def append_to_owner_file(path: Path, text: str, uid: int, gid: int, *, name_in_dir: str = "",
+                         timeout: float = 10.0) -> Path:
+    """Append ``text`` to the owner's file ``path``, with the owner's rights only.
+
+    A child process drops to the owner (no supplementary groups, ``gid``,
+    ``uid``) before it opens the file with ``O_APPEND|O_NOFOLLOW`` and without
+    ``O_CREAT``: geco never creates a file, never follows a symbolic link the
+    user put in the file's place, and cannot write anything the owner could
+    not -- a path the user chose cannot make root write elsewhere. A hung file
+    system (NFS) costs at most ``timeout``.
+
+    Parameters
+    ----------
+    path: the file, or a directory when ``name_in_dir`` is given.
+    text: appended as UTF-8, as it is (add the newline yourself).
+    uid, gid: the owner's ids.
+    name_in_dir: when ``path`` turns out to be a directory, append to
+        ``path/name_in_dir`` instead.
+    timeout: seconds to wait for the child; it is then killed.
+
+    Returns
+    -------
+    The file written to.
+
+    Raises
+    ------
+    GecoError
+        naming the path and the reason (gone, a symbolic link, not writable
+        by the owner, a directory, timed out); never an ``OSError``.
+    """
+    alternative = path / name_in_dir if name_in_dir else None
+    data = text.encode("utf-8", "surrogateescape")
+    # everything the child needs is prepared here: it only makes system calls
+    raw_path = os.fsencode(path)
+    raw_alternative = os.fsencode(alternative) if alternative is not None else b""
+    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        os.close(read_end)
+        os.close(write_end)
+        raise GecoError.from_oserror(f"cannot fork to append to {path}", exc,
+                                     path=path) from exc
+    if pid == 0:  # the child: never returns
+        code = 1
+        try:
+            os.close(read_end)
+            _append_child(write_end, raw_path, raw_alternative, data, uid, gid)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    try:
+        ready, _, _ = select.select([read_end], [], [], timeout)
+        answer = os.read(read_end, 64) if ready else None
+    finally:
+        os.close(read_end)
+    if answer is None:
+        _kill_and_reap(pid)
+        raise GecoError(f"cannot append to {path} as uid {uid}: no answer within "
+                        f"{timeout:g} s (a hung file system?); the writer was killed",
+                        path=path, uid=uid)
+    _reap(pid)
+    fields = answer.decode("ascii", "replace").split()
+    if not fields:
+        raise GecoError(f"cannot append to {path} as uid {uid}: the writer exited without "
+                        f"an answer", path=path, uid=uid)
+    if len(fields) == 2 and fields[0] == "ok":
+        return alternative if fields[1] == "1" and alternative is not None else path
+    code = int(fields[0]) if fields[0].isdigit() else 0
+    step = fields[1] if len(fields) > 1 else "start"
+    where = alternative if fields[2:] == ["1"] and alternative is not None else path
+    cause = OSError(code, os.strerror(code) if code else "the writer died")
+    err = GecoError.from_oserror(f"cannot append to {where} as uid {uid} ({step})", cause,
+                                 path=where, uid=uid)
+    why = _WHY.get(code, "") if step in ("open", "write") else ""
+    if why:
+        err = GecoError(f"{err.msg}; {why}", **err.fields)
+    raise err from cause
+
+
+def _reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+
+
+def _kill_and_reap(pid: int) -> None:
+    """SIGKILL the writer; reap it now, or in a thread when it is stuck in the kernel (NFS)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if done:
+            return
+        time.sleep(0.01)
+    threading.Thread(target=_reap, args=(pid,), name=f"geco-oom-reap-{pid}",
+                     daemon=True).start()
+
+
+def _owner_ids(user: str) -> tuple[int, int]:
+    try:
+        pw = pwd.getpwnam(user)
+    except KeyError:
+        raise GecoError(f"the job owner {user!r} is not a known user on this node",
+                        user=user) from None
+    return pw.pw_uid, pw.pw_gid
