@@ -1,10 +1,12 @@
 """Helpers shared by the cgroup backend tests on real kernels.
 
-Used by ``tests/system/test_cgroup_v1.py`` (this host's v1 hierarchies) and
-``tests/vm/test_cgroup_v2.py`` (inside the QEMU machine). Standard library
-only, and no pytest fixtures: the guest runs tests/vm with a bare python3 and
-pytest, ``--noconftest``, so this is a plain module those tests put on
-sys.path themselves. Nothing here uses the code under test: cleanup is plain
+Used by ``tests/system/test_cgroup_v1.py`` (this host's v1 hierarchies), the
+other tests/system modules that make job cgroups, and ``tests/vm/test_cgroup_v2.py``
+(inside the QEMU machine). Standard library only (geco's own modules are imported
+where a helper needs them), and no pytest fixtures: the guest runs tests/vm with a
+bare python3 and pytest, ``--noconftest``, so this is a plain module those tests
+put on sys.path themselves; their fixtures are thin wrappers of the context
+managers here. Nothing here uses the code under test: cleanup is plain
 syscalls, so a broken backend cannot leak cgroups or processes.
 
 A test forks a :class:`Child`, moves it into a job cgroup, then lets it run one
@@ -23,9 +25,12 @@ import select
 import signal
 import struct
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from geco.cgroup import Hierarchy, V1Backend
 
 __all__ = [
     "Child",
@@ -35,22 +40,32 @@ __all__ = [
     "cpu_list",
     "eventually",
     "fork_forever",
+    "forked_children",
     "fresh_name",
+    "parent_name",
     "parse_list",
     "raw_cleanup",
     "read",
     "reap",
     "report_affinity",
+    "spin",
     "start_in",
+    "usable_v1_hierarchies",
+    "usage_after_kill",
+    "v1_backend",
 ]
 
 _names = itertools.count()
 
 
 class _Backend(Protocol):
-    """What :func:`start_in` needs of a cgroup backend (V1Backend and V2Backend both)."""
+    """What the helpers here need of a cgroup backend (V1Backend and V2Backend both)."""
 
     def add_pid(self, key: str, pid: int) -> None: ...
+
+    def wait_empty(self, key: str, timeout: float) -> bool: ...
+
+    def usage(self, key: str) -> dict[str, int]: ...
 
 
 class Child:
@@ -123,6 +138,19 @@ def start_in(backend: _Backend, key: str, body: Callable[[int], None],
     return child
 
 
+def usage_after_kill(backend: _Backend, key: str, child: Child,
+                     timeout: float) -> dict[str, int]:
+    """SIGKILL ``child``, wait up to ``timeout`` seconds until job ``key`` has no process
+    left, then return the job's usage: what its cgroup keeps after its processes."""
+    os.kill(child.pid, signal.SIGKILL)
+    code = child.wait()
+    if code != -signal.SIGKILL:
+        raise AssertionError(f"child {child.pid} was SIGKILLed but its exit code is {code}")
+    if not backend.wait_empty(key, timeout):
+        raise AssertionError(f"job {key} still has processes {timeout} s after the SIGKILL")
+    return backend.usage(key)
+
+
 # -- bodies for a Child -------------------------------------------------------
 
 
@@ -149,6 +177,20 @@ def fork_forever(out: int) -> None:
                 os._exit(0)
         except OSError:
             time.sleep(0.001)
+
+
+def spin(seconds: float) -> Callable[[int], None]:
+    """A body that burns ``seconds`` of its own CPU time in user space, says so, then sleeps."""
+    def body(out: int) -> None:
+        # reading the clock is a system call: look at it only every 100000 additions
+        n = 0
+        while time.process_time() < seconds:
+            for _ in range(100_000):
+                n += 1
+        os.write(out, b"spun")
+        os.close(out)
+        time.sleep(300)
+    return body
 
 
 def counter_body(counter: mmap.mmap) -> Callable[[int], None]:
@@ -215,6 +257,42 @@ def reap(pids: Iterable[int]) -> None:
             os.waitpid(pid, 0)
         except (ProcessLookupError, ChildProcessError):
             pass
+
+
+@contextlib.contextmanager
+def forked_children() -> Iterator[list[int]]:
+    """The registry of a test's forked pids (a :class:`Child` adds its own); on exit each
+    one still there is SIGKILLed and reaped (:func:`reap`). What a test's ``children``
+    fixture yields."""
+    pids: list[int] = []
+    try:
+        yield pids
+    finally:
+        reap(pids)
+
+
+@contextlib.contextmanager
+def parent_name(mount_points: Iterable[Path]) -> Iterator[str]:
+    """A :func:`fresh_name` for a test's cgroup parent; on exit whatever was made under
+    that name below any of ``mount_points`` is removed (:func:`raw_cleanup`)."""
+    tops = list(mount_points)
+    name = fresh_name()
+    try:
+        yield name
+    finally:
+        raw_cleanup(top / name for top in tops)
+
+
+@contextlib.contextmanager
+def v1_backend(hierarchies: Mapping[str, Hierarchy], **options: Any) -> Iterator[V1Backend]:
+    """A V1Backend (``options``: its keyword arguments) on a fresh parent in ``hierarchies``,
+    its root made; the parent and all below it removed on exit (:func:`parent_name`)."""
+    from geco.cgroup import V1Backend  # here, not at the top: the VM's v2 tests never call this
+
+    with parent_name(h.mount_point for h in hierarchies.values()) as name:
+        backend = V1Backend(hierarchies, name, **options)
+        backend.ensure_root()
+        yield backend
 
 
 def _write(path: Path, data: bytes) -> None:

@@ -25,6 +25,16 @@
     for quick re-runs. Sessions that overlap share one cluster: a session never stops
     daemons another running session uses.
 
+``journal_log``
+    The ``journal``, with geco's loggers sending INFO and up to it while the test runs.
+
+``restored_geco_logger``
+    The ``geco`` logger restored afterwards (handlers, level, propagation,
+    ``logging.raiseExceptions``) -- for tests that call ``geco.log.setup()``. The plain
+    helpers behind these (:func:`restored_logger`, :func:`handler_on`,
+    :class:`RecordingHandler`) are imported as ``from tests.conftest import ...``
+    (a bare ``conftest`` may be tests/integration's or tests/system's).
+
 ``job_owner``
     The unprivileged user ``gecotest`` (uid >= 1000; Grid Engine refuses jobs of
     system accounts) with its home directory, and ``job_owner.make_dir()`` for
@@ -36,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import pwd
 import re
@@ -226,6 +237,78 @@ def journal() -> Iterator[Journal]:
                 # (geco.log checks for the socket) that refuses every message.
                 if not run_dir_existed:
                     shutil.rmtree(JOURNAL_SOCKET.parent, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------
+# geco's loggers
+# ---------------------------------------------------------------------------
+
+class RecordingHandler(logging.Handler):
+    """Keeps every record it gets, whatever its level, in ``records``."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@contextlib.contextmanager
+def handler_on(logger_name: str, handler: logging.Handler) -> Iterator[None]:
+    """``handler`` on the logger ``logger_name``, set to DEBUG, until exit; then the handler
+    is taken off again and the logger's level restored."""
+    logger = logging.getLogger(logger_name)
+    old_level = logger.level
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+
+
+@contextlib.contextmanager
+def restored_logger(name: str = "geco") -> Iterator[logging.Logger]:
+    """The logger ``name``, restored on exit to what it was on entry: its handlers (those
+    added meanwhile closed), level and propagation, and ``logging.raiseExceptions``
+    -- geco.log.setup() changes all four."""
+    logger = logging.getLogger(name)
+    saved = (list(logger.handlers), logger.level, logger.propagate, logging.raiseExceptions)
+    try:
+        yield logger
+    finally:
+        for handler in list(logger.handlers):
+            if handler not in saved[0]:
+                handler.close()
+        logger.handlers[:] = saved[0]
+        logger.setLevel(saved[1])
+        logger.propagate = saved[2]
+        logging.raiseExceptions = saved[3]
+
+
+@pytest.fixture
+def restored_geco_logger() -> Iterator[logging.Logger]:
+    """Undo geco.log.setup() afterwards: it replaces the handlers of the whole ``geco`` tree."""
+    with restored_logger("geco") as logger:
+        yield logger
+
+
+@pytest.fixture
+def journal_log(journal: Journal, request: pytest.FixtureRequest) -> Iterator[Journal]:
+    """geco's loggers send INFO and up to the session's journald while the test runs, as
+    ``geco-test-<module>`` (``geco-test-oom`` for test_oom.py)."""
+    from geco import log  # here, not at the top: the services above need no geco
+
+    module = request.module.__name__.rpartition(".")[2].removeprefix("test_")
+    handler = log.JournalHandler(f"geco-test-{module}", str(journal.socket))
+    handler.setLevel(logging.INFO)
+    try:
+        with handler_on("geco", handler):
+            yield journal
+    finally:
+        handler.close()
 
 
 # ---------------------------------------------------------------------------

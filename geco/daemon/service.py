@@ -61,6 +61,10 @@ EXIT_OK, EXIT_FAILED = 0, 1
 _SYSTEMD_RUN_DIR = Path("/run/systemd/system")
 # Seconds SIGTERM waits for requests already in a worker to be answered.
 _DRAIN_GRACE = 10.0
+# Held back from the first line until the loop handles them: a SIGTERM between
+# listen() and the handlers would otherwise kill gecod the default way, leaving
+# its socket file behind and its workers unjoined.
+_HANDLED_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
 # Settings a SIGHUP cannot change in a running gecod (sockets, threads, cgroup
 # layout and the replay window are set up once); a change is logged instead.
 _RESTART_ONLY = ("gecod_socket", "gecod_max_skew", "gecod_workers", "gecod_granularity",
@@ -258,6 +262,7 @@ class Daemon:
         self.loop.add_signal(signal.SIGTERM, self._on_stop_signal)
         self.loop.add_signal(signal.SIGINT, self._on_stop_signal)
         self.loop.add_signal(signal.SIGHUP, self._on_reload)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _HANDLED_SIGNALS)  # pending ones arrive now
         interval = _watchdog_interval()
         if interval is not None:
             self.loop.add_timer(interval, self._watchdog, repeat=interval)
@@ -316,6 +321,7 @@ def _stderr_level(chosen: str | None, cfg: _config.Config) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run gecod with parsed arguments (``geco daemon`` calls this); return the exit status."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED_SIGNALS)  # worker threads inherit it
     path = Path(args.config or os.environ.get("GECO_CONFIG") or _config.DEFAULT_PATH)
     log.setup(args.log_level or "error", identifier="gecod")  # until the config is read
     try:

@@ -2,29 +2,13 @@
 
 from __future__ import annotations
 
-import logging
 import uuid
-from collections.abc import Iterator
 
-import pytest
 from systemd import journal as sd_journal
 
 from geco import log as geco_log
 
-
-@pytest.fixture
-def restored_geco_logger() -> Iterator[None]:
-    """Undo geco.log.setup() afterwards: it replaces the handlers of the whole ``geco`` tree."""
-    logger = logging.getLogger("geco")
-    saved = (list(logger.handlers), logger.level, logger.propagate, logging.raiseExceptions)
-    yield
-    for handler in list(logger.handlers):
-        if handler not in saved[0]:
-            handler.close()
-    logger.handlers[:] = saved[0]
-    logger.setLevel(saved[1])
-    logger.propagate = saved[2]
-    logging.raiseExceptions = saved[3]
+# restored_geco_logger: tests/conftest.py
 
 
 def test_entry_sent_with_systemd_python_is_found_by_its_job_id(journal):

@@ -37,8 +37,8 @@ from geco.cgroup import (
 )
 from geco.errors import CgroupError
 
-# pytest puts only this file's own directory on sys.path, and no conftest may
-# help (tests/vm, the other user of cgroup_testkit, runs with --noconftest)
+# pytest puts only this file's own directory on sys.path; tests/ is added here, not
+# left to a conftest (tests/vm, the other user of cgroup_testkit, runs with --noconftest)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cgroup_testkit import (
     allocate,
@@ -47,14 +47,14 @@ from cgroup_testkit import (
     cpu_list,
     eventually,
     fork_forever,
-    fresh_name,
+    parent_name,
     parse_list,
-    raw_cleanup,
     read,
-    reap,
     report_affinity,
+    spin,
     start_in,
     usable_v1_hierarchies,
+    usage_after_kill,
 )
 
 MiB = 1 << 20
@@ -106,16 +106,11 @@ def exec_shell(script: str) -> Callable[[int], None]:
 @pytest.fixture
 def name() -> Iterator[str]:
     """A fresh parent name; whatever is created under it in any controller is removed after."""
-    n = fresh_name()
-    yield n
-    raw_cleanup(h.mount_point / n for h in HIER.values())
+    with parent_name(h.mount_point for h in HIER.values()) as n:
+        yield n
 
 
-@pytest.fixture
-def children() -> Iterator[list[int]]:
-    pids: list[int] = []
-    yield pids
-    reap(pids)
+# children: tests/system/conftest.py
 
 
 @pytest.fixture
@@ -532,20 +527,6 @@ def test_given_a_process_in_the_job_itself_then_its_relative_cgroup_is_empty(
 # -- CPU time -----------------------------------------------------------------
 
 
-def spin(seconds: float) -> Callable[[int], None]:
-    """A body that burns ``seconds`` of its own CPU time in user space, says so, then sleeps."""
-    def body(out: int) -> None:
-        # reading the clock is a system call: look at it only every 100000 additions
-        n = 0
-        while time.process_time() < seconds:
-            for _ in range(100_000):
-                n += 1
-        os.write(out, b"spun")
-        os.close(out)
-        time.sleep(300)
-    return body
-
-
 def test_given_cpuacct_when_a_child_spins_then_the_job_is_charged_and_keeps_it_after_exit(
         backend: V1Backend, children: list[int]) -> None:
     if "cpuacct" not in backend.controllers:
@@ -562,10 +543,7 @@ def test_given_cpuacct_when_a_child_spins_then_the_job_is_charged_and_keeps_it_a
     # the kernel samples user/system per tick: allow one 10 ms tick either way
     assert 200_000 < running["cpu_user_usec"] <= (lived + 0.01) * 1_000_000
     assert running["cpu_system_usec"] >= 0
-    os.kill(child.pid, signal.SIGKILL)
-    assert child.wait() == -signal.SIGKILL
-    assert backend.wait_empty("17.1", 10)
-    gone = backend.usage("17.1")
+    gone = usage_after_kill(backend, "17.1", child, 10)
     assert gone["cpu_user_usec"] >= running["cpu_user_usec"]
     assert gone["cpu_system_usec"] >= running["cpu_system_usec"]
 

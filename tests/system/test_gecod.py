@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -255,36 +255,48 @@ def _wait_readable(fd: int, timeout: float) -> bool:
     return bool(select.select([fd], [], [], timeout)[0])
 
 
-def _kill_and_remove(top: Path) -> list[str]:
+def kill_and_remove(top: Path, *, vanishing_ok: bool = False) -> list[str]:
     """SIGKILL every process in cgroup ``top`` and below, remove them all (deepest first);
-    return what could not be removed."""
+    return what could not be removed. ``vanishing_ok``: a directory that vanishes meanwhile
+    is no failure (test_gecod_reaper's gecod may be reaping it right now); here it is."""
     left: list[str] = []
     if not top.is_dir():
         return left
     below = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
     for d in [*below, top]:
-        for _ in range(50):
-            pids = [int(p) for p in (d / "cgroup.procs").read_text().split()]
-            if not pids:
-                break
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.05)
         try:
+            for _ in range(50):
+                pids = [int(p) for p in (d / "cgroup.procs").read_text().split()]
+                if not pids:
+                    break
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                time.sleep(0.05)
             d.rmdir()
+        except FileNotFoundError as exc:
+            if not vanishing_ok:
+                left.append(f"{d}: {exc}")
         except OSError as exc:
             left.append(f"{d}: {exc}")
     return left
 
 
-@pytest.fixture(scope="module")
-def node() -> Iterator[Node]:
-    # /tmp, not pytest's 0700 tmp dirs: the nobody client must reach the socket
-    base = Path(tempfile.mkdtemp(prefix="geco-test-gecod-"))
+NodeT = TypeVar("NodeT", bound=Node)
+
+
+@contextlib.contextmanager
+def make_node(kind: type[NodeT], tag: str, name: str, *,
+              vanishing_ok: bool = False) -> Iterator[NodeT]:
+    """A ``kind`` of node in a fresh ``/tmp/geco-test-<tag>-*`` with a new key file and the
+    cgroup parent ``name``; afterwards its processes end and its cgroups (see
+    :func:`kill_and_remove`) and directory go."""
+    # /tmp, not pytest's 0700 tmp dirs: nobody's processes (a client, test_gecod_reaper's
+    # fake shepherd) must reach the socket and the binaries in it
+    base = Path(tempfile.mkdtemp(prefix=f"geco-test-{tag}-"))
     base.chmod(0o755)
     key = os.urandom(32)
-    n = Node(base, f"geco-test-{os.getpid()}", key)
+    n = kind(base, name, key)
     fd = os.open(n.key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     os.write(fd, key)
     os.close(fd)
@@ -294,15 +306,15 @@ def node() -> Iterator[Node]:
         for proc in n.processes:
             proc.kill()
             proc.wait()
-        left = [x for c in CONTROLLERS for x in _kill_and_remove(n.cgroup(c))]
+        left = [x for c in CONTROLLERS
+                for x in kill_and_remove(n.cgroup(c), vanishing_ok=vanishing_ok)]
         shutil.rmtree(base, ignore_errors=True)
         assert not left, left
 
 
-@pytest.fixture(autouse=True)
-def _clean_jobs(node: Node) -> Iterator[None]:
-    """After each test: its job processes end, its job cgroups and spool dirs go."""
-    yield
+def end_jobs(node: Node, *, vanishing_ok: bool = False) -> None:
+    """What a test leaves: its job processes end, its job cgroups (see :func:`kill_and_remove`),
+    spool dirs and resource files go."""
     for proc in node.processes:
         if proc.poll() is None:
             proc.kill()
@@ -315,10 +327,23 @@ def _clean_jobs(node: Node) -> Iterator[None]:
         parent = node.cgroup(c)
         if parent.is_dir():
             left = [x for job in parent.iterdir() if job.is_dir()
-                    for x in _kill_and_remove(job)]
+                    for x in kill_and_remove(job, vanishing_ok=vanishing_ok)]
             assert not left, left
     shutil.rmtree(node.spool, ignore_errors=True)
     shutil.rmtree(node.state_dir / "resources", ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def node() -> Iterator[Node]:
+    with make_node(Node, "gecod", f"geco-test-{os.getpid()}") as n:
+        yield n
+
+
+@pytest.fixture(autouse=True)
+def _clean_jobs(node: Node) -> Iterator[None]:
+    """After each test: its job processes end, its job cgroups and spool dirs go."""
+    yield
+    end_jobs(node)
 
 
 # -- gecod ----------------------------------------------------------------------
@@ -420,7 +445,9 @@ def logged(journal: Any, since: float, **match: str) -> list[dict[str, Any]]:
             if int(e["__REALTIME_TIMESTAMP"]) >= since * 1e6]
 
 
-_jobs = itertools.count(9100)
+# job ids of this session only: the journal outlives sessions, and a test that counts
+# a job's entries must not see those of an earlier run (or a parallel one)
+_jobs = itertools.count(100_000 + os.getpid() % 90_000 * 100)
 
 
 def new_job() -> int:

@@ -28,7 +28,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -137,52 +136,11 @@ class ReaperNode(Node):
         return proc
 
 
-def _remove_cgroups(top: Path) -> list[str]:
-    """SIGKILL everything in ``top`` and below, remove the directories deepest first; return
-    what could not be removed. Unlike test_gecod's helper, a directory that vanishes
-    meanwhile is fine: the gecod under test may be reaping it right now."""
-    left: list[str] = []
-    if not top.is_dir():
-        return left
-    below = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
-    for d in [*below, top]:
-        try:
-            for _ in range(50):
-                pids = [int(p) for p in (d / "cgroup.procs").read_text().split()]
-                if not pids:
-                    break
-                for pid in pids:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
-                time.sleep(0.05)
-            d.rmdir()
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            left.append(f"{d}: {exc}")
-    return left
-
-
-@contextlib.contextmanager
-def make_node(tag: str) -> Iterator[ReaperNode]:
-    """A node of its own: directory, key, and the cgroup parent ``geco-test-<pid>-<tag>``."""
-    # /tmp, not pytest's 0700 tmp dirs: the fake shepherd of nobody must reach its binary
-    base = Path(tempfile.mkdtemp(prefix=f"geco-test-{tag}-"))
-    base.chmod(0o755)
-    key = os.urandom(32)
-    n = ReaperNode(base, f"geco-test-{os.getpid()}-{tag}", key)
-    fd = os.open(n.key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    os.write(fd, key)
-    os.close(fd)
-    try:
-        yield n
-    finally:
-        for proc in n.processes:
-            proc.kill()
-            proc.wait()
-        left = [x for c in CONTROLLERS for x in _remove_cgroups(n.cgroup(c))]
-        shutil.rmtree(base, ignore_errors=True)
-        assert not left, left
+def make_node(tag: str) -> contextlib.AbstractContextManager[ReaperNode]:
+    """A node of its own: directory, key, and the cgroup parent ``geco-test-<pid>-<tag>``.
+    Its cgroups may vanish while they are removed afterwards: a gecod may be reaping them."""
+    return gecod_tests.make_node(ReaperNode, tag, f"geco-test-{os.getpid()}-{tag}",
+                                 vanishing_ok=True)
 
 
 @pytest.fixture(scope="module")
@@ -204,22 +162,8 @@ def lone_node() -> Iterator[ReaperNode]:
 def _clean_jobs(node: ReaperNode) -> Iterator[None]:
     """After each test: its processes end, its job cgroups, spool dirs and traces go."""
     yield
-    for proc in node.processes:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-        for stream in (proc.stdin, proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
-    node.processes.clear()
-    for c in CONTROLLERS:
-        parent = node.cgroup(c)
-        if parent.is_dir():
-            left = [x for job in parent.iterdir() if job.is_dir()
-                    for x in _remove_cgroups(job)]
-            assert not left, left
-    for d in (node.spool, node.state_dir / "resources", node.trace_dir):
-        shutil.rmtree(d, ignore_errors=True)
+    gecod_tests.end_jobs(node, vanishing_ok=True)
+    shutil.rmtree(node.trace_dir, ignore_errors=True)
     node.qstat_log.unlink(missing_ok=True)
 
 

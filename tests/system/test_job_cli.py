@@ -20,7 +20,6 @@ print them in order, as journalctl sees them, and the job-end summary.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import random
 import re
@@ -43,12 +42,11 @@ from geco.resource import NodeResources, ResourceSet, short_hostname
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # see test_cgroup_v1.py
 from cgroup_testkit import (
-    fresh_name,
     parse_list,
-    raw_cleanup,
     reap,
     start_in,
     usable_v1_hierarchies,
+    v1_backend,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -104,23 +102,11 @@ def world_dir() -> Iterator[Path]:
 
 
 @pytest.fixture
-def children() -> Iterator[list[int]]:
-    pids: list[int] = []
-    yield pids
-    reap(pids)
-
-
-@pytest.fixture
 def backend(children: list[int]) -> Iterator[V1Backend]:
-    """A v1 backend on a fresh geco-test-* parent, removed with plain syscalls afterwards."""
-    name = fresh_name()
-    b = V1Backend(MOUNTED, name, exclusive_cpus=False)
-    try:
-        b.ensure_root()
+    """A v1 backend on a fresh geco-test-* parent, removed with plain syscalls afterwards
+    (``children``: tests/system/conftest.py)."""
+    with v1_backend(MOUNTED, exclusive_cpus=False) as b:
         yield b
-    finally:
-        reap(children)
-        raw_cleanup(h.mount_point / name for h in MOUNTED.values())
 
 
 def sleeper(out: int) -> None:
@@ -224,21 +210,6 @@ def test_verbose_without_job_is_a_usage_error() -> None:
 # ---------------------------------------------------------------------------
 # geco journal
 # ---------------------------------------------------------------------------
-
-
-@pytest.fixture
-def restored_geco_logger() -> Iterator[None]:
-    """Undo geco.log.setup() afterwards: it replaces the handlers of the whole ``geco`` tree."""
-    logger = logging.getLogger("geco")
-    saved = (list(logger.handlers), logger.level, logger.propagate, logging.raiseExceptions)
-    yield
-    for handler in list(logger.handlers):
-        if handler not in saved[0]:
-            handler.close()
-    logger.handlers[:] = saved[0]
-    logger.setLevel(saved[1])
-    logger.propagate = saved[2]
-    logging.raiseExceptions = saved[3]
 
 
 def log_job_story(job: int) -> None:

@@ -17,7 +17,6 @@ first (:func:`quiet_oom_log`).
 from __future__ import annotations
 
 import itertools
-import logging
 import os
 import select
 import shutil
@@ -35,7 +34,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from geco import log, oom, statefile
+from geco import oom, statefile
 from geco.cgroup import Limits, V1Backend, V2Backend, find_hierarchies, parse_mountinfo
 from geco.daemon.runloop import RunLoop
 from geco.errors import GecoError
@@ -46,11 +45,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cgroup_testkit import (
     allocate,
     eventually,
-    fresh_name,
-    raw_cleanup,
-    reap,
     start_in,
     usable_v1_hierarchies,
+    v1_backend,
 )
 
 MiB = 1 << 20
@@ -414,21 +411,11 @@ def quiet_oom_log() -> None:
 
 
 @pytest.fixture
-def children() -> Iterator[list[int]]:
-    pids: list[int] = []
-    yield pids
-    reap(pids)
-
-
-@pytest.fixture
 def backend(children: list[int]) -> Iterator[V1Backend]:
-    name = fresh_name()
-    b = V1Backend(HIER, name, exclusive_cpus=False)
-    b.ensure_root()
-    try:
+    """A v1 backend on a fresh geco-test-* parent, removed with plain syscalls afterwards
+    (``children``: tests/system/conftest.py)."""
+    with v1_backend(HIER, exclusive_cpus=False) as b:
         yield b
-    finally:
-        raw_cleanup(h.mount_point / name for h in HIER.values())
 
 
 @pytest.fixture
@@ -445,21 +432,7 @@ def kmsg() -> Iterator[oom.KernelLog]:
         yield k
 
 
-@pytest.fixture
-def journal_log(journal: Any) -> Iterator[Any]:
-    """geco's loggers send to the session's journald while the test runs."""
-    handler = log.JournalHandler("geco-test-oom", str(journal.socket))
-    handler.setLevel(logging.INFO)
-    logger = logging.getLogger("geco")
-    old_level = logger.level
-    logger.setLevel(logging.DEBUG)
-    logger.addHandler(handler)
-    try:
-        yield journal
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(old_level)
-        handler.close()
+# journal_log (geco-test-oom): tests/conftest.py
 
 
 def oom_kill(backend: V1Backend, key: str, children: list[int]) -> int:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import itertools
-import logging
 import os
 import signal
 import sys
@@ -29,7 +28,6 @@ from typing import Any
 
 import pytest
 
-from geco import log
 from geco.cgroup import Limits, V1Backend, find_hierarchies, parse_mountinfo
 from geco.config import Config
 from geco.teardown import StuckProcess, tear_down
@@ -37,12 +35,11 @@ from geco.teardown import StuckProcess, tear_down
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cgroup_testkit import (
     eventually,
-    fresh_name,
-    raw_cleanup,
+    forked_children,
     read,
-    reap,
     start_in,
     usable_v1_hierarchies,
+    v1_backend,
 )
 
 MOUNTED = find_hierarchies(parse_mountinfo(Path("/proc/self/mountinfo").read_bytes()),
@@ -70,40 +67,21 @@ def children() -> Iterator[list[int]]:
     """Pids the test started (or adopted as subreaper); SIGKILLed and reaped afterwards."""
     libc = ctypes.CDLL(None, use_errno=True)
     assert libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0, os.strerror(ctypes.get_errno())
-    pids: list[int] = []
     try:
-        yield pids
+        with forked_children() as pids:
+            yield pids
     finally:
-        reap(pids)
         libc.prctl(_PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
 
 
 @pytest.fixture
 def backend(children: list[int]) -> Iterator[V1Backend]:
-    name = fresh_name()
-    b = V1Backend(HIER, name, exclusive_cpus=False)
-    b.ensure_root()
-    try:
+    """A v1 backend on a fresh geco-test-* parent, removed with plain syscalls afterwards."""
+    with v1_backend(HIER, exclusive_cpus=False) as b:
         yield b
-    finally:
-        raw_cleanup(h.mount_point / name for h in HIER.values())
 
 
-@pytest.fixture
-def journal_log(journal: Any) -> Iterator[Any]:
-    """geco's loggers send to the session's journald while the test runs."""
-    handler = log.JournalHandler("geco-test-teardown", str(journal.socket))
-    handler.setLevel(logging.INFO)
-    logger = logging.getLogger("geco")
-    old_level = logger.level
-    logger.setLevel(logging.DEBUG)
-    logger.addHandler(handler)
-    try:
-        yield journal
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(old_level)
-        handler.close()
+# journal_log (geco-test-teardown): tests/conftest.py
 
 
 @pytest.fixture

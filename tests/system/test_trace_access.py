@@ -40,20 +40,12 @@ pytestmark = [pytest.mark.root,
 
 
 @pytest.fixture(autouse=True)
-def geco_logger(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The ``geco`` logger at DEBUG, restored afterwards; made-up jobs stay out of the
-    machine's journal (real jobs may have the same ids)."""
+def geco_logger(monkeypatch: pytest.MonkeyPatch, restored_geco_logger: logging.Logger) -> None:
+    """The ``geco`` logger at DEBUG, restored afterwards (``restored_geco_logger``:
+    tests/conftest.py); made-up jobs stay out of the machine's journal (real jobs may have
+    the same ids)."""
     monkeypatch.setattr(log, "journal_socket", lambda: None)
-    logger = logging.getLogger("geco")
-    saved = (list(logger.handlers), logger.level, logger.propagate)
-    logger.setLevel(logging.DEBUG)
-    yield
-    for handler in logger.handlers:
-        if handler not in saved[0]:
-            handler.close()
-    logger.handlers[:] = saved[0]
-    logger.setLevel(saved[1])
-    logger.propagate = saved[2]
+    restored_geco_logger.setLevel(logging.DEBUG)
 
 
 @pytest.fixture

@@ -17,6 +17,10 @@ from geco.errors import GecoError, NotContained, QstatParseError, TaskNotRunning
 from geco.hooks import Exit, run
 from geco.hooks.starter import job_argv
 
+# hooks.run() sets up geco's logging (stderr and the journal): undone after each test
+# (tests/conftest.py), or every later test's journal records would reach journald twice
+pytestmark = pytest.mark.usefixtures("restored_geco_logger")
+
 
 def _raiser(exc: BaseException):  # type: ignore[no-untyped-def]
     def body(cfg: Config, log: logging.Logger) -> Exit:

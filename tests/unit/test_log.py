@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import logging
 import re
-from collections.abc import Iterator
 
 import pytest
 
@@ -16,17 +15,10 @@ LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d{4} "
 
 
 @pytest.fixture
-def stream() -> Iterator[io.StringIO]:
-    logger = logging.getLogger("geco")
-    saved = (list(logger.handlers), logger.level, logger.propagate)
-    out = io.StringIO()
-    yield out
-    for handler in logger.handlers:
-        if handler not in saved[0]:
-            handler.close()
-    logger.handlers[:] = saved[0]
-    logger.setLevel(saved[1])
-    logger.propagate = saved[2]
+def stream(restored_geco_logger: logging.Logger) -> io.StringIO:
+    """Where geco.log.setup() is to write; the ``geco`` logger is restored afterwards
+    (``restored_geco_logger``: tests/conftest.py)."""
+    return io.StringIO()
 
 
 def emit_all(level: str, out: io.StringIO) -> list[str]:

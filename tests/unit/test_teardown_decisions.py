@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -25,6 +26,9 @@ from geco.errors import CgroupError
 from geco.hooks import epilog
 from geco.resource import short_hostname
 from geco.teardown import StuckProcess, Teardown, tear_down
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo: tests.conftest
+from tests.conftest import RecordingHandler, handler_on  # not "conftest": others exist
 
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 USAGE = {"memory_peak": 3 << 30, "oom_kill": 1, "cpu_user_usec": 12_345_678,
@@ -83,15 +87,8 @@ def fake_proc(tmp_path: Path, pid: int, state: str, comm: str, wchan: str) -> Pa
     return proc
 
 
-class Records(logging.Handler):
+class Records(RecordingHandler):
     """The records of logger geco.teardown, whatever the geco logger's own setup."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
 
     def events(self) -> list[tuple[str, str, dict[str, str]]]:
         """(level, message, journal fields) of each record that names a GECO_EVENT."""
@@ -106,15 +103,8 @@ class Records(logging.Handler):
 @pytest.fixture
 def records() -> Iterator[Records]:
     handler = Records()
-    logger = logging.getLogger("geco.teardown")
-    old = logger.level
-    logger.setLevel(logging.DEBUG)
-    logger.addHandler(handler)
-    try:
+    with handler_on("geco.teardown", handler):
         yield handler
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(old)
 
 
 @pytest.fixture

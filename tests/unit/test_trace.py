@@ -28,6 +28,9 @@ from geco.errors import GecoError
 from geco.hooks import Exit
 from geco.resource import NodeResources, ResourceSet, short_hostname
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo: tests.conftest
+from tests.conftest import RecordingHandler  # not "conftest": others exist
+
 pytestmark = pytest.mark.skipif(os.geteuid() != 0,
                                 reason="trace files are root's to make (chown to the owner)")
 
@@ -36,15 +39,8 @@ LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d{4} (?P<program>\S+) "
                   r"\[(?P<pid>\d+)\|(?P<label>ERROR|WARN |INFO |DEBUG)\]: (?P<text>.*)$")
 
 
-class Records(logging.Handler):
+class Records(RecordingHandler):
     """Keeps every record that reaches the ``geco`` logger."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
 
     def messages(self, levelno: int = logging.DEBUG) -> list[str]:
         return [r.getMessage() for r in self.records if r.levelno >= levelno]
@@ -55,21 +51,14 @@ class Records(logging.Handler):
 
 
 @pytest.fixture(autouse=True)
-def geco_logger() -> Iterator[Records]:
-    """The ``geco`` logger at DEBUG with only a recording handler; restored afterwards."""
-    logger = logging.getLogger("geco")
-    saved = (list(logger.handlers), logger.level, logger.propagate)
+def geco_logger(restored_geco_logger: logging.Logger) -> Records:
+    """The ``geco`` logger at DEBUG with only a recording handler; restored afterwards
+    (``restored_geco_logger``: tests/conftest.py)."""
     records = Records()
-    logger.handlers[:] = [records]
-    logger.setLevel(logging.DEBUG)
-    logger.propagate = False
-    yield records
-    for handler in logger.handlers:
-        if handler not in saved[0]:
-            handler.close()
-    logger.handlers[:] = saved[0]
-    logger.setLevel(saved[1])
-    logger.propagate = saved[2]
+    restored_geco_logger.handlers[:] = [records]
+    restored_geco_logger.setLevel(logging.DEBUG)
+    restored_geco_logger.propagate = False
+    return records
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -45,13 +45,14 @@ from cgroup_testkit import (
     cpu_list,
     eventually,
     fork_forever,
-    fresh_name,
+    forked_children,
+    parent_name,
     parse_list,
-    raw_cleanup,
     read,
-    reap,
     report_affinity,
+    spin,
     start_in,
+    usage_after_kill,
 )
 
 MiB = 1 << 20
@@ -89,16 +90,14 @@ def sleeper(out: int) -> None:
 
 @pytest.fixture
 def children() -> Iterator[list[int]]:
-    pids: list[int] = []
-    yield pids
-    reap(pids)
+    with forked_children() as pids:
+        yield pids
 
 
 @pytest.fixture
 def name(children: list[int]) -> Iterator[str]:
-    n = fresh_name()
-    yield n
-    raw_cleanup([MOUNT / n])
+    with parent_name([MOUNT]) as n:
+        yield n
 
 
 @pytest.fixture
@@ -336,20 +335,6 @@ def test_given_a_process_in_a_sub_cgroup_when_the_job_is_killed_then_it_dies_and
     assert not backend.paths("16.1")["memory"].exists()
 
 
-def spin(seconds: float) -> Callable[[int], None]:
-    """A body that burns ``seconds`` of its own CPU time in user space, says so, then sleeps."""
-    def body(out: int) -> None:
-        # reading the clock is a system call: look at it only every 100000 additions
-        n = 0
-        while time.process_time() < seconds:
-            for _ in range(100_000):
-                n += 1
-        os.write(out, b"spun")
-        os.close(out)
-        time.sleep(300)
-    return body
-
-
 def test_given_cpu_stat_when_a_child_spins_then_the_job_is_charged_and_keeps_it_after_exit(
         backend: V2Backend, children: list[int]) -> None:
     """cpu.stat is there without the cpu controller enabled, and outlives the process."""
@@ -360,10 +345,7 @@ def test_given_cpu_stat_when_a_child_spins_then_the_job_is_charged_and_keeps_it_
     assert child.output() == b"spun"
     running = backend.usage("17.1")
     assert running["cpu_user_usec"] > 200_000
-    os.kill(child.pid, signal.SIGKILL)
-    assert child.wait() == -signal.SIGKILL
-    assert backend.wait_empty("17.1", 30)
-    gone = backend.usage("17.1")
+    gone = usage_after_kill(backend, "17.1", child, 30)
     assert gone["cpu_user_usec"] >= running["cpu_user_usec"]
     assert gone["cpu_system_usec"] >= running["cpu_system_usec"]
 
