@@ -27,7 +27,7 @@ from pathlib import Path
 
 from geco import sgejob, statefile
 from geco.accounting import Accounting
-from geco.cgroup import Backend, check_key
+from geco.cgroup import Backend, check_key, split_key
 from geco.config import Config
 from geco.errors import CgroupError, GecoError
 from geco.resource import ResourceSet, short_hostname
@@ -129,13 +129,13 @@ def _mtime(path: Path) -> float | None:
 
 def _resources(cfg: Config, key: str) -> tuple[ResourceSet | None, str]:
     """The job's resource file and, when it cannot be used, why (one sentence)."""
-    job, _, task = key.partition(".")
+    job, task = split_key(key)
     try:
-        rs = statefile.read(cfg.resources_dir, int(job), int(task))
+        rs = statefile.read(cfg.resources_dir, job, task)
     except GecoError as exc:
         return None, f"the resource file is unusable: {exc}"
     if rs is None:
-        path = statefile.path_for(cfg.resources_dir, int(job), int(task))
+        path = statefile.path_for(cfg.resources_dir, job, task)
         return None, f"no resource file {path} (owner, name and h_rt unknown)"
     return rs, ""
 
@@ -286,9 +286,9 @@ def format_table(st: JobStatus, *, verbose: bool = False) -> str:
 
 def to_dict(st: JobStatus) -> Mapping[str, object]:
     """Return the ``--json`` form: bytes, seconds, null for "not known"."""
-    job, _, task = st.key.partition(".")
+    job, task = split_key(st.key)
     return {
-        "key": st.key, "job_id": int(job), "task_id": int(task), "host": st.host,
+        "key": st.key, "job_id": job, "task_id": task, "host": st.host,
         "owner": st.owner, "job_name": st.job_name, "cpus": st.cpus, "mems": st.mems,
         "memory_limit": st.memory_limit, "memory_swap_limit": st.memory_swap_limit,
         "memory_current": st.memory_current, "memory_peak": st.memory_peak,

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from geco.cgroup._base import Backend, Limits, check_key, job_key
+from geco.cgroup._base import Backend, Limits, check_key, job_key, split_key
 from geco.cgroup._fs import Mount, parse_mountinfo, read_bytes, read_str
 from geco.cgroup._v1 import Hierarchy, V1Backend, find_hierarchies
 from geco.cgroup._v2 import HOLDER, V2Backend, unit_cgroup
@@ -47,6 +47,7 @@ __all__ = [
     "for_config",
     "job_key",
     "parse_mountinfo",
+    "split_key",
     "unit_cgroup",
 ]
 

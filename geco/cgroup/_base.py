@@ -87,6 +87,18 @@ def job_key(job: int, task: int) -> str:
     return check_key(f"{job}.{task}")
 
 
+def split_key(key: str) -> tuple[int, int]:
+    """Return the job and task ids of a cgroup key (``split_key("42.1") == (42, 1)``).
+
+    Raises
+    ------
+    CgroupError
+        when ``key`` is not ``<job>.<task>`` (see :func:`check_key`).
+    """
+    job, _, task = check_key(key).partition(".")
+    return int(job), int(task)
+
+
 def check_name(name: str) -> str:
     """Return ``name`` when it can be the GECO parent's directory name, else raise.
 

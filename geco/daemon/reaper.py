@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from geco import log, oom, qstat, sgejob, statefile, teardown
-from geco.cgroup import Backend
+from geco.cgroup import Backend, split_key
 from geco.config import Config
 from geco.errors import GecoError, JobNotFound, TaskNotRunning
 from geco.resource import ResourceSet, short_hostname
@@ -239,11 +239,6 @@ def prune_traces(trace_dir: Path, keep_days: int, now: float | None = None) -> i
     return removed
 
 
-def _split(key: str) -> tuple[int, int]:
-    job, _, task = key.partition(".")
-    return int(job), int(task)
-
-
 # ---------------------------------------------------------------------------
 # the reaper
 # ---------------------------------------------------------------------------
@@ -413,7 +408,7 @@ class Reaper:
             except (GecoError, OSError) as exc:
                 # a cgroup removed while we looked (the epilog), an unreadable file
                 _log.warning("reaper: job %s skipped this round: %s", key, exc,
-                             extra=log.job_fields(*_split(key), "reaper-job-failed"))
+                             extra=log.job_fields(*split_key(key), "reaper-job-failed"))
         unknown = [k for k, v in verdicts.items() if v is Verdict.UNKNOWN]
         if unknown:
             _log.warning("reaper: qstat failed (%s); keeping the cgroups of %d job(s) without "
@@ -440,7 +435,7 @@ class Reaper:
             return Verdict.YOUNG, "its cgroups are too new to judge"
         if qstat_error:
             return Verdict.UNKNOWN, qstat_error  # asked once per round, and it failed
-        job, task = _split(key)
+        job, task = split_key(key)
         try:
             rs = self.fetch(job, task, cfg, None)
         except JobNotFound:
@@ -457,7 +452,7 @@ class Reaper:
 
     def _reap(self, cfg: Config, key: str, why: str) -> teardown.Teardown | None:
         """Tear a gone job down; journal it; forget its files when its cgroups are gone."""
-        job, task = _split(key)
+        job, task = split_key(key)
         # the qstat call took time: the job may have been re-dispatched here, or the
         # epilog (late, not gone) may have removed the cgroups meanwhile
         if sgejob.find_spool_dir(cfg.execd_spool_dir, key, self.node) is not None:
@@ -496,7 +491,7 @@ class Reaper:
 
     def _forget(self, cfg: Config, key: str) -> None:
         """Remove a reaped job's resource file and OOM count file; tell the loop."""
-        job, task = _split(key)
+        job, task = split_key(key)
         try:
             statefile.remove(cfg.resources_dir, job, task)
             oom.remove_state(cfg.state_dir, key)
@@ -511,7 +506,7 @@ class Reaper:
         -------
         How many processes were signalled (0 when the job is within its walltime).
         """
-        job, task = _split(key)
+        job, task = split_key(key)
         rs = self._resources(cfg, key)
         if rs is None or rs.runtime_limit <= 0:
             return 0
@@ -540,7 +535,7 @@ class Reaper:
 
     def _resources(self, cfg: Config, key: str) -> ResourceSet | None:
         """The job's resource file, or None (missing; unusable: warned once per version)."""
-        job, task = _split(key)
+        job, task = split_key(key)
         path = statefile.path_for(cfg.resources_dir, job, task)
         try:
             return statefile.read(cfg.resources_dir, job, task)
