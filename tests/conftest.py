@@ -1,5 +1,15 @@
 """Session fixtures that start the real services geco works with.
 
+A clean slate first
+    At session start, when no other geco test session runs on this machine (a shared
+    lock on ``/run/lock/geco-test-session.users``, held for the whole session; an
+    exclusive one could be had first), :func:`cleanslate.clean_slate` undoes what
+    ``demo.sh`` or an interrupted session left: a gecod serving the site socket, a
+    rewritten ``/etc/geco/geco.toml``, jobs of the test user, test queues, job cgroups
+    of jobs that no longer run. What it did is one line of pytest's output, e.g.
+    ``geco tests: stopped gecod pid 1234 left serving /run/geco/gecod.sock (by demo.sh
+    or an interrupted run); restored /etc/geco/geco.toml``.
+
 ``journal``
     A running journald. An existing one (``/run/systemd/journal/socket`` that
     accepts a datagram) is used as it is; otherwise ``/lib/systemd/systemd-journald``
@@ -53,6 +63,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -62,13 +73,17 @@ from typing import IO, Any
 
 import pytest
 
+# tests/ itself, so that cleanslate imports also where this file is imported as
+# tests.conftest (bench/ does) rather than loaded by pytest
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cleanslate import TEST_USER, clean_slate, report_line
+
 REPO = Path(__file__).resolve().parent.parent
 SGE_SETUP = REPO / "integration" / "sge" / "setup.sh"
 SGE_TEARDOWN = REPO / "integration" / "sge" / "teardown.sh"
 LIBEXEC = Path("/opt/geco/libexec")
 JOURNALD = Path("/lib/systemd/systemd-journald")
 JOURNAL_SOCKET = Path("/run/systemd/journal/socket")
-TEST_USER = "gecotest"
 SGE_SPOOL = Path("/var/spool/gridengine")
 SGE_CELL_COMMON = Path("/var/lib/gridengine/default/common")
 LOCK_DIR = Path("/run/lock")
@@ -125,6 +140,28 @@ def sole_user(lock: IO[bytes]) -> bool:
     except BlockingIOError:
         return False
     return True
+
+
+# ---------------------------------------------------------------------------
+# a clean slate at session start
+# ---------------------------------------------------------------------------
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Run the clean slate when this is the only geco test session (see the docstring),
+    after the terminal reporter printed its header (trylast: after its own hook)."""
+    LOCK_DIR.mkdir(parents=True, exist_ok=True)
+    lock = open(LOCK_DIR / "geco-test-session.users", "ab")  # noqa: SIM115 -- session-long
+    session.config.add_cleanup(lock.close)
+    done: list[str] = []
+    if os.geteuid() == 0:
+        done = clean_slate() if sole_user(lock) else [
+            "no clean slate: another geco test session runs on this machine"]
+    # shared from here on; a session that starts while we hold it exclusively waits here
+    fcntl.flock(lock, fcntl.LOCK_SH)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if done and reporter is not None:
+        reporter.write_line(report_line(done))
 
 
 # ---------------------------------------------------------------------------

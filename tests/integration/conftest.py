@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cleanslate import SITE_SOCKET as SOCKET
+from cleanslate import listener_pid
 
 PROBE = Path(__file__).with_name("probe.py")
 GECO = "/opt/geco/venv/bin/geco"
-SOCKET = Path("/run/geco/gecod.sock")
 PRELOAD = "/opt/geco/lib/libgeco_preload.so"
 CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 
@@ -81,8 +82,11 @@ class Gecod:
                                          stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                                          start_new_session=True)
         deadline = time.monotonic() + 30
-        while not self.serving():
-            assert self.proc.poll() is None, f"gecod exited: {self.log.read_text()}"
+        # ours, not one another session or demo.sh left there (ours would then exit)
+        while (listener := listener_pid(SOCKET)) != self.proc.pid:
+            assert self.proc.poll() is None, (
+                f"gecod exited{f' (pid {listener} serves {SOCKET})' if listener else ''}: "
+                f"{self.log.read_text()}")
             assert time.monotonic() < deadline, f"gecod not serving: {self.log.read_text()}"
             time.sleep(0.1)
 

@@ -15,7 +15,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-SITE_CONFIG = Path("/etc/geco/geco.toml")
+from cleanslate import site_config_rewritten
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 
@@ -65,20 +66,22 @@ def site_settings(settings: Mapping[tuple[str, str], object],
                   gecod: Any = None) -> Iterator[None]:
     """Set ``{(section, key): value}`` in /etc/geco/geco.toml (what hooks and gecod read;
     the hooks never read $GECO_CONFIG) for the with-block, then restore the file byte for
-    byte. With *gecod* (a conftest.Gecod), gecod is restarted after each change: a restart
-    re-reads everything, including timers a SIGHUP would not re-arm."""
-    saved = SITE_CONFIG.read_bytes()
-    text = saved.decode()
-    for (section, key), value in settings.items():
-        text = with_setting(text, section, key, value)
-    SITE_CONFIG.write_text(text)
+    byte (a session killed meanwhile leaves a backup that the next one's clean slate puts
+    back: cleanslate.site_config_rewritten). With *gecod* (a conftest.Gecod), gecod is
+    restarted after each change: a restart re-reads everything, including timers a SIGHUP
+    would not re-arm."""
+    def edit(text: str) -> str:
+        for (section, key), value in settings.items():
+            text = with_setting(text, section, key, value)
+        return text
+
     try:
-        if gecod is not None:
-            gecod.stop()
-            gecod.start()
-        yield
+        with site_config_rewritten(edit):
+            if gecod is not None:
+                gecod.stop()
+                gecod.start()
+            yield
     finally:
-        SITE_CONFIG.write_bytes(saved)
         if gecod is not None:
             gecod.stop()
             gecod.start()
@@ -103,15 +106,6 @@ def wait_for_cgroups(key: str, timeout: float = 60) -> dict[str, Path]:
             return dirs
         assert time.monotonic() < deadline, f"job {key} got no populated cgroups in {timeout} s"
         time.sleep(0.1)
-
-
-def running(pid: int) -> bool:
-    """True unless the process is gone or dead (a zombie counts as dead)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except FileNotFoundError:
-        return False
-    return stat[stat.rindex(b")") + 2:][:1] not in (b"Z", b"X")
 
 
 def wait_until(condition: Any, timeout: float, what: str, step: float = 0.2) -> None:

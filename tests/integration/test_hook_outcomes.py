@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from livekit import running
+from cleanslate import alive, site_config_rewritten
+from livekit import Adopted
 
 pytestmark = pytest.mark.sge
 
 RESOURCES = Path("/var/lib/geco/resources")
-SITE_CONFIG = Path("/etc/geco/geco.toml")
 M = 1 << 20
 
 
@@ -40,18 +40,20 @@ def no_queue_in_error(sge: Any) -> bool:
 @pytest.fixture
 def queue_without_prolog(sge: Any) -> Iterator[str]:
     """A second queue on this host whose starter is geco's but with no prolog/epilog:
-    the misconfiguration geco's starter must catch."""
+    the misconfiguration geco's starter must catch. Named geco-test-*: the clean slate
+    deletes it should a session be killed meanwhile."""
     conf = sge.queue_config()
-    lines = {**conf, "qname": "nogeco.q", "prolog": "NONE", "epilog": "NONE", "slots": "1",
+    queue = "geco-test-nogeco.q"
+    lines = {**conf, "qname": queue, "prolog": "NONE", "epilog": "NONE", "slots": "1",
              "starter_method": "/opt/geco/libexec/starter"}
-    path = Path("/tmp/geco-test-nogeco.q")
+    path = Path(f"/tmp/{queue}")
     path.write_text("".join(f"{k} {v}\n" for k, v in lines.items()))
     run(["qconf", "-Aq", str(path)])
     try:
-        yield "nogeco.q"
+        yield queue
     finally:
         run(["qdel", "-f", "-u", "*"], check=False)
-        run(["qconf", "-dq", "nogeco.q"], check=False)
+        run(["qconf", "-dq", queue], check=False)
         path.unlink()
 
 
@@ -105,16 +107,9 @@ def test_a_corrupt_resource_file_is_ignored_and_replaced_by_one_qstat(
 def qmaster_unreachable() -> Iterator[None]:
     """Point the site configuration's qstat at a command that does not exist (what a
     node sees when it cannot reach the qmaster), then restore the file."""
-    saved = SITE_CONFIG.read_bytes() if SITE_CONFIG.exists() else None
-    SITE_CONFIG.parent.mkdir(parents=True, exist_ok=True)
-    SITE_CONFIG.write_text('[qstat]\ncommand = "/nonexistent/qstat"\nretries = 0\n')
-    try:
+    with site_config_rewritten(
+            lambda _: '[qstat]\ncommand = "/nonexistent/qstat"\nretries = 0\n'):
         yield
-    finally:
-        if saved is None:
-            SITE_CONFIG.unlink()
-        else:
-            SITE_CONFIG.write_bytes(saved)
 
 
 def test_without_qmaster_the_job_runs_bound_to_its_cores_and_the_journal_says_so(
@@ -151,7 +146,7 @@ def test_a_daemon_left_behind_by_a_job_does_not_outlive_it(
     daemon = int(job_dir.output("daemon", job).split()[0])
 
     assert record["exit_status"] == "0"
-    assert not running(daemon)
+    assert not alive(daemon)
     assert not Path(f"/sys/fs/cgroup/cpuset/GECO/{job}.1").exists()
 
 
@@ -172,22 +167,18 @@ def test_a_process_grid_engine_does_not_know_is_killed_by_the_epilog_and_journal
     script = job_dir.script("adopted", "sleep 3\n")
     job = sge.submit("-cwd", "-N", "adopted", "-l", "m_mem_free=100M", script, cwd=job_dir.path)
     wait_for_cgroup(job)
-    stray = subprocess.Popen(["runuser", "-u", job_owner.name, "--", "setsid", "sleep", "300"],
-                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, start_new_session=True)
+    stray = Adopted(job_owner)  # waits until runuser has exec'd sleep, however slowly
     try:
-        time.sleep(0.3)  # runuser has exec'd sleep by now (its only child)
-        sleeper = int(Path(f"/proc/{stray.pid}/task/{stray.pid}/children").read_text().split()[0])
-        for controller in ("cpuset", "memory", "freezer", "pids"):
-            Path(f"/sys/fs/cgroup/{controller}/GECO/{job}.1/tasks").write_text(str(sleeper))
+        stray.join({c: Path(f"/sys/fs/cgroup/{c}/GECO/{job}.1")
+                    for c in ("cpuset", "memory", "freezer", "pids")})
         [record] = sge.wait_finished(job, timeout=90)
         story = journal.wait_for(10, JOB_ID=str(job), GECO_EVENT="job-end")
-        stray.wait(timeout=30)
+        stray.runuser.wait(timeout=30)
     finally:
-        stray.kill()
+        stray.end()
 
     assert record["exit_status"] == "0"
-    assert not running(sleeper)
+    assert not alive(stray.pid)
     assert not Path(f"/sys/fs/cgroup/cpuset/GECO/{job}.1").exists()
     assert story[0]["KILLED"] == "1"
     events = [e.get("GECO_EVENT") for e in journal.entries(JOB_ID=str(job))]

@@ -14,27 +14,35 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cleanslate import site_config_rewritten
 
 pytestmark = pytest.mark.sge
 
-SITE_CONFIG = Path("/etc/geco/geco.toml")
 M = 1 << 20
 HOG = "/usr/bin/python3 probe.py --alloc 400\necho \"probe exit $?\"\n"
 
 
-@pytest.fixture
-def kill_job_policy(gecod: Any) -> Iterator[None]:
-    """[gecod] oom = "kill-job" in the site configuration, applied with SIGHUP."""
-    saved = SITE_CONFIG.read_bytes()
-    SITE_CONFIG.write_text(with_oom_policy(saved.decode(), "kill-job"))
+def reload(gecod: Any, journal: Any) -> None:
+    """SIGHUP gecod and wait until it journals that it re-read the configuration."""
+    since = time.time()
     gecod.proc.send_signal(signal.SIGHUP)
-    time.sleep(1)
+    deadline = time.monotonic() + 30
+    while not [e for e in journal.entries(since, GECO_EVENT="gecod-reloaded",
+                                          _PID=str(gecod.proc.pid))
+               if int(e["__REALTIME_TIMESTAMP"]) >= since * 1_000_000]:
+        assert time.monotonic() < deadline, "gecod did not re-read its configuration"
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def kill_job_policy(gecod: Any, journal: Any) -> Iterator[None]:
+    """[gecod] oom = "kill-job" in the site configuration, applied with SIGHUP."""
     try:
-        yield
+        with site_config_rewritten(lambda text: with_oom_policy(text, "kill-job")):
+            reload(gecod, journal)
+            yield
     finally:
-        SITE_CONFIG.write_bytes(saved)
-        gecod.proc.send_signal(signal.SIGHUP)
-        time.sleep(1)
+        reload(gecod, journal)
 
 
 def with_oom_policy(toml: str, policy: str) -> str:
@@ -84,10 +92,19 @@ def test_twenty_concurrent_oom_jobs_get_exactly_twenty_messages(
                            script="/usr/bin/python3 probe.py --alloc 200\n") for i in range(20)]
     for job in jobs:
         sge.wait_finished(job, timeout=240)
-    time.sleep(2)
-    per_job = {j: len(oom_lines(job_dir.output(f"many{i}", j, stream="e")))
-               for i, j in enumerate(jobs)}
-    entries = [e for j in jobs for e in journal.entries(JOB_ID=str(j), GECO_EVENT="oom")]
+
+    def counted() -> tuple[dict[int, int], list[dict[str, Any]]]:
+        return ({j: len(oom_lines(job_dir.output(f"many{i}", j, stream="e")))
+                 for i, j in enumerate(jobs)},
+                [e for j in jobs for e in journal.entries(JOB_ID=str(j), GECO_EVENT="oom")])
+    # gecod writes the message and the entry when the kernel reports the kill, which may
+    # be after the job's end: wait until every job has at least one, however slow
+    deadline = time.monotonic() + 30
+    while (not all((found := counted())[0].values()) or len(found[1]) < 20) and \
+            time.monotonic() < deadline:
+        time.sleep(0.5)
+    time.sleep(1)  # a second message for a job would come as soon as its first
+    per_job, entries = counted()
 
     assert per_job == {j: 1 for j in jobs}
     assert len(entries) == 20

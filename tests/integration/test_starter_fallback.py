@@ -22,18 +22,19 @@ CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 
 @pytest.fixture
 def queue_without_prolog(sge: Any) -> Iterator[str]:
-    """A queue whose starter is geco's but which has no prolog or epilog of geco's."""
-    conf = {**sge.queue_config(), "qname": "fallback.q", "prolog": "NONE", "epilog": "NONE",
+    """A queue whose starter is geco's but which has no prolog or epilog of geco's (named
+    geco-test-*: the clean slate deletes it should a session be killed meanwhile)."""
+    queue = "geco-test-fallback.q"
+    conf = {**sge.queue_config(), "qname": queue, "prolog": "NONE", "epilog": "NONE",
             "slots": "1", "starter_method": "/opt/geco/libexec/starter"}
-    path = Path("/tmp/geco-test-fallback.q")
+    path = Path(f"/tmp/{queue}")
     path.write_text("".join(f"{k} {v}\n" for k, v in conf.items()))
     subprocess.run(["qconf", "-Aq", str(path)], check=True, capture_output=True,
                    env=CLEAN_ENV, timeout=60)
     try:
-        yield "fallback.q"
+        yield queue
     finally:
-        subprocess.run(["qconf", "-dq", "fallback.q"], capture_output=True, env=CLEAN_ENV,
-                       timeout=60)
+        subprocess.run(["qconf", "-dq", queue], capture_output=True, env=CLEAN_ENV, timeout=60)
         path.unlink()
 
 

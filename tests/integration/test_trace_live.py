@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from livekit import SITE_CONFIG, sh
+from cleanslate import SITE_CONFIG
+from livekit import sh
 
 from geco import config
 

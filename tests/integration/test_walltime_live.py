@@ -19,6 +19,7 @@ from typing import Any
 
 import livekit as kit
 import pytest
+from cleanslate import alive
 
 pytestmark = pytest.mark.sge
 
@@ -66,13 +67,13 @@ def test_past_h_rt_plus_grace_gecod_kills_what_grid_engine_cannot_and_the_epilog
         try:
             # -ke: execd leaves its jobs running (-kej would kill them)
             kit.sh(["qconf", "-ke", host])
-            kit.wait_until(lambda: not kit.running(execd), 30, f"sge_execd (pid {execd}) to stop")
+            kit.wait_until(lambda: not alive(execd), 30, f"sge_execd (pid {execd}) to stop")
             stopped = time.monotonic()
             kill = journal.wait_for(H_RT + GRACE + 40, JOB_ID=str(job),
                                     GECO_EVENT="walltime-kill")[0]
             killed_after = time.monotonic() - stopped
             [end] = journal.wait_for(30, JOB_ID=str(job), GECO_EVENT="job-end")
-            kit.wait_until(lambda: not kit.running(shepherd), 30, "the shepherd to finish")
+            kit.wait_until(lambda: not alive(shepherd), 30, "the shepherd to finish")
             left = kit.job_cgroups(key)
         finally:
             # setup.sh starts a stopped execd again the way it always does (clean
