@@ -1,7 +1,7 @@
 """What a hook learns from Grid Engine on the node: ids, the spool dir, the shepherd.
 
 Grid Engine hands its hooks the job in three places (see ``sge_shepherd(8)``
-and the recorded dumps in ``shared/fixtures/hooks``):
+and the recorded dumps in ``tests/fixtures/hooks``):
 
 * the command line configured in the queue (``$job_id $ja_task_id``);
 * the job environment (``JOB_ID``, ``SGE_TASK_ID`` = ``undefined`` for

@@ -51,7 +51,7 @@ from cgroup_testkit import (
 )
 
 MiB = 1 << 20
-SHARED = Path("/work/shared/fixtures/hooks")
+HOOK_DUMPS = Path(__file__).resolve().parents[1] / "fixtures" / "hooks"
 # Real oom-kill lines, as this machine's kernel (6.18) printed them.
 MEMCG_LINE = (b"oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,"
               b"oom_memcg=/geco-test-exp,task_memcg=/geco-test-exp,task=python,pid=10498,uid=0")
@@ -248,14 +248,13 @@ def spool_from_dump(dump: Path, spool: Path) -> dict[str, str]:
     return dict(line.split("=", 1) for line in env.splitlines() if "=" in line)
 
 
-@pytest.mark.skipif(not SHARED.is_dir(), reason=f"{SHARED} (recorded SoGE dumps) is missing")
 @pytest.mark.parametrize("dump", ["epilog.6.2.txt", "epilog.1.undefined.txt",
                                   "epilog.9.1.txt"])
 def test_given_a_real_soge_spool_when_reading_the_target_then_it_is_the_job_s_stderr_file(
         tmp_path: Path, dump: str) -> None:
     """SoGE does not spool SGE_STDERR_PATH; the config's dir + sge_shepherd's name must give
     exactly what the job saw in its environment."""
-    env = spool_from_dump(SHARED / dump, tmp_path / "spool")
+    env = spool_from_dump(HOOK_DUMPS / dump, tmp_path / "spool")
     assert b"SGE_STDERR_PATH" not in (tmp_path / "spool" / "environment").read_bytes()
     target = oom.stderr_target(tmp_path / "spool")
     assert target is not None
