@@ -4,7 +4,7 @@
 #   ./test.sh                                   everything under tests/
 #   ./test.sh tests/integration/test_sge_smoke.py -x
 #
-# 1. scripts/install.sh: packages, /opt/geco/venv, geco, hooks (fast when done)
+# 1. scripts/install.sh --test: packages (qemu for the VM tests included), /opt/geco/venv, geco, hooks (fast when done)
 # 2. ruff check and mypy (strict, from pyproject.toml)
 # 3. pytest with the venv's python; its fixtures start journald and Grid Engine
 #
@@ -13,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 
-./scripts/install.sh
+./scripts/install.sh --test
 
 BIN=/opt/geco/venv/bin
 lint=0

@@ -1,22 +1,32 @@
 #!/usr/bin/env bash
 # install.sh -- deploy geco from this checkout onto this node (Debian 12, root).
 #
-#   scripts/install.sh
+#   scripts/install.sh                  what an execution host needs (demo.sh runs this)
+#   scripts/install.sh --test           and what the test suite needs (test.sh runs this):
+#                                       pytest, ruff, mypy; qemu and debootstrap for the VM
+#   scripts/install.sh --print-packages the Debian packages an execution host needs, one a line
 #
 # Idempotent; a re-run on an installed node only rebuilds and reinstalls geco itself.
 #   1. Debian packages (apt-get update + install only when one is missing)
 #   2. /opt/geco/venv from the system python (/usr/bin/python3)
-#   3. geco + its [test] extra into the venv (a normal, non-editable install: what
-#      the hooks run as root *and as the job owner*)
+#   3. geco (and with --test its [test] extra) into the venv (a normal, non-editable
+#      install: what the hooks run as root *and as the job owner*)
 #   4. the cffi hwloc extension built in place, for tests that import the checkout
 #   5. sge_hooks/* -> /opt/geco/libexec/ (the paths the queue configuration names)
-#   6. conf/geco.toml -> /etc/geco/geco.toml, only if there is none yet
+#   6. conf/geco.toml -> /etc/geco/geco.toml, only if there is none yet (on systemd with
+#      cgroup v2, with [cgroup] v2_base in geco-jobs.service)
 #   7. the exec() preload -> /opt/geco/lib/libgeco_preload.so
 #   8. the quarantine key (/etc/geco/quarantine.key, root-only; made once) and
 #      /etc/geco/preload.conf rendered from geco.toml (the preload's view of it)
+#   9. with systemd as PID 1: gecod.service and geco-jobs.service installed, gecod
+#      enabled and (re)started, and the drop-in that makes sge_execd load the preload
+#      (for sgeexecd.service and Debian's gridengine-exec.service); a running execd
+#      picks it up at its next restart (running jobs survive that)
 #
 # Environment: GECO_PREFIX (default /opt/geco) -- only for experiments: the queue
-# configuration and the hook wrappers name /opt/geco.
+# configuration and the hook wrappers name /opt/geco. GECO_SYSTEM_PACKAGES=1: the venv
+# also sees Debian's python3-* packages (python3-lxml, python3-nacl, python3-pip, ...),
+# so a node without PyPI installs with what apt gave it.
 set -euo pipefail
 
 # Job owners execute the venv and the hooks: nothing we create may be private to root.
@@ -37,11 +47,21 @@ PACKAGES=(
   libhwloc-dev hwloc                       # topology (geco._hwloc_cffi, lstopo)
   libsodium-dev make                        # signed quarantine messages (preload, gecod)
   libsystemd-dev systemd                   # systemd-python build; journald + journalctl
-  openssh-server                           # ssh adoption tests
   netbase procps psmisc util-linux         # /etc/services, ps/pkill, fuser, runuser/setsid
   ca-certificates                          # pip over https
-  strace                                   # tests: the quarantine happens before execve
 )
+TEST_PACKAGES=(
+  openssh-server                           # ssh adoption tests
+  strace                                   # the quarantine happens before execve
+  qemu-system-x86 qemu-utils debootstrap e2fsprogs  # the systemd + cgroup v2 machine (integration/vm)
+)
+TEST=no
+case "${1:-}" in
+  "") ;;
+  --test) TEST=yes; PACKAGES+=("${TEST_PACKAGES[@]}") ;;
+  --print-packages) printf '%s\n' "${PACKAGES[@]}"; exit 0 ;;
+  *) echo "usage: $0 [--test | --print-packages]" >&2; exit 2 ;;
+esac
 
 T0=$(date +%s%N)
 log() { local ms=$(( ($(date +%s%N) - T0) / 1000000 )); printf '[install %3d.%01ds] %s\n' $((ms / 1000)) $(((ms % 1000) / 100)) "$*"; }
@@ -91,18 +111,28 @@ fi
 # ---------------------------------------------------------------------------
 # 2. venv
 # ---------------------------------------------------------------------------
+SYSTEM_SITE=false
+[ "${GECO_SYSTEM_PACKAGES:-0}" = 1 ] && SYSTEM_SITE=true
 venv_ok() {
   [ -x "$PY" ] && grep -qx 'home = /usr/bin' "$VENV/pyvenv.cfg" 2>/dev/null \
+    && grep -qx "include-system-site-packages = $SYSTEM_SITE" "$VENV/pyvenv.cfg" \
     && "$PY" -c 'import pip' 2>/dev/null
 }
 if venv_ok; then
   log "venv: $VENV present ($("$PY" -V 2>&1))"
 else
   # a venv made from another interpreter (or half-made) is replaced, not patched
-  [ -e "$VENV" ] && log "venv: $VENV not made from $SYSTEM_PY (or broken): recreating"
+  [ -e "$VENV" ] && log "venv: $VENV not made from $SYSTEM_PY as asked (or broken): recreating"
   rm -rf "$VENV"
   mkdir -p "$PREFIX"
-  "$SYSTEM_PY" -m venv "$VENV"
+  if [ "$SYSTEM_SITE" = true ] && "$SYSTEM_PY" -c 'import pip' 2>/dev/null; then
+    # Debian's pip serves the venv too (ensurepip is the slow half of making a venv)
+    "$SYSTEM_PY" -m venv --system-site-packages --without-pip "$VENV"
+  elif [ "$SYSTEM_SITE" = true ]; then
+    "$SYSTEM_PY" -m venv --system-site-packages "$VENV"
+  else
+    "$SYSTEM_PY" -m venv "$VENV"
+  fi
   log "venv: created $VENV from $SYSTEM_PY ($("$PY" -V 2>&1))"
 fi
 
@@ -118,13 +148,14 @@ pip() { "$PY" -m pip --disable-pip-version-check "$@"; }
 # they are written down once. They are installed as plain requirements (a no-op
 # when satisfied); geco itself is then built without build isolation from the
 # venv's own setuptools/cffi: no per-run download of a build environment.
-"$PY" - "$REPO/pyproject.toml" > "$TMPD/reqs.txt" <<'EOF'
+"$PY" - "$REPO/pyproject.toml" "$TEST" > "$TMPD/reqs.txt" <<'EOF'
 import sys, tomllib
 with open(sys.argv[1], "rb") as f:
     meta = tomllib.load(f)
 reqs = list(meta.get("build-system", {}).get("requires", []))
 reqs += meta["project"].get("dependencies", [])
-reqs += meta["project"].get("optional-dependencies", {}).get("test", [])
+if sys.argv[2] == "yes":
+    reqs += meta["project"].get("optional-dependencies", {}).get("test", [])
 print("\n".join(dict.fromkeys(reqs)))  # once each, in order
 EOF
 log "pip: requirements ($(paste -sd' ' "$TMPD/reqs.txt"))"
@@ -168,9 +199,19 @@ fi
 # ---------------------------------------------------------------------------
 # 6. configuration
 # ---------------------------------------------------------------------------
+# systemd as PID 1 (sd_booted) and a pure cgroup v2: job cgroups go into the
+# delegated geco-jobs.service, where systemd leaves geco's controllers and limits alone
+SYSTEMD=no
+[ -d /run/systemd/system ] && SYSTEMD=yes
+JOBS_BASE=/sys/fs/cgroup/system.slice/geco-jobs.service/jobs
 if [ -f "$REPO/conf/geco.toml" ]; then
   if [ -e /etc/geco/geco.toml ]; then
     log "config: /etc/geco/geco.toml kept (exists)"
+  elif [ "$SYSTEMD" = yes ] && [ "$(stat -fc %T /sys/fs/cgroup)" = cgroup2fs ]; then
+    install -d -m 0755 /etc/geco
+    sed "s|^v2_base = \"\"|v2_base = \"$JOBS_BASE\"|" "$REPO/conf/geco.toml" > /etc/geco/geco.toml
+    grep -q "^v2_base = \"$JOBS_BASE\"" /etc/geco/geco.toml || die "conf/geco.toml has no v2_base line"
+    log "config: installed /etc/geco/geco.toml (cgroup v2 under systemd: v2_base in geco-jobs.service)"
   else
     install -D -m 0644 "$REPO/conf/geco.toml" /etc/geco/geco.toml
     log "config: installed /etc/geco/geco.toml"
@@ -202,4 +243,22 @@ fi
 
 # Whatever umask pip or an earlier run used: job owners must read and execute it all.
 chmod -R a+rX "$PREFIX"
+
+# ---------------------------------------------------------------------------
+# 9. systemd: gecod, the job subtree, and sge_execd with the preload
+# ---------------------------------------------------------------------------
+if [ "$SYSTEMD" = yes ]; then
+  install -m 0644 "$REPO/conf/gecod.service" "$REPO/conf/geco-jobs.service" /etc/systemd/system/
+  # the upstream unit name (SGE/OCS templates) and Debian's (its init script)
+  for unit in sgeexecd.service gridengine-exec.service; do
+    install -D -m 0644 "$REPO/conf/systemd/gridengine-exec.service.d/geco-preload.conf" \
+      "/etc/systemd/system/$unit.d/geco-preload.conf"
+  done
+  systemctl daemon-reload
+  systemctl enable --quiet gecod.service
+  # a restart picks up the new geco; jobs live in geco-jobs.service and stay
+  systemctl restart gecod.service || die "gecod did not start: $(journalctl -u gecod -n 5 --no-pager)"
+  log "systemd: gecod.service enabled and running, jobs in geco-jobs.service, execd drop-ins" \
+    "(a running sge_execd loads the preload at its next restart)"
+fi
 log "done"

@@ -3,12 +3,17 @@
 # geco's hooks, for integration tests and the demo.
 #
 #   integration/sge/setup.sh            install (if needed), configure, start
+#   integration/sge/setup.sh --print-packages   the Debian packages it installs, one a line
 #   integration/sge/teardown.sh         stop the daemons again
 #
-# Run as root. Works without systemd as PID 1: the daemons are started directly,
-# never through the Debian init scripts. Idempotent, and fast when nothing changed:
-# if both daemons run and the last successful run used the same settings, it only
-# clears queue error states left behind and returns (~0.3 s).
+# Run as root. Never through Debian's init scripts (their stop does not work: it looks
+# for a pid file sge_qmaster never writes). Without systemd as PID 1 the daemons are
+# started directly; with systemd they run as the units sgemaster.service and
+# sgeexecd.service, written here (the names of Grid Engine's own templates, which
+# geco's units and its execd drop-in name), and Debian's gridengine-master/-exec are
+# masked. Idempotent, and fast when nothing changed: if both daemons run and the last
+# successful run used the same settings, it only clears queue error states left behind
+# and returns (~0.3 s).
 #
 # Settings (environment; unset or empty = default):
 #   GECO_PROLOG        queue prolog, verbatim, e.g. 'root@/opt/geco/libexec/prolog $job_id $ja_task_id'
@@ -25,6 +30,8 @@
 #   GECO_EXECD_PRELOAD LD_PRELOAD for sge_execd (geco's exec() wrapper,
 #                      /opt/geco/lib/libgeco_preload.so); empty = none. A running execd
 #                      with another value is restarted (running jobs survive that).
+#                      Under systemd the preload comes from sgeexecd.service's drop-in
+#                      (scripts/install.sh puts geco's there) and this setting is ignored.
 #   SGE_EXECD_PARAMS   execd_params of the global configuration (default none;
 #                      KEEP_ACTIVE=true keeps active_jobs/* for debugging)
 #   SGE_SCHEDULE_INTERVAL scheduler interval (default 0:0:1: jobs start within ~1 s)
@@ -51,6 +58,9 @@ STATE=$SPOOL/geco-setup.state
 QUEUE=all.q
 TIMEOUT=${SGE_START_TIMEOUT:-90}
 PACKAGES=(gridengine-master gridengine-exec gridengine-client gridengine-common netbase)
+if [ "${1:-}" = --print-packages ]; then printf '%s\n' "${PACKAGES[@]}"; exit 0; fi
+SYSTEMD=no
+[ -d /run/systemd/system ] && SYSTEMD=yes
 
 T0=$(date +%s%N)
 log() { local ms=$(( ($(date +%s%N) - T0) / 1000000 )); printf '[sge-setup %3d.%01ds] %s\n' $((ms / 1000)) $(((ms % 1000) / 100)) "$*"; }
@@ -124,8 +134,68 @@ fix_queue() {
 # start_daemon CMD [VAR=value...]: the extra variables (only LD_PRELOAD for execd) are the
 # one thing of ours a daemon gets.
 start_daemon() {
-  (cd / && env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 "${@:2}" setsid "$1" \
-     </dev/null >/dev/null 2>&1)
+  if [ "$SYSTEMD" = yes ]; then
+    local unit; unit=$(unit_of "$1")
+    systemctl start "$unit" 2>/dev/null \
+      || die "systemctl start $unit failed:$(printf '\n'; journalctl -u "$unit" -n 15 --no-pager -o cat)"
+  else
+    (cd / && env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 "${@:2}" setsid "$1" \
+       </dev/null >/dev/null 2>&1)
+  fi
+}
+unit_of() { case "$1" in */sge_qmaster) echo sgemaster.service ;; *) echo sgeexecd.service ;; esac; }
+# The daemons as systemd units (only with systemd as PID 1). KillMode=process for
+# execd: stopping or restarting it leaves the running jobs' shepherds alone, as Grid
+# Engine expects of an execd restart.
+write_units() {
+  local changed=no
+  printf '%s\n' "# written by geco's integration/sge/setup.sh" "[Unit]" \
+    "Description=Grid Engine qmaster" "After=network-online.target remote-fs.target" "" \
+    "[Service]" "Type=forking" "PIDFile=$SPOOL/qmaster/qmaster.pid" \
+    "ExecStart=/usr/sbin/sge_qmaster" "Environment=LANG=C.UTF-8" "TimeoutStopSec=90" \
+    > "$TMPD/sgemaster.service"
+  printf '%s\n' "# written by geco's integration/sge/setup.sh" "[Unit]" \
+    "Description=Grid Engine execution daemon" \
+    "After=network-online.target remote-fs.target sgemaster.service" "" \
+    "[Service]" "Type=forking" "PIDFile=$SPOOL/execd/$SGEH/execd.pid" \
+    "ExecStart=/usr/sbin/sge_execd" "Environment=LANG=C.UTF-8" "KillMode=process" \
+    > "$TMPD/sgeexecd.service"
+  for unit in sgemaster.service sgeexecd.service; do
+    cmp -s "$TMPD/$unit" "/etc/systemd/system/$unit" && continue
+    install -m 0644 "$TMPD/$unit" /etc/systemd/system/
+    changed=yes
+  done
+  for unit in gridengine-master.service gridengine-exec.service; do
+    [ -e "/etc/init.d/${unit%.service}" ] || continue
+    if [ -n "$(unit_pids "$unit")" ]; then
+      # started at boot or by the package: it holds the daemon's port. Its stop cannot
+      # find the daemon, systemd can: end what runs in the unit's cgroup.
+      systemctl kill --signal=SIGTERM "$unit"
+      wait_for 60 "$unit to end" unit_empty "$unit"
+      systemctl stop "$unit"
+      log "   stopped what Debian's $unit had started"
+    fi
+    if [ "$(systemctl is-enabled "$unit" 2>/dev/null)" != masked ]; then
+      systemctl mask --quiet "$unit"
+      changed=yes
+      log "   masked Debian's $unit (its stop cannot stop the daemon)"
+    fi
+  done
+  if [ "$changed" = yes ]; then
+    systemctl daemon-reload
+    log "   wrote sgemaster.service and sgeexecd.service"
+  fi
+}
+# The pids in a unit's cgroup (cgroup v2, or the unified hierarchy of a hybrid layout).
+unit_pids() {
+  local cg; cg=$(systemctl show -p ControlGroup --value "$1")
+  [ -n "$cg" ] || return 0
+  cat "/sys/fs/cgroup$cg/cgroup.procs" "/sys/fs/cgroup/unified$cg/cgroup.procs" 2>/dev/null || true
+}
+unit_empty() { [ -z "$(unit_pids "$1")" ]; }
+# The LD_PRELOAD sgeexecd.service gives execd (its drop-ins included).
+unit_preload() {
+  systemctl show -p Environment --value sgeexecd.service | tr ' ' '\n' | sed -n 's/^LD_PRELOAD=//p'
 }
 wait_for() { # seconds description command...
   local t=$1 what=$2; shift 2
@@ -171,6 +241,7 @@ fi
 # ---------------------------------------------------------------------------
 # 1. fast path: already up with the same settings
 # ---------------------------------------------------------------------------
+[ "$SYSTEMD" = yes ] && EXECD_PRELOAD=$(unit_preload)
 if have_sge; then
   SGEH=$(sge_host)
   if [ -e "$STATE" ] && fingerprint | cmp -s - "$STATE" && qmaster_up && execd_up && queue_usable; then
@@ -276,6 +347,10 @@ SGEH=$(sge_host)
 # a new container has a new host name: the master is always this host
 echo "$SGEH" > "$COMMON/act_qmaster"; chown sgeadmin:sgeadmin "$COMMON/act_qmaster"
 log "   SGE host name: $SGEH"
+if [ "$SYSTEMD" = yes ]; then
+  write_units
+  EXECD_PRELOAD=$(unit_preload)
+fi
 
 # ---------------------------------------------------------------------------
 # 5. qmaster

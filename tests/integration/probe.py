@@ -1,7 +1,8 @@
 """Job payload for the integration tests: report containment as seen from inside a job.
 
 Runs under the system python3 as the job owner (no geco import). Prints one
-JSON line with what the kernel says about this process, then optionally
+JSON line with what the kernel says about this process (on cgroup v2 also under
+"v2": the effective cpus and memory limits of its cgroup), then optionally
 allocates memory (touching every page) and/or sleeps:
 
     probe.py [--alloc MIB] [--sleep SECONDS]
@@ -45,6 +46,11 @@ def main(argv):
         "env": {k: v for k, v in os.environ.items() if k.startswith("GECO_")},
         "start": time.time(),
     }
+    if "memory" not in cg and "unified" in cg:
+        # cgroup v2: one hierarchy, the limits in its own file names
+        v2 = "/sys/fs/cgroup" + cg["unified"]
+        report["v2"] = {name: read(f"{v2}/{name}") for name in
+                        ("cpuset.cpus.effective", "memory.max", "memory.swap.max")}
     print(json.dumps(report), flush=True)
     if alloc:
         # bytes * n writes every byte, so the pages are really charged to the cgroup

@@ -2,7 +2,7 @@
 
 This host has a hybrid v1 layout, so cpuset and memory cannot appear on a
 cgroup2 here; only a guest kernel can show them. :mod:`vmrun` boots a
-throw-away Debian VM (``run-in-vm.sh``, with the VM tests' packages baked
+throw-away Debian VM (``integration/vm/run-in-vm.sh``, with the VM tests' packages baked
 into its cached image), shares this repository read-mostly at its working
 directory, and runs pytest there.
 
@@ -10,7 +10,7 @@ The guest writes nothing to the share: no bytecode (PYTHONDONTWRITEBYTECODE)
 and no pytest cache (``-p no:cacheprovider``); the run-in-vm exit status and
 pytest's closing line decide, and any failure shows the guest's output.
 
-Cost: the first run builds the image (~2-3 min, cached in /var/cache/run-in-vm);
+Cost: the first run builds the image (~2-3 min, cached in /var/cache/geco-vm);
 each run boots in ~25 s under software emulation.
 """
 
@@ -27,5 +27,8 @@ GUEST_COMMAND = ("PYTHONDONTWRITEBYTECODE=1 python3 -m pytest -q -p no:cacheprov
 pytestmark = pytest.mark.vm
 
 
-def test_given_the_qemu_machine_when_tests_vm_run_inside_then_all_of_them_pass() -> None:
-    vmrun.assert_all_passed(vmrun.run(GUEST_COMMAND))
+def test_given_the_qemu_machine_when_tests_vm_run_inside_then_all_of_them_pass(
+        figures: list[str]) -> None:
+    result = vmrun.run(GUEST_COMMAND)
+    vmrun.assert_all_passed(result)
+    figures.append(result.figure("tests/vm (the v2 backend)"))

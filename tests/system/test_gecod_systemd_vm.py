@@ -9,7 +9,7 @@ bridge there against the guest's libhwloc, and runs pytest on
 back to the share.
 
 Cost: the first run builds the image with the VM tests' packages (~2-3 min,
-cached in /var/cache/run-in-vm); then a boot (~25 s on an idle host) and the
+cached in /var/cache/geco-vm); then a boot (~25 s on an idle host) and the
 story itself, which waits out 1.5 watchdog periods (45 s) under emulation.
 """
 
@@ -18,14 +18,8 @@ from __future__ import annotations
 import pytest
 import vmrun
 
-# The share minus what must not or need not travel: git history, caches, and build
-# products of the host (the hwloc bridge is built against the guest's libhwloc).
-_COPY = ("rm -rf /root/geco && mkdir /root/geco && tar -C \"$RUNINVM_MOUNT\" "
-         "--exclude=./.git --exclude=__pycache__ --exclude='*.so' --exclude='*.o' "
-         "--exclude=./.mypy_cache --exclude=./.ruff_cache --exclude=./.hypothesis "
-         "--exclude=./.pytest_cache -cf - . | tar -C /root/geco -xf -")
 # --noconftest: tests/conftest.py serves the host suite (Grid Engine, journald)
-GUEST_COMMAND = (f"set -e; {_COPY}; cd /root/geco; "
+GUEST_COMMAND = (f"set -e; {vmrun.COPY_TO_GUEST}; cd /root/geco; "
                  "python3 -m geco._hwloc_build >/dev/null; "
                  "python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts= -rfEs "
                  "tests/vm_systemd")
@@ -34,5 +28,7 @@ pytestmark = pytest.mark.vm
 
 
 def test_given_the_qemu_machine_when_gecod_runs_under_systemd_then_the_whole_story_passes(
-) -> None:
-    vmrun.assert_all_passed(vmrun.run(GUEST_COMMAND))
+        figures: list[str]) -> None:
+    result = vmrun.run(GUEST_COMMAND)
+    vmrun.assert_all_passed(result)
+    figures.append(result.figure("tests/vm_systemd (gecod as a service)"))

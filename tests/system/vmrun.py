@@ -1,11 +1,11 @@
 """Boot the QEMU test machine and judge the pytest run inside it (shared by the ``*_vm`` tests).
 
-``run-in-vm.sh`` (from the shared directory: ``$GECO_SHARED`` or
-``<repo>/../shared``) boots a throw-away Debian VM with systemd as PID 1 on a
-pure cgroup v2, shares this repository at its working directory, runs one
-command as root and exits with its status. Every VM test asks for the same
-Debian packages (:data:`PACKAGES`): the cached image is keyed by that exact
-list, so they all share one image (built once, ~2-3 min).
+``integration/vm/run-in-vm.sh`` boots a throw-away Debian VM with systemd as
+PID 1 on a pure cgroup v2, shares this repository at its working directory,
+runs one command as root and exits with its status. Every VM test asks for the
+same Debian packages (:func:`packages`): the cached image is keyed by that
+exact list, so they all share one image (built once, ~3 min, in
+``/var/cache/geco-vm``).
 
 A guest pytest run passes when run-in-vm exits 0 and pytest's closing line
 counts only passed tests: a skip inside the VM means the machine is not what
@@ -21,26 +21,43 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
-__all__ = ["PACKAGES", "REPO", "TIMEOUT", "VmRun", "assert_all_passed", "run", "runner",
-           "summary"]
+__all__ = ["COPY_TO_GUEST", "MASK", "PRESEED", "REPO", "RUNNER", "TIMEOUT", "VmRun",
+           "assert_all_passed", "packages", "run", "summary"]
 
 REPO = Path(__file__).resolve().parents[2]
-# What the guests need: pytest; geco's imports (cffi, lxml, nacl, psutil, systemd);
-# and a C toolchain with hwloc to build geco's hwloc bridge on the guest's own disk.
-PACKAGES = ("gcc", "hwloc", "libc6-dev", "libhwloc-dev", "pkg-config", "python3-cffi",
-            "python3-dev", "python3-lxml", "python3-nacl", "python3-psutil", "python3-pytest",
-            "python3-systemd")
-# image build (~2-3 min) + boot (~25 s, more on a busy host) + the tests at ~8x
+RUNNER = REPO / "integration" / "vm" / "run-in-vm.sh"
+# What the guests need beyond an execution host's packages (scripts/install.sh) and Grid
+# Engine's (integration/sge/setup.sh): geco's Python dependencies from Debian, so the
+# guest's venv (GECO_SYSTEM_PACKAGES=1) needs no PyPI under emulation, and pytest.
+GUEST_PYTHON = ("libc6-dev", "python3-cffi", "python3-lxml", "python3-nacl", "python3-pip",
+                "python3-psutil", "python3-pytest", "python3-setuptools", "python3-systemd",
+                "python3-wheel")
+# Grid Engine in the image is configured in the guest by integration/sge/setup.sh, for
+# the guest's own host name; not for the build host's by the package's postinst.
+PRESEED = "gridengine-common shared/gridengineconfig boolean false"
+# setup.sh runs Grid Engine as units of its own; Debian's init scripts would start an
+# execd at every boot (holding its port, ~25 s of boot under emulation)
+MASK = "gridengine-master.service gridengine-exec.service"
+# The guest's own copy of the share, minus what must not or need not travel: git history,
+# caches, and build products of the host (the hwloc bridge is built against the guest's
+# libhwloc). 9p is slow for many small files, and nothing is written back to the share.
+COPY_TO_GUEST = ("rm -rf /root/geco && mkdir /root/geco && tar -C \"$RUNINVM_MOUNT\" "
+                 "--exclude=./.git --exclude=__pycache__ --exclude='*.so' --exclude='*.o' "
+                 "--exclude=./.mypy_cache --exclude=./.ruff_cache --exclude=./.hypothesis "
+                 "--exclude=./.pytest_cache -cf - . | tar -C /root/geco -xf -")
+# image build (~3 min) + boot (~25 s, more on a busy host) + the tests at ~8x
 # emulation slowdown, with room
 TIMEOUT = 1800
 
 
-def runner() -> Path:
-    """Where run-in-vm.sh is: ``$GECO_SHARED/vm`` or ``<repo>/../shared/vm``."""
-    shared = Path(os.environ.get("GECO_SHARED") or REPO.parent / "shared")
-    return shared / "vm" / "run-in-vm.sh"
+def packages() -> list[str]:
+    """The image's Debian packages, sorted (one image key for every VM test)."""
+    listed: set[str] = set(GUEST_PYTHON)
+    for script in ("scripts/install.sh", "integration/sge/setup.sh"):
+        out = subprocess.run(["bash", str(REPO / script), "--print-packages"], text=True,
+                             capture_output=True, check=True).stdout
+        listed.update(out.split())
+    return sorted(listed)
 
 
 def summary(output: str) -> dict[str, int]:
@@ -79,32 +96,29 @@ class VmRun:
         found = re.findall(r"run-in-vm: timings: (.*)", self.stderr)
         return found[-1] if found else ""
 
+    def figure(self, what: str) -> str:
+        """One line for the run's figures: the whole call, boot and command, and the image
+        build when this call made the image."""
+        built = re.findall(r"run-in-vm: image built: (.*)", self.stderr)
+        return (f"VM {what}: {self.seconds:.0f} s in all; {self.timings or 'no timings'}"
+                + (f"; image built first: {built[-1]}" if built else ""))
 
-def run(command: str, *, timeout: float = TIMEOUT) -> VmRun:
-    """Boot the VM with :data:`PACKAGES`, run ``command`` (one ``bash -c`` string) as root.
 
-    ``$VM_EXTRA_PACKAGES`` adds packages (the image key then changes); ``$VM_VERBOSE``
-    defaults to 1 so the boot and command times are reported.
+def run(command: str, *, timeout: float = TIMEOUT, mem_mib: int = 2048) -> VmRun:
+    """Boot the VM with :func:`packages`, run ``command`` (one ``bash -c`` string) as root.
 
-    Skips (machine-level reasons) when not root, when there is no run-in-vm.sh, or
-    when qemu is missing and cannot be installed.
+    ``$VM_VERBOSE`` defaults to 1 so the boot and command times are reported. The
+    machine needs root and qemu (``scripts/install.sh --test`` installs it); without
+    them this fails, it never skips: the modern node would silently go untested.
     """
-    if os.geteuid() != 0:
-        pytest.skip("run-in-vm.sh needs root (debootstrap, chroot, 9p passthrough)")
-    script = runner()
-    if not script.is_file():
-        pytest.skip(f"no VM runner at {script}; set GECO_SHARED to the shared/ directory")
-    env = dict(os.environ)
-    extra = set(env.get("VM_EXTRA_PACKAGES", "").split()) | set(PACKAGES)
-    env["VM_EXTRA_PACKAGES"] = " ".join(sorted(extra))  # sorted: one image key per set
+    assert os.geteuid() == 0, "run-in-vm.sh needs root (debootstrap, chroot, 9p passthrough)"
+    env = dict(os.environ, VM_EXTRA_PACKAGES=" ".join(packages()), VM_PRESEED=PRESEED,
+               VM_MASK=MASK, VM_MEM=str(mem_mib))
     env.setdefault("VM_VERBOSE", "1")
     started = time.monotonic()
-    proc = subprocess.run([str(script), str(REPO), command], env=env, text=True,
+    proc = subprocess.run([str(RUNNER), str(REPO), command], env=env, text=True,
                           capture_output=True, timeout=timeout, check=False)
     result = VmRun(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - started)
-    if proc.returncode == 126 and "apt-get install" in proc.stderr:
-        pytest.skip("no qemu-system-x86_64 here and it cannot be installed: "
-                    + proc.stderr.strip().splitlines()[-1])
     # shown with -rP or -s: the figures the VM README asks CI to watch
     print(f"run-in-vm: {result.seconds:.1f} s in all; {result.timings or 'no timings'}")
     return result

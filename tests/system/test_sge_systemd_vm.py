@@ -1,0 +1,48 @@
+"""A real Grid Engine with geco on the modern node (tests/vm_sge), inside the QEMU machine.
+
+One boot (:mod:`vmrun`) for the whole story: the guest copies this repository
+onto its own disk and installs geco as an admin would, ``scripts/install.sh``
+(with ``GECO_SYSTEM_PACKAGES=1``: the venv takes geco's Python dependencies
+from the image's Debian packages, no PyPI under emulation), which on systemd
+installs and enables gecod.service, geco-jobs.service and the execd drop-in.
+Then pytest runs ``tests/vm_sge`` there, whose fixtures bring up Grid Engine as
+systemd units and submit real jobs. Last, the guest prints its prolog and
+epilog times from its journal; this test prints them beside this host's (the
+hooks the integration tests of this run journaled) under "figures".
+
+Cost: the image (shared with the other VM tests, ~3 min once, cached in
+/var/cache/geco-vm), a boot (~25 s), the install (~2 min under emulation) and
+the jobs.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+import vmrun
+
+BENCH = "bench/bench_hooks.py"
+GUEST_COMMAND = (
+    f"set -e; {vmrun.COPY_TO_GUEST}; cd /root/geco; since=$(date +%s); "
+    "GECO_SYSTEM_PACKAGES=1 scripts/install.sh; rc=0; "
+    "GECO_KEEP_SGE=1 PYTHONDONTWRITEBYTECODE=1 /opt/geco/venv/bin/python -m pytest -q "
+    "-p no:cacheprovider -o addopts= -rfEs tests/vm_sge || rc=$?; "
+    f"/opt/geco/venv/bin/python {BENCH} --since \"$since\" | sed 's/^/guest: /'; exit $rc")
+
+pytestmark = pytest.mark.vm
+
+
+def test_given_the_qemu_machine_when_grid_engine_runs_geco_under_systemd_then_jobs_are_contained(
+        journal: Any, figures: list[str]) -> None:
+    # 6 GiB: Grid Engine's h_vmem default (2G a slot) must fit twice in the host's capacity
+    result = vmrun.run(GUEST_COMMAND, mem_mib=6144)
+    vmrun.assert_all_passed(result)
+    figures.append(result.figure("tests/vm_sge (Grid Engine with geco's systemd units)"))
+    figures.extend(f"in the VM: {line.removeprefix('guest: ')}"
+                   for line in result.stdout.splitlines() if line.startswith("guest: "))
+    host = subprocess.run([sys.executable, str(vmrun.REPO / BENCH), "--since",
+                           str(journal.since)], capture_output=True, text=True, check=False)
+    figures.extend(f"this host: {line}" for line in host.stdout.splitlines())

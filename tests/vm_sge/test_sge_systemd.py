@@ -1,0 +1,234 @@
+"""A real Grid Engine runs geco on the modern node: systemd as PID 1, pure cgroup v2.
+
+Runs INSIDE the QEMU machine: ``tests/system/test_sge_systemd_vm.py`` boots it,
+copies this repository onto the guest's disk, runs ``scripts/install.sh`` as an
+admin would (it installs and enables gecod.service and geco-jobs.service, and the
+drop-in that makes sge_execd load geco's exec() preload), then this module. Its
+``sge`` fixture (tests/conftest.py) brings up a single-host Grid Engine with
+``integration/sge/setup.sh``, which under systemd runs the daemons as
+sgemaster.service and sgeexecd.service: execd gets the preload from the drop-in.
+
+Jobs are submitted by an unprivileged user and report from inside (probe.py)
+what the kernel says; the tests read the same from the cgroup files, systemd and
+the real journal. They form one story in file order (one boot): the install,
+batch and ``-pe`` jobs, a ``qrsh -inherit`` task, an OOM kill, then gecod
+restarted, SIGKILLed and systemd reloaded while a job runs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.conftest import PROBE, JobDir
+
+MOUNT = Path("/sys/fs/cgroup")
+JOBS = MOUNT / "system.slice" / "geco-jobs.service" / "jobs"
+PRELOAD = "/opt/geco/lib/libgeco_preload.so"
+M = 1 << 20
+# the emulated machine is ~8x slower than the host: generous waits
+SLOW = 300.0
+
+
+def _why_not() -> str:
+    if os.environ.get("RUNINVM") != "1":
+        return ("these tests install systemd units and a Grid Engine: they run only in the "
+                "throw-away VM (tests/system/test_sge_systemd_vm.py)")
+    if Path("/proc/1/comm").read_text().strip() != "systemd":
+        return "systemd is not PID 1 here"
+    if "memory" not in (MOUNT / "cgroup.controllers").read_text().split():
+        return f"{MOUNT} is no cgroup2 with memory"
+    return ""
+
+
+pytestmark = [pytest.mark.vm, pytest.mark.skipif(bool(_why_not()), reason=_why_not())]
+
+
+def sh(*argv: str, check: bool = True) -> str:
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=SLOW, check=False)
+    assert not check or proc.returncode == 0, f"{argv} exited {proc.returncode}: {proc.stderr}"
+    return proc.stdout.strip()
+
+
+def main_pid(unit: str) -> int:
+    return int(sh("systemctl", "show", "-p", "MainPID", "--value", unit))
+
+
+def wait_until(what: str, condition: Callable[[], Any], timeout: float = SLOW) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (result := condition()):
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
+        time.sleep(0.5)
+    return result
+
+
+def cgroup_of(pid: int) -> str:
+    return Path(f"/proc/{pid}/cgroup").read_text().strip().removeprefix("0::")
+
+
+def limits(key: str) -> dict[str, str]:
+    """What the kernel enforces on the job's cgroup."""
+    d = JOBS / key
+    return {name: (d / name).read_text().strip()
+            for name in ("cpuset.cpus.effective", "memory.max", "memory.swap.max")}
+
+
+def cpus(listing: str) -> set[int]:
+    out: set[int] = set()
+    for part in listing.split(","):
+        first, _, last = part.partition("-")
+        out.update(range(int(first), int(last or first) + 1))
+    return out
+
+
+@pytest.fixture(scope="module")
+def job_dir(sge: Any, job_owner: Any) -> JobDir:
+    sge.require_hooks()
+    path = job_owner.make_dir("vm")
+    shutil.copy(PROBE, path / "probe.py")
+    os.chown(path / "probe.py", job_owner.uid, job_owner.gid)
+    return JobDir(path, sge, job_owner)
+
+
+def finished(sge: Any, job_dir: JobDir, name: str, job: int) -> dict[str, str]:
+    """The job's one accounting record, once it ended with exit 0 and an empty .e file."""
+    [record] = sge.wait_finished(job, timeout=SLOW)
+    assert (record["exit_status"], record["failed"]) == ("0", "0"), job_dir.output(
+        name, job, stream="e")
+    assert job_dir.output(name, job, stream="e") == ""
+    return record
+
+
+def test_install_put_gecod_the_job_subtree_and_the_preload_under_systemd(sge: Any) -> None:
+    """Given scripts/install.sh on a systemd node, then gecod is enabled and running in its
+    unit, the jobs' subtree is geco-jobs.service, and sge_execd (sgeexecd.service) runs
+    with geco's preload from the drop-in."""
+    assert sh("systemctl", "is-enabled", "gecod.service") == "enabled"
+    assert sh("systemctl", "is-active", "gecod.service", "geco-jobs.service").split() == [
+        "active", "active"]
+    assert cgroup_of(main_pid("gecod.service")) == "/system.slice/gecod.service"
+    assert f'v2_base = "{JOBS}"' in Path("/etc/geco/geco.toml").read_text()
+    execd = main_pid("sgeexecd.service")
+    assert Path(f"/proc/{execd}/comm").read_text().strip() == "sge_execd"
+    environ = Path(f"/proc/{execd}/environ").read_bytes().split(b"\0")
+    assert f"LD_PRELOAD={PRELOAD}".encode() in environ
+
+
+def test_a_batch_job_runs_on_one_whole_core_with_its_ram_and_swap_limits(
+        sge: Any, job_dir: JobDir, journal: Any) -> None:
+    """Given a one-slot job with m_mem_free=300M and h_vmem=400M, then from inside it sees
+    its cgroup in geco-jobs.service, one cpu, memory.max 300M and memory.swap.max 100M
+    (RAM+swap = h_vmem); it ends normally and its cgroup is gone; and journalctl JOB_ID=N
+    tells its story in order."""
+    job = job_dir.submit("batch", "-l", "m_mem_free=300M,h_vmem=400M")
+    finished(sge, job_dir, "batch", job)
+    [report] = [r for r in job_dir.reports("batch", job) if "cgroups" in r]
+
+    assert report["cgroups"] == {"unified": f"/{JOBS.relative_to(MOUNT)}/{job}.1"}
+    assert len(report["cpus"]) == 1
+    assert report["v2"] == {"cpuset.cpus.effective": str(report["cpus"][0]),
+                            "memory.max": str(300 * M), "memory.swap.max": str(100 * M)}
+    assert report["env"]["GECO_MEMORY_LIMIT"] == str(300 * M)
+    wait_until("the job's cgroup removed", lambda: not (JOBS / f"{job}.1").exists(), 60)
+
+    story = [e["GECO_EVENT"] for e in journal.entries(JOB_ID=str(job)) if "GECO_EVENT" in e]
+    wanted = ["quarantined", "resources-read", "job-contained", "prolog-done", "job-started",
+              "job-end"]
+    assert [e for e in story if e in wanted] == wanted, story
+
+
+def test_a_pe_job_gets_both_cores_and_its_qrsh_inherit_task_lands_in_the_same_cgroup(
+        sge: Any, job_dir: JobDir) -> None:
+    """Given -pe mpi 2 with m_mem_free=200M per slot whose script starts a task with
+    `qrsh -inherit` (no prolog runs for it: the preload asks gecod), then master and task
+    report the job's one cgroup, both cpus and memory.max = 2 x 200M."""
+    job = job_dir.submit(
+        "mpi", "-pe", "mpi", "2", "-l", "m_mem_free=200M",
+        script="/usr/bin/python3 probe.py\n"
+               "qrsh -inherit \"$HOSTNAME\" /usr/bin/python3 \"$PWD/probe.py\"\n")
+    finished(sge, job_dir, "mpi", job)
+    reports = [r for r in job_dir.reports("mpi", job) if "cgroups" in r]
+
+    assert len(reports) == 2 and reports[0]["pid"] != reports[1]["pid"]
+    for r in reports:
+        assert r["cgroups"] == {"unified": f"/{JOBS.relative_to(MOUNT)}/{job}.1"}
+        assert len(r["cpus"]) == 2
+        assert cpus(r["v2"]["cpuset.cpus.effective"]) == set(r["cpus"])
+        assert r["v2"]["memory.max"] == str(400 * M)
+
+
+def test_a_job_over_its_memory_is_oom_killed_and_told_in_its_e_file_and_the_journal(
+        sge: Any, job_dir: JobDir, journal: Any) -> None:
+    """Given m_mem_free=100M and a job that fills 300M, then the kernel kills it at its
+    limit; gecod finds the kill through memory.events, the owner reads why in the job's
+    .e file, and the journal has the oom event and OOM_KILLS=1 in the job's end."""
+    job = job_dir.submit("oom", "-l", "m_mem_free=100M", probe="--alloc 300")
+    [record] = sge.wait_finished(job, timeout=SLOW)
+    assert record["exit_status"].split()[0] == "137", record  # "137 (Killed)": SIGKILL
+    stderr = job_dir.output("oom", job, stream="e")
+    assert f"geco: job {job} on node" in stderr
+    assert "used more memory than it requested" in stderr
+    [oom] = journal.wait_for(60, JOB_ID=str(job), GECO_EVENT="oom")
+    assert oom["LIMIT"] == str(100 * M)
+    [end] = journal.wait_for(60, JOB_ID=str(job), GECO_EVENT="job-end")
+    assert end["OOM_KILLS"] == "1"
+
+
+def test_gecod_restarted_killed_and_systemd_reloaded_leave_a_running_job_contained(
+        sge: Any, job_dir: JobDir, journal: Any) -> None:
+    """Given a running job, when `systemctl restart gecod`, then `systemctl kill -s KILL
+    gecod` (systemd restarts it), then `systemctl daemon-reload`: the job keeps running in
+    its cgroup with its limits untouched, a job started meanwhile gets the other core (the
+    restarted gecod knows what is taken), and at its end the job is cleaned up."""
+    job = job_dir.submit("long", "-l", "m_mem_free=300M", script=(
+        "/usr/bin/python3 probe.py\n"
+        "while [ ! -e release ]; do sleep 0.5; done\n"
+        "/usr/bin/python3 probe.py\n"))
+    key = f"{job}.1"
+    first = wait_until("the job's first report", lambda: [
+        r for r in job_dir.reports("long", job) if "cgroups" in r]
+        if (job_dir.path / f"long.o{job}").exists() else None)[0]
+    before = limits(key)
+    assert before["memory.max"] == str(300 * M)
+    members = set((JOBS / key / "cgroup.procs").read_text().split())
+
+    def still_contained(after: str) -> None:
+        assert limits(key) == before, after
+        now = set((JOBS / key / "cgroup.procs").read_text().split())
+        assert members & now, f"after {after}: the job's processes left its cgroup"
+        assert sge.is_known(job), f"after {after}: the job ended"
+
+    old = main_pid("gecod.service")
+    sh("systemctl", "restart", "gecod.service")
+    assert main_pid("gecod.service") not in (0, old)
+    still_contained("systemctl restart gecod")
+
+    old = main_pid("gecod.service")
+    sh("systemctl", "kill", "-s", "KILL", "gecod.service")
+    wait_until("gecod restarted by systemd", lambda: main_pid("gecod.service") not in (0, old)
+               and sh("systemctl", "is-active", "gecod.service", check=False) == "active")
+    still_contained("systemctl kill -s KILL gecod")
+
+    other = job_dir.submit("other", "-l", "m_mem_free=100M")
+    finished(sge, job_dir, "other", other)
+    [report] = [r for r in job_dir.reports("other", other) if "cgroups" in r]
+    assert not set(report["cpus"]) & set(first["cpus"]), (report["cpus"], first["cpus"])
+
+    sh("systemctl", "daemon-reload")
+    still_contained("systemctl daemon-reload")
+    assert {"cpuset", "memory"} <= set((JOBS / "cgroup.subtree_control").read_text().split())
+
+    (job_dir.path / "release").touch()
+    finished(sge, job_dir, "long", job)
+    last = [r for r in job_dir.reports("long", job) if "cgroups" in r][-1]
+    assert last["cgroups"] == first["cgroups"] and last["cpus"] == first["cpus"]
+    wait_until("the job's cgroup removed", lambda: not (JOBS / key).exists(), 60)
+    [end] = journal.wait_for(60, JOB_ID=str(job), GECO_EVENT="job-end")
+    assert end["CLEANED_BY"] == "epilog"
