@@ -52,7 +52,8 @@ def queue_without_prolog(sge: Any) -> Iterator[str]:
     try:
         yield queue
     finally:
-        run(["qdel", "-f", "-u", "*"], check=False)
+        # the test user's jobs only: a demo left running keeps its own
+        run(["qdel", "-f", "-u", sge.owner.name], check=False)
         run(["qconf", "-dq", queue], check=False)
         path.unlink()
 
