@@ -18,16 +18,14 @@ restarted, SIGKILLed and systemd reloaded while a job runs.
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.integration.conftest import PROBE, JobDir
+from geco.topology import parse_cpulist
+from tests.integration import livekit as kit
+from tests.integration.conftest import JobDir
 
 MOUNT = Path("/sys/fs/cgroup")
 JOBS = MOUNT / "system.slice" / "geco-jobs.service" / "jobs"
@@ -51,22 +49,12 @@ def _why_not() -> str:
 pytestmark = [pytest.mark.vm, pytest.mark.skipif(bool(_why_not()), reason=_why_not())]
 
 
-def sh(*argv: str, check: bool = True) -> str:
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=SLOW, check=False)
-    assert not check or proc.returncode == 0, f"{argv} exited {proc.returncode}: {proc.stderr}"
-    return proc.stdout.strip()
+def systemctl(*args: str, check: bool = True) -> str:
+    return kit.sh(["systemctl", *args], check=check, timeout=SLOW).stdout.strip()
 
 
 def main_pid(unit: str) -> int:
-    return int(sh("systemctl", "show", "-p", "MainPID", "--value", unit))
-
-
-def wait_until(what: str, condition: Callable[[], Any], timeout: float = SLOW) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (result := condition()):
-        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
-        time.sleep(0.5)
-    return result
+    return int(systemctl("show", "-p", "MainPID", "--value", unit))
 
 
 def cgroup_of(pid: int) -> str:
@@ -78,23 +66,6 @@ def limits(key: str) -> dict[str, str]:
     d = JOBS / key
     return {name: (d / name).read_text().strip()
             for name in ("cpuset.cpus.effective", "memory.max", "memory.swap.max")}
-
-
-def cpus(listing: str) -> set[int]:
-    out: set[int] = set()
-    for part in listing.split(","):
-        first, _, last = part.partition("-")
-        out.update(range(int(first), int(last or first) + 1))
-    return out
-
-
-@pytest.fixture(scope="module")
-def job_dir(sge: Any, job_owner: Any) -> JobDir:
-    sge.require_hooks()
-    path = job_owner.make_dir("vm")
-    shutil.copy(PROBE, path / "probe.py")
-    os.chown(path / "probe.py", job_owner.uid, job_owner.gid)
-    return JobDir(path, sge, job_owner)
 
 
 def finished(sge: Any, job_dir: JobDir, name: str, job: int) -> dict[str, str]:
@@ -110,8 +81,8 @@ def test_install_put_gecod_the_job_subtree_and_the_preload_under_systemd(sge: An
     """Given scripts/install.sh on a systemd node, then gecod is enabled and running in its
     unit, the jobs' subtree is geco-jobs.service, and sge_execd (sgeexecd.service) runs
     with geco's preload from the drop-in."""
-    assert sh("systemctl", "is-enabled", "gecod.service") == "enabled"
-    assert sh("systemctl", "is-active", "gecod.service", "geco-jobs.service").split() == [
+    assert systemctl("is-enabled", "gecod.service") == "enabled"
+    assert systemctl("is-active", "gecod.service", "geco-jobs.service").split() == [
         "active", "active"]
     assert cgroup_of(main_pid("gecod.service")) == "/system.slice/gecod.service"
     assert f'v2_base = "{JOBS}"' in Path("/etc/geco/geco.toml").read_text()
@@ -136,7 +107,7 @@ def test_a_batch_job_runs_on_one_whole_core_with_its_ram_and_swap_limits(
     assert report["v2"] == {"cpuset.cpus.effective": str(report["cpus"][0]),
                             "memory.max": str(300 * M), "memory.swap.max": str(100 * M)}
     assert report["env"]["GECO_MEMORY_LIMIT"] == str(300 * M)
-    wait_until("the job's cgroup removed", lambda: not (JOBS / f"{job}.1").exists(), 60)
+    kit.wait_until(lambda: not (JOBS / f"{job}.1").exists(), 60, "the job's cgroup removed")
 
     story = [e["GECO_EVENT"] for e in journal.entries(JOB_ID=str(job)) if "GECO_EVENT" in e]
     wanted = ["quarantined", "resources-read", "job-contained", "prolog-done", "job-started",
@@ -160,7 +131,7 @@ def test_a_pe_job_gets_both_cores_and_its_qrsh_inherit_task_lands_in_the_same_cg
     for r in reports:
         assert r["cgroups"] == {"unified": f"/{JOBS.relative_to(MOUNT)}/{job}.1"}
         assert len(r["cpus"]) == 2
-        assert cpus(r["v2"]["cpuset.cpus.effective"]) == set(r["cpus"])
+        assert parse_cpulist(r["v2"]["cpuset.cpus.effective"]) == set(r["cpus"])
         assert r["v2"]["memory.max"] == str(400 * M)
 
 
@@ -192,9 +163,9 @@ def test_gecod_restarted_killed_and_systemd_reloaded_leave_a_running_job_contain
         "while [ ! -e release ]; do sleep 0.5; done\n"
         "/usr/bin/python3 probe.py\n"))
     key = f"{job}.1"
-    first = wait_until("the job's first report", lambda: [
-        r for r in job_dir.reports("long", job) if "cgroups" in r]
-        if (job_dir.path / f"long.o{job}").exists() else None)[0]
+    output = job_dir.path / f"long.o{job}"
+    kit.wait_until(lambda: output.exists() and output.read_text(), SLOW, "the job's first report")
+    first = job_dir.reports("long", job)[0]
     before = limits(key)
     assert before["memory.max"] == str(300 * M)
     members = set((JOBS / key / "cgroup.procs").read_text().split())
@@ -206,14 +177,15 @@ def test_gecod_restarted_killed_and_systemd_reloaded_leave_a_running_job_contain
         assert sge.is_known(job), f"after {after}: the job ended"
 
     old = main_pid("gecod.service")
-    sh("systemctl", "restart", "gecod.service")
+    systemctl("restart", "gecod.service")
     assert main_pid("gecod.service") not in (0, old)
     still_contained("systemctl restart gecod")
 
     old = main_pid("gecod.service")
-    sh("systemctl", "kill", "-s", "KILL", "gecod.service")
-    wait_until("gecod restarted by systemd", lambda: main_pid("gecod.service") not in (0, old)
-               and sh("systemctl", "is-active", "gecod.service", check=False) == "active")
+    systemctl("kill", "-s", "KILL", "gecod.service")
+    kit.wait_until(lambda: main_pid("gecod.service") not in (0, old)
+                   and systemctl("is-active", "gecod.service", check=False) == "active",
+                   SLOW, "gecod restarted by systemd")
     still_contained("systemctl kill -s KILL gecod")
 
     other = job_dir.submit("other", "-l", "m_mem_free=100M")
@@ -221,7 +193,7 @@ def test_gecod_restarted_killed_and_systemd_reloaded_leave_a_running_job_contain
     [report] = [r for r in job_dir.reports("other", other) if "cgroups" in r]
     assert not set(report["cpus"]) & set(first["cpus"]), (report["cpus"], first["cpus"])
 
-    sh("systemctl", "daemon-reload")
+    systemctl("daemon-reload")
     still_contained("systemctl daemon-reload")
     assert {"cpuset", "memory"} <= set((JOBS / "cgroup.subtree_control").read_text().split())
 
@@ -229,6 +201,6 @@ def test_gecod_restarted_killed_and_systemd_reloaded_leave_a_running_job_contain
     finished(sge, job_dir, "long", job)
     last = [r for r in job_dir.reports("long", job) if "cgroups" in r][-1]
     assert last["cgroups"] == first["cgroups"] and last["cpus"] == first["cpus"]
-    wait_until("the job's cgroup removed", lambda: not (JOBS / key).exists(), 60)
+    kit.wait_until(lambda: not (JOBS / key).exists(), 60, "the job's cgroup removed")
     [end] = journal.wait_for(60, JOB_ID=str(job), GECO_EVENT="job-end")
     assert end["CLEANED_BY"] == "epilog"
