@@ -3,8 +3,9 @@
 #
 #   1. scripts/install.sh        packages, /opt/geco/venv, geco, hooks in /opt/geco/libexec
 #   2. gecod, the quarantine daemon, then integration/sge/setup.sh: a single-host Grid
-#      Engine whose queue runs geco's hooks and whose sge_execd runs with geco's exec()
-#      preload (every job's shepherd is put into the job's cgroups before it runs)
+#      Engine whose sge_execd runs with geco's exec() preload (every job's shepherd is put
+#      into the job's cgroups before it runs; gecod ends the job when the shepherd exits)
+#      and whose queue runs geco's starter_method
 #   3. as the user "gecodemo", five jobs from integration/demo/:
 #        serial   1 slot
 #        smp      -pe smp 2            (two cores, one cgroup)
@@ -12,8 +13,9 @@
 #        mpi      -pe mpi 2            (a qrsh -inherit task lands in the job's cgroups too)
 #        oom      -l m_mem_free=200M   (then uses 400M)
 #      each prints, from inside, its cgroups, its allowed CPUs and its memory limit
-#   4. waits, then shows each job's output, how the oom job ended (the owner's message
-#      in its .e file, its story from the journal) and what each job used
+#   4. waits, then shows each job's output, an interactive qrsh inside its cgroups, how
+#      the oom job ended (the owner's message in its .e file, its story from the journal)
+#      and what each job used
 #
 # Grid Engine keeps running afterwards (submit more as gecodemo, e.g.
 # `su - gecodemo -c 'qsub -b y -pe smp 2 sleep 60'`); integration/sge/teardown.sh stops it.
@@ -75,12 +77,18 @@ hooks=()
 if [ "${GECO_DEMO_HOOKS:-1}" = 0 ]; then
   echo "GECO_DEMO_HOOKS=0: plain Grid Engine, for comparison"
 else
-[ -x "$LIBEXEC/prolog" ] && hooks+=(GECO_PROLOG="root@$LIBEXEC/prolog \$job_id \$ja_task_id")
-[ -x "$LIBEXEC/epilog" ] && hooks+=(GECO_EPILOG="root@$LIBEXEC/epilog \$job_id \$ja_task_id")
+# with the preload, gecod contains each job at its shepherd's exec and ends it when the
+# shepherd exits: the queue needs geco's starter only (no prolog or epilog, which Son of
+# Grid Engine 8.1.9 kills for interactive jobs with a pty); without it, all three hooks
 [ -x "$LIBEXEC/starter" ] && hooks+=(GECO_STARTER="$LIBEXEC/starter")
-[ -r /opt/geco/lib/libgeco_preload.so ] && hooks+=(GECO_EXECD_PRELOAD=/opt/geco/lib/libgeco_preload.so)
-if [ ${#hooks[@]} -lt 3 ]; then
-  echo "WARNING: geco's hooks are not all in $LIBEXEC: the jobs below run with only plain Grid Engine"
+if [ -r /opt/geco/lib/libgeco_preload.so ]; then
+  hooks+=(GECO_EXECD_PRELOAD=/opt/geco/lib/libgeco_preload.so)
+else
+  [ -x "$LIBEXEC/prolog" ] && hooks+=(GECO_PROLOG="root@$LIBEXEC/prolog \$job_id \$ja_task_id")
+  [ -x "$LIBEXEC/epilog" ] && hooks+=(GECO_EPILOG="root@$LIBEXEC/epilog \$job_id \$ja_task_id")
+fi
+if [ ${#hooks[@]} -lt 2 ]; then
+  echo "WARNING: geco is not installed in /opt/geco: the jobs below run with only plain Grid Engine"
 fi
 fi
 env "${hooks[@]}" SGE_TEST_USER="$DEMO_USER" integration/sge/setup.sh
@@ -139,6 +147,12 @@ for name in "${ORDER[@]}"; do
   for f in "$dir/$name.e$job" "$dir/$name.e$job".*; do [ -e "$f" ] && show "$f"; done
 done
 
+say "an interactive job: qrsh, as $DEMO_USER"
+if (cd "$dir" && env -i PATH="$CLEAN_PATH" LANG=C.UTF-8 "$RUNUSER" -u "$DEMO_USER" -- \
+      timeout 60 qrsh -now n -N qrsh \
+      'echo "  job $JOB_ID: cgroup $(grep cpuset /proc/self/cgroup | cut -d: -f3), cores $(grep Cpus_allowed_list /proc/self/status | cut -f2)"' \
+      </dev/null); then :; else echo "  qrsh failed (exit $?)"; fi
+
 say "how the oom job ended (qacct -j ${JOBS[oom]})"
 if qacct -j "${JOBS[oom]}" >"$dir/oom.qacct" 2>&1; then
   grep -E '^(failed|exit_status|maxvmem|ru_maxrss)' "$dir/oom.qacct" | sed 's/^/  /'
@@ -156,7 +170,7 @@ if journal_alive; then
   echo "  geco's side of the story (geco journal ${JOBS[oom]}; journalctl JOB_ID=${JOBS[oom]} has every field):"
   /opt/geco/venv/bin/geco journal "${JOBS[oom]}" | sed 's/^/    /' || true
 
-  say "what each job used (the epilog's job-end accounting, from geco journal)"
+  say "what each job used (its job-end accounting, from geco journal)"
   for name in "${ORDER[@]}"; do
     /opt/geco/venv/bin/geco journal "${JOBS[$name]}" 2>&1 | grep -E '^job [0-9.]+( ended|: no job-end)' \
       | sed "s/^/  $name: /" || echo "  $name: no journal entries"

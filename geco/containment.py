@@ -18,17 +18,18 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from geco import cores, log
 from geco.cgroup import Backend, Limits
-from geco.errors import GecoError
+from geco.errors import CoresUnavailable, GecoError
 from geco.resource import NodeResources
 from geco.topology import Topology, format_cpulist, parse_cpulist
 
-__all__ = ["Release", "contain", "kill_and_remove", "read_usage", "release"]
+__all__ = ["Release", "contain", "join", "kill_and_remove", "last_changed", "read_usage",
+           "release"]
 
 _log = log.get("containment")
 
@@ -45,30 +46,84 @@ def _node_lock(state_dir: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _drop_stale(backend: Backend, active_jobs: Path | None, keep: str) -> None:
-    """Remove empty job cgroups whose job no longer runs here, so their cores come back.
+def last_changed(key: str, backend: Backend) -> float | None:
+    """When the job's cgroups were made (epoch seconds; None when they are gone).
 
-    Only empty ones: a cgroup with processes left is the reaper's business,
-    and its cores stay busy until it is clean.
+    The newest mtime of the job's cgroup dirs: cgroupfs sets a directory's mtime
+    when it is made, and again when a cgroup below it comes or goes (and may
+    reset it when the kernel re-reads an evicted inode): at worst a cgroup looks
+    younger than it is, and is judged later.
     """
-    if active_jobs is None or not active_jobs.is_dir():
-        return
+    newest: float | None = None
+    for path in backend.paths(key).values():
+        try:
+            mtime = os.stat(path).st_mtime
+        except OSError:
+            continue
+        newest = mtime if newest is None else max(newest, mtime)
+    return newest
+
+
+def _drop_stale(backend: Backend, active_jobs: Path | None, keep: str, *,
+                short: bool = False) -> int:
+    """Remove empty job cgroups of jobs that ended, so their cores come back.
+
+    Always those whose spool dir is gone. When the node is ``short`` of cores
+    for a job Grid Engine just dispatched here, every empty one: nothing of its
+    job runs here (a killed epilog left it, or a parallel job is between two
+    ``qrsh -inherit`` tasks and gets cores again at its next one: Grid Engine
+    counts its slots, so they are free then). A cgroup is never empty while
+    made: :func:`contain` moves the job's first process in under the node lock.
+    A cgroup with processes left is never touched: its cores stay busy until the
+    job's teardown or the reaper has killed them.
+
+    Returns
+    -------
+    How many cgroups were removed.
+    """
+    removed = 0
+    spool = active_jobs if active_jobs is not None and active_jobs.is_dir() else None
     for key in backend.job_keys():
-        if key == keep or (active_jobs / key).exists() or backend.pids(key):
+        if key == keep or backend.pids(key):
+            continue
+        if not short and (spool is None or (spool / key).exists()):
             continue
         try:
             backend.destroy(key)
+            removed += 1
             job, _, task = key.partition(".")
-            _log.info("removed stale empty cgroup %s", key,
+            _log.info("removed the empty cgroups of job %s, which no longer runs here, to "
+                      "free its cores", key,
                       extra=log.job_fields(job, task, "stale-cgroup-removed"))
         except GecoError as exc:
             _log.warning("cannot remove stale cgroup %s: %s", key, exc)
+    return removed
+
+
+def join(key: str, backend: Backend, pid: int, *, state_dir: Path) -> Limits | None:
+    """Move ``pid`` into the job's existing cgroups and return their limits; None when the
+    job has no (usable) cgroups on this node yet (then :func:`contain` makes them).
+
+    Under the node lock: an allocation short of cores never removes the cgroups
+    in between, as it may remove empty ones.
+    """
+    with _node_lock(state_dir):
+        if not backend.exists(key):
+            return None
+        try:
+            limits = backend.read_limits(key)
+        except GecoError as exc:
+            _log.debug("job %s: existing cgroups unreadable (%s); containing again", key, exc)
+            return None
+        backend.add_pid(key, pid)
+        return limits
 
 
 def contain(key: str, node: NodeResources, backend: Backend, *, state_dir: Path,
-            hardware_threads: bool = False, topology: Topology | None = None,
-            active_jobs: Path | None = None) -> Limits:
-    """Create the job's cgroups for this node's share and return the limits applied.
+            pid: int | None = None, hardware_threads: bool = False,
+            topology: Topology | None = None, active_jobs: Path | None = None,
+            reclaim: Callable[[], None] | None = None) -> Limits:
+    """Create the job's cgroups for this node's share, move ``pid`` in, return the limits.
 
     Idempotent: when the job's cgroups already exist (made by an earlier hook
     or by gecod), their limits are returned unchanged and no cores are taken.
@@ -79,21 +134,28 @@ def contain(key: str, node: NodeResources, backend: Backend, *, state_dir: Path,
     node: the job's record for this host (slots, memory limits).
     backend: the cgroup backend of this host.
     state_dir: where the node lock lives.
+    pid: the job's first process (its shepherd), moved in under the node lock, so
+        that no other allocation ever sees the new cgroups empty. When the kernel
+        refuses the move, cgroups made here are removed again.
     hardware_threads: one slot = one hardware thread instead of one whole core.
     topology: the host topology (default: loaded through hwloc).
     active_jobs: the execd's ``active_jobs`` dir, to recognise stale cgroups.
+    reclaim: called when the node is short of cores, before the empty cgroups of
+        ended jobs are removed and the cores counted again (gecod waits there for
+        the teardowns of jobs whose shepherd has just exited).
 
     Raises
     ------
     CoresUnavailable
-        when this node has fewer free cores than the job's slots here.
+        when this node has fewer free cores than the job's slots here, even after
+        what ended jobs held was reclaimed.
     CgroupError
         when the kernel refuses a cgroup operation.
     """
     with _node_lock(state_dir):
         if backend.exists(key):
             try:
-                return backend.read_limits(key)
+                limits = backend.read_limits(key)
             except GecoError as exc:
                 # half made (a crash between two mkdirs): nothing can run in it yet
                 # unless it has pids, so start it over; with pids, let the error stand
@@ -101,16 +163,43 @@ def contain(key: str, node: NodeResources, backend: Backend, *, state_dir: Path,
                     raise
                 _log.warning("job %s: rebuilding incomplete cgroups (%s)", key, exc)
                 backend.destroy(key)
+            else:
+                if pid is not None:
+                    backend.add_pid(key, pid)
+                return limits
         _drop_stale(backend, active_jobs, keep=key)
-        busy = cores.busy_from_cpusets(backend.read_limits(k).cpus for k in backend.job_keys())
-        allowed = parse_cpulist(backend.available_cpus())
         topo = topology or Topology.load()
-        chosen = cores.allocate(topo, node.slots, busy_pus=busy, allowed_pus=allowed,
-                                hardware_threads=hardware_threads)
+        try:
+            chosen = _allocate(key, node, backend, topo, hardware_threads)
+        except CoresUnavailable:
+            # a job that ended moments ago may still hold its cores: gecod's teardown
+            # of it is under way, or a killed epilog left its cgroups empty
+            if reclaim is not None:
+                reclaim()
+            if not _drop_stale(backend, active_jobs, keep=key, short=True) and reclaim is None:
+                raise
+            chosen = _allocate(key, node, backend, topo, hardware_threads)
         limits = Limits(cpus=format_cpulist(chosen.cpus), mems=format_cpulist(chosen.mems),
                         memory=node.memory_limit, memory_swap=node.vmem_limit)
         backend.create(key, limits)
+        if pid is not None:
+            try:
+                backend.add_pid(key, pid)
+            except GecoError:
+                with contextlib.suppress(GecoError):
+                    backend.destroy(key)
+                raise
         return limits
+
+
+def _allocate(key: str, node: NodeResources, backend: Backend, topo: Topology,
+              hardware_threads: bool) -> cores.Allocation:
+    """Whole cores for the job among those no other job cgroup holds (under the node lock)."""
+    busy = cores.busy_from_cpusets(backend.read_limits(k).cpus for k in backend.job_keys()
+                                   if k != key)
+    return cores.allocate(topo, node.slots, busy_pus=busy,
+                          allowed_pus=parse_cpulist(backend.available_cpus()),
+                          hardware_threads=hardware_threads)
 
 
 @dataclass(frozen=True, slots=True)

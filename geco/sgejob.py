@@ -106,6 +106,20 @@ def read_config(spool_dir: Path) -> dict[str, str]:
             for k, v in parse_key_values(data).items()}
 
 
+def queue_instance(spool_dir: Path) -> str | None:
+    """``<queue>@<host>`` from a job's spooled config; None when it is unreadable or silent.
+
+    Never from ``$QUEUE``/``$HOSTNAME``: root hooks run with the job's environment,
+    which its owner controls.
+    """
+    try:
+        config = read_config(spool_dir)
+    except GecoError:
+        return None
+    queue, host = config.get("queue", ""), config.get("host", "")
+    return f"{queue}@{host}" if queue and host else None
+
+
 def proc_comm(pid: int) -> str:
     """Return ``/proc/<pid>/comm`` ("" when the process is gone)."""
     try:

@@ -24,8 +24,9 @@ A clean slate first
     (returns in ~0.3 s when it already runs with the same settings). geco's hooks
     are configured for each of ``/opt/geco/libexec/{prolog,epilog,starter}`` that
     exists (``scripts/install.sh`` puts them there; ``GECO_TEST_HOOKS=0`` configures
-    none); a test that needs them calls ``sge.require_hooks()`` and fails loudly when
-    they are missing.
+    none, ``GECO_TEST_HOOKS=starter`` only the starter, as on a node whose execd has
+    the preload); a test that needs them calls ``sge.require_hooks()`` and fails loudly
+    when they are missing.
 
     Lifetime: daemons that were running before the session are left running. Daemons
     this session started are stopped at its end with ``teardown.sh --no-wait``: jobs
@@ -407,6 +408,7 @@ class GridEngine:
 
     host: str
     hooks: frozenset[str]  # geco hooks configured in the queue: prolog, epilog, starter
+    wanted: frozenset[str]  # the hooks the session asked for (GECO_TEST_HOOKS)
     owner: JobOwner
     queue: str = "all.q"
     setup_env: dict[str, str] = field(default_factory=dict)  # what setup.sh was run with
@@ -421,8 +423,8 @@ class GridEngine:
                         f"{proc.stdout}{proc.stderr}")
 
     def require_hooks(self) -> None:
-        """Fail the calling test unless geco's prolog, epilog and starter are configured."""
-        missing = sorted(set(HOOK_LINES) - self.hooks)
+        """Fail the calling test unless geco's hooks the session asked for are configured."""
+        missing = sorted(self.wanted - self.hooks)
         if missing:
             pytest.fail(f"geco hooks not configured in {self.queue}: {', '.join(missing)} "
                         f"missing in {LIBEXEC} (sge_hooks/ + scripts/install.sh)")
@@ -564,6 +566,27 @@ class GridEngine:
         return {k: " ".join(v.split()) for k, _, v in
                 (line.partition(" ") for line in out.splitlines()) if k}
 
+    @contextlib.contextmanager
+    def temporary_queue(self, name: str, **attributes: str) -> Iterator[str]:
+        """A copy of the queue on this host with ``attributes`` changed, named ``name``
+        (``geco-test-*``: the clean slate deletes one an interrupted session left). The
+        test user's jobs in it are deleted with it; anyone else's stay."""
+        assert name.startswith("geco-test-"), name
+        run(["qconf", "-dq", name], check=False)  # left by a killed run
+        conf = {**self.queue_config(), **attributes, "qname": name}
+        with tempfile.NamedTemporaryFile("w", prefix=f"{name}.", suffix=".conf") as f:
+            f.write("".join(f"{k} {v}\n" for k, v in conf.items()))
+            f.flush()
+            run(["qconf", "-Aq", f.name])
+        try:
+            yield name
+        finally:
+            listing = run(["qstat", "-u", self.owner.name, "-q", name], check=False).stdout
+            jobs = sorted({line.split()[0] for line in listing.splitlines()[2:] if line.strip()})
+            if jobs:
+                run(["qdel", "-f", *jobs], check=False)
+            run(["qconf", "-dq", name], check=False)
+
 
 def _sge_daemons_running() -> bool:
     """True when a qmaster and an execd of this machine are alive (per SGE's pid files)."""
@@ -582,8 +605,9 @@ def _sge_daemons_running() -> bool:
 def sge(job_owner: JobOwner) -> Iterator[GridEngine]:
     """A running single-host Grid Engine with geco's hooks (see the module docstring)."""
     # GECO_TEST_HOOKS=0: plain Grid Engine, to tell a Grid Engine problem from a geco one
-    wanted = os.environ.get("GECO_TEST_HOOKS", "1") != "0"
-    hooks = frozenset(h for h in HOOK_LINES if wanted and (LIBEXEC / h).exists())
+    wanted = frozenset({"0": (), "starter": ("starter",)}.get(
+        os.environ.get("GECO_TEST_HOOKS", "1"), HOOK_LINES))
+    hooks = frozenset(h for h in wanted if (LIBEXEC / h).exists())
     env = dict(CLEAN_ENV, SGE_TEST_USER=job_owner.name)
     for hook, knob in (("prolog", "GECO_PROLOG"), ("epilog", "GECO_EPILOG"),
                        ("starter", "GECO_STARTER")):
@@ -598,7 +622,7 @@ def sge(job_owner: JobOwner) -> Iterator[GridEngine]:
         # the name Grid Engine uses for this host; setup.sh writes it there
         host = (SGE_CELL_COMMON / "act_qmaster").read_text().strip()
         try:
-            yield GridEngine(host, hooks, job_owner, setup_env=env)
+            yield GridEngine(host, hooks, wanted, job_owner, setup_env=env)
         finally:
             if (not was_running and os.environ.get("GECO_KEEP_SGE") != "1"
                     and sole_user(lock)):

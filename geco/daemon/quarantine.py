@@ -46,7 +46,7 @@ import os
 import pwd
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,7 +58,8 @@ from geco.protocol import AckStatus, MsgType
 from geco.resource import short_hostname
 from geco.topology import Topology
 
-__all__ = ["Context", "Outcome", "Peer", "Request", "quarantine"]
+__all__ = ["Context", "Outcome", "Peer", "Request", "Shepherd", "job_dir_of", "quarantine",
+           "spool_root"]
 
 _log = log.get("gecod.quarantine")
 
@@ -97,6 +98,23 @@ class Request:
 
 
 @dataclass(frozen=True, slots=True)
+class Shepherd:
+    """A job's master ``sge_shepherd`` on this node (its exit ends the job here).
+
+    Attributes
+    ----------
+    key: ``<job>.<task>``.
+    pid: the shepherd's pid.
+    queue_instance: ``<queue>@<host>`` from the job's spooled config (what a stuck
+        teardown disables), None when it does not say.
+    """
+
+    key: str
+    pid: int
+    queue_instance: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class Outcome:
     """What happened to a request.
 
@@ -106,12 +124,15 @@ class Outcome:
     reason: one sentence for the journal (why refused, or what was done).
     created: True when this request created the job's cgroups.
     limits: the job's limits when the pid was quarantined.
+    shepherd: set when the pid is the job's master shepherd (JOB_STARTED in the job's
+        own spool dir, not a PE task's): gecod ends the job when it exits.
     """
 
     status: AckStatus
     reason: str
     created: bool = False
     limits: Limits | None = None
+    shepherd: Shepherd | None = None
 
     @property
     def ok(self) -> bool:
@@ -133,6 +154,9 @@ class Context:
     topology: Topology | None = None
     hostname: str = field(default_factory=short_hostname)
     proc: Path = Path("/proc")
+    # called when the node has too few free cores for a job: frees what ended jobs
+    # still hold (gecod waits for the teardowns of jobs whose shepherd just exited)
+    reclaim: Callable[[], None] | None = None
     _locks: dict[str, _KeyLock] = field(default_factory=dict)
     _locks_guard: threading.Lock = field(default_factory=threading.Lock)
 
@@ -222,7 +246,7 @@ def _alive(pidfd: int) -> bool:
 # -- the spool -----------------------------------------------------------------
 
 
-def _job_dir_of(cwd: Path, spool_root: Path, job_id: int, task_id: int) -> Path | None:
+def job_dir_of(cwd: Path, spool_root: Path, job_id: int, task_id: int) -> Path | None:
     """Return the job's ``active_jobs/<job>.<task>`` dir when ``cwd`` is it or a PE task dir.
 
     ``<spool_root>/<host>/active_jobs/<job>.<task>[/<pe task>]``; the host part
@@ -260,15 +284,17 @@ def _check_environment(directory: Path, job_id: int, task_id: int) -> None:
                       f"{job_id}.{task_id}")
 
 
-def _spool_root(cfg: Config) -> Path:
+def spool_root(cfg: Config) -> Path:
+    """The execd spool dir as the kernel names it (what ``/proc/<pid>/cwd`` shows)."""
     return Path(os.path.realpath(cfg.execd_spool_dir))
 
 
 # -- the rules -------------------------------------------------------------------
 
 
-def _check_job_started(req: Request, ctx: Context) -> Path:
-    """Steps 1 and 2 for JOB_STARTED; return the job's spool dir."""
+def _check_job_started(req: Request, ctx: Context) -> tuple[Path, bool]:
+    """Steps 1 and 2 for JOB_STARTED; return the job's spool dir, and whether the pid works
+    in it (the job's master shepherd) rather than in a PE task dir below it."""
     cfg = ctx.config
     allowed = (0, *cfg.gecod_execd_uids)
     if req.peer is not None:
@@ -286,13 +312,13 @@ def _check_job_started(req: Request, ctx: Context) -> Path:
                           f"effective) and [gecod] execd_uids "
                           f"({', '.join(map(str, allowed))}) start jobs")
     cwd = _proc_cwd(ctx.proc, req.pid)
-    job_dir = _job_dir_of(cwd, _spool_root(cfg), req.job_id, req.task_id)
+    job_dir = job_dir_of(cwd, spool_root(cfg), req.job_id, req.task_id)
     if job_dir is None:
         raise _refuse(f"process {req.pid} works in {cwd}, not in the spool dir of job "
                       f"{req.job_id}.{req.task_id} "
                       f"({cfg.execd_spool_dir}/<host>/active_jobs/{req.job_id}.{req.task_id})")
     _check_environment(cwd, req.job_id, req.task_id)
-    return job_dir
+    return job_dir, cwd == job_dir
 
 
 def _owner_uid(job_dir: Path) -> int:
@@ -325,7 +351,7 @@ def _check_quarantine_self(req: Request, ctx: Context) -> Path:
 
 def _shepherd_job_dir(req: Request, ctx: Context) -> Path:
     """The job's spool dir, found as the cwd of an ``sge_shepherd`` ancestor of the pid."""
-    root = _spool_root(ctx.config)
+    root = spool_root(ctx.config)
     pid = req.pid
     for _ in range(_MAX_ANCESTORS):
         pid = sgejob.proc_ppid(pid)
@@ -336,7 +362,7 @@ def _shepherd_job_dir(req: Request, ctx: Context) -> Path:
         # a shepherd of another job, or one gone meanwhile: keep looking upwards
         with contextlib.suppress(_Refused):
             cwd = _proc_cwd(ctx.proc, pid)
-            job_dir = _job_dir_of(cwd, root, req.job_id, req.task_id)
+            job_dir = job_dir_of(cwd, root, req.job_id, req.task_id)
             if job_dir is not None:
                 _check_environment(cwd, req.job_id, req.task_id)
                 return job_dir
@@ -344,15 +370,18 @@ def _shepherd_job_dir(req: Request, ctx: Context) -> Path:
                   f"{req.job_id}.{req.task_id}")
 
 
-def _ensure_cgroups(key: str, req: Request, job_dir: Path, ctx: Context) -> tuple[Limits, bool]:
-    """Step 3: the job's cgroups, reused or built; return their limits and whether we built them."""
+def _contain(key: str, req: Request, job_dir: Path, ctx: Context) -> tuple[Limits, bool]:
+    """Steps 3 and 4 under the job's lock: the job's cgroups, reused or built, and the pid
+    moved in; return their limits and whether we built them.
+
+    Holding the lock until the pid is in keeps gecod's end of the job's previous
+    run (:mod:`geco.daemon.jobend`) from removing the cgroups in between.
+    """
     backend, cfg = ctx.backend, ctx.config
     with ctx.job_lock(key):
-        if backend.exists(key):
-            try:
-                return backend.read_limits(key), False
-            except GecoError as exc:
-                _log.debug("job %s: existing cgroup unreadable (%s); containing again", key, exc)
+        limits = containment.join(key, backend, req.pid, state_dir=cfg.state_dir)
+        if limits is not None:
+            return limits, False
         job = sgejob.JobRef(req.job_id, req.task_id, job_dir)
         rs = jobresources.resources_for(job, cfg)
         node = rs.node(ctx.hostname)
@@ -364,8 +393,9 @@ def _ensure_cgroups(key: str, req: Request, job_dir: Path, ctx: Context) -> tupl
         # script, a hierarchy remounted): make them again, as every prolog does
         backend.ensure_root()
         limits = containment.contain(key, node, backend, state_dir=cfg.state_dir,
-                                     hardware_threads=cfg.hardware_threads,
-                                     topology=ctx.topology, active_jobs=job_dir.parent)
+                                     pid=req.pid, hardware_threads=cfg.hardware_threads,
+                                     topology=ctx.topology, active_jobs=job_dir.parent,
+                                     reclaim=ctx.reclaim)
         return limits, True
 
 
@@ -390,14 +420,14 @@ def quarantine(req: Request, ctx: Context) -> Outcome:
             raise _Refused(AckStatus.BAD_REQUEST, f"job and task ids must be >= 1, got "
                                                  f"{req.job_id}.{req.task_id}")
         key = cgroup.job_key(req.job_id, req.task_id)
+        master = False
         if req.type is MsgType.QUARANTINE_SELF:
             job_dir = _check_quarantine_self(req, ctx)
         else:
-            job_dir = _check_job_started(req, ctx)
+            job_dir, master = _check_job_started(req, ctx)
         if req.pidfd >= 0 and not _alive(req.pidfd):
             raise _refuse(f"process {req.pid} exited before it could be quarantined")
-        limits, created = _ensure_cgroups(key, req, job_dir, ctx)
-        ctx.backend.add_pid(key, req.pid)
+        limits, created = _contain(key, req, job_dir, ctx)
         # the pidfd pins the peer: alive now means the pid we wrote was still the peer's
         if req.pidfd >= 0 and not _alive(req.pidfd):
             _log.warning("process %d exited while being quarantined; its pid may have been "
@@ -411,5 +441,6 @@ def quarantine(req: Request, ctx: Context) -> Outcome:
         return Outcome(AckStatus.NO_SUCH_JOB, f"Grid Engine does not run this task: {exc}")
     except GecoError as exc:  # qstat, a resource file, cores, the kernel refusing a cgroup
         return Outcome(AckStatus.FAILED, str(exc))
+    shepherd = Shepherd(key, req.pid, sgejob.queue_instance(job_dir)) if master else None
     return Outcome(AckStatus.OK, f"process {req.pid} is in job {key}'s cgroups",
-                   created=created, limits=limits)
+                   created=created, limits=limits, shepherd=shepherd)

@@ -45,6 +45,7 @@ submits the round, and skips a tick while the previous round still runs.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import errno
 import functools
@@ -54,18 +55,19 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from geco import log, oom, qstat, sgejob, statefile, teardown
+from geco import containment, log, oom, qstat, sgejob, statefile, teardown
 from geco.cgroup import Backend, split_key
 from geco.config import Config
 from geco.errors import GecoError, JobNotFound, TaskNotRunning
 from geco.resource import ResourceSet, short_hostname
 
-__all__ = ["FIRST_ROUND_DELAY", "Reaper", "RoundReport", "Verdict", "min_age", "prune_traces",
-           "walltime_start"]
+__all__ = ["FIRST_ROUND_DELAY", "Reaper", "RoundReport", "Verdict", "forget_job", "min_age",
+           "prune_traces", "walltime_start"]
 
 _log = log.get("gecod.reaper")
 
@@ -143,21 +145,14 @@ class Loop(Protocol):
 # ---------------------------------------------------------------------------
 
 
-def _newest_mtime(paths: list[Path]) -> float | None:
-    """The latest mtime of the paths that exist (None when none does).
-
-    cgroupfs sets a directory's mtime when it is made, and again when a cgroup
-    below it comes or goes (and may reset it when the kernel re-reads an evicted
-    inode): at worst a cgroup looks younger than it is, and is judged later.
-    """
-    newest: float | None = None
-    for path in paths:
-        try:
-            mtime = os.stat(path).st_mtime
-        except OSError:
-            continue
-        newest = mtime if newest is None else max(newest, mtime)
-    return newest
+def forget_job(cfg: Config, key: str) -> None:
+    """Remove the resource file and OOM count file of a job whose cgroups are gone."""
+    job, task = split_key(key)
+    try:
+        statefile.remove(cfg.resources_dir, job, task)
+        oom.remove_state(cfg.state_dir, key)
+    except GecoError as exc:  # names the file; a later round or gecod start prunes it
+        _log.warning("job %s: %s", key, exc)
 
 
 def walltime_start(spool_dir: Path | None, resource_file: Path) -> float | None:
@@ -259,13 +254,17 @@ class Reaper:
     fetch: :func:`geco.qstat.fetch` (tests pass a stand-in).
     on_reaped: called in the loop's thread with each key whose cgroups the
         reaper removed (gecod stops watching it for OOM kills).
+    job_lock: held around a job's teardown (gecod's per-job lock: the job's end
+        through its shepherd, :mod:`geco.daemon.jobend`, then finds it done).
     """
 
     def __init__(self, loop: Loop, backend: Backend, cfg: Config, executor: Executor, *,
                  node: str | None = None, clock: Callable[[], float] = time.time,
                  fetch: Callable[..., ResourceSet] = qstat.fetch,
-                 on_reaped: Callable[[str], None] | None = None) -> None:
+                 on_reaped: Callable[[str], None] | None = None,
+                 job_lock: Callable[[str], AbstractContextManager[None]] | None = None) -> None:
         self.loop = loop
+        self.job_lock = job_lock or (lambda key: contextlib.nullcontext())
         self.backend = backend
         self.cfg = cfg
         self.executor = executor
@@ -428,7 +427,7 @@ class Reaper:
         """The verdict on one job and why (see steps 2a-2c of the module docstring)."""
         if spool is not None:
             return Verdict.ALIVE, f"in the execd spool ({spool})"
-        changed = _newest_mtime(list(self.backend.paths(key).values()))
+        changed = containment.last_changed(key, self.backend)
         if changed is None:
             return Verdict.YOUNG, "its cgroups vanished"
         if self.clock() - changed < min_age(cfg.gecod_reaper_interval):
@@ -452,6 +451,10 @@ class Reaper:
 
     def _reap(self, cfg: Config, key: str, why: str) -> teardown.Teardown | None:
         """Tear a gone job down; journal it; forget its files when its cgroups are gone."""
+        with self.job_lock(key):
+            return self._reap_locked(cfg, key, why)
+
+    def _reap_locked(self, cfg: Config, key: str, why: str) -> teardown.Teardown | None:
         job, task = split_key(key)
         # the qstat call took time: the job may have been re-dispatched here, or the
         # epilog (late, not gone) may have removed the cgroups meanwhile
@@ -491,12 +494,7 @@ class Reaper:
 
     def _forget(self, cfg: Config, key: str) -> None:
         """Remove a reaped job's resource file and OOM count file; tell the loop."""
-        job, task = split_key(key)
-        try:
-            statefile.remove(cfg.resources_dir, job, task)
-            oom.remove_state(cfg.state_dir, key)
-        except GecoError as exc:  # names the file; a later round or gecod start prunes it
-            _log.warning("reaper: job %s: %s", key, exc)
+        forget_job(cfg, key)
         self._reaped(key)
 
     def _walltime(self, cfg: Config, key: str, spool: Path | None) -> int:

@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from geco import __version__, log
 from geco.address import Address
 from geco.daemon import state
-from geco.daemon.quarantine import Context, Outcome, Peer, Request, quarantine
+from geco.daemon.quarantine import Context, Outcome, Peer, Request, Shepherd, quarantine
 from geco.daemon.runloop import RunLoop, Timer
 from geco.errors import ProtocolError
 from geco.protocol import (
@@ -159,12 +159,16 @@ class Server:
     on_change: called in the loop after a request changed the node's jobs.
     on_contained: called in the loop with ``<job>.<task>`` once a process of that job
         is in its cgroups (gecod starts watching the job, e.g. for OOM kills).
+    on_shepherd: called in the loop with a job's master shepherd, once it is in the
+        job's cgroups, and a pidfd of it the callee owns (gecod ends the job when it
+        exits: :mod:`geco.daemon.jobend`).
     """
 
     def __init__(self, loop: RunLoop, listener: socket.socket, address: Address, key: bytes,
                  ctx: Context, executor: concurrent.futures.ThreadPoolExecutor, *,
                  on_change: Callable[[], None] | None = None,
-                 on_contained: Callable[[str], None] | None = None) -> None:
+                 on_contained: Callable[[str], None] | None = None,
+                 on_shepherd: Callable[[Shepherd, int], None] | None = None) -> None:
         self.loop = loop
         self.listener: socket.socket | None = listener
         self.address = address
@@ -173,6 +177,7 @@ class Server:
         self.executor = executor
         self.on_change = on_change
         self.on_contained = on_contained
+        self.on_shepherd = on_shepherd
         self.replay = ReplayCache.for_skew(ctx.config.gecod_max_skew)
         # PEERCRED frames can be minted by anyone: their own cache, which forgets when full
         self.replay_peercred = ReplayCache.for_skew(ctx.config.gecod_max_skew,
@@ -375,6 +380,9 @@ class Server:
                           MEMSW_LIMIT=limits.memory_swap if limits else None))
             if self.on_contained is not None:
                 self.on_contained(f"{job}.{task}")
+            if outcome.shepherd is not None and self.on_shepherd is not None \
+                    and conn.pidfd >= 0:
+                self.on_shepherd(outcome.shepherd, os.dup(conn.pidfd))
             if self.on_change is not None:
                 self.on_change()
         else:

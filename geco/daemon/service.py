@@ -18,8 +18,11 @@ Then it rebuilds its view of the node from the cgroup tree (nothing lives only
 in its memory), listens, and tells systemd ``READY=1``. While it runs:
 ``WATCHDOG=1`` at half of ``$WATCHDOG_USEC`` from a runloop timer (a hung
 loop stops pinging, and systemd restarts it), ``STATUS=`` with the job count;
-the reaper (:mod:`geco.daemon.reaper`) every ``[gecod] reaper_interval`` s in a
-thread of its own: cgroups of jobs that no longer run here are emptied and
+each job's master shepherd watched through a pidfd, and the job torn down the
+moment it exits (:mod:`geco.daemon.jobend`; found again from the cgroups at
+start, so a restart loses no job end); the reaper (:mod:`geco.daemon.reaper`)
+every ``[gecod] reaper_interval`` s in a thread of its own: cgroups of jobs
+that no longer run here are emptied and
 removed, processes past ``h_rt`` + ``walltime_grace`` killed, old trace files
 deleted. SIGHUP re-reads the configuration and the key file (the reaper's
 interval and walltime settings included). SIGTERM or SIGINT: stop
@@ -45,7 +48,8 @@ from pathlib import Path
 from geco import __version__, address, cgroup, keys, log, oom, trace
 from geco import config as _config
 from geco.daemon import state
-from geco.daemon.quarantine import Context
+from geco.daemon.jobend import JobEnds
+from geco.daemon.quarantine import Context, spool_root
 from geco.daemon.reaper import Reaper
 from geco.daemon.runloop import RunLoop
 from geco.daemon.server import Server
@@ -61,6 +65,8 @@ EXIT_OK, EXIT_FAILED = 0, 1
 _SYSTEMD_RUN_DIR = Path("/run/systemd/system")
 # Seconds SIGTERM waits for requests already in a worker to be answered.
 _DRAIN_GRACE = 10.0
+# A job start short of cores waits this much beyond kill_timeout for ended jobs' teardowns.
+_RECLAIM_SLACK = 5.0
 # Held back from the first line until the loop handles them: a SIGTERM between
 # listen() and the handlers would otherwise kill gecod the default way, leaving
 # its socket file behind and its workers unjoined.
@@ -150,16 +156,23 @@ class Daemon:
         self.oom = oom.OomMonitor(self.loop, self.backend, state_dir=cfg.state_dir,
                                   policy=cfg.gecod_oom, execd_spool_dir=cfg.execd_spool_dir,
                                   resources_dir=cfg.resources_dir, executor=self.executor)
+        # a job ends when its master shepherd exits: torn down at once, in threads of
+        # their own (an allocation short of cores waits for them in a worker)
+        self.jobend_executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=2, thread_name_prefix="gecod-jobend")
+        self.jobends = JobEnds(self.loop, self.ctx, self.jobend_executor,
+                               before_end=self.oom.check, on_ended=self._job_reaped)
+        self.ctx.reclaim = self._reclaim
         self.server = Server(self.loop, self.listener, self.address, self.key, self.ctx,
                              self.executor, on_change=self._report_status,
-                             on_contained=self._watch_job)
+                             on_contained=self._watch_job, on_shepherd=self.jobends.watch)
         # leftovers of ended jobs, and jobs past h_rt + grace: rounds in a thread of
         # their own, so a teardown waiting out kill_timeout never holds a worker a
         # quarantine request needs
         self.reaper_executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="gecod-reaper")
         self.reaper = Reaper(self.loop, self.backend, cfg, self.reaper_executor,
-                             on_reaped=self._job_reaped)
+                             on_reaped=self._job_reaped, job_lock=self.ctx.job_lock)
         self._stopping = False
 
     def _warn_outside_units(self) -> None:
@@ -190,6 +203,12 @@ class Daemon:
             self.oom.watch(key)
         except GecoError as exc:  # the job runs on; only its OOM report would be missing
             _log.warning("job %s: cannot watch for OOM kills: %s", key, exc)
+
+    def _reclaim(self) -> None:
+        # a worker short of cores: the jobs whose shepherd just exited free theirs first
+        if not self.jobends.wait_idle(self.cfg.kill_timeout + _RECLAIM_SLACK):
+            _log.warning("the teardowns of ended jobs are still running after %g s; the new "
+                         "job is placed with the cores free now", self.cfg.kill_timeout)
 
     def _job_reaped(self, key: str) -> None:
         # in the loop; a job re-created under the same key meanwhile keeps its watch
@@ -270,6 +289,12 @@ class Daemon:
                   os.getpid(), self.cfg.gecod_workers,
                   extra=log.job_fields(None, None, "gecod-started", SOCKET=self.address))
         self.oom.start()
+        try:
+            watched = self.jobends.rewatch(self.backend, spool_root(self.cfg))
+        except GecoError as exc:  # the reaper ends those jobs instead
+            _log.warning("cannot find the shepherds of the running jobs: %s", exc)
+        else:
+            _log.debug("watching %d running job(s) for their end", watched)
         self.reaper.start()
         notify("READY=1")
         self._report_status()
@@ -286,6 +311,7 @@ class Daemon:
             self.server.shutdown(on_idle=lambda: None)
         address.unlink_socket(self.address)
         self.oom.close()
+        self.jobends.close()
         self.reaper.close()
         self.loop.close()
         # on the way out already: a second SIGTERM (an impatient admin, kill -TERM
@@ -293,6 +319,7 @@ class Daemon:
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, signal.SIG_IGN)
         self.executor.shutdown(wait=True, cancel_futures=True)
+        self.jobend_executor.shutdown(wait=True, cancel_futures=True)
         # waits for a round's teardown in progress: one cut short could leave a job frozen
         self.reaper_executor.shutdown(wait=True, cancel_futures=True)
 

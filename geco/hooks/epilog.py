@@ -31,24 +31,9 @@ import sys
 
 from geco import cgroup, sgejob, statefile, teardown
 from geco.config import Config
-from geco.errors import GecoError
 from geco.hooks import Exit, run
 
 __all__ = ["main"]
-
-
-def _queue_instance(job: sgejob.JobRef, logger: logging.Logger) -> str | None:
-    """``<queue>@<host>`` from the job's spooled config; None when it does not say."""
-    if job.spool_dir is None:
-        return None
-    try:
-        config = sgejob.read_config(job.spool_dir)
-    except GecoError as exc:
-        logger.warning("job %s: no queue instance from the spooled config (%s); a stuck "
-                       "teardown would disable every queue on this host", job.key, exc)
-        return None
-    queue, host = config.get("queue", ""), config.get("host", "")
-    return f"{queue}@{host}" if queue and host else None
 
 
 def _body(cfg: Config, logger: logging.Logger) -> Exit:
@@ -59,7 +44,11 @@ def _body(cfg: Config, logger: logging.Logger) -> Exit:
         execd = sgejob.proc_ppid(shepherd) or 1
         backend.move_to_cgroups_of(os.getpid(), execd)
         backend.move_to_cgroups_of(shepherd, execd)
-    result = teardown.tear_down(job.key, backend, cfg, queue_instance=_queue_instance(job, logger),
+    instance = sgejob.queue_instance(job.spool_dir) if job.spool_dir else None
+    if instance is None:
+        logger.warning("job %s: no queue instance in the spooled config; a stuck teardown "
+                       "would disable every queue on this host", job.key)
+    result = teardown.tear_down(job.key, backend, cfg, queue_instance=instance,
                                 cleaned_by="epilog")
     # a stuck job keeps its resource file: the reaper's retry may need it
     if result.clean:

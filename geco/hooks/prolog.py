@@ -179,16 +179,12 @@ def _body(cfg: Config, logger: logging.Logger) -> Exit:
         _cores_before(job, backend, logger)
     started = time.monotonic()
     limits = containment.contain(
-        job.key, node, backend, state_dir=cfg.state_dir, hardware_threads=cfg.hardware_threads,
+        job.key, node, backend, state_dir=cfg.state_dir, pid=shepherd,
+        hardware_threads=cfg.hardware_threads,
         active_jobs=job.spool_dir.parent if job.spool_dir else None)
     logger.debug("job %s: %s cgroups in %.3f s: %s", job.key,
                  "reused the existing" if existed else "made", time.monotonic() - started,
                  ", ".join(str(p) for p in backend.paths(job.key).values()))
-    try:
-        backend.add_pid(job.key, shepherd)
-    except GecoError:
-        containment.release(job.key, backend, timeout=cfg.kill_timeout)
-        raise
     logger.debug("job %s: moved the shepherd %d into the job's cgroups", job.key, shepherd)
     logger.info(
         "job %s contained on %s: cores %s, NUMA nodes %s, memory %s, memory+swap %s, shepherd %d",

@@ -35,36 +35,107 @@ from __future__ import annotations
 
 import logging
 import os
+import pwd
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 from geco import cgroup, log, sgejob
 from geco.config import Config
 from geco.errors import GecoError, NotContained
 from geco.hooks import Exit, run
 
-__all__ = ["job_argv", "main"]
+__all__ = ["Launch", "job_argv", "main"]
 
 
-def job_argv(argv: Sequence[str], env: Mapping[str, str]) -> tuple[str, list[str]]:
-    """Return ``(program, argv)`` that starts the job as Grid Engine would.
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """What Grid Engine says about how it would start the job itself, without a starter.
 
-    A batch job script in ``posix_compliant`` mode runs under the queue's shell
-    (``-S`` overrides), as a login shell when Grid Engine says so; in
-    ``unix_behavior`` mode, and for binaries (``-b y``) and ``qrsh`` commands,
-    the command is executed directly (its ``#!`` line decides).
+    Attributes
+    ----------
+    binary: ``qsub -b y``: the "script" is a command (spooled config ``handle_as_binary``).
+    no_shell: ``-shell no`` (``no_shell``), or ``qrsh -noshell`` (``qrsh_starter ... noshell``).
+    qrsh: a ``qrsh`` command or ``qrsh -inherit`` task, started through ``qrsh_starter``.
+    owner_shell: the owner's login shell (passwd), which runs qrsh commands.
     """
-    # only the execd's copy of a job script goes through the shell; a -b y binary
-    # (JOB_SCRIPT is then the command itself) and qrsh commands are exec'd as given
-    is_script = env.get("JOB_SCRIPT") == argv[0] and os.path.basename(
-        os.path.dirname(argv[0])) == "job_scripts"
-    shell = env.get("SGE_STARTER_SHELL_PATH", "")
-    if is_script and shell and env.get("SGE_STARTER_SHELL_START_MODE") == "posix_compliant":
-        name = os.path.basename(shell)
-        if env.get("SGE_STARTER_USE_LOGIN_SHELL") == "true":
-            name = "-" + name
+
+    binary: bool = False
+    no_shell: bool = False
+    qrsh: bool = False
+    owner_shell: str = "/bin/sh"
+
+
+def job_argv(argv: Sequence[str], env: Mapping[str, str],
+             launch: Launch) -> tuple[str, list[str]]:
+    """Return ``(program, argv)`` that starts the job exactly as Grid Engine would.
+
+    With a starter_method, Grid Engine hands over the job's words and leaves the
+    shell to us (``start_command()`` in the shepherd's ``builtin_starter.c``, and
+    ``startJob()`` in ``qrsh_starter.c`` for qrsh commands); this repeats its rules:
+
+    * ``-b y`` with a shell: the words joined into one line, each followed by a
+      space, run by the job's shell with ``-c`` (so shell syntax in the string
+      works, and an odd quote is the shell's syntax error);
+    * ``script_from_stdin``: the shell with ``-s`` and the arguments (Grid Engine
+      already made the script the starter's stdin and passed ``-s``);
+    * ``posix_compliant``: the script as the shell's first argument;
+    * ``start_as_command``: the script path as the shell's ``-c`` line;
+    * ``unix_behavior``, ``raw_exec``, ``-b y -shell n``: exec'd directly;
+    * a qrsh command: the owner's login shell with ``-c`` and the words joined by
+      spaces, or exec'd directly with ``-noshell``.
+
+    The job's shell runs as a login shell (``-sh``) when Grid Engine says so.
+    """
+    if launch.qrsh:
+        if launch.no_shell:
+            return argv[0], list(argv)
+        shell = launch.owner_shell
+        return shell, [os.path.basename(shell), "-c", " ".join(argv)]
+    mode = env.get("SGE_STARTER_SHELL_START_MODE", "")
+    shell = env.get("SGE_STARTER_SHELL_PATH", "") or "/bin/sh"
+    name = os.path.basename(shell)
+    if env.get("SGE_STARTER_USE_LOGIN_SHELL") == "true":
+        name = "-" + name
+    if launch.binary and not launch.no_shell:
+        return shell, [name, "-c", "".join(word + " " for word in argv)]
+    if mode == "script_from_stdin":
         return shell, [name, *argv]
+    if mode == "posix_compliant" and not launch.binary:
+        return shell, [name, *argv]
+    if mode == "start_as_command" and not launch.binary:
+        return shell, [name, "-c", argv[0]]
     return argv[0], list(argv)
+
+
+def _launch(env: Mapping[str, str], argv: Sequence[str]) -> Launch:
+    """How Grid Engine would start this job: from the spooled config and the process tree.
+
+    Both are the job owner's own (this process runs as the owner), so reading
+    what the job's environment points at can mislead only the owner's own job.
+    """
+    if env.get("JOB_SCRIPT") == "QRSH":
+        # qrsh_starter <spool dir> [noshell] forked us; it names -noshell only there
+        try:
+            with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+                parent = f.read().split(b"\0")
+        except OSError:
+            parent = []
+        try:
+            shell = pwd.getpwuid(os.getuid()).pw_shell or "/bin/sh"
+        except KeyError:
+            shell = "/bin/sh"
+        return Launch(no_shell=b"noshell" in parent[2:3], qrsh=True, owner_shell=shell)
+    try:
+        config = sgejob.read_config(Path(env.get("SGE_JOB_SPOOL_DIR", "")))
+    except GecoError:
+        # no config to read: a job script is the execd's copy in job_scripts/
+        script = bool(argv) and env.get("JOB_SCRIPT") == argv[0] and os.path.basename(
+            os.path.dirname(argv[0])) == "job_scripts"
+        return Launch(binary=not script)
+    return Launch(binary=config.get("handle_as_binary") == "1",
+                  no_shell=config.get("no_shell") == "1")
 
 
 def _facts(limits: cgroup.Limits, ncpus: int) -> dict[str, str]:
@@ -128,7 +199,7 @@ def _body(cfg: Config, logger: logging.Logger) -> Exit:
         raise NotContained(f"job {job.key} is not inside its cgroups on {node}; it is not "
                            f"started uncontained. Ask your admin to check the queue's geco "
                            f"prolog", cgroups=where)
-    program, args = job_argv(argv, env)
+    program, args = job_argv(argv, env, _launch(os.environ, argv))
     if not why:
         # one journal datagram; the job's arguments stay out of it (they may hold secrets)
         shell = program != argv[0]

@@ -278,7 +278,7 @@ class OomMonitor:
             if spool_dir is not None and job.spool_dir is None:
                 job.spool_dir = spool_dir
                 self._resolve(key, job)
-            self._check(key)  # notices a cgroup re-created under the same name
+            self.check(key)  # notices a cgroup re-created under the same name
             if key in self._jobs:
                 return True
         try:
@@ -331,7 +331,7 @@ class OomMonitor:
     def check_all(self) -> None:
         """Re-read every watched job's counter and report what is new."""
         for key in list(self._jobs):
-            self._check(key)
+            self.check(key)
 
     # -- callbacks ----------------------------------------------------------------
 
@@ -374,10 +374,12 @@ class OomMonitor:
         for timer in job.rechecks:
             timer.cancel()
         key = job.watch.key
-        job.rechecks = tuple(self.loop.add_timer(delay, functools.partial(self._check, key))
+        job.rechecks = tuple(self.loop.add_timer(delay, functools.partial(self.check, key))
                              for delay in _RECHECK_AFTER)
 
-    def _check(self, key: str) -> None:
+    def check(self, key: str) -> None:
+        """Re-read job ``key``'s counter now and report what is new (before its teardown:
+        the kills that ended the job are reported while its cgroup still exists)."""
         job = self._jobs.get(key)
         if job is None:
             return

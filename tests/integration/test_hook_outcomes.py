@@ -40,22 +40,10 @@ def no_queue_in_error(sge: Any) -> bool:
 @pytest.fixture
 def queue_without_prolog(sge: Any) -> Iterator[str]:
     """A second queue on this host whose starter is geco's but with no prolog/epilog:
-    the misconfiguration geco's starter must catch. Named geco-test-*: the clean slate
-    deletes it should a session be killed meanwhile."""
-    conf = sge.queue_config()
-    queue = "geco-test-nogeco.q"
-    lines = {**conf, "qname": queue, "prolog": "NONE", "epilog": "NONE", "slots": "1",
-             "starter_method": "/opt/geco/libexec/starter"}
-    path = Path(f"/tmp/{queue}")
-    path.write_text("".join(f"{k} {v}\n" for k, v in lines.items()))
-    run(["qconf", "-Aq", str(path)])
-    try:
+    the misconfiguration geco's starter must catch."""
+    with sge.temporary_queue("geco-test-nogeco.q", prolog="NONE", epilog="NONE", slots="1",
+                             starter_method="/opt/geco/libexec/starter") as queue:
         yield queue
-    finally:
-        # the test user's jobs only: a demo left running keeps its own
-        run(["qdel", "-f", "-u", sge.owner.name], check=False)
-        run(["qconf", "-dq", queue], check=False)
-        path.unlink()
 
 
 def test_a_job_that_reaches_the_starter_uncontained_never_runs_and_says_why(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,20 +21,10 @@ CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 
 @pytest.fixture
 def queue_without_prolog(sge: Any) -> Iterator[str]:
-    """A queue whose starter is geco's but which has no prolog or epilog of geco's (named
-    geco-test-*: the clean slate deletes it should a session be killed meanwhile)."""
-    queue = "geco-test-fallback.q"
-    conf = {**sge.queue_config(), "qname": queue, "prolog": "NONE", "epilog": "NONE",
-            "slots": "1", "starter_method": "/opt/geco/libexec/starter"}
-    path = Path(f"/tmp/{queue}")
-    path.write_text("".join(f"{k} {v}\n" for k, v in conf.items()))
-    subprocess.run(["qconf", "-Aq", str(path)], check=True, capture_output=True,
-                   env=CLEAN_ENV, timeout=60)
-    try:
+    """A queue whose starter is geco's but which has no prolog or epilog of geco's."""
+    with sge.temporary_queue("geco-test-fallback.q", prolog="NONE", epilog="NONE", slots="1",
+                             starter_method="/opt/geco/libexec/starter") as queue:
         yield queue
-    finally:
-        subprocess.run(["qconf", "-dq", queue], capture_output=True, env=CLEAN_ENV, timeout=60)
-        path.unlink()
 
 
 def test_a_batch_job_without_geco_prolog_is_moved_in_by_gecod_before_it_runs(

@@ -23,12 +23,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import itertools
 import json
 import os
+import pwd
 import select
 import shutil
 import signal
+import site
 import socket
 import stat
 import struct
@@ -197,7 +200,7 @@ class Node:
 
     def job_process(self, job: int, task: int = 1, *, cwd: Path | None = None,
                     mode: str = "plain", sock: str | None = None,
-                    shepherd: bool = False) -> JobProcess:
+                    shepherd: bool = False, named_shepherd: bool = False) -> JobProcess:
         """Start a client process in the job's spool dir (or ``cwd``).
 
         ``mode``: ``plain`` (JOB_STARTED for itself), ``nobody`` (the same after
@@ -207,15 +210,26 @@ class Node:
         ``peercred`` (QUARANTINE_SELF as nobody that never had the key:
         :func:`geco.client.quarantine_self`). ``shepherd``: run it as the
         child of a fake ``sge_shepherd`` (a copy of /bin/sh) working in the spool dir.
+        ``named_shepherd``: the process itself is called ``sge_shepherd`` (Python run
+        through a symlink of that name), as the shepherd JOB_STARTED comes from is.
         """
-        argv = [sys.executable, "-c", CLIENT, str(self.key_file), sock or self.socket_path(),
+        python, path = sys.executable, [str(REPO)]
+        if named_shepherd:
+            link = self.base / "shepherd-link" / "sge_shepherd"
+            link.parent.mkdir(exist_ok=True)
+            if not link.is_symlink():
+                link.symlink_to(os.path.realpath(sys.executable))
+            # run through the link, Python does not find the venv: name its packages
+            python, path = str(link), [*path, *site.getsitepackages()]
+        argv = [python, "-c", CLIENT, str(self.key_file), sock or self.socket_path(),
                 str(job), str(task), mode]
         if shepherd:
             argv = self.under_shepherd(argv)
         proc = subprocess.Popen(
             argv,
             cwd=cwd or self.job_dir(job, task), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin"})
+            stderr=subprocess.PIPE, text=True,
+            env={"PYTHONPATH": os.pathsep.join(path), "PATH": "/usr/bin"})
         self.processes.append(proc)
         return JobProcess(proc)
 
@@ -241,6 +255,12 @@ class JobProcess:
         self.client_pid = int(pid)
         return status
 
+    def exit(self) -> None:
+        """Let the process go (it exits when its stdin closes) and reap it."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
     def cgroups(self) -> dict[str, str]:
         """Controller -> cgroup path, from /proc/<pid>/cgroup."""
         out = {}
@@ -255,14 +275,16 @@ def _wait_readable(fd: int, timeout: float) -> bool:
     return bool(select.select([fd], [], [], timeout)[0])
 
 
-def kill_and_remove(top: Path, *, vanishing_ok: bool = False) -> list[str]:
+def kill_and_remove(top: Path) -> list[str]:
     """SIGKILL every process in cgroup ``top`` and below, remove them all (deepest first);
-    return what could not be removed. ``vanishing_ok``: a directory that vanishes meanwhile
-    is no failure (test_gecod_reaper's gecod may be reaping it right now); here it is."""
+    return what could not be removed. A directory that vanishes meanwhile is no failure:
+    gecod may be removing it right now (a job whose first process exited has ended, and
+    test_gecod_reaper's reaper removes jobs it finds gone)."""
     left: list[str] = []
-    if not top.is_dir():
+    try:
+        below = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
+    except FileNotFoundError:
         return left
-    below = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
     for d in [*below, top]:
         try:
             for _ in range(50):
@@ -274,11 +296,9 @@ def kill_and_remove(top: Path, *, vanishing_ok: bool = False) -> list[str]:
                         os.kill(pid, signal.SIGKILL)
                 time.sleep(0.05)
             d.rmdir()
-        except FileNotFoundError as exc:
-            if not vanishing_ok:
-                left.append(f"{d}: {exc}")
         except OSError as exc:
-            left.append(f"{d}: {exc}")
+            if exc.errno not in (errno.ENOENT, errno.ENODEV):  # vanished, or being removed
+                left.append(f"{d}: {exc}")
     return left
 
 
@@ -286,8 +306,7 @@ NodeT = TypeVar("NodeT", bound=Node)
 
 
 @contextlib.contextmanager
-def make_node(kind: type[NodeT], tag: str, name: str, *,
-              vanishing_ok: bool = False) -> Iterator[NodeT]:
+def make_node(kind: type[NodeT], tag: str, name: str) -> Iterator[NodeT]:
     """A ``kind`` of node in a fresh ``/tmp/geco-test-<tag>-*`` with a new key file and the
     cgroup parent ``name``; afterwards its processes end and its cgroups (see
     :func:`kill_and_remove`) and directory go."""
@@ -307,12 +326,12 @@ def make_node(kind: type[NodeT], tag: str, name: str, *,
             proc.kill()
             proc.wait()
         left = [x for c in CONTROLLERS
-                for x in kill_and_remove(n.cgroup(c), vanishing_ok=vanishing_ok)]
+                for x in kill_and_remove(n.cgroup(c))]
         shutil.rmtree(base, ignore_errors=True)
         assert not left, left
 
 
-def end_jobs(node: Node, *, vanishing_ok: bool = False) -> None:
+def end_jobs(node: Node) -> None:
     """What a test leaves: its job processes end, its job cgroups (see :func:`kill_and_remove`),
     spool dirs and resource files go."""
     for proc in node.processes:
@@ -327,7 +346,7 @@ def end_jobs(node: Node, *, vanishing_ok: bool = False) -> None:
         parent = node.cgroup(c)
         if parent.is_dir():
             left = [x for job in parent.iterdir() if job.is_dir()
-                    for x in kill_and_remove(job, vanishing_ok=vanishing_ok)]
+                    for x in kill_and_remove(job)]
             assert not left, left
     shutil.rmtree(node.spool, ignore_errors=True)
     shutil.rmtree(node.state_dir / "resources", ignore_errors=True)
@@ -555,6 +574,104 @@ def test_an_array_task_gets_its_own_cgroups_and_cores(node: Node, gecod: Gecod) 
     cpus = [(node.cgroup("cpuset", f"{job}.{t}") / "cpuset.cpus").read_text().strip()
             for t in (1, 2)]
     assert cpus[0] != cpus[1] and "" not in cpus
+
+
+# -- the end of a job ---------------------------------------------------------------
+
+
+def wait_gone(node: Node, key: str, timeout: float = 15.0) -> None:
+    """Wait until the job's cgroups are gone in every controller."""
+    deadline = time.monotonic() + timeout
+    while any(node.cgroup(c, key).exists() for c in CONTROLLERS):
+        assert time.monotonic() < deadline, f"job {key}'s cgroups are still there"
+        time.sleep(0.05)
+
+
+def leftover_in(node: Node, key: str) -> subprocess.Popen[bytes]:
+    """A ``sleep`` put into the job's cgroups behind gecod's back (a daemon the job left)."""
+    proc = subprocess.Popen(["sleep", "300"], stdin=subprocess.DEVNULL)
+    for c in CONTROLLERS:
+        (node.cgroup(c, key) / "cgroup.procs").write_text(str(proc.pid))
+    return proc
+
+
+def test_when_the_jobs_shepherd_exits_gecod_ends_the_job_at_once(
+        node: Node, gecod: Gecod, journal: Any) -> None:
+    """Given a job whose shepherd gecod moved in (JOB_STARTED from the job's own spool dir),
+    a qrsh -inherit task's process (from a PE task dir below it) and a process the job left
+    behind, when the task's process exits then the job's cgroups stay; when the shepherd
+    exits, gecod kills the leftover, removes the job's cgroups in every controller and its
+    resource file, and journals job-end (CLEANED_BY=gecod) with the job's accounting."""
+    since = time.time()
+    job = new_job()
+    node.make_job(job)
+    shepherd = node.job_process(job)
+    assert shepherd.answer() == "OK"
+    task = node.job_process(job, cwd=node.make_pe_task_dir(job))
+    assert task.answer() == "OK"
+    leftover = leftover_in(node, f"{job}.1")
+
+    task.exit()
+    time.sleep(0.5)
+    kept = all(node.cgroup(c, f"{job}.1").is_dir() for c in CONTROLLERS)
+    shepherd.exit()
+    wait_gone(node, f"{job}.1")
+
+    assert kept
+    assert leftover.wait(timeout=10) == -signal.SIGKILL
+    [end] = journal.wait_for(GECO_EVENT="job-end", JOB_ID=str(job))
+    assert (end["CLEANED_BY"], end["KILLED"], end["_PID"]) == ("gecod", "1", str(gecod.pid))
+    assert int(end["MEMORY_PEAK"]) > 0 and float(end["CPU_USER_SEC"]) >= 0
+    assert statefile.read(node.state_dir / "resources", job, 1) is None
+    assert not logged(journal, since, GECO_EVENT="teardown-failed", JOB_ID=str(job))
+
+
+def test_a_restarted_gecod_still_ends_the_jobs_it_finds_running(
+        node: Node, journal: Any) -> None:
+    """Given gecod A that moved a job's shepherd (a process called sge_shepherd) in, when A is
+    killed with SIGKILL and gecod B started, and then the shepherd exits, then B tears the
+    job down at once: it found the shepherd again by its working directory."""
+    a = start_gecod(node, "jobend-restart")
+    job = new_job()
+    node.make_job(job)
+    shepherd = node.job_process(job, sock=a.sock, named_shepherd=True)
+    assert shepherd.answer() == "OK"
+    assert Path(f"/proc/{shepherd.pid}/comm").read_text().strip() == "sge_shepherd"
+    a.stop(signal.SIGKILL)
+    b = start_gecod(node, "jobend-restart")
+    try:
+        shepherd.exit()
+        wait_gone(node, f"{job}.1")
+        [end] = journal.wait_for(GECO_EVENT="job-end", JOB_ID=str(job))
+        assert (end["CLEANED_BY"], end["_PID"]) == ("gecod", str(b.pid))
+    finally:
+        assert b.stop() == 0, b.output()
+
+
+def test_a_job_short_of_cores_gets_those_empty_cgroups_of_ended_jobs_hold(
+        node: Node, gecod: Gecod, journal: Any) -> None:
+    """Given every core of the node held by empty job cgroups (a killed epilog left them;
+    their spool dirs are still there), when a new job's shepherd asks, then gecod removes
+    them (stale-cgroup-removed) and contains the new job at once, instead of refusing it
+    for lack of cores."""
+    ncores = len(parse_cpulist((CGROUP_ROOT / "cpuset" / node.name / "cpuset.cpus")
+                               .read_text().strip()))
+    ended = [new_job() for _ in range(ncores)]
+    for job in ended:
+        node.make_job(job)
+        # a task's process: its exit does not end the job, so its cgroups stay behind empty
+        task = node.job_process(job, cwd=node.make_pe_task_dir(job))
+        assert task.answer() == "OK"
+        task.exit()
+    job = new_job()
+    node.make_job(job)
+    p = node.job_process(job)
+
+    assert p.answer() == "OK"
+    assert p.cgroups()["cpuset"] == f"/{node.name}/{job}.1"
+    removed = {e["JOB_ID"] for j in ended
+               for e in journal.wait_for(GECO_EVENT="stale-cgroup-removed", JOB_ID=str(j))}
+    assert removed == {str(j) for j in ended}
 
 
 # -- refusals of frames -----------------------------------------------------------
@@ -1181,18 +1298,28 @@ sys.exit(starter.main())
 """
 
 
+def spool_for_starter(node: Node, job: int, job_script: str, owner: Any, **kw: Any) -> str:
+    """Spool the job for :func:`run_starter`; return its owner's name. A qrsh task's command
+    runs under its owner's login shell, as Grid Engine runs it: the test user's (bash), not
+    nobody's (nologin); a batch job's is nobody's."""
+    name = owner.name if job_script == "QRSH" else "nobody"
+    node.make_job(job, owner=name, **kw)
+    return name
+
+
 def run_starter(node: Node, job: int, config_path: Path,
-                job_script: str) -> subprocess.CompletedProcess[bytes]:
-    """Run the starter as nobody below the job's fake shepherd, as Grid Engine does; the job
-    is ``cat /proc/self/cgroup /proc/self/environ``."""
+                job_script: str, owner: str = "nobody") -> subprocess.CompletedProcess[bytes]:
+    """Run the starter as ``owner`` below the job's fake shepherd, as Grid Engine does; the
+    job is ``cat /proc/self/cgroup /proc/self/environ``."""
     env = {"JOB_ID": str(job), "SGE_TASK_ID": "undefined", "JOB_SCRIPT": job_script,
            "SGE_JOB_SPOOL_DIR": str(node.job_dir(job)), "PATH": "/usr/bin:/bin",
            "SGE_STARTER_SHELL_START_MODE": "unix_behavior", "SGE_STARTER_SHELL_PATH": ""}
     argv = node.under_shepherd([sys.executable, "-I", "-c", STARTER, str(REPO),
                                 str(config_path), "/bin/cat", "/proc/self/cgroup",
                                 "/proc/self/environ"])
+    pw = pwd.getpwnam(owner)
     return subprocess.run(argv, cwd=node.job_dir(job), env=env, capture_output=True,
-                          timeout=60, preexec_fn=_as_nobody)
+                          timeout=60, user=pw.pw_uid, group=pw.pw_gid, extra_groups=[])
 
 
 def job_output(out: bytes) -> tuple[dict[str, str], dict[str, str]]:
@@ -1209,15 +1336,15 @@ def job_output(out: bytes) -> tuple[dict[str, str], dict[str, str]]:
 
 @pytest.mark.parametrize("job_script", ["QRSH", "cat"], ids=["qrsh-task", "batch-job"])
 def test_a_starter_outside_its_job_has_gecod_move_it_and_starts_the_job_inside(
-        node: Node, gecod: Gecod, journal: Any, job_script: str) -> None:
-    """Given a job of nobody with no cgroups yet, when its starter (nobody, below the job's
-    fake shepherd, no key) finds itself outside the job's cgroups, then it asks gecod for
-    itself (PEERCRED QUARANTINE_SELF), and the job, a qrsh -inherit task or a batch job,
-    runs inside the job's cgroups with GECO_* facts that are the cgroup's."""
+        node: Node, gecod: Gecod, journal: Any, job_owner: Any, job_script: str) -> None:
+    """Given a job of an unprivileged user with no cgroups yet, when its starter (the owner,
+    below the job's fake shepherd, no key) finds itself outside the job's cgroups, then it
+    asks gecod for itself (PEERCRED QUARANTINE_SELF), and the job, a qrsh -inherit task or
+    a batch job, runs inside the job's cgroups with GECO_* facts that are the cgroup's."""
     job = new_job()
-    node.make_job(job, owner="nobody", memory=256 * MiB)
+    owner = spool_for_starter(node, job, job_script, job_owner, memory=256 * MiB)
 
-    ran = run_starter(node, job, node.base / "gecod.toml", job_script)
+    ran = run_starter(node, job, node.base / "gecod.toml", job_script, owner)
     assert ran.returncode == 0, ran.stderr.decode()
     cgroups, env = job_output(ran.stdout)
     for c in CONTROLLERS:
@@ -1227,7 +1354,7 @@ def test_a_starter_outside_its_job_has_gecod_move_it_and_starts_the_job_inside(
     assert (env["GECO_CPUS"], env["GECO_NCPUS"], env["GECO_MEMORY_LIMIT"], env["GECO_NODE"]) \
         == (cpus, str(len(parse_cpulist(cpus))), limit, os.uname().nodename)
     [moved] = journal.wait_for(GECO_EVENT="starter-quarantined", JOB_ID=str(job))
-    assert moved["_UID"] == str(NOBODY)
+    assert moved["_UID"] == str(pwd.getpwnam(owner).pw_uid)
 
 
 @pytest.mark.parametrize(("job_script", "policy", "stop"), [
@@ -1236,7 +1363,8 @@ def test_a_starter_outside_its_job_has_gecod_move_it_and_starts_the_job_inside(
     ("QRSH", "allow", signal.SIGTERM),
 ], ids=["batch-job", "qrsh-task-refuse", "qrsh-task-allow"])
 def test_without_gecod_a_batch_job_is_refused_and_a_qrsh_task_follows_the_policy(
-        node: Node, journal: Any, job_script: str, policy: str, stop: int) -> None:
+        node: Node, journal: Any, job_owner: Any, job_script: str, policy: str,
+        stop: int) -> None:
     """Given gecod stopped (SIGTERM: its socket is gone; SIGKILL: a dead socket is left),
     when a starter outside its job's cgroups cannot reach it, then a batch job is refused
     (exit 100, the plain sentence, whatever the policy); a qrsh -inherit task is refused
@@ -1251,9 +1379,9 @@ def test_without_gecod_a_batch_job_is_refused_and_a_qrsh_task_follows_the_policy
            f"gecod is not running (nobody listens on {sock})")
     host = os.uname().nodename
     job = new_job()
-    node.make_job(job, owner="nobody")
+    owner = spool_for_starter(node, job, job_script, job_owner)
 
-    ran = run_starter(node, job, conf, job_script)
+    ran = run_starter(node, job, conf, job_script, owner)
     if job_script == "QRSH" and policy == "allow":
         assert ran.returncode == 0, ran.stderr.decode()
         cgroups, env = job_output(ran.stdout)

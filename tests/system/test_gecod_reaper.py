@@ -139,8 +139,7 @@ class ReaperNode(Node):
 def make_node(tag: str) -> contextlib.AbstractContextManager[ReaperNode]:
     """A node of its own: directory, key, and the cgroup parent ``geco-test-<pid>-<tag>``.
     Its cgroups may vanish while they are removed afterwards: a gecod may be reaping them."""
-    return gecod_tests.make_node(ReaperNode, tag, f"geco-test-{os.getpid()}-{tag}",
-                                 vanishing_ok=True)
+    return gecod_tests.make_node(ReaperNode, tag, f"geco-test-{os.getpid()}-{tag}")
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +161,7 @@ def lone_node() -> Iterator[ReaperNode]:
 def _clean_jobs(node: ReaperNode) -> Iterator[None]:
     """After each test: its processes end, its job cgroups, spool dirs and traces go."""
     yield
-    gecod_tests.end_jobs(node, vanishing_ok=True)
+    gecod_tests.end_jobs(node)
     shutil.rmtree(node.trace_dir, ignore_errors=True)
     node.qstat_log.unlink(missing_ok=True)
 

@@ -28,7 +28,8 @@ BENCH = "bench/bench_hooks.py"
 GUEST_COMMAND = (
     f"set -e; {vmrun.COPY_TO_GUEST}; cd /root/geco; since=$(date +%s); "
     "GECO_SYSTEM_PACKAGES=1 scripts/install.sh; rc=0; "
-    "GECO_KEEP_SGE=1 PYTHONDONTWRITEBYTECODE=1 /opt/geco/venv/bin/python -m pytest -q "
+    "GECO_KEEP_SGE=1 GECO_TEST_HOOKS=starter PYTHONDONTWRITEBYTECODE=1 "
+    "/opt/geco/venv/bin/python -m pytest -q "
     "-p no:cacheprovider -o addopts= -rfEs tests/vm_sge || rc=$?; "
     f"/opt/geco/venv/bin/python {BENCH} --since \"$since\" | sed 's/^/guest: /'; exit $rc")
 

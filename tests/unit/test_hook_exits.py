@@ -15,7 +15,7 @@ from geco import config as _config
 from geco.config import Config
 from geco.errors import GecoError, NotContained, QstatParseError, TaskNotRunning
 from geco.hooks import Exit, run
-from geco.hooks.starter import job_argv
+from geco.hooks.starter import Launch, job_argv
 
 # hooks.run() sets up geco's logging (stderr and the journal): undone after each test
 # (tests/conftest.py), or every later test's journal records would reach journald twice
@@ -90,20 +90,50 @@ def test_a_batch_script_runs_under_the_queue_shell_as_grid_engine_would() -> Non
     SGE says so, with the job's arguments untouched."""
     env = {"JOB_SCRIPT": SCRIPT, "SGE_STARTER_SHELL_PATH": "/bin/bash",
            "SGE_STARTER_SHELL_START_MODE": "posix_compliant", "SGE_STARTER_USE_LOGIN_SHELL": "true"}
-    assert job_argv([SCRIPT, "argA", "arg B", ""], env) == (
+    assert job_argv([SCRIPT, "argA", "arg B", ""], env, Launch()) == (
         "/bin/bash", ["-bash", SCRIPT, "argA", "arg B", ""])
     env["SGE_STARTER_USE_LOGIN_SHELL"] = "false"
-    assert job_argv([SCRIPT, "x"], env) == ("/bin/bash", ["bash", SCRIPT, "x"])
+    assert job_argv([SCRIPT, "x"], env, Launch()) == ("/bin/bash", ["bash", SCRIPT, "x"])
 
 
-def test_unix_behavior_binaries_and_qrsh_commands_are_executed_directly() -> None:
+def test_unix_behavior_and_binaries_without_a_shell_are_executed_directly() -> None:
     env = {"JOB_SCRIPT": SCRIPT, "SGE_STARTER_SHELL_PATH": "/bin/sh",
            "SGE_STARTER_SHELL_START_MODE": "unix_behavior"}
-    assert job_argv([SCRIPT, "a"], env) == (SCRIPT, [SCRIPT, "a"])
+    assert job_argv([SCRIPT, "a"], env, Launch()) == (SCRIPT, [SCRIPT, "a"])
     binary = {"JOB_SCRIPT": "sleep", "SGE_STARTER_SHELL_PATH": "/bin/sh",
               "SGE_STARTER_SHELL_START_MODE": "posix_compliant"}
-    assert job_argv(["sleep", "10"], binary) == ("sleep", ["sleep", "10"])
+    assert job_argv(["sleep", "10"], binary, Launch(binary=True, no_shell=True)) == (
+        "sleep", ["sleep", "10"])
+
+
+def test_a_binary_job_with_a_shell_is_one_command_line_for_the_shell() -> None:
+    """`qsub -b y 'echo one | tr a-z A-Z'` and `qsub -b y /bin/echo "a b" "e'f"`: Grid
+    Engine joins the words, each followed by a space, into one `sh -c` line (a login
+    shell when SGE says so), so pipes work and an odd quote is the shell's error."""
+    env = {"JOB_SCRIPT": "echo one | tr a-z A-Z", "SGE_STARTER_SHELL_PATH": "/bin/sh",
+           "SGE_STARTER_SHELL_START_MODE": "posix_compliant",
+           "SGE_STARTER_USE_LOGIN_SHELL": "true"}
+    assert job_argv(["echo one | tr a-z A-Z"], env, Launch(binary=True)) == (
+        "/bin/sh", ["-sh", "-c", "echo one | tr a-z A-Z "])
+    assert job_argv(["/bin/echo", "a b", "e'f"], env, Launch(binary=True))[1][2] == \
+        "/bin/echo a b e'f "
+
+
+def test_script_from_stdin_and_start_as_command_run_the_shell_as_grid_engine_does() -> None:
+    env = {"JOB_SCRIPT": SCRIPT, "SGE_STARTER_SHELL_PATH": "/bin/bash",
+           "SGE_STARTER_SHELL_START_MODE": "script_from_stdin"}
+    assert job_argv(["-s", "a 1"], env, Launch()) == ("/bin/bash", ["bash", "-s", "a 1"])
+    env["SGE_STARTER_SHELL_START_MODE"] = "start_as_command"
+    assert job_argv([SCRIPT, "x"], env, Launch()) == ("/bin/bash", ["bash", "-c", SCRIPT])
+
+
+def test_a_qrsh_command_runs_under_the_owner_shell_unless_noshell() -> None:
+    """qrsh_starter hands a starter the words; without a starter it runs them as one line
+    under the owner's login shell (`-c`), or directly with `qrsh -noshell`."""
     qrsh = {"JOB_SCRIPT": "QRSH", "SGE_STARTER_SHELL_PATH": "",
             "SGE_STARTER_SHELL_START_MODE": "unix_behavior"}
-    assert job_argv(["/tmp/petask.sh", "a1", "a 2"], qrsh) == (
-        "/tmp/petask.sh", ["/tmp/petask.sh", "a1", "a 2"])
+    words = ["echo hi | tr a-z A-Z;", "exit", "3"]
+    assert job_argv(words, qrsh, Launch(qrsh=True, owner_shell="/bin/bash")) == (
+        "/bin/bash", ["bash", "-c", "echo hi | tr a-z A-Z; exit 3"])
+    assert job_argv(["/tmp/petask.sh", "a 2"], qrsh, Launch(qrsh=True, no_shell=True)) == (
+        "/tmp/petask.sh", ["/tmp/petask.sh", "a 2"])

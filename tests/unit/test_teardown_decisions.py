@@ -9,7 +9,6 @@ hanging or missing, the once-per-job queue marker, and the /proc readers.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -23,7 +22,6 @@ from geco.accounting import Accounting
 from geco.cgroup import Backend
 from geco.config import Config
 from geco.errors import CgroupError
-from geco.hooks import epilog
 from geco.resource import short_hostname
 from geco.teardown import StuckProcess, Teardown, tear_down
 
@@ -357,18 +355,17 @@ def test_procinfo_on_this_process_agrees_with_the_kernel() -> None:
 # -- the epilog's queue instance ----------------------------------------------
 
 
-def test_the_epilog_takes_the_queue_instance_from_the_spooled_config_not_the_environment(
+def test_the_queue_instance_comes_from_the_spooled_config_not_the_environment(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The epilog and gecod disable <queue>@<host> from the job's spooled config when its
+    teardown is stuck, never $QUEUE/$HOSTNAME (the job's owner sets those)."""
     monkeypatch.setenv("QUEUE", "evil.q")
     monkeypatch.setenv("HOSTNAME", "elsewhere")
     spool = tmp_path / "42.1"
     spool.mkdir()
     (spool / "config").write_bytes(b"job_id=42\nqueue=all.q\nhost=node7\nqueue_tmpdir=/tmp\n")
-    logger = logging.getLogger("geco.test")
-    job = sgejob.JobRef(42, 1, spool)
-    assert epilog._queue_instance(job, logger) == "all.q@node7"
+    assert sgejob.queue_instance(spool) == "all.q@node7"
     (spool / "config").write_bytes(b"job_id=42\nqueue=all.q\n")
-    assert epilog._queue_instance(job, logger) is None
+    assert sgejob.queue_instance(spool) is None
     (spool / "config").unlink()
-    assert epilog._queue_instance(job, logger) is None
-    assert epilog._queue_instance(sgejob.JobRef(42, 1, None), logger) is None
+    assert sgejob.queue_instance(spool) is None

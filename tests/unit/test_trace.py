@@ -627,9 +627,12 @@ def prolog_env(site: Config, monkeypatch: pytest.MonkeyPatch) -> FakeBackend:
     monkeypatch.setattr(sys, "argv", ["prolog", "42", "0"])
     monkeypatch.setattr(sgejob, "find_shepherd", lambda job: 4242)
     monkeypatch.setattr(cgroup, "for_config", lambda cfg: backend)
-    monkeypatch.setattr(containment, "contain",
-                        lambda key, node, backend, **kw: Limits(cpus="0", mems="0",
-                                                                memory=node.memory_limit))
+
+    def contain(key: str, node: NodeResources, backend: FakeBackend, **kw: int) -> Limits:
+        backend.add_pid(key, kw["pid"])  # the shepherd goes in under the node lock
+        return Limits(cpus="0", mems="0", memory=node.memory_limit)
+
+    monkeypatch.setattr(containment, "contain", contain)
     return backend
 
 

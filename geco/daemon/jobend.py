@@ -1,0 +1,192 @@
+"""gecod ends jobs itself: the moment a job's ``sge_shepherd`` exits, its cgroups go.
+
+With the exec() preload, gecod puts each job's shepherd into the job's cgroups
+at its exec (:mod:`geco.daemon.quarantine`), and the pidfd it opened for that
+request tells it when the shepherd exits: the job is over on this node (Grid
+Engine ran it, and its epilog if one is configured, under that shepherd). gecod
+then tears the job down as an epilog would (:func:`geco.teardown.tear_down`:
+the job's accounting in the journal, leftovers killed, cgroups removed, a stuck
+job escalated), so a queue with the preload needs no prolog or epilog of
+geco's, and a core is free again as soon as the job's processes are gone.
+
+Only the job's master shepherd ends it: a ``qrsh -inherit`` task's shepherd
+(working in a PE task dir below the job's) ends one task, and the job's
+cgroups on a node stay until the job's own end (reaper). When the epilog also
+runs, it has removed the cgroups already and this finds nothing to do.
+
+At start gecod finds the shepherds of the jobs already contained (by their
+working directory) and watches them again, so a restart loses no job end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import threading
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from geco import log, sgejob, teardown
+from geco.cgroup import Backend, split_key
+from geco.daemon.quarantine import Context, Shepherd, job_dir_of
+from geco.daemon.reaper import forget_job
+from geco.daemon.runloop import RunLoop
+from geco.errors import GecoError
+
+__all__ = ["JobEnds"]
+
+_log = log.get("gecod.jobend")
+
+
+@dataclass(eq=False, slots=True)
+class _Watch:
+    shepherd: Shepherd
+    pidfd: int
+
+
+@dataclass(slots=True)
+class _Pending:
+    """Teardowns submitted and not finished: an allocation short of cores waits for them."""
+
+    count: int = 0
+    changed: threading.Condition = field(default_factory=threading.Condition)
+
+
+class JobEnds:
+    """Watch master shepherds; tear their job down in a worker when one exits.
+
+    Parameters
+    ----------
+    loop: gecod's runloop (a pidfd is readable once its process has exited).
+    ctx: the quarantine context (its configuration, backend and per-job locks).
+    executor: where teardowns run.
+    before_end: called in the loop with the key before its teardown is started (gecod
+        reads the job's OOM counter one last time, while the cgroup exists).
+    on_ended: called in the loop with each key whose cgroups are gone.
+    """
+
+    def __init__(self, loop: RunLoop, ctx: Context, executor: Executor, *,
+                 before_end: Callable[[str], None] | None = None,
+                 on_ended: Callable[[str], None] | None = None) -> None:
+        self.loop = loop
+        self.ctx = ctx
+        self.executor = executor
+        self.before_end = before_end
+        self.on_ended = on_ended
+        self._watches: set[_Watch] = set()
+        self._pending = _Pending()
+
+    def watch(self, shepherd: Shepherd, pidfd: int) -> None:
+        """Tear ``shepherd.key`` down when the process of ``pidfd`` exits (takes the fd)."""
+        entry = _Watch(shepherd, pidfd)
+        self._watches.add(entry)
+        self.loop.add_source(pidfd, selectors.EVENT_READ, lambda fd, ev: self._exited(entry))
+
+    def rewatch(self, backend: Backend, spool: Path) -> int:
+        """Watch the master shepherds of the jobs already contained (gecod's start);
+        ``spool`` is the execd spool dir as /proc names it.
+
+        Returns
+        -------
+        How many shepherds are watched.
+        """
+        found = 0
+        for key in backend.job_keys():
+            for pid in backend.pids(key):
+                shepherd = _master_shepherd(key, pid, spool)
+                if shepherd is None:
+                    continue
+                try:
+                    pidfd = os.pidfd_open(pid)
+                except OSError:
+                    continue  # gone meanwhile: the reaper ends the job
+                self.watch(shepherd, pidfd)
+                found += 1
+        return found
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no teardown is pending (at most ``timeout`` s); True when none is."""
+        with self._pending.changed:
+            return self._pending.changed.wait_for(lambda: self._pending.count == 0, timeout)
+
+    def close(self) -> None:
+        """Stop watching (gecod stopping): jobs still running are ended by the next gecod."""
+        for entry in list(self._watches):
+            self._drop(entry)
+
+    def _drop(self, entry: _Watch) -> None:
+        self._watches.discard(entry)
+        self.loop.remove_source(entry.pidfd)
+        with contextlib.suppress(OSError):
+            os.close(entry.pidfd)
+
+    def _exited(self, entry: _Watch) -> None:
+        self._drop(entry)
+        if self.before_end is not None:
+            self.before_end(entry.shepherd.key)
+        with self._pending.changed:
+            self._pending.count += 1
+        try:
+            future = self.executor.submit(self._end, entry.shepherd)
+        except RuntimeError:  # the executor is shut down: gecod is stopping
+            self._finished()
+            return
+        future.add_done_callback(lambda f: self._finished())
+
+    def _finished(self) -> None:
+        with self._pending.changed:
+            self._pending.count -= 1
+            self._pending.changed.notify_all()
+
+    def _end(self, shepherd: Shepherd) -> None:
+        """Worker: the job's shepherd is gone; tear the job down unless it started again."""
+        key, cfg = shepherd.key, self.ctx.config
+        backend = self.ctx.backend
+        try:
+            with self.ctx.job_lock(key):
+                if not backend.exists(key):
+                    return  # the epilog did it
+                restarted = [p for p in backend.pids(key) if _starting_shepherd(p)]
+                if restarted:
+                    _log.info("job %s: its shepherd %d exited, but the job started again on "
+                              "this node (pid %d); its cgroups stay", key, shepherd.pid,
+                              restarted[0])
+                    return
+                result = teardown.tear_down(key, backend, cfg,
+                                            queue_instance=shepherd.queue_instance,
+                                            cleaned_by="gecod")
+            if result.clean:
+                forget_job(cfg, key)
+                if self.on_ended is not None:
+                    self.loop.call_soon_threadsafe(lambda: self._ended(key))
+        except (GecoError, OSError) as exc:  # the reaper retries what is left
+            _log.warning("job %s: its shepherd exited but its teardown failed: %s", key, exc,
+                         extra=log.job_fields(*split_key(key), "teardown-failed",
+                                              REASON=str(exc)))
+
+    def _ended(self, key: str) -> None:
+        if self.on_ended is not None:
+            self.on_ended(key)
+
+
+def _starting_shepherd(pid: int) -> bool:
+    """A shepherd of a new start of the job: running, or still execd's child before its exec."""
+    return sgejob.is_job_shepherd(pid) or (sgejob.proc_comm(pid) == "sge_execd"
+                                           and sgejob.proc_real_uid(pid) == 0)
+
+
+def _master_shepherd(key: str, pid: int, spool: Path) -> Shepherd | None:
+    """The job's master shepherd when ``pid`` is it (it works in the job's own spool dir)."""
+    if not sgejob.is_job_shepherd(pid):
+        return None
+    try:
+        cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
+    except OSError:
+        return None
+    job, task = split_key(key)
+    if job_dir_of(cwd, spool, job, task) != cwd:
+        return None
+    return Shepherd(key, pid, sgejob.queue_instance(cwd))
