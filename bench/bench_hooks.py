@@ -53,7 +53,7 @@ def report(title: str, times: dict[str, list[dict[str, str]]]) -> None:
         inside = [float(f["ELAPSED_SEC"]) * 1000 for f in found]
         total = [float(f["SINCE_EXEC_SEC"]) * 1000 for f in found]
         if not inside:
-            print(f"{hook:8} {0:>5}  no journal entries: are the hooks configured?")
+            print(f"{hook:8} {0:>5}  none journaled (a queue without it: gecod does its work)")
             continue
         print(f"{hook:8} {len(inside):>5} {statistics.median(inside):12.1f} "
               f"{percentile(inside, .9):7.1f} {statistics.median(total):15.1f} "

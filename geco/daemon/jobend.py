@@ -31,7 +31,7 @@ from pathlib import Path
 
 from geco import log, sgejob, teardown
 from geco.cgroup import Backend, split_key
-from geco.daemon.quarantine import Context, Shepherd, job_dir_of
+from geco.daemon.quarantine import Context, Shepherd, job_dir_of, spool_root
 from geco.daemon.reaper import forget_job
 from geco.daemon.runloop import RunLoop
 from geco.errors import GecoError
@@ -149,7 +149,8 @@ class JobEnds:
             with self.ctx.job_lock(key):
                 if not backend.exists(key):
                     return  # the epilog did it
-                restarted = [p for p in backend.pids(key) if _starting_shepherd(p)]
+                spool = spool_root(cfg)
+                restarted = [p for p in backend.pids(key) if _new_start(key, p, spool)]
                 if restarted:
                     _log.info("job %s: its shepherd %d exited, but the job started again on "
                               "this node (pid %d); its cgroups stay", key, shepherd.pid,
@@ -172,21 +173,25 @@ class JobEnds:
             self.on_ended(key)
 
 
-def _starting_shepherd(pid: int) -> bool:
-    """A shepherd of a new start of the job: running, or still execd's child before its exec."""
-    return sgejob.is_job_shepherd(pid) or (sgejob.proc_comm(pid) == "sge_execd"
-                                           and sgejob.proc_real_uid(pid) == 0)
+def _new_start(key: str, pid: int, spool: Path) -> bool:
+    """A master shepherd of a new start of the job: running, or still sge_execd's child
+    before its exec (a qrsh -inherit task's shepherd, ending with the job, does not count)."""
+    if sgejob.proc_comm(pid) == "sge_execd" and sgejob.proc_real_uid(pid) == 0:
+        return _job_dir(key, pid, spool) is not None
+    return _master_shepherd(key, pid, spool) is not None
 
 
-def _master_shepherd(key: str, pid: int, spool: Path) -> Shepherd | None:
-    """The job's master shepherd when ``pid`` is it (it works in the job's own spool dir)."""
-    if not sgejob.is_job_shepherd(pid):
-        return None
+def _job_dir(key: str, pid: int, spool: Path) -> Path | None:
+    """The job's own spool dir when ``pid`` works in it (not in a PE task dir below it)."""
     try:
         cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
     except OSError:
         return None
     job, task = split_key(key)
-    if job_dir_of(cwd, spool, job, task) != cwd:
-        return None
-    return Shepherd(key, pid, sgejob.queue_instance(cwd))
+    return cwd if job_dir_of(cwd, spool, job, task) == cwd else None
+
+
+def _master_shepherd(key: str, pid: int, spool: Path) -> Shepherd | None:
+    """The job's master shepherd when ``pid`` is it: an sge_shepherd in the job's own dir."""
+    job_dir = _job_dir(key, pid, spool) if sgejob.is_job_shepherd(pid) else None
+    return Shepherd(key, pid, sgejob.queue_instance(job_dir)) if job_dir else None
