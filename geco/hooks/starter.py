@@ -48,6 +48,11 @@ from geco.hooks import Exit, run
 
 __all__ = ["Launch", "job_argv", "main"]
 
+# What Grid Engine tells a starter_method about the shell; a job started without one
+# never sees them.
+_FOR_THE_STARTER = ("SGE_STARTER_SHELL_PATH", "SGE_STARTER_SHELL_START_MODE",
+                    "SGE_STARTER_USE_LOGIN_SHELL")
+
 
 @dataclass(frozen=True, slots=True)
 class Launch:
@@ -200,6 +205,8 @@ def _body(cfg: Config, logger: logging.Logger) -> Exit:
                            f"started uncontained. Ask your admin to check the queue's geco "
                            f"prolog", cgroups=where)
     program, args = job_argv(argv, env, _launch(os.environ, argv))
+    for name in _FOR_THE_STARTER:  # Grid Engine sets them for us only, not for the job
+        env.pop(name, None)
     if not why:
         # one journal datagram; the job's arguments stay out of it (they may hold secrets)
         shell = program != argv[0]
