@@ -166,8 +166,9 @@ def tear_down(key: str, backend: Backend, cfg: Config, *, queue_instance: str | 
     try:
         killed, left = containment.kill_and_remove(key, backend, timeout=cfg.kill_timeout)
     except GecoError as exc:
-        error = str(exc)
-        left = _pids_left(key, backend)
+        # removed meanwhile by someone else (an admin, a second teardown): nothing is stuck
+        error = str(exc) if backend.exists(key) else ""
+        left = _pids_left(key, backend) if error else ()
     if not left and not error:
         _forget(marker)
         _log.info("job %s ended: %s; cgroups removed, %d leftover process(es) killed", key,

@@ -104,7 +104,11 @@ def job_argv(argv: Sequence[str], env: Mapping[str, str],
     if env.get("SGE_STARTER_USE_LOGIN_SHELL") == "true":
         name = "-" + name
     if launch.binary and not launch.no_shell:
-        return shell, [name, "-c", "".join(word + " " for word in argv)]
+        words = list(argv)
+        if mode == "script_from_stdin" and words[:1] == ["-s"]:
+            # Grid Engine passed "-s" for the mode; the command is the job "script"
+            words = [env.get("JOB_SCRIPT", ""), *words[1:]]
+        return shell, [name, "-c", "".join(word + " " for word in words)]
     if mode == "script_from_stdin":
         return shell, [name, *argv]
     if mode == "posix_compliant" and not launch.binary:

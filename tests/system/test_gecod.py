@@ -140,10 +140,10 @@ class Node:
         return str(self.base / f"{tag}.sock")
 
     def write_config(self, tag: str = "gecod", sock: str | None = None, qstat: str = "",
-                     **gecod: str) -> Path:
+                     kill_timeout: float | None = None, **gecod: str) -> Path:
         """Write ``<tag>.toml``: socket ``path:<tag>.sock`` (or the address ``sock``), more
-        [gecod] keys,
-        and a [qstat] command when given (qstat fails at once otherwise)."""
+        [gecod] keys, a [qstat] command when given (qstat fails at once otherwise), and
+        [epilog] kill_timeout when given."""
         path = self.base / f"{tag}.toml"
         extra = "".join(f"{k} = {v}\n" for k, v in gecod.items())
         extra += f'[qstat]\ncommand = "{qstat or "/bin/false"}"\nretries = 0\n'
@@ -151,6 +151,9 @@ class Node:
             f'[paths]\nstate_dir = "{self.state_dir}"\nexecd_spool_dir = "{self.spool}"\n'
             f'[cgroup]\nname = "{self.name}"\n'
             f'[log]\ntrace_dir = "{self.base / "trace"}"\n'
+            # this machine's Grid Engine is not the test's to disable
+            f'[epilog]\ndisable_queue_on_stuck = false\n'
+            + (f"kill_timeout = {kill_timeout}\n" if kill_timeout is not None else "") +
             f'[gecod]\nsocket = "{sock or "path:" + self.socket_path(tag)}"\n'
             f'key_file = "{self.key_file}"\n'
             f"connection_deadline = {DEADLINE}\n{extra}")

@@ -74,11 +74,8 @@ class ReaperNode(Node):
         return self.base / "qstat.log"
 
     def write_config(self, tag: str = "gecod", sock: str | None = None, qstat: str = "",
-                     **gecod: str) -> Path:
-        path = super().write_config(tag, sock, qstat, **gecod)
-        with path.open("a") as f:
-            f.write("[epilog]\nkill_timeout = 5.0\ndisable_queue_on_stuck = false\n")
-        return path
+                     kill_timeout: float | None = 5.0, **gecod: str) -> Path:
+        return super().write_config(tag, sock, qstat, kill_timeout, **gecod)
 
     def qstat_script(self, name: str, body: str) -> str:
         """An executable qstat stand-in that logs its arguments, then runs ``body``."""

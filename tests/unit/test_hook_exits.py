@@ -117,6 +117,10 @@ def test_a_binary_job_with_a_shell_is_one_command_line_for_the_shell() -> None:
         "/bin/sh", ["-sh", "-c", "echo one | tr a-z A-Z "])
     assert job_argv(["/bin/echo", "a b", "e'f"], env, Launch(binary=True))[1][2] == \
         "/bin/echo a b e'f "
+    # script_from_stdin: Grid Engine hands the starter "-s" and the arguments only
+    env.update(JOB_SCRIPT="/usr/bin/printf", SGE_STARTER_SHELL_START_MODE="script_from_stdin")
+    assert job_argv(["-s", "[%s]", "a b"], env, Launch(binary=True)) == (
+        "/bin/sh", ["-sh", "-c", "/usr/bin/printf [%s] a b "])
 
 
 def test_script_from_stdin_and_start_as_command_run_the_shell_as_grid_engine_does() -> None:

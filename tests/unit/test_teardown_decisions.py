@@ -323,6 +323,23 @@ def test_given_the_kernel_refuses_the_removal_with_no_process_left_then_it_is_no
     assert result.queue_disabled == "all.q@n1"
 
 
+def test_given_the_cgroups_removed_meanwhile_by_someone_else_then_the_end_is_clean(
+        tmp_path: Path, records: Records, qmod: tuple[Path, Path]) -> None:
+    """A second teardown (the epilog while gecod ends the job, an admin's cleanup) removing
+    the cgroups under this one is no stuck job: nothing is left, no queue is disabled."""
+    class Vanishing(FakeBackend):
+        def destroy(self, key: str) -> None:
+            self.exists_ = False
+            raise CgroupError(f"cannot remove the cgroup of job {key}: no such directory")
+
+    fake = Vanishing(tmp_path)
+    result = tear_down("42.1", backend_of(fake), cfg(tmp_path), queue_instance="all.q@n1",
+                       cleaned_by="gecod", qmod=str(qmod[0]))
+    assert (result.clean, result.error, result.queue_disabled) == (True, "", None)
+    assert [f["GECO_EVENT"] for _, _, f in records.events()] == ["job-end"]
+    assert not qmod[1].exists()
+
+
 def test_given_a_process_gone_by_the_time_it_is_described_then_it_reads_as_gone(
         tmp_path: Path) -> None:
     fake = FakeBackend(tmp_path / "empty-proc", left=[777], where=None)
