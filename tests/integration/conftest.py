@@ -75,6 +75,7 @@ class Gecod:
 
     log: Path
     proc: subprocess.Popen[bytes] | None = None
+    preload: str = PRELOAD  # what the ``gecod`` fixture gives sge_execd
 
     def start(self) -> None:
         with self.log.open("ab") as out:

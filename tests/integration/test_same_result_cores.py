@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -79,17 +80,25 @@ def test_after_jobs_whose_epilog_never_ran_the_next_jobs_get_their_cores_at_once
 
 def test_with_the_preload_gecod_ends_a_job_when_its_shepherd_exits(
         sge: Any, gecod: Any, job_dir: Any, journal: Any, starter_only_queue: str) -> None:
-    """Given sge_execd with the preload and a queue with no prolog or epilog, when a job that
-    left a process behind (`sleep 300 &`, out of its process group) ends, then gecod has
-    killed that process and removed the job's cgroups by the time Grid Engine reports the
-    job done, journaling job-end (CLEANED_BY=gecod) with its accounting; two jobs started
-    right after run at once on both cores."""
-    script = job_dir.script("leaver", "setsid sleep 300 &\necho started\n")
-    job = sge.submit("-cwd", "-N", "leaver", "-q", starter_only_queue, script,
-                     cwd=job_dir.path)
-    [record] = sge.wait_finished(job, timeout=120)
-    [end] = journal.wait_for(JOB_ID=str(job), GECO_EVENT="job-end")
+    """Given sge_execd with the preload (and without Grid Engine's additional-group-id kill,
+    ENABLE_ADDGRP_KILL=false) and a queue with no prolog or epilog, when a job that left a
+    daemon behind (double-forked into its own session) ends, then gecod has killed the
+    daemon and removed the job's cgroups by the time it journals the job's end (job-end,
+    CLEANED_BY=gecod, with its accounting); two jobs started right after run at once on
+    both cores."""
+    sge.configure(GECO_EXECD_PRELOAD=gecod.preload, SGE_EXECD_PARAMS="ENABLE_ADDGRP_KILL=false")
+    try:
+        script = job_dir.script("leaver", (
+            "setsid sh -c 'sleep 300 </dev/null >/dev/null 2>&1 & echo $!' > leaver.pid\n"
+            "echo started\n"))
+        job = sge.submit("-cwd", "-N", "leaver", "-q", starter_only_queue, script,
+                         cwd=job_dir.path)
+        [record] = sge.wait_finished(job, timeout=120)
+        [end] = journal.wait_for(JOB_ID=str(job), GECO_EVENT="job-end")
+    finally:
+        sge.configure(GECO_EXECD_PRELOAD=gecod.preload)
     cgroups_left = job_cgroups(f"{job}.1")
+    daemon = int((job_dir.path / "leaver.pid").read_text())
 
     script = job_dir.script("after", SLEEP)
     following = [sge.submit("-cwd", "-N", "after", "-q", starter_only_queue, script,
@@ -98,6 +107,7 @@ def test_with_the_preload_gecod_ends_a_job_when_its_shepherd_exits(
 
     assert record["exit_status"] == "0"
     assert job_dir.output("leaver", job) == "started\n"
+    assert not Path(f"/proc/{daemon}").exists()
     assert (end["CLEANED_BY"], end["KILLED"]) == ("gecod", "1")
     assert int(end["MEMORY_PEAK"]) > 0
     assert cgroups_left == {}
