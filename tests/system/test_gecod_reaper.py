@@ -297,19 +297,23 @@ def test_a_gone_job_is_kept_and_warned_about_while_qstat_fails(
 
 def test_past_h_rt_and_grace_every_process_but_the_shepherd_is_killed_once(
         node: ReaperNode, gecod: Gecod, journal: Any) -> None:
-    """Given a running job with its process, its sge_shepherd (root) and an impostor named
-    sge_shepherd running as nobody in its cgroups, when its resource file says h_rt=2 and
-    its spool config was written 700 s ago (grace 1 s), then the job's process and the
-    impostor are killed, the shepherd lives on in the job's cgroups, walltime-kill is
-    journaled once (KILLED=2, H_RT, RUNNING_FOR, PRIORITY 4) and not again in later rounds
-    (only the shepherd is left)."""
+    """Given a running job -- its sge_shepherd (root, moved in by JOB_STARTED from the job's
+    spool dir), the job's process, and an impostor named sge_shepherd running as nobody, in
+    its cgroups -- when its resource file says h_rt=2 and its spool config was written
+    700 s ago (grace 1 s), then the job's process and the impostor are killed, the shepherd
+    lives on in the job's cgroups (so gecod does not end the job: Grid Engine will),
+    walltime-kill is journaled once (KILLED=2, H_RT, RUNNING_FOR, PRIORITY 4) and not again
+    in later rounds (only the shepherd is left)."""
     since = time.time()
     job = new_job()
     key = f"{job}.1"
-    p = contained_job(node, gecod, job)
-    shepherd = node.fake_shepherd()
+    node.make_job(job)
+    shepherd = node.job_process(job, sock=gecod.sock, named_shepherd=True)
+    assert shepherd.answer() == "OK"
+    worker = subprocess.Popen(["sleep", "300"], stdin=subprocess.DEVNULL, text=True)
+    node.processes.append(worker)
     impostor = node.fake_shepherd(user=NOBODY)
-    node.join(key, shepherd.pid)
+    node.join(key, worker.pid)
     node.join(key, impostor.pid)
     rs = statefile.read(node.state_dir / "resources", job, 1)
     assert rs is not None
@@ -317,14 +321,14 @@ def test_past_h_rt_and_grace_every_process_but_the_shepherd_is_killed_once(
     started = time.time() - 700
     os.utime(node.job_dir(job) / "config", (started, started))
 
-    wait_until(gone(p.proc), "the job's process killed")
+    wait_until(gone(worker), "the job's process killed")
     wait_until(gone(impostor), "the impostor killed")
     [kill] = wait_logged(journal, since, GECO_EVENT="walltime-kill", JOB_ID=str(job),
                          _PID=str(gecod.pid))
     time.sleep(3 * INTERVAL)
 
-    assert (p.proc.returncode, impostor.returncode) == (-signal.SIGKILL, -signal.SIGKILL)
-    assert shepherd.poll() is None
+    assert (worker.returncode, impostor.returncode) == (-signal.SIGKILL, -signal.SIGKILL)
+    assert shepherd.proc.poll() is None
     assert node.only_in_cgroups(key, shepherd.pid)
     assert (kill["KILLED"], kill["H_RT"], kill["WALLTIME_GRACE"], kill["PRIORITY"]) == \
         ("2", "2", "1", "4")
