@@ -45,7 +45,7 @@ from geco.config import Config
 from geco.errors import GecoError
 from geco.resource import short_hostname
 
-__all__ = ["StuckProcess", "Teardown", "tear_down"]
+__all__ = ["StuckProcess", "Teardown", "found_stuck", "tear_down"]
 
 _log = log.get("teardown")
 
@@ -279,6 +279,12 @@ def _qmod_name(cfg: Config, qmod: str | None) -> str:
     # a site that names /opt/sge/bin/lx-amd64/qstat has qmod in the same directory
     configured = Path(cfg.qstat)
     return str(configured.with_name("qmod")) if configured.is_absolute() else "qmod"
+
+
+def found_stuck(cfg: Config, key: str) -> bool:
+    """True when a teardown since boot found job ``key`` stuck and disabled its queue: the
+    reaper owns it now and tries again every round."""
+    return _marked(cfg.state_dir / "stuck" / check_key(key)) is not None
 
 
 def _marked(marker: Path) -> str | None:

@@ -12,7 +12,9 @@ geco's, and a core is free again as soon as the job's processes are gone.
 Only the job's master shepherd ends it: a ``qrsh -inherit`` task's shepherd
 (working in a PE task dir below the job's) ends one task, and the job's
 cgroups on a node stay until the job's own end (reaper). When the epilog also
-runs, it has removed the cgroups already and this finds nothing to do.
+runs, it has removed the cgroups already and this finds nothing to do; a job
+the epilog found stuck (its queue disabled) is left to the reaper, which tries
+again every round.
 
 At start gecod finds the shepherds of the jobs already contained (by their
 working directory) and watches them again, so a restart loses no job end.
@@ -149,6 +151,10 @@ class JobEnds:
             with self.ctx.job_lock(key):
                 if not backend.exists(key):
                     return  # the epilog did it
+                if teardown.found_stuck(cfg, key):
+                    _log.info("job %s: its shepherd exited; its teardown was found stuck "
+                              "before, and the reaper tries again every round", key)
+                    return
                 spool = spool_root(cfg)
                 restarted = [p for p in backend.pids(key) if _new_start(key, p, spool)]
                 if restarted:
