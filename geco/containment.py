@@ -108,15 +108,25 @@ def join(key: str, backend: Backend, pid: int, *, state_dir: Path) -> Limits | N
     in between, as it may remove empty ones.
     """
     with _node_lock(state_dir):
-        if not backend.exists(key):
-            return None
-        try:
-            limits = backend.read_limits(key)
-        except GecoError as exc:
-            _log.debug("job %s: existing cgroups unreadable (%s); containing again", key, exc)
-            return None
+        return _join_locked(key, backend, pid)
+
+
+def _join_locked(key: str, backend: Backend, pid: int | None) -> Limits | None:
+    if not backend.exists(key):
+        return None
+    try:
+        limits = backend.read_limits(key)
+    except GecoError as exc:
+        # half made (a crash between two mkdirs): nothing can run in it yet unless it
+        # has pids, so start it over; with pids, let the error stand
+        if backend.pids(key):
+            raise
+        _log.warning("job %s: rebuilding incomplete cgroups (%s)", key, exc)
+        backend.destroy(key)
+        return None
+    if pid is not None:
         backend.add_pid(key, pid)
-        return limits
+    return limits
 
 
 def contain(key: str, node: NodeResources, backend: Backend, *, state_dir: Path,
@@ -153,20 +163,9 @@ def contain(key: str, node: NodeResources, backend: Backend, *, state_dir: Path,
         when the kernel refuses a cgroup operation.
     """
     with _node_lock(state_dir):
-        if backend.exists(key):
-            try:
-                limits = backend.read_limits(key)
-            except GecoError as exc:
-                # half made (a crash between two mkdirs): nothing can run in it yet
-                # unless it has pids, so start it over; with pids, let the error stand
-                if backend.pids(key):
-                    raise
-                _log.warning("job %s: rebuilding incomplete cgroups (%s)", key, exc)
-                backend.destroy(key)
-            else:
-                if pid is not None:
-                    backend.add_pid(key, pid)
-                return limits
+        existing = _join_locked(key, backend, pid)
+        if existing is not None:
+            return existing
         _drop_stale(backend, active_jobs, keep=key)
         topo = topology or Topology.load()
         try:
