@@ -98,13 +98,14 @@ class JobEnds:
         found = 0
         for key in backend.job_keys():
             for pid in backend.pids(key):
+                try:
+                    pidfd = os.pidfd_open(pid)  # first: what is checked next is this process
+                except OSError:
+                    continue  # gone meanwhile: the reaper ends its job
                 shepherd = _master_shepherd(key, pid, spool)
                 if shepherd is None:
+                    os.close(pidfd)
                     continue
-                try:
-                    pidfd = os.pidfd_open(pid)
-                except OSError:
-                    continue  # gone meanwhile: the reaper ends the job
                 self.watch(shepherd, pidfd)
                 found += 1
         return found
