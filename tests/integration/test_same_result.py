@@ -141,13 +141,16 @@ print("ready", flush=True)
 while True:
     time.sleep(0.2)
 """,
-    # sleeps 60 s; SIGUSR1 (s_rt) ends it with a word and exit code 3
+    # sleeps 60 s; SIGUSR1 (s_rt) ends it with a word and exit code 3. Grid Engine may
+    # deliver the signal twice: the handler ignores a second one and exits at once (a
+    # second one during Python's shutdown would kill the job instead, on either queue)
     "sleeper.py": """#!/usr/bin/python3
 #$ -S /usr/bin/python3
-import signal, sys, time
+import os, signal, time
 def ended(number, frame):
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     print("got", signal.Signals(number).name, flush=True)
-    sys.exit(3)
+    os._exit(3)
 signal.signal(signal.SIGUSR1, ended)
 print("start", flush=True)
 time.sleep(60)
