@@ -23,6 +23,7 @@ working directory) and watches them again, so a restart loses no job end.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import selectors
 import threading
@@ -169,16 +170,11 @@ class JobEnds:
             if result.clean:
                 forget_job(cfg, key)
                 if self.on_ended is not None:
-                    self.loop.call_soon_threadsafe(lambda: self._ended(key))
+                    self.loop.call_soon_threadsafe(functools.partial(self.on_ended, key))
         except (GecoError, OSError) as exc:  # the reaper retries what is left
             _log.warning("job %s: its shepherd exited but its teardown failed: %s", key, exc,
                          extra=log.job_fields(*split_key(key), "teardown-failed",
                                               REASON=str(exc)))
-
-    def _ended(self, key: str) -> None:
-        if self.on_ended is not None:
-            self.on_ended(key)
-
 
 def _new_start(key: str, pid: int, spool: Path) -> bool:
     """A master shepherd of a new start of the job: running, or still sge_execd's child
