@@ -9,8 +9,11 @@ own directory under /tmp, a fresh key, the cgroup parent ``geco-test-bench-<pid>
 (cgroup v1 or v2, as this machine has them) and one spooled 2-slot job with a
 resource file, so no qstat is involved. Then:
 
-* **round trip**: client *processes* whose cwd is the job's spool dir send
-  JOB_STARTED for their own pid (the preload's request) and wait for the ACK,
+* **round trip**: client *processes* whose cwd is a PE task dir of the job (as
+  the shepherds of ``qrsh -inherit`` tasks: gecod ends a job when its master
+  shepherd exits, and a client in the job's own dir would be taken for it) send
+  JOB_STARTED for their own pid (the preload's request, on gecod's privileged
+  socket as the preload does) and wait for the ACK,
   ``--requests`` times each, with 1 and with 64 clients at once. The first
   request of a client moves it into the job's cgroups; later ones find it there
   and move it again (the same kernel writes). Time = connect to verified ACK,
@@ -40,6 +43,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from _common import REPO, percentile
@@ -131,15 +136,22 @@ def _remove_cgroups(name: str) -> None:
                     time.sleep(0.05)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=100, help="requests per client")
-    parser.add_argument("--idle-seconds", type=float, default=60.0,
-                        help="window for counting idle wake-ups (scaled to a minute)")
-    args = parser.parse_args()
-    if os.geteuid() != 0:
-        print("bench_gecod: run as root (gecod creates cgroups)", file=sys.stderr)
-        return 2
+@dataclass(frozen=True)
+class BenchGecod:
+    """A throw-away gecod with one spooled job (see the module docstring)."""
+
+    pid: int
+    key: bytes
+    public_socket: str  # anyone's
+    root_socket: str  # the preload's
+    job_dir: Path  # where clients work: a PE task dir of the job
+    host: str
+    ncpu: int
+
+
+@contextlib.contextmanager
+def bench_gecod() -> Iterator[BenchGecod]:
+    """Start gecod with its own configuration, cgroups and job; remove it all afterwards."""
     base = Path(tempfile.mkdtemp(prefix="geco-test-bench-"))
     base.chmod(0o755)
     name = f"geco-test-bench-{os.getpid()}"
@@ -154,6 +166,9 @@ def main() -> int:
     job_dir.mkdir(parents=True)
     (job_dir / "environment").write_text(f"JOB_ID={JOB}\nSGE_TASK_ID=undefined\n")
     (job_dir / "config").write_text("job_owner=root\n")
+    task_dir = job_dir / f"1.{host}"
+    task_dir.mkdir()
+    (task_dir / "environment").write_text(f"JOB_ID={JOB}\nSGE_TASK_ID=undefined\n")
     ncpu = len(os.sched_getaffinity(0))
     statefile.write(base / "state" / "resources", ResourceSet(
         JOB, TASK, owner="root", nodes=(NodeResources(host, slots=ncpu),)))
@@ -161,40 +176,20 @@ def main() -> int:
     config.write_text(f'[paths]\nstate_dir = "{base / "state"}"\n'
                       f'execd_spool_dir = "{base / "spool"}"\n[cgroup]\nname = "{name}"\n'
                       f'[gecod]\nsocket = "path:{sock_path}"\nkey_file = "{key_file}"\n')
+    root_path = str(base / "gecod-root.sock")
     log = open(base / "gecod.log", "wb")  # noqa: SIM115
     gecod = subprocess.Popen([sys.executable, "-m", "geco.daemon", "--config", str(config)],
                              cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                              env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
-    rows: list[tuple[str, str]] = []
     try:
         deadline = time.monotonic() + 30
-        while not Path(sock_path).exists():
+        while not (Path(sock_path).exists() and Path(root_path).exists()):
             if gecod.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("bench_gecod: gecod did not start:\n"
+                raise SystemExit("bench: gecod did not start:\n"
                                  + (base / "gecod.log").read_text())
             time.sleep(0.05)
         time.sleep(0.2)
-        rss_start = _status_field(gecod.pid, "VmRSS")
-        # the first request builds the job's cgroups; the rounds measure steady state
-        _round_trips(key, sock_path, job_dir, 1, 1)
-        for clients in (1, 64):
-            times, wall = _round_trips(key, sock_path, job_dir, clients, args.requests)
-            ms = [t * 1e3 for t in times]
-            rows.append((f"JOB_STARTED round trip, {clients} client(s)",
-                         f"p50 {statistics.median(ms):.2f} ms, p99 {percentile(ms, 0.99):.2f}"
-                         f" ms, {len(ms) / wall:.0f} req/s ({len(ms)} requests)"))
-        rss_after = _status_field(gecod.pid, "VmRSS")
-        time.sleep(1.0)  # let the last replies and journal writes settle
-        before = _switches(gecod.pid)
-        time.sleep(args.idle_seconds)
-        after = _switches(gecod.pid)
-        per_minute = (after - before) * 60.0 / args.idle_seconds
-        rows.append(("gecod VmRSS after start-up", f"{rss_start / 1024:.1f} MiB"))
-        rows.append(("gecod VmRSS after the load", f"{rss_after / 1024:.1f} MiB"))
-        rows.append((f"idle wake-ups (ctxt switches, all threads, {args.idle_seconds:g} s"
-                     " window)", f"{per_minute:.1f} per minute"))
-        journald = Path("/run/systemd/journal/socket").is_socket()
-        rows.append(("journald receiving gecod's entries", "yes" if journald else "no"))
+        yield BenchGecod(gecod.pid, key, sock_path, root_path, task_dir, host, ncpu)
     finally:
         gecod.send_signal(signal.SIGTERM)
         try:
@@ -204,8 +199,47 @@ def main() -> int:
         log.close()
         _remove_cgroups(name)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def round_trip_figures(times: list[float], wall: float) -> str:
+    """p50, p99 and rate of a round of requests, as the table shows them."""
+    ms = [t * 1e3 for t in times]
+    return (f"p50 {statistics.median(ms):.2f} ms, p99 {percentile(ms, 0.99):.2f} ms, "
+            f"{len(ms) / wall:.0f} req/s ({len(ms)} requests)")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=100, help="requests per client")
+    parser.add_argument("--idle-seconds", type=float, default=60.0,
+                        help="window for counting idle wake-ups (scaled to a minute)")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        print("bench_gecod: run as root (gecod creates cgroups)", file=sys.stderr)
+        return 2
+    rows: list[tuple[str, str]] = []
+    with bench_gecod() as g:
+        rss_start = _status_field(g.pid, "VmRSS")
+        # the first request builds the job's cgroups; the rounds measure steady state
+        _round_trips(g.key, g.root_socket, g.job_dir, 1, 1)
+        for clients in (1, 64):
+            times, wall = _round_trips(g.key, g.root_socket, g.job_dir, clients, args.requests)
+            rows.append((f"JOB_STARTED round trip, {clients} client(s)",
+                         round_trip_figures(times, wall)))
+        rss_after = _status_field(g.pid, "VmRSS")
+        time.sleep(1.0)  # let the last replies and journal writes settle
+        before = _switches(g.pid)
+        time.sleep(args.idle_seconds)
+        after = _switches(g.pid)
+        per_minute = (after - before) * 60.0 / args.idle_seconds
+        rows.append(("gecod VmRSS after start-up", f"{rss_start / 1024:.1f} MiB"))
+        rows.append(("gecod VmRSS after the load", f"{rss_after / 1024:.1f} MiB"))
+        rows.append((f"idle wake-ups (ctxt switches, all threads, {args.idle_seconds:g} s"
+                     " window)", f"{per_minute:.1f} per minute"))
+        journald = Path("/run/systemd/journal/socket").is_socket()
+        rows.append(("journald receiving gecod's entries", "yes" if journald else "no"))
     width = max(len(r[0]) for r in rows)
-    print(f"gecod on {host}, {ncpu} cpus, Python {sys.version.split()[0]}")
+    print(f"gecod on {g.host}, {g.ncpu} cpus, Python {sys.version.split()[0]}")
     for label, value in rows:
         print(f"  {label:<{width}}  {value}")
     return 0

@@ -60,7 +60,9 @@ _RULES: dict[str, re.Pattern[bytes]] = {
 }
 _FORMS = {"li": "'li<integer>'", "i": "'i<integer>'", "lf": "'lf<number>'",
           "b": "'b0' or 'b1'", "s": "'s<length>:<bytes>'"}
-_WHOLE = re.compile(rb"0*([0-9]+)(?:\.0*)?")  # group 1: the significant digits
+# group 1: the integer digits. No "0*" before it: two adjacent ways to read a zero made
+# the regex backtrack quadratically ("lf" and a MiB of zeros before ".5" never ended).
+_WHOLE = re.compile(rb"([0-9]+)(?:\.0*)?")
 _WORD = re.compile(rb"[^,{}]{1,21}|[,{}]")
 
 
@@ -159,7 +161,8 @@ def _parse_memory(tok: _Tokenizer, what: str) -> int:
     value: float | int = math.nan
     if whole is not None:
         # plain digits (with %lf's ".000000") are read exactly, not through a double
-        value = int(whole[1]) if len(whole[1]) <= 19 else math.inf
+        digits = whole[1].lstrip(b"0") or b"0"
+        value = int(digits) if len(digits) <= 19 else math.inf
     elif math.isfinite(number := float(text)) and number.is_integer():
         value = int(number)
     if not 0 <= value <= _MEM_MAX:

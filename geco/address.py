@@ -34,7 +34,8 @@ from typing import Literal
 
 from geco.errors import ConfigError, GecoError
 
-__all__ = ["LOOPBACK", "Address", "connect", "listen", "parse", "unlink_socket"]
+__all__ = ["LOOPBACK", "PUBLIC_MODE", "ROOT_MODE", "Address", "connect", "listen", "parse",
+           "port_listeners", "privileged", "unlink_socket"]
 
 LOOPBACK = "127.0.0.1"
 # sun_path is 108 bytes including the terminating NUL
@@ -42,9 +43,14 @@ _MAX_UNIX_PATH = 107
 _DIGITS = re.compile(r"[0-9]+")
 _FORMS = ("service:<name|port>, port:<n>, path:</absolute/path>, <n> (a loopback TCP port) "
           "or </absolute/path> (a Unix socket)")
-# Everyone may connect: the MAC and SO_PEERCRED are the gate, not the file mode
-# (the preload runs inside sshd and sge_execd, whichever uid they use).
-_SOCKET_MODE = 0o666
+# The public socket: everyone may connect (geco status, the starter's fallback);
+# the MAC and SO_PEERCRED are the gate there, not the file mode.
+PUBLIC_MODE = 0o666
+# The privileged socket: root (and a configured group) only; the kernel refuses
+# everyone else's connect, so no user can queue work in front of root's requests.
+ROOT_MODE = 0o600
+# Where the privileged socket goes when gecod's public one is a TCP port.
+_RUN_DIR = "/run/geco"
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +132,33 @@ def parse(text: str) -> Address:
     raise _error(text, "is not understood")
 
 
+def privileged(text: str, public: Address) -> Address:
+    """The privileged socket's address: ``text`` if given, else derived from ``public``.
+
+    Always a Unix socket (only the file mode keeps other users out; any user can
+    connect to a loopback port). The derived path sits beside the public socket:
+    ``/run/geco/gecod.sock`` -> ``/run/geco/gecod-root.sock``; for a TCP public
+    socket, ``/run/geco/gecod-<port>-root.sock``.
+
+    Raises
+    ------
+    ConfigError
+        when ``text`` is not a ``path:`` address (or an absolute path).
+    """
+    if text:
+        addr = parse(text)
+        if addr.family != "unix":
+            raise _error(text, "must be a Unix socket (path:<absolute path>): the privileged "
+                               "socket is guarded by its file mode, which a TCP port has not")
+        return addr
+    if public.family == "unix":
+        assert public.path is not None
+        stem, dot, suffix = os.path.basename(public.path).rpartition(".")
+        name = f"{stem}-root.{suffix}" if dot and stem else f"{suffix}-root"
+        return _unix(f"path:{public.path}", os.path.join(os.path.dirname(public.path), name))
+    return _unix(f"port:{public.port}", f"{_RUN_DIR}/gecod-{public.port}-root.sock")
+
+
 def _new_socket(addr: Address) -> socket.socket:
     family = socket.AF_UNIX if addr.family == "unix" else socket.AF_INET
     return socket.socket(family, socket.SOCK_STREAM)
@@ -194,13 +227,16 @@ def _remove_stale(path: str) -> None:
     os.unlink(path)
 
 
-def listen(addr: Address, *, backlog: int = 128) -> socket.socket:
-    """Create gecod's listening socket.
+def listen(addr: Address, *, backlog: int = 128, mode: int = PUBLIC_MODE,
+           group: int = 0) -> socket.socket:
+    """Create one of gecod's listening sockets.
 
     Unix: the parent directory is created (0755) when missing, a stale socket
     file left by a crashed gecod is removed (only if it is a socket nobody
-    listens on), and the new socket is made 0666. TCP: bound to 127.0.0.1 only,
-    with SO_REUSEADDR so a restart does not wait for TIME_WAIT.
+    listens on), and the new socket gets ``mode`` and ``group``. It is bound
+    under a umask of 077 and opened up afterwards, so a privileged socket is
+    never reachable by others, not even for a moment. TCP: bound to 127.0.0.1
+    only, with SO_REUSEADDR so a restart does not wait for TIME_WAIT.
 
     Parameters
     ----------
@@ -208,6 +244,8 @@ def listen(addr: Address, *, backlog: int = 128) -> socket.socket:
         The address (:func:`parse`).
     backlog:
         The kernel's queue of connections not yet accepted.
+    mode, group:
+        The Unix socket file's mode and group (:data:`PUBLIC_MODE`, :data:`ROOT_MODE`).
 
     Returns
     -------
@@ -225,8 +263,14 @@ def listen(addr: Address, *, backlog: int = 128) -> socket.socket:
             assert addr.path is not None
             os.makedirs(os.path.dirname(addr.path), mode=0o755, exist_ok=True)
             _remove_stale(addr.path)
-            sock.bind(addr.path)
-            os.chmod(addr.path, _SOCKET_MODE)
+            umask = os.umask(0o077)
+            try:
+                sock.bind(addr.path)
+            finally:
+                os.umask(umask)
+            if os.stat(addr.path).st_gid != group:
+                os.chown(addr.path, -1, group)
+            os.chmod(addr.path, mode)
         else:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(_sockaddr(addr))
@@ -238,6 +282,28 @@ def listen(addr: Address, *, backlog: int = 128) -> socket.socket:
         sock.close()
         raise GecoError.from_oserror("cannot listen", exc, address=addr) from exc
     return sock
+
+
+def port_listeners(port: int) -> set[int]:
+    """The uids of the sockets listening on TCP ``port`` (any local address, IPv4 or 6).
+
+    In ``port:`` mode any user can take gecod's port while gecod is down; gecod
+    asks this before it starts, to say so rather than mistake them for a gecod.
+    """
+    uids: set[int] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            # sl local_address rem_address st ... uid: state 0A is LISTEN
+            if len(fields) > 7 and fields[3] == "0A" \
+                    and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                uids.add(int(fields[7]))
+    return uids
 
 
 def unlink_socket(addr: Address) -> None:

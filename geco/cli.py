@@ -15,6 +15,9 @@ depend on its contract:
 Both exit 1 with one line when there is nothing to show (no cgroups on this
 node; no journal entry, or a journal the caller may not read).
 
+``geco check`` names the doors out of a job open on this node (atd, cron,
+systemd linger, the stray killing off), one line each; exit 1 when one is open.
+
 Exit status: 0 success, 2 bad input, 1 when the system failed us (qstat
 unreachable, a file that cannot be written); every failure is one line on
 stderr starting with ``geco``.
@@ -290,6 +293,35 @@ def _status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _add_check_command(sub: Any) -> None:
+    """The parser entry of `geco check`."""
+    sub.add_parser("check", help="name the doors out of a job open on this node",
+                   description="Name the ways a job can leave processes outside its cgroups "
+                               "on this node, one line each, 'ok' or 'open': atd and cron "
+                               "running (unless at.allow/cron.allow admit only exempt users), "
+                               "users with systemd linger, and whether [strays] kill is on. "
+                               "Exit 0 when every door is closed, 1 when one is open, 2 when "
+                               "geco.toml is not valid TOML.")
+
+
+def _check(args: argparse.Namespace) -> int:
+    from geco import strays  # see _keygen
+    from geco.resource import short_hostname
+
+    try:
+        found = strays.doors(_config.load())
+    except GecoError as exc:
+        return _failed("check", exc)
+    for door in found:
+        print(f"{'open' if door.open else 'ok':5} {door.text}")
+    opened = [d.name for d in found if d.open]
+    if opened:
+        print(f"geco check: {len(opened)} door(s) out of a job open on {short_hostname()}: "
+              f"{', '.join(opened)}", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK
+
+
 def _add_daemon_command(sub: Any) -> None:
     """The parser entry of `geco daemon` (gecod); its options live in geco.daemon."""
     from geco import daemon
@@ -322,6 +354,7 @@ def _build_parser() -> _Parser:
     _add_daemon_command(sub)
     _add_status_command(sub)
     _add_journal_command(sub)
+    _add_check_command(sub)
     return parser
 
 
@@ -343,6 +376,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _status(args)
         if args.command == "journal":
             return _journal(args)
+        if args.command == "check":
+            return _check(args)
         if args.command == "rsrcinfo":
             if args.xml is None and (args.placement or args.pe_hostfile):
                 raise _Usage("geco rsrcinfo: --placement and --pe-hostfile go with --xml")

@@ -180,8 +180,9 @@ def request(addr: Address, frame: bytes, timeout: float) -> bytes:
 
 def _ask(cfg: Config, msg_type: MsgType, payload: JobStarted | bytes,
          timeout: float | None) -> protocol.Frame:
-    """One PEERCRED request, retried while gecod says BUSY; return the verified reply frame."""
-    addr = address.parse(cfg.gecod_socket)
+    """One PEERCRED request, retried while gecod says BUSY or closes the connection unanswered
+    (a full connection table); return the verified reply frame."""
+    addr = _address(cfg)
     path = _unix_path(addr)
     check_socket_dir(path)
     limit = cfg.gecod_request_timeout if timeout is None else timeout
@@ -197,6 +198,13 @@ def _ask(cfg: Config, msg_type: MsgType, payload: JobStarted | bytes,
         except GecodTimeout as exc:  # name the caller's limit, not what was left of it
             raise GecodTimeout(f"gecod did not answer within {limit:g} s",
                                address=addr) from exc
+        except GecodUnavailable as exc:
+            closed = isinstance(exc.__cause__, ProtocolError) and exc.__cause__.reason == "closed"
+            if not closed or time.monotonic() + pause >= deadline:
+                raise
+            time.sleep(pause)
+            pause = min(pause * 2, _BUSY_PAUSE_MAX)
+            continue
         got = protocol.decode(reply, PUBLIC_KEY, max_skew=cfg.gecod_max_skew, peercred=True)
         if got.type is not MsgType.ACK:
             return got
@@ -208,6 +216,17 @@ def _ask(cfg: Config, msg_type: MsgType, payload: JobStarted | bytes,
             return got
         time.sleep(pause)
         pause = min(pause * 2, _BUSY_PAUSE_MAX)
+
+
+def _address(cfg: Config) -> address.Address:
+    """Root asks on gecod's privileged socket (no user's flood in its way); others on the
+    public one."""
+    public = address.parse(cfg.gecod_socket)
+    if os.geteuid() == 0:
+        root = address.privileged(cfg.gecod_privileged_socket, public)
+        if root.path is not None and os.path.exists(root.path):
+            return root
+    return public
 
 
 def quarantine_self(cfg: Config, job_id: int, task_id: int,

@@ -41,12 +41,20 @@ class Config:
     cgroup_version: str = "auto"
     cgroup_v2_base: str = ""
     exclusive_cpus: bool = False
+    pids_per_slot: int = 1024
+    pids_min: int = 4096
     # [cores]
     hardware_threads: bool = False
     # [qstat]
     qstat: str = "qstat"
     qstat_timeout: float = 30.0
     qstat_retries: int = 3
+    sge_root: str = ""
+    sge_cell: str = ""
+    sge_qmaster_port: int = 0
+    sge_execd_port: int = 0
+    sge_cluster_name: str = ""
+    run_without_memory_limits: bool = False
     # [log]
     log_level: str = "error"
     trace_dir: Path = Path("/var/log/geco/trace")
@@ -56,6 +64,8 @@ class Config:
     disable_queue_on_stuck: bool = True
     # [gecod]
     gecod_socket: str = "path:/run/geco/gecod.sock"
+    gecod_privileged_socket: str = ""
+    gecod_privileged_group: str = ""
     gecod_key_file: Path = Path("/etc/geco/quarantine.key")
     gecod_request_timeout: float = 10.0
     gecod_unreachable_policy: str = "refuse"
@@ -70,6 +80,12 @@ class Config:
     gecod_reaper_interval: float = 300.0
     gecod_walltime_backstop: bool = True
     gecod_walltime_grace: float = 600.0
+    # [strays]
+    strays_kill: bool = True
+    strays_min_uid: int = 1000
+    strays_exempt_users: tuple[str, ...] = ("nobody",)
+    strays_grace: float = 2.0
+    strays_delay: float = 10.0
 
     @property
     def resources_dir(self) -> Path:
@@ -81,12 +97,17 @@ class Config:
 _SECTIONS: dict[str, tuple[str, ...]] = {
     "paths": ("state_dir", "execd_spool_dir"),
     "cgroup": ("cgroup_mount", "cgroup_name", "cgroup_version", "cgroup_v2_base",
-               "exclusive_cpus"),
+               "exclusive_cpus", "pids_per_slot", "pids_min"),
     "cores": ("hardware_threads",),
-    "qstat": ("qstat", "qstat_timeout", "qstat_retries"),
+    "qstat": ("qstat", "qstat_timeout", "qstat_retries", "sge_root", "sge_cell",
+              "sge_qmaster_port", "sge_execd_port", "sge_cluster_name",
+              "run_without_memory_limits"),
     "log": ("log_level", "trace_dir", "trace_keep_days"),
     "epilog": ("kill_timeout", "disable_queue_on_stuck"),
-    "gecod": ("gecod_socket", "gecod_key_file", "gecod_request_timeout",
+    "strays": ("strays_kill", "strays_min_uid", "strays_exempt_users", "strays_grace",
+               "strays_delay"),
+    "gecod": ("gecod_socket", "gecod_privileged_socket", "gecod_privileged_group",
+              "gecod_key_file", "gecod_request_timeout",
               "gecod_unreachable_policy", "gecod_exec_filter", "gecod_max_skew",
               "gecod_connection_deadline", "gecod_granularity", "gecod_execd_uids",
               "gecod_workers", "gecod_preload_log", "gecod_oom", "gecod_reaper_interval",
@@ -96,9 +117,13 @@ _SECTIONS: dict[str, tuple[str, ...]] = {
 _TOML_NAME = {"cgroup_mount": "mount", "cgroup_name": "name", "cgroup_version": "version",
               "cgroup_v2_base": "v2_base",
               "qstat": "command", "qstat_timeout": "timeout", "qstat_retries": "retries",
+              "sge_qmaster_port": "qmaster_port", "sge_execd_port": "execd_port",
+              "sge_cluster_name": "cluster_name",
               "log_level": "level",
+              **{f"strays_{n}": n for n in ("kill", "min_uid", "exempt_users", "grace", "delay")},
               **{f"gecod_{n}": n for n in (
-                  "socket", "key_file", "request_timeout", "unreachable_policy", "exec_filter",
+                  "socket", "privileged_socket", "privileged_group", "key_file",
+                  "request_timeout", "unreachable_policy", "exec_filter",
                   "max_skew", "connection_deadline", "granularity", "execd_uids", "workers",
                   "preload_log", "oom", "reaper_interval", "walltime_backstop",
                   "walltime_grace")}}
@@ -110,10 +135,15 @@ _CHOICES = {"cgroup_version": ("auto", "1", "2"),
 # Whole-number settings whose smallest sensible value is above 0.
 _MINIMUM = {"gecod_workers": 1}
 # Path settings where "" means "the built-in choice" (not a path).
-_OPTIONAL_PATHS = ("cgroup_v2_base",)
+_OPTIONAL_PATHS = ("cgroup_v2_base", "sge_root")
+# String settings where "" means "find it out" (geco.sgeenv) or "beside the public
+# socket" / "none" (the privileged socket and its group).
+_OPTIONAL_STRINGS = ("sge_cell", "sge_cluster_name", "gecod_privileged_socket",
+                     "gecod_privileged_group")
 # List settings: the type of their items, and whether an empty list is allowed.
 _LISTS: dict[str, tuple[type, bool]] = {"gecod_exec_filter": (str, False),
-                                        "gecod_execd_uids": (int, True)}
+                                        "gecod_execd_uids": (int, True),
+                                        "strays_exempt_users": (str, True)}
 
 
 def _coerce_list(name: str, value: Any) -> tuple[Any, ...]:
@@ -140,6 +170,10 @@ def _coerce(name: str, value: Any, default: Any) -> Any:
         if not isinstance(value, str) or (value and not value.startswith("/")):
             raise ValueError(f'must be an absolute path or "" (the default), got {value!r}')
         return os.path.normpath(value) if value else ""
+    if name in _OPTIONAL_STRINGS:
+        if not isinstance(value, str):
+            raise ValueError(f'must be a string ("" = find it out), got {value!r}')
+        return value
     if isinstance(default, bool):
         if not isinstance(value, bool):
             raise ValueError(f"must be true or false, got {value!r}")

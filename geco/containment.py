@@ -2,7 +2,8 @@
 
 :func:`contain` turns a job's record for this host into cgroups: it picks
 whole cores (packed by :mod:`geco.cores` on the hwloc topology), sets the
-memory limits, and creates the cgroups in every managed controller.
+memory limits and the task limit (:class:`PidsLimit`, from the configuration),
+and creates the cgroups in every managed controller.
 :func:`release` is the other half: freeze, kill, thaw, wait until empty,
 remove (the epilog and gecod's reaper go through :mod:`geco.teardown`, which
 adds the journal record and the escalation when a process does not die).
@@ -22,23 +23,76 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from geco import cores, log
+from geco import cores, log, statefile
 from geco.cgroup import Backend, Limits
+from geco.config import Config
 from geco.errors import CoresUnavailable, GecoError
 from geco.resource import NodeResources
 from geco.topology import Topology, format_cpulist, parse_cpulist
 
-__all__ = ["Release", "contain", "join", "kill_and_remove", "last_changed", "read_usage",
-           "release"]
+__all__ = ["PidsLimit", "Release", "contain", "join", "kill_and_remove", "last_changed",
+           "pids_unenforced", "read_usage", "release"]
 
 _log = log.get("containment")
+# The most tasks a Linux pid namespace can ever hold (PID_MAX_LIMIT on 64-bit); the
+# kernel refuses a larger pids.max (EINVAL), and a limit that large limits nothing.
+_PID_MAX_LIMIT = 1 << 22
+
+
+@dataclass(frozen=True, slots=True)
+class PidsLimit:
+    """The node's rule for a job's task limit (``pids.max``: processes and threads).
+
+    A job gets ``per_slot`` x its slots on this node, at least ``minimum``, so a
+    fork bomb fills its own cgroup and not the node's pid space (execd, gecod,
+    sshd and the other jobs keep forking). ``per_slot == 0`` means no limit.
+
+    Attributes
+    ----------
+    per_slot: config ``[cgroup] pids_per_slot``.
+    minimum: config ``[cgroup] pids_min``, the floor for jobs with few slots.
+    """
+
+    per_slot: int = 0
+    minimum: int = 0
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> PidsLimit:
+        """The rule the configuration sets (``[cgroup] pids_per_slot`` and ``pids_min``)."""
+        return cls(cfg.pids_per_slot, cfg.pids_min)
+
+    def for_slots(self, slots: int) -> int:
+        """Return ``pids.max`` for a job with ``slots`` slots here; 0 = no limit.
+
+        A record with no slots here still gets one slot's worth (never "0 = none"
+        by accident), and a limit beyond what any pid namespace can hold is none.
+        """
+        if self.per_slot <= 0:
+            return 0
+        limit = max(self.per_slot * max(slots, 1), self.minimum)
+        return 0 if limit > _PID_MAX_LIMIT else limit
+
+
+def pids_unenforced(backend: Backend, rule: PidsLimit) -> str:
+    """Why jobs on this node get no task limit although ``rule`` asks for one; "" when
+    they do (for ``geco status --job`` and ``geco check``)."""
+    if rule.per_slot <= 0 or "pids" in backend.controllers:
+        return ""
+    where = "mounted (cgroup v1)" if backend.version == 1 else "available (cgroup v2)"
+    return (f"the pids controller is not {where}: the task limit ([cgroup] pids_per_slot) "
+            "is not enforced on this node")
 
 
 @contextlib.contextmanager
 def _node_lock(state_dir: Path) -> Iterator[None]:
     """Hold the node-wide allocation lock (an flock, released even if we crash)."""
-    state_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
-    fd = os.open(state_dir / "cores.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    path = state_dir / "cores.lock"
+    try:
+        state_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:  # a read-only or full state dir: the hooks re-queue, saying why
+        raise GecoError.from_oserror("cannot open the node's core allocation lock", exc,
+                                     path=path) from exc
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -65,7 +119,7 @@ def last_changed(key: str, backend: Backend) -> float | None:
 
 
 def _drop_stale(backend: Backend, active_jobs: Path | None, keep: str, *,
-                short: bool = False) -> int:
+                resources_dir: Path, short: bool = False) -> int:
     """Remove empty job cgroups of jobs that ended, so their cores come back.
 
     Always those whose spool dir is gone. When the node is ``short`` of cores
@@ -75,7 +129,9 @@ def _drop_stale(backend: Backend, active_jobs: Path | None, keep: str, *,
     counts its slots, so they are free then). A cgroup is never empty while
     made: :func:`contain` moves the job's first process in under the node lock.
     A cgroup with processes left is never touched: its cores stay busy until the
-    job's teardown or the reaper has killed them.
+    job's teardown or the reaper has killed them. A job whose spool dir is gone
+    loses its resource file too (it ended while no one was there to tear it down:
+    gecod down, an epilog killed); gecod's reaper prunes what is left of others.
 
     Returns
     -------
@@ -88,13 +144,15 @@ def _drop_stale(backend: Backend, active_jobs: Path | None, keep: str, *,
             continue
         if not short and (spool is None or (spool / key).exists()):
             continue
+        job, _, task = key.partition(".")
         try:
             backend.destroy(key)
             removed += 1
-            job, _, task = key.partition(".")
             _log.info("removed the empty cgroups of job %s, which no longer runs here, to "
                       "free its cores", key,
                       extra=log.job_fields(job, task, "stale-cgroup-removed"))
+            if spool is not None and not (spool / key).exists():
+                statefile.remove(resources_dir, int(job), int(task))
         except GecoError as exc:
             _log.warning("cannot remove stale cgroup %s: %s", key, exc)
     return removed
@@ -130,7 +188,7 @@ def _join_locked(key: str, backend: Backend, pid: int | None) -> Limits | None:
 
 
 def contain(key: str, node: NodeResources, backend: Backend, *, state_dir: Path,
-            pid: int | None = None, hardware_threads: bool = False,
+            pids: PidsLimit, pid: int | None = None, hardware_threads: bool = False,
             topology: Topology | None = None, active_jobs: Path | None = None,
             reclaim: Callable[[], None] | None = None) -> Limits:
     """Create the job's cgroups for this node's share, move ``pid`` in, return the limits.
@@ -144,6 +202,8 @@ def contain(key: str, node: NodeResources, backend: Backend, *, state_dir: Path,
     node: the job's record for this host (slots, memory limits).
     backend: the cgroup backend of this host.
     state_dir: where the node lock lives.
+    pids: the node's task-limit rule (:meth:`PidsLimit.from_config`); the job gets
+        ``pids.for_slots(node.slots)``.
     pid: the job's first process (its shepherd), moved in under the node lock, so
         that no other allocation ever sees the new cgroups empty. When the kernel
         refuses the move, cgroups made here are removed again.
@@ -166,7 +226,8 @@ def contain(key: str, node: NodeResources, backend: Backend, *, state_dir: Path,
         existing = _join_locked(key, backend, pid)
         if existing is not None:
             return existing
-        _drop_stale(backend, active_jobs, keep=key)
+        resources_dir = state_dir / "resources"  # Config.resources_dir
+        _drop_stale(backend, active_jobs, keep=key, resources_dir=resources_dir)
         topo = topology or Topology.load()
         try:
             chosen = _allocate(key, node, backend, topo, hardware_threads)
@@ -175,11 +236,13 @@ def contain(key: str, node: NodeResources, backend: Backend, *, state_dir: Path,
             # of it is under way, or a killed epilog left its cgroups empty
             if reclaim is not None:
                 reclaim()
-            if not _drop_stale(backend, active_jobs, keep=key, short=True) and reclaim is None:
+            if not _drop_stale(backend, active_jobs, keep=key, resources_dir=resources_dir,
+                               short=True) and reclaim is None:
                 raise
             chosen = _allocate(key, node, backend, topo, hardware_threads)
         limits = Limits(cpus=format_cpulist(chosen.cpus), mems=format_cpulist(chosen.mems),
-                        memory=node.memory_limit, memory_swap=node.vmem_limit)
+                        memory=node.memory_limit, memory_swap=node.vmem_limit,
+                        pids=pids.for_slots(node.slots))
         backend.create(key, limits)
         if pid is not None:
             try:

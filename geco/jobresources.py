@@ -7,10 +7,14 @@ before they can build its cgroups, and must get it the same way, in this order:
    gecod already asked Grid Engine), so the qmaster is asked once per job;
 2. else one ``qstat -xml -j`` (:func:`geco.qstat.fetch`, placement from the
    spooled ``pe_hostfile``), saved to the resource file for everyone after us;
-3. else, when the qmaster cannot be reached, what the node itself knows from
-   the execd spool (owner, name, hosts and slots): the job is contained with
-   its cores only, and a warning says so loudly. A job runs bound to its cores
-   rather than not at all, and never uncontained without a warning.
+3. else, when the qmaster cannot be reached: by default the job is not
+   started (a :class:`~geco.errors.QstatError`: the prolog re-queues it, gecod
+   refuses the shepherd's exec, and Grid Engine reschedules it), because the
+   node alone cannot know its memory limits. A site that sets ``[qstat]
+   run_without_memory_limits = true`` gets what the node itself knows from the
+   execd spool (owner, name, hosts and slots) instead: the job is contained
+   with its cores only. Journaled either way (``degraded-containment-refused``
+   or ``degraded-containment``); never uncontained without a warning.
 
 Grid Engine answering that the task is not running (:class:`TaskNotRunning`)
 or that the job does not exist (:class:`~geco.errors.JobNotFound`) is passed on:
@@ -61,7 +65,8 @@ def from_spool(job: sgejob.JobRef) -> ResourceSet:
 
 def resources_for(job: sgejob.JobRef, cfg: Config,
                   logger: logging.Logger | None = None) -> ResourceSet:
-    """Return the job's resources: saved file, else qstat (then saved), else the node's spool.
+    """Return the job's resources: saved file, else qstat (then saved), else (when the site
+    allows it) the node's spool.
 
     Blocks for as long as qstat takes (its timeout x retries): gecod calls it
     from a worker thread, never from its loop.
@@ -69,14 +74,15 @@ def resources_for(job: sgejob.JobRef, cfg: Config,
     Parameters
     ----------
     job: the job task, with its execd spool dir when known (for the pe_hostfile).
-    cfg: settings (state dir, qstat command, timeout and retries).
+    cfg: settings (state dir, qstat command, timeout and retries,
+        ``run_without_memory_limits``).
     logger: where warnings go (default ``geco.jobresources``).
 
     Returns
     -------
     ResourceSet
         The job's full record, or its spool-only record (no memory limits)
-        when the qmaster could not be reached.
+        when the qmaster could not be reached and the site allows that.
 
     Raises
     ------
@@ -84,6 +90,9 @@ def resources_for(job: sgejob.JobRef, cfg: Config,
         when Grid Engine says the task is not running or the job does not exist.
     QstatParseError
         when qstat's answer is malformed.
+    QstatError
+        when the qmaster is unreachable and the site does not run jobs without
+        memory limits (a transient problem: re-queue).
     GecoError
         when the qmaster is unreachable and the spool cannot be read either.
     """
@@ -101,6 +110,13 @@ def resources_for(job: sgejob.JobRef, cfg: Config,
     except TaskNotRunning:
         raise  # Grid Engine answered: a race at start-up; re-queue rather than guess
     except QstatError as exc:
+        if not cfg.run_without_memory_limits:
+            logger.warning("qmaster not reachable (%s): job %s is not started with its cores "
+                           "only and no memory limits; Grid Engine starts it again later "
+                           "([qstat] run_without_memory_limits = false)", exc, job.key,
+                           extra=log.job_fields(job.job_id, job.task_id,
+                                                "degraded-containment-refused"))
+            raise
         logger.warning("qmaster not reachable (%s): job %s is contained with its cores only, "
                        "WITHOUT memory limits", exc, job.key,
                        extra=log.job_fields(job.job_id, job.task_id, "degraded-containment"))

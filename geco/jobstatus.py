@@ -6,9 +6,11 @@ user can look at any job on the node, also while gecod is down.
 
 What is shown, and where it comes from:
 
-* cores and NUMA nodes, memory and memory+swap limits: the backend's
-  :meth:`~geco.cgroup.Backend.read_limits` (what the kernel enforces, not
-  what was asked for);
+* cores and NUMA nodes, memory and memory+swap limits, the task limit
+  (``pids.max``): the backend's :meth:`~geco.cgroup.Backend.read_limits` (what
+  the kernel enforces, not what was asked for);
+* tasks now, at their peak and forks refused at the limit: the backend's
+  :meth:`~geco.cgroup.Backend.usage` (pids controller);
 * current and peak memory, CPU user/system time, OOM kills: the backend's
   :meth:`~geco.cgroup.Backend.usage`, through :class:`~geco.accounting.Accounting`
   -- the same record the job-end journal entry gets;
@@ -29,6 +31,7 @@ from geco import sgejob, statefile
 from geco.accounting import Accounting
 from geco.cgroup import Backend, check_key, split_key
 from geco.config import Config
+from geco.containment import PidsLimit, pids_unenforced
 from geco.errors import CgroupError, GecoError
 from geco.resource import ResourceSet, short_hostname
 from geco.units import format_memory
@@ -66,6 +69,10 @@ class JobStatus:
     cpu_user, cpu_system: CPU seconds; None when this node does not account CPU per cgroup.
     oom_kills: processes the OOM killer ended in the job; None when the kernel
         does not count them (v1 before Linux 4.13).
+    pids_limit: the job's task limit (``pids.max``: processes and threads), 0 = none.
+    pids_current, pids_peak: its tasks now and at most; None when not reported (no
+        pids controller; ``pids.peak`` needs a newer kernel).
+    pids_refused: forks and thread starts the limit refused; None when not reported.
     processes: the job's processes, by pid.
     running_for: seconds since the job started here; None when unknown.
     runtime_limit: ``h_rt`` in seconds, 0 = none (or no resource file).
@@ -85,6 +92,10 @@ class JobStatus:
     cpu_user: float | None
     cpu_system: float | None
     oom_kills: int | None
+    pids_limit: int
+    pids_current: int | None
+    pids_peak: int | None
+    pids_refused: int | None
     processes: tuple[Process, ...]
     running_for: float | None
     runtime_limit: float
@@ -180,6 +191,9 @@ def read(cfg: Config, backend: Backend, key: str, *, now: float | None = None) -
         raise
     rs, why = _resources(cfg, key)
     notes = [why] if why else []
+    unenforced = pids_unenforced(backend, PidsLimit.from_config(cfg))
+    if unenforced:
+        notes.append(unenforced)
     spool = sgejob.find_spool_dir(cfg.execd_spool_dir, key, host)
     config = spool / "config" if spool is not None else None
     started = _mtime(config) if config else None
@@ -197,6 +211,8 @@ def read(cfg: Config, backend: Backend, key: str, *, now: float | None = None) -
         memory_peak=acc.memory_peak if "memory_peak" in usage else None,
         cpu_user=acc.cpu_user, cpu_system=acc.cpu_system,
         oom_kills=acc.oom_kills if "oom_kill" in usage else None,
+        pids_limit=limits.pids, pids_current=usage.get("pids_current"),
+        pids_peak=usage.get("pids_peak"), pids_refused=usage.get("pids_max_events"),
         processes=tuple(Process(pid, sgejob.proc_comm(pid)) for pid in pids),
         running_for=None if started is None else max(0.0, now - started),
         runtime_limit=rs.runtime_limit if rs else 0.0, notes=tuple(notes))
@@ -234,6 +250,19 @@ def _cpu(st: JobStatus) -> str:
     return f"{st.cpu_user:.1f} s user + {st.cpu_system:.1f} s system"
 
 
+def _tasks(st: JobStatus) -> str:
+    if st.pids_current is None:
+        return "not counted, no limit (the job has no pids cgroup on this node)"
+    parts = [f"{st.pids_current} now"]
+    if st.pids_peak is not None:
+        parts.append(f"peak {st.pids_peak}")
+    parts.append(f"limit {st.pids_limit or 'none'}")
+    text = ", ".join(parts)
+    if st.pids_refused:
+        text += f"; {st.pids_refused} fork(s) refused at the limit"
+    return text
+
+
 def format_table(st: JobStatus, *, verbose: bool = False) -> str:
     """Return the status for people: a title line and one ``label  value`` line per figure.
 
@@ -256,8 +285,12 @@ def format_table(st: JobStatus, *, verbose: bool = False) -> str:
               memory+swap  limit 3G
               CPU          12.3 s user + 0.4 s system
               OOM kills    0
+              tasks        7 now, peak 9, limit 4096
               processes    3
               running for  1:02:03 of h_rt 2:00:00 (52%)
+
+        ``tasks`` counts processes and threads, as the kernel's task limit
+        (``pids.max``) does.
     """
     rows = [
         ("owner", st.owner or "unknown"),
@@ -270,6 +303,7 @@ def format_table(st: JobStatus, *, verbose: bool = False) -> str:
         ("CPU", _cpu(st)),
         ("OOM kills", "not counted by this kernel" if st.oom_kills is None
          else str(st.oom_kills)),
+        ("tasks", _tasks(st)),
         ("processes", str(len(st.processes))),
     ]
     width = max(len(label) for label, _ in [*rows, ("running for", "")])
@@ -293,6 +327,8 @@ def to_dict(st: JobStatus) -> Mapping[str, object]:
         "memory_limit": st.memory_limit, "memory_swap_limit": st.memory_swap_limit,
         "memory_current": st.memory_current, "memory_peak": st.memory_peak,
         "cpu_user": st.cpu_user, "cpu_system": st.cpu_system, "oom_kills": st.oom_kills,
+        "pids_limit": st.pids_limit, "pids_current": st.pids_current,
+        "pids_peak": st.pids_peak, "pids_refused": st.pids_refused,
         "processes": [{"pid": p.pid, "command": p.command} for p in st.processes],
         "running_for": st.running_for, "runtime_limit": st.runtime_limit,
         "notes": list(st.notes),

@@ -16,18 +16,28 @@ Events about a job carry structured fields; build them with :func:`job_fields`::
 The journal is used when ``/run/systemd/journal/socket`` exists; without it
 the stream alone works. (No environment override: root hooks run with the
 job's environment, which its owner controls.)
+
+Logging never waits for journald: a record journald has no room for (it is
+stopped, or flooded) is dropped and counted (:func:`dropped`), so a job start
+never hangs on the journal. gecod goes further (:func:`in_background`): its
+records are handed to a thread of their own through a bounded queue, so a
+stalled stderr or trace file cannot block its event loop either.
 """
 
 from __future__ import annotations
 
 import logging
+import logging.handlers
+import queue
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import IO
 
-__all__ = ["LEVELS", "JournalHandler", "SeedFormatter", "job_fields", "setup"]
+__all__ = ["LEVELS", "JournalHandler", "SeedFormatter", "dropped", "in_background",
+           "job_fields", "setup"]
 
 # Grid Engine names levels the original way; map them onto the stdlib's numbers.
 LEVELS = {"quiet": logging.CRITICAL + 10, "error": logging.ERROR, "warn": logging.WARNING,
@@ -39,6 +49,28 @@ _PRIORITY = {logging.CRITICAL: 2, logging.ERROR: 3, logging.WARNING: 4, logging.
              logging.DEBUG: 7}
 _JOURNAL_SOCKET = "/run/systemd/journal/socket"
 _FIELDS_ATTR = "geco_fields"
+# Records gecod's logging thread may have waiting before new ones are dropped.
+_BACKGROUND_QUEUE = 10_000
+
+
+class _Drops:
+    """Records dropped because journald or the logging thread had no room (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+
+    def add(self) -> None:
+        with self._lock:
+            self.count += 1
+
+
+_drops = _Drops()
+
+
+def dropped() -> int:
+    """How many records this process has dropped so far (never waited for)."""
+    return _drops.count
 
 
 def job_fields(job_id: int | str | None, task_id: int | str | None = None,
@@ -101,9 +133,12 @@ class JournalHandler(logging.Handler):
             payload = _native_entry(self._fields(record))
             if self._sock is None:
                 self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
-            self._sock.sendto(payload, self.socket_path)
+            # never wait: a stopped or flooded journald must not hold up a job start
+            self._sock.sendto(payload, socket.MSG_DONTWAIT, self.socket_path)
+        except BlockingIOError:
+            _drops.add()
         except OSError:
-            # journald gone or socket full: the stream handler still has the line
+            # journald gone: the stream handler still has the line
             self.handleError(record)
 
     def close(self) -> None:
@@ -159,6 +194,54 @@ def setup(level: str = "error", *, identifier: str = "geco",
     # a journal hiccup must never print a traceback into a user's job output
     logging.raiseExceptions = False
     return root
+
+
+class _DroppingQueueHandler(logging.handlers.QueueHandler):
+    """Hands records to the logging thread; drops (and counts) them when its queue is full."""
+
+    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+        # the message is resolved here (its arguments may change later); the record
+        # keeps its fields and exception for the handlers behind the queue
+        record.msg = record.getMessage()
+        record.args = None
+        return record
+
+    def enqueue(self, record: logging.LogRecord) -> None:
+        try:
+            self.queue.put_nowait(record)
+        except queue.Full:
+            _drops.add()
+
+
+_listener: logging.handlers.QueueListener | None = None
+
+
+def in_background(logger: logging.Logger | None = None) -> None:
+    """Move ``logger``'s handlers (default: geco's) behind a bounded queue and a thread.
+
+    Called again (after :func:`setup` on SIGHUP), it stops the old thread first,
+    writing out what it still holds.
+    """
+    global _listener
+    logger = logger or logging.getLogger("geco")
+    stop_background()
+    handlers = [h for h in logger.handlers if not isinstance(h, _DroppingQueueHandler)]
+    for handler in list(logger.handlers):
+        logger.removeHandler(handler)
+    records: queue.Queue[logging.LogRecord] = queue.Queue(_BACKGROUND_QUEUE)
+    logger.addHandler(_DroppingQueueHandler(records))
+    _listener = logging.handlers.QueueListener(records, *handlers, respect_handler_level=True)
+    _listener.start()
+
+
+def stop_background() -> None:
+    """Write out what the logging thread holds and stop it (gecod's exit)."""
+    global _listener
+    if _listener is not None:
+        _listener.stop()
+        for handler in _listener.handlers:
+            handler.close()
+        _listener = None
 
 
 def get(name: str) -> logging.Logger:

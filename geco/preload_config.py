@@ -5,7 +5,7 @@ out of the question; it reads a few ``key=value`` lines in its constructor
 instead. Those lines are generated from ``/etc/geco/geco.toml`` by
 ``geco preload-config``, so there is one source of truth::
 
-    socket=path:/run/geco/gecod.sock
+    socket=path:/run/geco/gecod-root.sock
     key_file=/etc/geco/quarantine.key
     timeout_ms=10000
     max_skew_ms=30000
@@ -81,7 +81,8 @@ def render(cfg: Config, *, source: Path | str | None = None) -> str:
 
     Returns
     -------
-    ``key=value`` lines: ``socket`` (canonical ``path:`` or ``port:`` form),
+    ``key=value`` lines: ``socket`` (gecod's privileged socket, in canonical
+    ``path:`` form: :func:`geco.address.privileged`),
     ``key_file``, ``timeout_ms`` (request_timeout), ``max_skew_ms`` (the ack's
     clock check), ``policy``, ``exec_filter`` (comma-separated), after one
     ``#`` comment line.
@@ -91,9 +92,11 @@ def render(cfg: Config, *, source: Path | str | None = None) -> str:
     ConfigError
         naming the setting whose value the preload could not use.
     """
+    # the privileged socket, where no user's connections compete with the job starts;
     # canonical form: the preload must not resolve a service name itself
-    # (getservbyname loads NSS modules inside sshd/execd); it gets a number
-    sock = _value("socket", str(address.parse(cfg.gecod_socket)))
+    # (getservbyname loads NSS modules inside sshd/execd)
+    public = address.parse(cfg.gecod_socket)
+    sock = _value("socket", str(address.privileged(cfg.gecod_privileged_socket, public)))
     key_file = _value("key_file", str(cfg.gecod_key_file))
     if not key_file.startswith("/"):
         raise ConfigError(f"gecod.key_file must be an absolute path, got {key_file!r}")

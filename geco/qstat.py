@@ -32,7 +32,10 @@ Outcomes a hook maps to an exit code (``sge_shepherd(8)``):
   known but this task is not running in qmaster's view (pending, or a race
   at start or end). Like every QstatError it is transient: the prolog exits 99
   so Grid Engine re-queues the job.
-* :class:`~geco.errors.QstatError` - qstat could not be run or failed every retry.
+* :class:`~geco.errors.QstatError` - qstat could not be run or failed every retry,
+  including a ``<comunication_error>`` answer (exit status 0: the qmaster cannot be
+  reached). qstat and qmod run with the site's environment (:mod:`geco.sgeenv`),
+  never the caller's: in the prolog that is the job's.
 * :class:`~geco.errors.QstatParseError` - qstat answered something that is not
   what Grid Engine prints (or a value of the wrong type), naming the element.
 """
@@ -40,10 +43,10 @@ Outcomes a hook maps to an exit code (``sge_shepherd(8)``):
 from __future__ import annotations
 
 import contextlib
+import html
 import os
 import re
 import shlex
-import shutil
 import signal
 import subprocess
 import time
@@ -58,9 +61,11 @@ from geco import log
 from geco.config import Config
 from geco.errors import JobNotFound, QstatError, QstatParseError, TaskNotRunning
 from geco.resource import NodeResources, ResourceSet, short_hostname
+from geco.sgeenv import SgeEnv, discover
 from geco.units import decimal_value, parse_memory, parse_time
 
 __all__ = [
+    "MAX_XML",
     "Placement",
     "TaskNotRunning",
     "fetch",
@@ -81,18 +86,24 @@ _JB_TYPE_ARRAY = 0x80
 _JIDLE = 0
 # Grid Engine prints INFINITY as DBL_MAX with %f; anything this big is "no limit".
 _NO_LIMIT = Decimal(2) ** 63
-# qstat runs as root from the prolog with the *job's* environment, whose PATH
-# starts with the user-writable $TMPDIR: a bare "qstat" is looked up here only.
-_SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-# What qstat needs to find its cell and qmaster; nothing else of the caller's
-# environment (LD_PRELOAD from "qsub -v", HOME's .sge_qstat, ...) reaches it.
-_KEEP_ENV = ("SGE_ROOT", "SGE_CELL", "SGE_ARCH", "SGE_CLUSTER_NAME",
-             "SGE_QMASTER_PORT", "SGE_EXECD_PORT")
+# What a Grid Engine client prints, with exit status 0, when it cannot reach the
+# qmaster (SoGE's spelling): a transient failure, never a document about the job.
+_COMM_ERROR = re.compile(rb"<comunication_error\b")
+_COMM_ERROR_TEXT = re.compile(rb"<AN_text>([^<]*)</AN_text>")
 _BACKOFF_CAP = 10.0        # seconds; retries sleep 1, 2, 4, 8, 10, 10, ...
 _DRAIN_TIMEOUT = 2.0       # seconds to collect output after killing a timed-out qstat
 _STDERR_SHOWN = 200        # characters of stderr's first line put into an error
 _DIGITS = re.compile(r"[0-9]+")
 _DIGITS_B = re.compile(rb"[0-9]+")
+#: The largest qstat output parsed (one job's document, or the running slots of a whole
+#: cluster for ``-g t``: tens of MB at most); larger is refused before libxml2 builds a tree.
+MAX_XML = 64 * 1024 * 1024
+# Grid Engine's integers (job and task numbers, slots, JB_type) are u_long32
+_U32 = 2**32 - 1
+# the longest memory or time text read (Grid Engine prints e.g. "1073741824.000000")
+_MAX_UNIT_TEXT = 64
+# the most slots one host may have: the resource file holds them as a 32-bit signed int
+_MAX_SLOTS = 2**31 - 1
 # granted per-host resources geco uses (UGE "grl" items)
 _GRANTED = ("m_mem_free", "nvidia_gpu", "intel_phi")
 
@@ -132,8 +143,18 @@ def _excerpt(data: bytes) -> str:
     return first.decode("utf-8", "backslashreplace")
 
 
+# Son of Grid Engine names a job's task element after its job number when the job was
+# re-queued while the qmaster was down (``<JATASK:    3829.>`` ... ``</JATASK:    3829.>``):
+# not XML. The task is read by position in JB_ja_tasks, so the name is made plain.
+_SOGE_TASK_TAG = re.compile(rb"<(/?)JATASK:[^<>]*>")
+
+
 def _parse_xml(xml: bytes, what: str) -> etree._Element:
     """Parse untrusted qstat output; every failure is a QstatParseError naming ``what``."""
+    if len(xml) > MAX_XML:
+        # checked first: a tree takes ~7 times its text (720 MiB for 100 MB of elements)
+        raise QstatParseError(f"{what} must be at most {MAX_XML} bytes, got {len(xml)}",
+                              output=_excerpt(xml[:4096]))
     if not xml.strip():
         raise QstatParseError(f"{what} is empty; expected XML")
     if b"<!DOCTYPE" in xml:
@@ -141,6 +162,7 @@ def _parse_xml(xml: bytes, what: str) -> etree._Element:
         # external file, "billion laughs"), so refuse before libxml2 reads it
         raise QstatParseError(f"{what} must not contain a DOCTYPE, got "
                               f"{_excerpt(xml[xml.index(b'<!DOCTYPE'):])!r}")
+    xml = _SOGE_TASK_TAG.sub(rb"<\1JATASK>", xml)
     # Grid Engine prints raw bytes without an encoding declaration; reading them
     # as ISO-8859-1 maps each byte to one character so nothing is rejected or lost
     # (_restore turns them back into UTF-8 text).
@@ -162,16 +184,36 @@ def _text(parent: etree._Element, tag: str) -> str | None:
     return _restore("".join(str(t) for t in child.itertext()))
 
 
+def _shown(text: str) -> str:
+    """Quote a value for a message, cut to 40 characters (a job's text can be megabytes)."""
+    return repr(text[:40]) + ("..." if len(text) > 40 else "")
+
+
+def _u32(digits: str) -> int | None:
+    """ASCII digits as an int, None beyond a u_long32 (int() refuses thousands of digits)."""
+    significant = digits.lstrip("0")
+    value = int(significant or "0") if len(significant) <= 10 else None
+    return value if value is not None and value <= _U32 else None
+
+
 def _whole(text: str | None, element: str, *, minimum: int = 0) -> int:
-    """Return ``text`` as a whole number >= ``minimum`` or raise naming ``element``."""
+    """Return ``text`` as a whole number from ``minimum`` to 2**32-1 or raise naming
+    ``element`` (Grid Engine's integers are u_long32)."""
     if text is None:
         raise QstatParseError(f"{element} is missing; expected a whole number >= {minimum}",
                               element=element)
     stripped = text.strip()
-    if not _DIGITS.fullmatch(stripped) or int(stripped) < minimum:
-        raise QstatParseError(f"{element} must be a whole number >= {minimum}, got {text!r}",
-                              element=element)
-    return int(stripped)
+    if not _DIGITS.fullmatch(stripped):
+        raise QstatParseError(f"{element} must be a whole number >= {minimum}, got "
+                              f"{_shown(text)}", element=element)
+    value = _u32(stripped)
+    if value is None:
+        raise QstatParseError(f"{element} must be at most {_U32} (a u_long32), got "
+                              f"{_shown(stripped)}", element=element)
+    if value < minimum:
+        raise QstatParseError(f"{element} must be a whole number >= {minimum}, got "
+                              f"{_shown(text)}", element=element)
+    return value
 
 
 # ---------------------------------------------------------------------------
@@ -185,6 +227,9 @@ def _merge(entries: Iterable[tuple[str, int, bool]]) -> list[Placement]:
     for host, count, is_master in entries:
         slots[host] = slots.get(host, 0) + count
         master[host] = master.get(host, False) or is_master
+        if slots[host] > _MAX_SLOTS:
+            raise QstatParseError(f"the slots of host {_shown(host)} add up to {slots[host]}, "
+                                  f"more than {_MAX_SLOTS}", host=_shown(host))
     hosts = list(slots)
     if hosts and not any(master.values()):
         master[hosts[0]] = True
@@ -218,12 +263,17 @@ def parse_pe_hostfile(text: bytes) -> list[Placement]:
         fields = raw.split()
         if not fields:
             continue
-        if not 2 <= len(fields) <= 4 or not _DIGITS_B.fullmatch(fields[1]) or int(fields[1]) < 1:
-            shown = raw.strip().decode("utf-8", "backslashreplace")
+        shown = _shown(raw.strip().decode("utf-8", "backslashreplace"))
+        well_formed = 2 <= len(fields) <= 4 and _DIGITS_B.fullmatch(fields[1]) is not None
+        slots = _u32(fields[1].decode()) if well_formed else None
+        if not well_formed or slots == 0:
             raise QstatParseError(f"pe_hostfile line {number} must be 'host slots queue "
-                                  f"processors' with slots >= 1, got {shown!r}", line=number)
+                                  f"processors' with slots >= 1, got {shown}", line=number)
+        if slots is None:
+            raise QstatParseError(f"pe_hostfile line {number}: slots must be at most {_U32} "
+                                  f"(a u_long32), got {shown}", line=number)
         host = fields[0].decode("utf-8", "surrogateescape")
-        entries.append((host, int(fields[1]), not entries))
+        entries.append((host, slots, not entries))
     if not entries:
         raise QstatParseError("pe_hostfile lists no host; expected 'host slots queue "
                               "processors' lines")
@@ -270,7 +320,7 @@ def parse_placement_gt(xml: bytes, job_id: int, task_id: int) -> list[Placement]
             continue
         host = queue.partition("@")[2]
         if not host:
-            raise QstatParseError(f"queue_name must be queue@host, got {queue!r}",
+            raise QstatParseError(f"queue_name must be queue@host, got {_shown(queue)}",
                                   element="queue_name")
         slots = _whole(_text(row, "slots"), "slots", minimum=1)
         entries.append((host, slots, (_text(row, "master") or "").strip() == "MASTER"))
@@ -325,10 +375,24 @@ def _request_number(req: etree._Element, name: str) -> Decimal:
         try:
             return decimal_value(text)
         except ValueError:
-            raise QstatParseError(f"request {name}: {tag} must be a number, got {text!r}",
+            raise QstatParseError(f"request {name}: {tag} must be a number, got {_shown(text)}",
                                   element=tag) from None
     raise QstatParseError(f"request {name} has neither CE_doubleval nor CE_stringval",
                           element="CE_name")
+
+
+def _unit_value(text: str, parse: Callable[[str], int | float | None], what: str,
+                element: str) -> int | float:
+    """A memory or time value through :mod:`geco.units` (0 for INFINITY); raise naming
+    ``what``. Grid Engine prints such a value in a few dozen characters: a longer one is
+    refused before its digits become a number (10 MB of them would take minutes)."""
+    if len(text) > _MAX_UNIT_TEXT:
+        raise QstatParseError(f"{what}: {element} must be at most {_MAX_UNIT_TEXT} "
+                              f"characters, got {_shown(text)}", element=element)
+    try:
+        return parse(text) or 0
+    except ValueError as exc:
+        raise QstatParseError(f"{what}: {exc}", element=element) from None
 
 
 def _request_bytes(req: etree._Element, name: str) -> int:
@@ -337,11 +401,9 @@ def _request_bytes(req: etree._Element, name: str) -> int:
         return 0
     if _text(req, "CE_doubleval") is None:
         # Only a CE_stringval: parse the way Grid Engine documents memory values.
-        text = _text(req, "CE_stringval") or ""
-        try:
-            return parse_memory(text) or 0
-        except ValueError as exc:
-            raise QstatParseError(f"request {name}: {exc}", element="CE_stringval") from None
+        memory = _unit_value(_text(req, "CE_stringval") or "", parse_memory,
+                             f"request {name}", "CE_stringval")
+        return 0 if memory >= _NO_LIMIT else int(memory)
     value = _request_number(req, name)
     if value < 0:
         raise QstatParseError(f"request {name}: CE_doubleval must be >= 0 bytes, got {value}",
@@ -354,11 +416,9 @@ def _request_seconds(req: etree._Element, name: str) -> float:
     if _is_infinity(_text(req, "CE_stringval")):
         return 0.0
     if _text(req, "CE_doubleval") is None:
-        text = _text(req, "CE_stringval") or ""
-        try:
-            return parse_time(text) or 0.0
-        except ValueError as exc:
-            raise QstatParseError(f"request {name}: {exc}", element="CE_stringval") from None
+        seconds = _unit_value(_text(req, "CE_stringval") or "", parse_time,
+                              f"request {name}", "CE_stringval")
+        return 0.0 if seconds >= _NO_LIMIT else float(seconds)
     value = _request_number(req, name)
     if value < 0:
         raise QstatParseError(f"request {name}: CE_doubleval must be >= 0 seconds, got {value}",
@@ -370,7 +430,7 @@ def _requests(job: etree._Element) -> _Requests:
     """Read ``JB_hard_resource_list`` (items: ``qstat_l_requests`` SoGE, ``element`` UGE)."""
     result = _Requests()
     for req in job.iterfind("JB_hard_resource_list/*"):
-        name = (_text(req, "CE_name") or "").strip()
+        name = (_text(req, "CE_name") or "").strip()[:40]  # for messages: standby<anything>
         if name == "h_vmem":
             result.h_vmem = _request_bytes(req, name)
         elif name == "m_mem_free":
@@ -378,8 +438,10 @@ def _requests(job: etree._Element) -> _Requests:
         elif name == "h_rt":
             result.h_rt = _request_seconds(req, name)
         elif name == "geco_trace_level":
-            # the original's log levels are 0 (quiet) .. 4 (debug); a typo must not fail the job
-            result.trace_level = min(max(int(_request_number(req, name)), 0), 4)
+            # the original's log levels are 0 (quiet) .. 4 (debug); a typo must not fail the job.
+            # Clamped before int(): int(Decimal("1e999999999")) would never end.
+            level = _request_number(req, name)
+            result.trace_level = 0 if level < 0 else 4 if level > 4 else int(level)
         elif name.startswith("standby"):
             result.standby = result.standby or _request_number(req, name) != 0
         elif name == "phi_config_for_user":
@@ -474,13 +536,11 @@ def _granted_bytes(value: str, host: str) -> int:
     try:
         number = decimal_value(value)
     except ValueError:
-        try:
-            return parse_memory(value) or 0
-        except ValueError as exc:
-            raise QstatParseError(f"granted m_mem_free on {host}: {exc}",
-                                  element="GRU_value") from None
+        memory = _unit_value(value, parse_memory, f"granted m_mem_free on {host}", "GRU_value")
+        return 0 if memory >= _NO_LIMIT else int(memory)
     if number < 0:
-        raise QstatParseError(f"granted m_mem_free on {host} must be >= 0 bytes, got {value!r}",
+        raise QstatParseError(f"granted m_mem_free on {host} must be >= 0 bytes, got "
+                              f"{_shown(value)}",
                               element="GRU_value")
     return 0 if number >= _NO_LIMIT else int(number)
 
@@ -488,6 +548,7 @@ def _granted_bytes(value: str, host: str) -> int:
 def _job_element(root: etree._Element, job_id: int | None) -> etree._Element:
     if root.tag == "unknown_jobs":
         names = ", ".join(_restore(e.text or "").strip() for e in root.iter("ST_name"))
+        names = names if len(names) <= 40 else names[:40] + "..."
         raise JobNotFound(f"Grid Engine does not know job {names or job_id} "
                           "(finished, deleted or never submitted)", job=job_id)
     if root.tag != "detailed_job_info":
@@ -546,6 +607,13 @@ def _read_job(xml: bytes, task_id: int, job_id: int | None) -> _Job:
                 granted=_granted_resources(task))
 
 
+def _times_slots(per_slot: int, slots: int) -> int:
+    """A per-slot memory request for a host's slots; from 2**63 bytes up it is no limit (0),
+    as a request that big is (and as the resource file, whose sizes are int64, requires)."""
+    total = per_slot * slots
+    return 0 if total >= _NO_LIMIT else total
+
+
 def _assemble(job: _Job, placement: Sequence[Placement] | None) -> ResourceSet:
     hosts = job.granted_placement or (_merge((p.host, p.slots, p.is_master) for p in placement)
                                       if placement else None)
@@ -567,10 +635,10 @@ def _assemble(job: _Job, placement: Sequence[Placement] | None) -> ResourceSet:
             # multiplying m_mem_free "twice" - by slots, on top of a per-host total.
             memory = _granted_bytes(granted["m_mem_free"], host.host)
         else:
-            memory = req.m_mem_free * host.slots
+            memory = _times_slots(req.m_mem_free, host.slots)
         nodes.append(NodeResources(name=host.host, is_slave=not host.is_master,
                                    slots=host.slots, memory_limit=memory,
-                                   vmem_limit=req.h_vmem * host.slots,
+                                   vmem_limit=_times_slots(req.h_vmem, host.slots),
                                    gpus=granted.get("nvidia_gpu", ""),
                                    phis=granted.get("intel_phi", "")))
     return ResourceSet(job_id=job.number, task_id=job.task, runtime_limit=req.h_rt,
@@ -626,13 +694,14 @@ def parse_job(xml: bytes, task_id: int, placement: Sequence[Placement] | None = 
 # running qstat
 
 
-def find_command(name: str, *, what: str, remedy: str) -> str:
+def find_command(name: str, env: SgeEnv, *, what: str, remedy: str) -> str:
     """Return the Grid Engine client to run: ``name`` itself when it holds a ``/``, else its
-    path in the fixed system PATH (never the caller's PATH, which a job's owner may set).
+    path in the site's fixed PATH (never the caller's PATH, which a job's owner may set).
 
     Parameters
     ----------
     name: the configured command (``qstat``, ``/opt/sge/bin/lx-amd64/qmod``).
+    env: the site's Grid Engine environment (:func:`geco.sgeenv.discover`).
     what: the command's role for the error (``qstat``, ``qmod``).
     remedy: the error's advice on where to give its full path.
 
@@ -641,24 +710,16 @@ def find_command(name: str, *, what: str, remedy: str) -> str:
     QstatError
         when a bare name is not found there.
     """
-    if "/" in name:
-        return name
-    found = shutil.which(name, path=_SAFE_PATH)
+    found = env.which(name)
     if found is None:
-        raise QstatError(f"{what} command {name!r} not found in {_SAFE_PATH}; {remedy}",
+        raise QstatError(f"{what} command {name!r} not found in {env.path}; {remedy}",
                          command=name)
     return found
 
 
-def _command(config: Config) -> str:
-    return find_command(config.qstat, what="qstat",
+def _command(config: Config, env: SgeEnv) -> str:
+    return find_command(config.qstat, env, what="qstat",
                         remedy="set [qstat] command in geco.toml to its full path")
-
-
-def _environment() -> dict[str, str]:
-    env = {name: os.environ[name] for name in _KEEP_ENV if os.environ.get(name)}
-    env.update(PATH=_SAFE_PATH, LC_ALL="C", HOME="/")
-    return env
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -669,16 +730,18 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
         proc.kill()
 
 
-def run_once(argv: list[str], timeout: float) -> tuple[bytes | None, str, int | None]:
+def run_once(argv: list[str], timeout: float,
+             env: SgeEnv) -> tuple[bytes | None, str, int | None]:
     """Run a Grid Engine client (qstat, qmod) once, the way :func:`run_qstat` runs qstat.
 
     argv-only, stdin ``/dev/null``, cwd ``/``, its own session (killed with
-    all it started after ``timeout`` seconds), the clean environment.
+    all it started after ``timeout`` seconds), ``env``'s environment and
+    nothing of the caller's.
 
     Returns
     -------
-    (stdout, or None when it failed or printed nothing; why it failed; exit
-    status, None when it timed out)
+    (stdout, or None when it failed, printed nothing or printed a
+    ``<comunication_error>``; why it failed; exit status, None when it timed out)
 
     Raises
     ------
@@ -686,7 +749,7 @@ def run_once(argv: list[str], timeout: float) -> tuple[bytes | None, str, int | 
         when the command cannot be started (not found, not executable).
     """
     with subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, env=_environment(), cwd="/",
+                          stderr=subprocess.PIPE, env=env.environ(), cwd="/",
                           start_new_session=True) as proc:
         try:
             out, err = proc.communicate(timeout=timeout)
@@ -698,6 +761,12 @@ def run_once(argv: list[str], timeout: float) -> tuple[bytes | None, str, int | 
                 proc.communicate(timeout=_DRAIN_TIMEOUT)
             return None, f"timed out after {timeout:g} s", None
     status = proc.returncode
+    if status == 0 and _COMM_ERROR.search(out[:256]):
+        # qstat -xml exits 0 with this when the qmaster cannot be reached
+        said = _COMM_ERROR_TEXT.search(out)
+        text = (html.unescape(said.group(1).decode("utf-8", "backslashreplace")) if said
+                else _excerpt(out))
+        return None, f"cannot reach the qmaster: {text[:_STDERR_SHOWN]}", 0
     if status == 0 and out.strip():
         return out, "", 0
     if status < 0:
@@ -714,25 +783,30 @@ def run_once(argv: list[str], timeout: float) -> tuple[bytes | None, str, int | 
     return None, why, status
 
 
-def run_qstat(args: list[str], config: Config, *,
+def run_qstat(args: list[str], config: Config, *, env: SgeEnv | None = None,
               sleep: Callable[[float], None] = time.sleep) -> bytes:
     """Run ``qstat`` with ``args`` and return its standard output.
 
     The command is ``[config.qstat, *args]`` as an argv list (never a shell),
-    with stdin ``/dev/null``, cwd ``/``, its own session, and a clean
-    environment: the ``SGE_*`` variables qstat needs, a fixed system PATH
-    (a bare ``qstat`` is looked up only there), ``LC_ALL=C``.
+    with stdin ``/dev/null``, cwd ``/``, its own session, and the site's
+    environment (:mod:`geco.sgeenv`: the ``SGE_*`` variables qstat needs, a
+    fixed PATH where a bare ``qstat`` is looked up, ``LC_ALL=C``), never the
+    caller's, which is a job's in the prolog.
 
     Each attempt may take ``config.qstat_timeout`` seconds (then qstat and its
     children are killed). A timeout, a non-zero exit (qmaster down, commlib
-    errors such as "can't connect") or empty output is retried
+    errors such as "can't connect"), a ``<comunication_error>`` document (what
+    ``qstat -xml`` prints, with exit status 0, when the qmaster cannot be
+    reached) or empty output is retried
     ``config.qstat_retries`` times, sleeping 1, 2, 4, ... seconds (at most 10)
     in between.
 
     Parameters
     ----------
     args: qstat's arguments, e.g. ``["-xml", "-j", "42"]``.
-    config: settings (``qstat``, ``qstat_timeout``, ``qstat_retries``).
+    config: settings (``qstat``, ``qstat_timeout``, ``qstat_retries``, the ``[qstat]``
+        Grid Engine environment).
+    env: the site's Grid Engine environment; default: :func:`geco.sgeenv.discover`.
     sleep: the sleep function (tests pass a recorder).
 
     Returns
@@ -747,12 +821,13 @@ def run_qstat(args: list[str], config: Config, *,
         after the last retry naming the command, the attempts, the last exit
         status and the first line of its stderr.
     """
-    argv = [_command(config), *args]
+    env = env or discover(config)
+    argv = [_command(config, env), *args]
     attempts = config.qstat_retries + 1
     why, status = "", None
     for attempt in range(1, attempts + 1):
         try:
-            out, why, status = run_once(argv, config.qstat_timeout)
+            out, why, status = run_once(argv, config.qstat_timeout, env)
         except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
             raise QstatError.from_oserror(f"cannot execute {argv[0]}", exc,
                                           command=argv[0]) from exc
@@ -797,8 +872,9 @@ def fetch(job_id: int, task_id: int, config: Config, pe_hostfile: Path | None = 
     JobNotFound, TaskNotRunning, QstatError, QstatParseError
         as described for :func:`parse_job` and :func:`run_qstat`.
     """
-    job = _read_job(run_qstat(["-xml", "-j", str(job_id)], config, sleep=sleep), task_id,
-                    job_id)
+    env = discover(config)  # once for both qstat calls
+    job = _read_job(run_qstat(["-xml", "-j", str(job_id)], config, env=env, sleep=sleep),
+                    task_id, job_id)
     if job.granted_placement:
         return _assemble(job, None)
     placement: list[Placement] | None = None
@@ -810,7 +886,7 @@ def fetch(job_id: int, task_id: int, config: Config, pe_hostfile: Path | None = 
                          job.number, job.task, pe_hostfile, exc,
                          extra=log.job_fields(job.number, job.task, "pe-hostfile-unusable"))
     if placement is None:
-        listing = run_qstat(["-xml", "-u", "*", "-g", "t"], config, sleep=sleep)
+        listing = run_qstat(["-xml", "-u", "*", "-g", "t"], config, env=env, sleep=sleep)
         placement = parse_placement_gt(listing, job.number, job.task)
         if not placement:
             raise TaskNotRunning(f"task {job.task} of job {job.number} is not running "

@@ -38,7 +38,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from geco import containment, log, procinfo, qstat
+from geco import containment, log, procinfo, qstat, sgeenv
 from geco.accounting import Accounting
 from geco.cgroup import Backend, check_key
 from geco.config import Config
@@ -139,7 +139,7 @@ def tear_down(key: str, backend: Backend, cfg: Config, *, queue_instance: str | 
         every queue on this host, ``*@<short hostname>``.
     cleaned_by: who tears down, journaled as ``CLEANED_BY`` (``epilog``, ``reaper``).
     qmod: the qmod command; default: ``qmod`` next to ``cfg.qstat`` when that
-        is a full path, else ``qmod`` from the fixed system PATH qstat uses.
+        is a full path, else ``qmod`` from the fixed PATH qstat uses (:mod:`geco.sgeenv`).
         It is run argv-only (``qmod -d <instance>``), once, for at most
         ``cfg.qstat_timeout`` seconds.
 
@@ -251,8 +251,11 @@ def _disable_queue(key: str, instance: str, marker: Path, cfg: Config, qmod: str
         return None
     why = ""
     try:
-        command = qstat.find_command(_qmod_name(cfg, qmod), what="qmod", remedy=_QMOD_REMEDY)
-        _, why, status = qstat.run_once([command, "-d", instance], cfg.qstat_timeout)
+        # the site's Grid Engine environment: the epilog runs with the job's
+        env = sgeenv.discover(cfg)
+        command = qstat.find_command(_qmod_name(cfg, qmod), env, what="qmod",
+                                     remedy=_QMOD_REMEDY)
+        _, why, status = qstat.run_once([command, "-d", instance], cfg.qstat_timeout, env)
     except GecoError as exc:
         why, status = str(exc), None
     except OSError as exc:

@@ -19,8 +19,18 @@ readably in one file::
 
     2015-11-19T13:56:46-0500 geco-prolog [28152|INFO ]: (prolog.py:88) job 42.1 ...
 
-The file is readable by the job's owner and root only (0600, owned by the
-owner), in a root-owned directory nobody else can write to. Every file
+Only root writes a trace file, and it stays root's: the owner can read it but
+not write it, so nobody can grow a file in /var/log beyond what geco says
+about their job. Without ACLs, one user besides root can read a file only
+through its group: the file is ``root:<owner's primary group>``, mode 0640,
+when that group is the owner's alone (the user-private-group convention of
+Debian, Red Hat and FreeIPA: a group named after the user, with no other
+listed members). Otherwise -- a shared primary group such as ``users``, or an
+owner unknown on this host -- it is ``root:root`` 0600 and a warning says the
+trace is root's only (``GECO_EVENT=trace-root-only``). The starter, which runs
+as the owner, writes no lines here; they are in the journal like every hook's.
+
+The directory is root-owned and nobody else can write to it. Every file
 operation is done as root on a path whose last components a user could
 otherwise aim elsewhere, so the directory is opened without following
 symlinks and checked (root-owned, not group/other-writable), and the file is
@@ -41,6 +51,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import errno
+import grp
 import logging
 import os
 import pwd
@@ -63,7 +74,8 @@ _log = log.get("trace")
 # geco_trace_level -> the least severe logging level written
 LEVELS = {1: logging.ERROR, 2: logging.WARNING, 3: logging.INFO, 4: logging.DEBUG}
 _FIELDS_ATTR = "geco_fields"  # where geco.log.job_fields puts a record's journal fields
-_FILE_MODE = 0o600
+_FILE_MODE = 0o640       # root:<owner's private group>
+_ROOT_ONLY_MODE = 0o600  # root:root, when no group is the owner's alone
 _DIR_MODE = 0o755
 # O_NONBLOCK: opening a FIFO planted in the directory fails (ENXIO) instead of
 # hanging the hook until someone reads it; it changes nothing for a regular file.
@@ -115,21 +127,33 @@ class _Refused(Exception):
 
 @dataclass(frozen=True, slots=True)
 class _Owner:
-    uid: int
+    """Who may read a job's trace file: the file's group and mode (its user is root)."""
+
     gid: int
-    known: bool
+    mode: int
+    root_only: str = ""  # why only root reads it ("" when the owner does)
 
 
 def _owner_ids(name: str) -> _Owner:
-    """The uid/gid the file goes to: the owner's, or root's when the owner is unknown here."""
-    if name:
-        try:
-            pw = pwd.getpwnam(name)
-        except (KeyError, UnicodeEncodeError):
-            pass
-        else:
-            return _Owner(pw.pw_uid, pw.pw_gid, True)
-    return _Owner(0, 0, False)
+    """The group and mode of the trace file of a job of ``name``: readable by the owner
+    through their private group, else by root only (and why)."""
+    if not name:
+        return _Owner(0, _ROOT_ONLY_MODE, "the job names no owner")
+    try:
+        pw = pwd.getpwnam(name)
+    except (KeyError, UnicodeEncodeError):
+        return _Owner(0, _ROOT_ONLY_MODE, f"owner {name!r} is not known on this host")
+    try:
+        group = grp.getgrgid(pw.pw_gid)
+    except KeyError:
+        return _Owner(0, _ROOT_ONLY_MODE, f"the primary group {pw.pw_gid} of owner {name!r} "
+                                          "is not known on this host")
+    # a group named after the user with no other members is theirs alone; any other
+    # would let its members read the trace (fellow members of "users", say)
+    if group.gr_name != name or not set(group.gr_mem) <= {name}:
+        return _Owner(0, _ROOT_ONLY_MODE, f"the primary group {group.gr_name!r} of owner "
+                                          f"{name!r} is not theirs alone")
+    return _Owner(pw.pw_gid, _FILE_MODE)
 
 
 def _make_parents(directory: Path) -> None:
@@ -182,20 +206,21 @@ def _open_dir(directory: Path) -> int:
 
 
 def _open_in(dfd: int, name: str, owner: _Owner, display: Path) -> int:
-    """Open ``name`` in the trace directory for appending, owned by ``owner``, mode 0600."""
-    root = os.geteuid() == 0
+    """Open ``name`` in the trace directory for appending: root's, group and mode ``owner``'s.
+
+    Only root writes trace files (:func:`for_job` and gecod's router); a file
+    found with another user or group (an earlier geco's owner-owned file, or an
+    earlier job with the same id and another owner: ids restart) is replaced,
+    never handed over.
+    """
     for _ in range(2):
         created = False
         try:
-            if root:
-                try:
-                    fd = os.open(name, _OPEN_FLAGS | os.O_EXCL, _FILE_MODE, dir_fd=dfd)
-                    created = True
-                except FileExistsError:
-                    fd = os.open(name, _OPEN_FLAGS, _FILE_MODE, dir_fd=dfd)
-            else:
-                # not root (the starter runs as the owner): only append to the file root made
-                fd = os.open(name, _OPEN_FLAGS & ~os.O_CREAT, dir_fd=dfd)
+            try:
+                fd = os.open(name, _OPEN_FLAGS | os.O_EXCL, _ROOT_ONLY_MODE, dir_fd=dfd)
+                created = True
+            except FileExistsError:
+                fd = os.open(name, _OPEN_FLAGS, _ROOT_ONLY_MODE, dir_fd=dfd)
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 raise _Refused(f"{display} is a symbolic link") from exc
@@ -207,21 +232,14 @@ def _open_in(dfd: int, name: str, owner: _Owner, display: Path) -> int:
             os.close(fd)
             what = "a regular file" if not stat.S_ISREG(st.st_mode) else "a file with one link"
             raise _Refused(f"{display} is not {what}")
-        if not root:
-            if st.st_uid != os.geteuid():
-                os.close(fd)
-                raise _Refused(f"{display} belongs to uid {st.st_uid}, not to this user")
-            return fd
-        if not created and st.st_uid != owner.uid:
-            # left by an earlier job with the same id (ids restart) and another owner:
-            # handing it over would show that owner's trace to this one
+        if not created and (st.st_uid, st.st_gid) != (0, owner.gid):
             os.close(fd)
             os.unlink(name, dir_fd=dfd)
             continue
-        if (st.st_uid, st.st_gid) != (owner.uid, owner.gid):
-            os.fchown(fd, owner.uid, owner.gid)
-        if stat.S_IMODE(st.st_mode) != _FILE_MODE:
-            os.fchmod(fd, _FILE_MODE)
+        if st.st_gid != owner.gid:
+            os.fchown(fd, 0, owner.gid)
+        if stat.S_IMODE(st.st_mode) != owner.mode:
+            os.fchmod(fd, owner.mode)
         return fd
     raise _Refused(f"{display} keeps being replaced")
 
@@ -246,10 +264,10 @@ def _refused(job_id: int, task_id: int, why: str) -> None:
                  extra=log.job_fields(job_id, task_id, "trace-refused", REASON=why))
 
 
-def _unknown_owner(job_id: int, task_id: int, owner: str) -> None:
-    _log.warning("job %s.%s: owner %r is not known on this host; its trace file is readable "
-                 "by root only", job_id, task_id, owner,
-                 extra=log.job_fields(job_id, task_id, "trace-owner-unknown", OWNER=owner))
+def _root_only(job_id: int, task_id: int, owner: str, why: str) -> None:
+    _log.warning("job %s.%s: %s; its trace file is readable by root only", job_id, task_id,
+                 why, extra=log.job_fields(job_id, task_id, "trace-root-only", OWNER=owner,
+                                           REASON=why))
 
 
 def _encode(line: str) -> bytes:
@@ -315,14 +333,16 @@ class Backlog(logging.Handler):
 def _for_job(cfg: Config, rs: ResourceSet | None, program: str,
              backlog: Backlog | None) -> Iterator[Path | None]:
     level = logging_level(rs.trace_level) if rs is not None else None
-    if rs is None or level is None:
+    # only root writes trace files (see the top of this module): the starter, as the
+    # job's owner, leaves its lines in the journal only
+    if rs is None or level is None or os.geteuid() != 0:
         yield None
         return
     handler: _TraceFile | None = None
     try:
         owner = _owner_ids(rs.owner)
-        if not owner.known:
-            _unknown_owner(rs.job_id, rs.task_id, rs.owner)
+        if owner.root_only:
+            _root_only(rs.job_id, rs.task_id, rs.owner, owner.root_only)
         fd = _open_trace(cfg, rs.job_id, rs.task_id, owner)
         handler = _TraceFile(fd, trace_path(cfg, rs.job_id, rs.task_id), level, program,
                              (rs.job_id, rs.task_id))
@@ -354,7 +374,8 @@ def for_job(cfg: Config, rs: ResourceSet | None, *, program: str = "geco",
 
     Adds a handler at the job's level to the ``geco`` logger for the block (and
     lowers that logger's level for it when needed; both restored after). Does
-    nothing when ``rs`` is None or the job's trace level is 0. A file that
+    nothing when ``rs`` is None, the job's trace level is 0, or this process is
+    not root (only root writes trace files). A file that
     cannot or must not be written is journaled as a warning and the block runs
     untraced: nothing here raises into the caller.
 
@@ -499,8 +520,8 @@ class TraceRouter(logging.Handler):
         try:
             if entry.owner is None:
                 entry.owner = _owner_ids(entry.owner_name)
-                if not entry.owner.known:
-                    _unknown_owner(*job, entry.owner_name)
+                if entry.owner.root_only:
+                    _root_only(*job, entry.owner_name, entry.owner.root_only)
             data = _encode(self.format(record))
             fd = _open_trace(self.cfg, *job, entry.owner)
             try:

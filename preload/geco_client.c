@@ -26,6 +26,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <string.h>
+#include <sys/fsuid.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <time.h>
@@ -33,7 +34,7 @@
 
 #define JOB_STARTED_FRAME (GECO_HEADER_BYTES + 24 + GECO_MAC_BYTES)
 #define NS_PER_MS 1000000LL
-/* Pause between retries of a refused connection or a BUSY answer: doubling
+/* Pause between retries of a refused, closed or reset connection or a BUSY answer: doubling
    from 50 ms to at most 1 s, always within the request's deadline. */
 #define RETRY_FIRST_NS (50 * NS_PER_MS)
 #define RETRY_MAX_NS (1000 * NS_PER_MS)
@@ -318,12 +319,34 @@ static int fail(geco_client_outcome_t *out, int result, const char *phase, int e
     return result;
 }
 
+/* connect(2) as root where the process may take root back.
+   sge_execd's children exec the shepherd with the admin user's effective uid
+   (real uid root), and gecod's privileged socket is root's alone (mode 0600):
+   the kernel checks a Unix socket's connect against the filesystem uid, and
+   setfsuid() changes that uid alone, for this thread alone, and only to an id
+   the process already has (its real uid). Restored before returning. */
+static int connect_as_root(int fd, const geco_address_t *addr)
+{
+    int rc, err, raised = 0;
+    uid_t before = 0;
+    if (addr->addr.ss_family == AF_UNIX && getuid() == 0 && geteuid() != 0) {
+        before = (uid_t)setfsuid(0);
+        raised = 1;
+    }
+    rc = connect(fd, (const struct sockaddr *)&addr->addr, addr->addrlen);
+    err = errno;
+    if (raised)
+        setfsuid(before);
+    errno = err;
+    return rc;
+}
+
 static int connect_deadline(int fd, const geco_address_t *addr, int64_t deadline,
                             geco_client_outcome_t *out)
 {
     int err = 0;
     socklen_t len = sizeof err;
-    if (connect(fd, (const struct sockaddr *)&addr->addr, addr->addrlen) == 0)
+    if (connect_as_root(fd, addr) == 0)
         return GECO_CLIENT_OK;
     if (errno != EINPROGRESS && errno != EINTR)
         return fail(out, GECO_CLIENT_E_CONNECT, "connect", errno);
@@ -467,13 +490,25 @@ cleanup:
     return rc;
 }
 
-/* Worth another connection before the deadline: gecod (re)starting or busy. */
+/* Worth another connection before the deadline: gecod (re)starting, busy, or
+   closing connections it has no room for (a full connection table closes new
+   ones unanswered, and the kernel resets one whose request was not read). */
 static int retryable(const geco_client_outcome_t *out)
 {
-    if (out->result == GECO_CLIENT_E_CONNECT)
-        return out->sys_errno == ENOENT || out->sys_errno == ECONNREFUSED
-               || out->sys_errno == EAGAIN;
-    return out->result == GECO_CLIENT_E_STATUS && out->status == GECO_BUSY;
+    int e = out->sys_errno;
+    switch (out->result) {
+    case GECO_CLIENT_E_CONNECT:
+        return e == ENOENT || e == ECONNREFUSED || e == EAGAIN || e == ECONNRESET;
+    case GECO_CLIENT_E_SEND:
+    case GECO_CLIENT_E_RECV:
+        return e == EPIPE || e == ECONNRESET;
+    case GECO_CLIENT_E_CLOSED:
+        return 1;
+    case GECO_CLIENT_E_STATUS:
+        return out->status == GECO_BUSY;
+    default:
+        return 0;
+    }
 }
 
 int geco_client_job_started(const geco_address_t *addr, const uint8_t key[GECO_KEY_BYTES],

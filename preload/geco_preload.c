@@ -19,6 +19,15 @@
  *   anything else, policy=allow     -> real exec + one "geco:" warning line
  *   library inert (see below)       -> real exec + one "geco:" warning line
  *
+ * Where it works. Only in the programs it is meant for, named by the kernel
+ * (/proc/self/exe, not argv[0], which the parent chooses): sge_execd, sshd,
+ * and sshd-session (the per-session program of OpenSSH >= 9.8). In any other
+ * program -- everything that merely inherits LD_PRELOAD from sge_execd or
+ * sshd: load sensors, mailers, hooks, a job that got the variable somehow --
+ * it reads no config and no key and stays silent; every exec passes through
+ * as if it were not there. (A user may call a binary of theirs sge_execd:
+ * it then reads the config and fails to read the root-only key, as before.)
+ *
  * The library is inert -- every exec passes through -- when its config
  * (/etc/geco/preload.conf, rendered by `geco preload-config`) is missing or
  * broken, or the key file cannot be read (e.g. in a process that does not run
@@ -573,21 +582,68 @@ inert:
     }
 }
 
+/* The programs the wrapper works in (see the top of this file). */
+static const char *const host_programs[] = {"sge_execd", "sshd", "sshd-session"};
+
+/* Is this process one of host_programs? 1 yes, 0 no, -1 cannot tell (err says why).
+   The kernel's name of the running binary: argv[0] and comm are the parent's or the
+   process's own choice. A binary replaced on disk while running (a package upgrade)
+   reads "<path> (deleted)" and still counts. */
+static int host_program(line_t *err)
+{
+    static const char deleted[] = " (deleted)";
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) {
+        put(err, "cannot tell which program loaded it: /proc/self/exe: ");
+        put_errno(err, n < 0 ? errno : EINVAL);
+        return -1;
+    }
+    if ((size_t)n > sizeof deleted - 1
+        && memcmp(exe + n - (sizeof deleted - 1), deleted, sizeof deleted - 1) == 0)
+        n -= (ssize_t)(sizeof deleted - 1);
+    exe[n] = '\0';
+    const char *slash = strrchr(exe, '/');
+    const char *name = slash != NULL ? slash + 1 : exe;
+    for (size_t i = 0; i < sizeof host_programs / sizeof host_programs[0]; i++)
+        if (strcmp(name, host_programs[i]) == 0)
+            return 1;
+    return 0;
+}
+
 static void geco_init(void)
 {
     int saved = errno;
+    char whybuf[128];
+    line_t why = {whybuf, sizeof whybuf, 0};
     real_execve = (execve_fn)dlsym(RTLD_NEXT, "execve");
     real_execv = (execv_fn)dlsym(RTLD_NEXT, "execv");
     real_execvp = (execvp_fn)dlsym(RTLD_NEXT, "execvp");
     real_execvpe = (execvpe_fn)dlsym(RTLD_NEXT, "execvpe");
     real_fexecve = (fexecve_fn)dlsym(RTLD_NEXT, "fexecve");
-    if (geco_proto_init() != 0) {
-        static const char msg[] = "libsodium failed to initialise";
-        memcpy(cfg.inert_reason, msg, sizeof msg);
+    switch (host_program(&why)) {
+    case 0:
+        /* not sge_execd or sshd: no filters, so every exec takes the fast path out,
+           silently; no config or key is read into a process that only inherited us */
+        break;
+    case -1:
+        /* cannot tell: no key either, but a shepherd exec says why it is unchecked */
+        memcpy(cfg.inert_reason, why.buf,
+               why.len < sizeof cfg.inert_reason ? why.len : sizeof cfg.inert_reason - 1);
         cfg.log_to = LOG_STDERR;
-        emit(3, msg, sizeof msg - 1);
-    } else {
-        load_config();
+        cfg.nfilters = 1;
+        memcpy(cfg.filters[0], DEFAULT_FILTER, sizeof DEFAULT_FILTER);
+        break;
+    default:
+        if (geco_proto_init() != 0) {
+            static const char msg[] = "libsodium failed to initialise";
+            memcpy(cfg.inert_reason, msg, sizeof msg);
+            cfg.log_to = LOG_STDERR;
+            emit(3, msg, sizeof msg - 1);
+        } else {
+            load_config();
+        }
+        break;
     }
     errno = saved;
 }

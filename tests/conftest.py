@@ -77,6 +77,7 @@ import pytest
 # tests/ itself, so that cleanslate imports also where this file is imported as
 # tests.conftest (bench/ does) rather than loaded by pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import figurekit
 from cleanslate import TEST_USER, clean_slate, report_line
 
 REPO = Path(__file__).resolve().parent.parent
@@ -141,6 +142,25 @@ def sole_user(lock: IO[bytes]) -> bool:
     except BlockingIOError:
         return False
     return True
+
+
+# ---------------------------------------------------------------------------
+# figures: what the tests measured, one table at the end of the run
+# ---------------------------------------------------------------------------
+
+@pytest.fixture
+def figures() -> list[str]:
+    """Lines a test appends to be printed under "figures" at the end of the run (pytest's
+    own output of a passing test is hidden): VM boot and run times, hook times, JOB_STARTED
+    under a flood, fuzz and soak figures."""
+    return figurekit.FIGURES
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if figurekit.FIGURES:
+        terminalreporter.section("figures")
+        for line in figurekit.FIGURES:
+            terminalreporter.write_line(line)
 
 
 # ---------------------------------------------------------------------------

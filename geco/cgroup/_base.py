@@ -22,6 +22,8 @@ from geco.cgroup._fs import (
     cgroup_error,
     poll_until,
     proc_cgroups,
+    read_int,
+    read_keyed,
     read_pids,
     remove_tree,
     signal_pid,
@@ -164,6 +166,21 @@ class Limits:
         """
         given = [v for v in (self.memory, self.memory_swap) if v > 0]
         return min(given) if given else 0
+
+
+def pids_usage(d: Path) -> dict[str, int]:
+    """The task figures of one pids cgroup directory (same files on v1 and v2), only those
+    this kernel provides: ``pids_current``, ``pids_peak`` (newer kernels) and
+    ``pids_max_events`` (forks refused at ``pids.max``, from ``pids.events``)."""
+    out: dict[str, int] = {}
+    for name, file in (("pids_current", "pids.current"), ("pids_peak", "pids.peak")):
+        if (d / file).exists():
+            out[name] = read_int(d / file)
+    if (d / "pids.events").exists():
+        events = read_keyed(d / "pids.events")
+        if "max" in events:
+            out["pids_max_events"] = events["max"]
+    return out
 
 
 def _key_sort(key: str) -> tuple[int, int]:
@@ -342,7 +359,9 @@ class Backend(ABC):
         v1 adds ``memsw_peak`` (RAM+swap), v2 adds ``swap_peak`` and
         ``swap_current`` (swap alone). CPU time in microseconds, when the
         kernel accounts it per cgroup: ``cpu_user_usec`` and ``cpu_system_usec``
-        (v1 from the cpuacct hierarchy, v2 from ``cpu.stat``). The counters
+        (v1 from the cpuacct hierarchy, v2 from ``cpu.stat``). Tasks, when the pids
+        controller is there (see :func:`pids_usage`): ``pids_current``, ``pids_peak``,
+        ``pids_max_events`` (forks refused at the job's task limit). The counters
         cover every process that ever ran in the job, also those that exited,
         and the job's sub-cgroups.
 

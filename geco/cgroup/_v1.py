@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from geco import log
-from geco.cgroup._base import Backend, Limits, check_key, is_under, warn_once
+from geco.cgroup._base import Backend, Limits, check_key, is_under, pids_usage, warn_once
 from geco.cgroup._fs import (
     Mount,
     make_dir,
@@ -307,7 +307,8 @@ class V1Backend(Backend):
                       str(limits.pids) if limits.pids else "max", key=key)
         elif limits.pids:
             warn_once("v1-no-pids", "the pids controller is not mounted: task limits "
-                      "(pids.max) are not enforced on this node")
+                      "(pids.max, [cgroup] pids_per_slot) are not enforced on this node; "
+                      "mount it (cgroup v1 pids hierarchy) to have them")
 
     def _apply_memory(self, md: Path, key: str, limits: Limits) -> None:
         ram = limits.ram or math.inf
@@ -439,6 +440,9 @@ class V1Backend(Backend):
             if "oom_kill" in oom:  # Linux >= 4.13
                 out["oom_kill"] = oom["oom_kill"]
         out.update(self._cpu_usage(key))
+        # a job cgroup made before pids was mounted (or by an older geco) has none
+        if "pids" in self._hier and self._dir("pids", key).is_dir():
+            out.update(pids_usage(self._dir("pids", key)))
         return out
 
     def _cpu_usage(self, key: str) -> dict[str, int]:

@@ -49,7 +49,7 @@ import posixpath
 from pathlib import Path
 
 from geco import log
-from geco.cgroup._base import Backend, Limits, check_key, is_under, warn_once
+from geco.cgroup._base import Backend, Limits, check_key, is_under, pids_usage, warn_once
 from geco.cgroup._fs import (
     make_dir,
     poll_until,
@@ -317,7 +317,7 @@ class V2Backend(Backend):
             set_value(d / "pids.max", str(limits.pids) if limits.pids else "max", key=key)
         elif limits.pids:
             warn_once("v2-no-pids", "the pids controller is not available: task limits "
-                      "(pids.max) are not enforced on this node")
+                      "(pids.max, [cgroup] pids_per_slot) are not enforced on this node")
 
     def read_limits(self, key: str) -> Limits:
         d = self._dir(key)
@@ -418,4 +418,6 @@ class V2Backend(Backend):
                                 ("cpu_system_usec", "system_usec")):
                 if field in cpu:
                     out[name] = cpu[field]
+        if "pids" in self._controllers:
+            out.update(pids_usage(d))
         return out

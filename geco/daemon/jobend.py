@@ -32,7 +32,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from geco import log, sgejob, teardown
+from geco import log, sgejob, strays, teardown
 from geco.cgroup import Backend, split_key
 from geco.daemon.quarantine import Context, Shepherd, job_dir_of, spool_root
 from geco.daemon.reaper import forget_job
@@ -164,6 +164,7 @@ class JobEnds:
                               "this node (pid %d); its cgroups stay", key, shepherd.pid,
                               restarted[0])
                     return
+                owner = strays.owner_of(cfg, key)  # before the resource file goes
                 result = teardown.tear_down(key, backend, cfg,
                                             queue_instance=shepherd.queue_instance,
                                             cleaned_by="gecod")
@@ -171,10 +172,23 @@ class JobEnds:
                 forget_job(cfg, key)
                 if self.on_ended is not None:
                     self.loop.call_soon_threadsafe(functools.partial(self.on_ended, key))
+                if cfg.strays_kill:
+                    self.loop.call_soon_threadsafe(functools.partial(self._strays_later, key,
+                                                                     owner))
         except (GecoError, OSError) as exc:  # the reaper retries what is left
             _log.warning("job %s: its shepherd exited but its teardown failed: %s", key, exc,
                          extra=log.job_fields(*split_key(key), "teardown-failed",
                                               REASON=str(exc)))
+
+    def _strays_later(self, key: str, owner: str | None) -> None:
+        """In the loop: look for the owner's strays ``[strays] delay`` s from now, when a
+        client of the job on this node (qrsh, qsub -sync) has seen its end and exited."""
+        def submit() -> None:
+            with contextlib.suppress(RuntimeError):  # the executor is shut down: gecod stops
+                self.executor.submit(strays.after_job, self.ctx.config, self.ctx.backend, key,
+                                     owner, cleaned_by="gecod")
+        self.loop.add_timer(self.ctx.config.strays_delay, submit)
+
 
 def _new_start(key: str, pid: int, spool: Path) -> bool:
     """A master shepherd of a new start of the job: running, or still sge_execd's child

@@ -31,9 +31,16 @@ QUARANTINE_SELF (the starter, as the job owner, finds itself uncontained)
 1. Credentials: a Unix socket peer whose pid is the message's pid, running as
    the job's owner (``job_owner`` in the spooled ``config``) or root.
 2. Place: an ancestor of the pid (by the /proc ppid chain) is an
-   ``sge_shepherd`` whose working directory is this job's spool dir, with the
-   same ``environment`` check.
+   ``sge_shepherd`` with real uid 0 (as sge_execd, started by root, forks it:
+   a user can name a program ``sge_shepherd`` but cannot give it real uid 0)
+   whose working directory is this job's spool dir on *this* host
+   (``<execd_spool_dir>/<this host>/active_jobs/<job>.<task>``), with the same
+   ``environment`` check.
 3. and 4. as above.
+
+Both: a Unix socket peer must come with a pidfd (taken at accept). Without
+one (``pidfd_open`` failed) nothing proves that the pid moved in is still the
+peer, so the request is refused, never served unpinned.
 
 Outcomes are :class:`~geco.protocol.AckStatus` values; every refusal carries a
 sentence saying which rule refused and why.
@@ -349,10 +356,19 @@ def _check_quarantine_self(req: Request, ctx: Context) -> Path:
     return job_dir
 
 
+def _on_this_host(job_dir: Path, root: Path, hostname: str) -> bool:
+    """True when ``job_dir`` is below ``<root>/<this host>``: the host part's first label
+    is this host's short name (Grid Engine spools under the short or the full name)."""
+    host = job_dir.relative_to(root).parts[0]
+    return host.split(".", 1)[0] == hostname.split(".", 1)[0]
+
+
 def _shepherd_job_dir(req: Request, ctx: Context) -> Path:
-    """The job's spool dir, found as the cwd of an ``sge_shepherd`` ancestor of the pid."""
+    """The job's spool dir, found as the cwd of an ``sge_shepherd`` ancestor of the pid
+    that runs with real uid 0 and works in this host's spool."""
     root = spool_root(ctx.config)
     pid = req.pid
+    why = ""  # the first impostor seen: named in the refusal
     for _ in range(_MAX_ANCESTORS):
         pid = sgejob.proc_ppid(pid)
         if pid <= 1:
@@ -363,11 +379,23 @@ def _shepherd_job_dir(req: Request, ctx: Context) -> Path:
         with contextlib.suppress(_Refused):
             cwd = _proc_cwd(ctx.proc, pid)
             job_dir = job_dir_of(cwd, root, req.job_id, req.task_id)
-            if job_dir is not None:
-                _check_environment(cwd, req.job_id, req.task_id)
-                return job_dir
+            if job_dir is None:
+                continue
+            # anyone can call a program sge_shepherd and chdir into a readable spool
+            # dir; only sge_execd (root) starts one with real uid 0
+            real_uid = _proc_uids(ctx.proc, pid)[0]
+            if real_uid != 0:
+                why = why or (f"; process {pid} named sge_shepherd in its spool dir runs "
+                              f"with real uid {real_uid}, not 0")
+                continue
+            if not _on_this_host(job_dir, root, ctx.hostname):
+                why = why or (f"; the sge_shepherd {pid} works in {job_dir}, which is not "
+                              f"this host's ({ctx.hostname}) spool")
+                continue
+            _check_environment(cwd, req.job_id, req.task_id)
+            return job_dir
     raise _refuse(f"process {req.pid} does not descend from the sge_shepherd of job "
-                  f"{req.job_id}.{req.task_id}")
+                  f"{req.job_id}.{req.task_id}{why}")
 
 
 def _contain(key: str, req: Request, job_dir: Path, ctx: Context) -> tuple[Limits, bool]:
@@ -393,6 +421,7 @@ def _contain(key: str, req: Request, job_dir: Path, ctx: Context) -> tuple[Limit
         # script, a hierarchy remounted): make them again, as every prolog does
         backend.ensure_root()
         limits = containment.contain(key, node, backend, state_dir=cfg.state_dir,
+                                     pids=containment.PidsLimit.from_config(cfg),
                                      pid=req.pid, hardware_threads=cfg.hardware_threads,
                                      topology=ctx.topology, active_jobs=job_dir.parent,
                                      reclaim=ctx.reclaim)
@@ -420,6 +449,11 @@ def quarantine(req: Request, ctx: Context) -> Outcome:
             raise _Refused(AckStatus.BAD_REQUEST, f"job and task ids must be >= 1, got "
                                                  f"{req.job_id}.{req.task_id}")
         key = cgroup.job_key(req.job_id, req.task_id)
+        if req.peer is not None and req.pidfd < 0:
+            # fail closed: without a pidfd, "still alive after the move" proves nothing
+            raise _refuse(f"gecod could not pin process {req.pid} (pidfd_open failed "
+                          "when it connected), so it cannot tell it from a process that "
+                          "reuses its pid; refused")
         master = False
         if req.type is MsgType.QUARANTINE_SELF:
             job_dir = _check_quarantine_self(req, ctx)

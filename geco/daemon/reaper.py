@@ -60,8 +60,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from geco import containment, log, oom, qstat, sgejob, statefile, teardown
-from geco.cgroup import Backend, split_key
+from geco import containment, log, oom, qstat, sgejob, statefile, strays, teardown
+from geco.cgroup import Backend, check_key, split_key
 from geco.config import Config
 from geco.errors import GecoError, JobNotFound, TaskNotRunning
 from geco.resource import ResourceSet, short_hostname
@@ -416,6 +416,7 @@ class Reaper:
                          extra=log.job_fields(None, None, "reaper-qstat-failed",
                                               REASON=qstat_error, JOBS=" ".join(unknown)))
         removed = self._prune(cfg)
+        self._forget_orphans(cfg, set(keys))
         report = RoundReport(verdicts, tuple(reaped), tuple(stuck), tuple(killed), removed,
                              qstat_error)
         _log.debug("reaper round: %d job(s): %s; %d trace file(s) removed", len(verdicts),
@@ -465,6 +466,7 @@ class Reaper:
             _log.debug("reaper: job %s was removed meanwhile", key)
             return None
         retry = key in self._stuck
+        owner = strays.owner_of(cfg, key)  # before the resource file goes
         # the spool (and the queue instance in its config) is gone: None = every queue
         # of this host; tear_down disables it once per stuck job, not every round
         result = teardown.tear_down(key, self.backend, cfg, queue_instance=None,
@@ -479,6 +481,7 @@ class Reaper:
                       "%d leftover process(es) killed", key, why, result.killed,
                       extra=log.job_fields(job, task, "reaped", **fields))
             self._forget(cfg, key)
+            strays.after_job(cfg, self.backend, key, owner, cleaned_by="reaper")
         else:
             self._stuck.add(key)
             pids = " ".join(str(p.pid) for p in result.stuck)
@@ -532,12 +535,22 @@ class Reaper:
         return count
 
     def _resources(self, cfg: Config, key: str) -> ResourceSet | None:
-        """The job's resource file, or None (missing; unusable: warned once per version)."""
+        """The job's resource file, or None (missing; unusable and qstat cannot help:
+        warned once per version). An unusable one is read again from qstat and written
+        anew (a job runs on, and its later tasks and OOM reports need it)."""
         job, task = split_key(key)
         path = statefile.path_for(cfg.resources_dir, job, task)
         try:
             return statefile.read(cfg.resources_dir, job, task)
         except GecoError as exc:
+            with contextlib.suppress(GecoError):
+                rs = self.fetch(job, task, cfg, None)
+                statefile.write(cfg.resources_dir, rs)
+                _log.warning("job %s: its resource file %s was unusable (%s); read again "
+                             "from qstat and written anew", key, path, exc,
+                             extra=log.job_fields(job, task, "resource-file-rewritten",
+                                                  PATH=path))
+                return rs
             try:
                 st = os.stat(path)
                 version = (key, st.st_mtime_ns, st.st_size)
@@ -551,6 +564,27 @@ class Reaper:
                              extra=log.job_fields(job, task, "resource-file-unusable",
                                                   PATH=path))
             return None
+
+    def _forget_orphans(self, cfg: Config, keys: set[str]) -> None:
+        """Remove the files of jobs that have neither cgroups nor a spool dir here (their
+        cgroups were removed to free cores, with no one to end the job: gecod down)."""
+        try:
+            names = os.listdir(cfg.resources_dir)
+        except OSError:
+            return
+        old = self.clock() - min_age(cfg.gecod_reaper_interval)
+        for key in names:
+            try:
+                check_key(key)
+                if key in keys or os.stat(cfg.resources_dir / key).st_mtime > old \
+                        or sgejob.find_spool_dir(cfg.execd_spool_dir, key, self.node):
+                    continue
+            except (GecoError, OSError, ValueError):
+                continue  # not a job's file, or gone meanwhile
+            forget_job(cfg, key)
+            _log.info("reaper: job %s has no cgroups and no spool dir here; removed its "
+                      "resource file", key,
+                      extra=log.job_fields(*split_key(key), "resource-file-pruned"))
 
     def _prune(self, cfg: Config) -> int:
         try:

@@ -1,5 +1,19 @@
 """gecod's quarantine server: non-blocking connections on the runloop, slow work in threads.
 
+gecod listens on two sockets, each a :class:`Lane` with its own connections,
+request budget and worker threads, so that no user can crowd root out:
+
+``root``
+    the privileged socket (mode 0600): the preload's JOB_STARTED from sge_execd.
+    Only root can connect (the kernel refuses everyone else), so nothing a user
+    does fills its connection table, its queue or its workers.
+``public``
+    the 0666 socket: ``geco status`` (STATUS) and the starter's fallback
+    (QUARANTINE_SELF), from any user. Each uid has a budget of its own: at most
+    :data:`PUBLIC_BUDGET` ``per_uid_connections`` open connections (more are
+    closed at once) and ``per_uid_working`` requests waiting for or in a worker
+    (more get BUSY), so a flood costs only its sender.
+
 One connection carries one request and one reply (as the original). Each
 connection is a small state machine driven by the runloop:
 
@@ -32,8 +46,11 @@ them (anyone can make them) can never fill the cache that guards JOB_STARTED.
 
 Every refusal is journaled as ``GECO_EVENT=quarantine-refused`` (priority
 warning) with the peer's pid and uid as the kernel gave them, the claimed
-job, task and pid, and the reason; every success as ``GECO_EVENT=quarantined``;
-both with ``PEERCRED=1`` when the frame was peer-credentialed.
+job, task and pid, and the reason; every success as ``GECO_EVENT=quarantined``
+(``ELAPSED_MS``: from the connection's accept to the answer); both with
+``LANE`` and with ``PEERCRED=1`` when the frame was peer-credentialed. A peer
+gets a few refusal records per window, then one summary
+(``GECO_EVENT=quarantine-refused-summary``; :mod:`geco.daemon.ratelimit`).
 Nothing a client sends can stop the server: a bad client costs one socket
 until its deadline.
 """
@@ -49,13 +66,15 @@ import selectors
 import socket
 import struct
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from geco import __version__, log
 from geco.address import Address
 from geco.daemon import state
 from geco.daemon.quarantine import Context, Outcome, Peer, Request, Shepherd, quarantine
+from geco.daemon.ratelimit import RefusalBudget
 from geco.daemon.runloop import RunLoop, Timer
 from geco.errors import ProtocolError
 from geco.protocol import (
@@ -75,7 +94,7 @@ from geco.protocol import (
     expected_length,
 )
 
-__all__ = ["Server"]
+__all__ = ["PUBLIC_BUDGET", "Budget", "Lane", "Server", "root_budget"]
 
 _log = log.get("gecod")
 
@@ -83,15 +102,39 @@ _log = log.get("gecod")
 _UCRED = struct.Struct("3i")
 # Connections accepted per readiness event, so a connect flood cannot starve replies.
 _ACCEPT_BATCH = 64
-# Open connections beyond this are closed at once; each costs two fds (socket, pidfd)
-# until its deadline (gecod.service sets LimitNOFILE well above twice this).
-_MAX_CONNECTIONS = 1024
 # Requests waiting for or in a worker, per worker thread, before new ones get BUSY.
 _QUEUE_PER_WORKER = 64
 # At most this many reads of leftover client bytes before closing (see _discard_unread).
 _DISCARD_CHUNKS = 4
 # After EMFILE/ENFILE the listener stays readable; pause accepting instead of spinning.
 _ACCEPT_PAUSE = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """What the clients of one lane may hold at once.
+
+    Open connections beyond ``connections`` are closed at once; each costs two
+    fds (socket, pidfd) until its deadline (gecod.service sets LimitNOFILE well
+    above twice the lanes' sum). Requests beyond ``working`` get BUSY. The
+    per-uid limits (None: none) split the same way among the peers' uids.
+    """
+
+    connections: int
+    working: int
+    per_uid_connections: int | None = None
+    per_uid_working: int | None = None
+
+
+def root_budget(workers: int) -> Budget:
+    """The privileged lane's: only root gets here, so no per-uid split."""
+    return Budget(connections=1024, working=workers * _QUEUE_PER_WORKER)
+
+
+# The public lane's: a user's `geco status` and a few job starts through the starter's
+# fallback at once fit easily; a flood fills only its sender's share.
+PUBLIC_BUDGET = Budget(connections=1024, working=2 * _QUEUE_PER_WORKER,
+                       per_uid_connections=64, per_uid_working=8)
 
 
 class _Phase(enum.Enum):
@@ -101,10 +144,36 @@ class _Phase(enum.Enum):
     CLOSED = "closed"
 
 
+@dataclass(eq=False)
+class Lane:
+    """One listening socket with its own connections, budget and worker threads.
+
+    Parameters
+    ----------
+    name: ``root`` or ``public`` (journaled as ``LANE``).
+    listener: a listening stream socket (:func:`geco.address.listen`).
+    address: where it listens (for messages).
+    executor: this lane's worker threads.
+    budget: what its clients may hold at once.
+    """
+
+    name: str
+    listener: socket.socket | None
+    address: Address
+    executor: concurrent.futures.ThreadPoolExecutor
+    budget: Budget
+    connections: set[_Connection] = field(default_factory=set)
+    working: int = 0
+    open_by_uid: Counter[int | None] = field(default_factory=Counter)
+    working_by_uid: Counter[int | None] = field(default_factory=Counter)
+    warned_full: bool = False
+
+
 @dataclass(eq=False, slots=True)
 class _Connection:
     sock: socket.socket
     peer: Peer | None
+    lane: Lane
     pidfd: int = -1
     phase: _Phase = _Phase.READING
     buf: bytearray = field(default_factory=bytearray)
@@ -114,6 +183,11 @@ class _Connection:
     accepted: float = field(default_factory=time.monotonic)
     claimed: tuple[int | None, int | None, int | None] = (None, None, None)
     peercred: bool = False  # the header has the PEERCRED flag (answer in kind)
+
+    @property
+    def uid(self) -> int | None:
+        """Whose budget this connection counts against (None: every TCP client)."""
+        return self.peer.uid if self.peer else None
 
     def describe(self) -> str:
         if self.peer is None:
@@ -151,11 +225,9 @@ class Server:
     Parameters
     ----------
     loop: the runloop to serve on.
-    listener: a listening stream socket (:func:`geco.address.listen`).
-    address: where it listens (for messages).
+    lanes: the listening sockets, each with its workers and budget.
     key: the 32-byte quarantine key.
     ctx: the policy's context (settings, cgroup backend, topology).
-    executor: the worker pool for slow work.
     on_change: called in the loop after a request changed the node's jobs.
     on_contained: called in the loop with ``<job>.<task>`` once a process of that job
         is in its cgroups (gecod starts watching the job, e.g. for OOM kills).
@@ -164,17 +236,14 @@ class Server:
         exits: :mod:`geco.daemon.jobend`).
     """
 
-    def __init__(self, loop: RunLoop, listener: socket.socket, address: Address, key: bytes,
-                 ctx: Context, executor: concurrent.futures.ThreadPoolExecutor, *,
+    def __init__(self, loop: RunLoop, lanes: Sequence[Lane], key: bytes, ctx: Context, *,
                  on_change: Callable[[], None] | None = None,
                  on_contained: Callable[[str], None] | None = None,
                  on_shepherd: Callable[[Shepherd, int], None] | None = None) -> None:
         self.loop = loop
-        self.listener: socket.socket | None = listener
-        self.address = address
+        self.lanes = list(lanes)
         self.key = key
         self.ctx = ctx
-        self.executor = executor
         self.on_change = on_change
         self.on_contained = on_contained
         self.on_shepherd = on_shepherd
@@ -183,62 +252,85 @@ class Server:
         self.replay_peercred = ReplayCache.for_skew(ctx.config.gecod_max_skew,
                                                     forget_when_full=True)
         self.started = time.time()
-        self.connections: set[_Connection] = set()
-        self.working = 0
         self.served = 0
         self.refused = 0
+        self.refusal_budget = RefusalBudget()
         self._on_idle: Callable[[], None] | None = None
-        self._warned_full = False
-        listener.setblocking(False)
-        loop.add_source(listener, selectors.EVENT_READ, self._on_accept)
+        for lane in self.lanes:
+            assert lane.listener is not None
+            lane.listener.setblocking(False)
+            self._accept_on(lane)
+        loop.add_timer(self.refusal_budget.window, self._summarize_refusals,
+                       repeat=self.refusal_budget.window)
+
+    @property
+    def connections(self) -> set[_Connection]:
+        """Every open connection, of every lane."""
+        return set().union(*(lane.connections for lane in self.lanes))
+
+    @property
+    def working(self) -> int:
+        """Requests waiting for or in a worker, in every lane."""
+        return sum(lane.working for lane in self.lanes)
 
     # -- accepting ------------------------------------------------------------
 
-    def _on_accept(self, listener: socket.socket, events: int) -> None:
+    def _on_accept(self, lane: Lane) -> None:
         for _ in range(_ACCEPT_BATCH):
+            if lane.listener is None:
+                return
             try:
-                sock, _addr = listener.accept()
+                sock, _addr = lane.listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
                 if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    _log.error("cannot accept connections: %s; pausing for %g s",
-                               exc.strerror, _ACCEPT_PAUSE)
-                    self.loop.remove_source(listener)
-                    self.loop.add_timer(_ACCEPT_PAUSE, self._resume_accepting)
+                    _log.error("cannot accept connections on %s: %s; pausing for %g s",
+                               lane.address, exc.strerror, _ACCEPT_PAUSE)
+                    self.loop.remove_source(lane.listener)
+                    self.loop.add_timer(_ACCEPT_PAUSE, lambda: self._accept_on(lane))
                     return
                 # ECONNABORTED and friends: that client is gone, the next one may be fine
                 _log.debug("accept failed: %s", exc)
                 continue
-            self._start(sock)
+            self._start(lane, sock)
 
-    def _resume_accepting(self) -> None:
-        if self.listener is not None and not self.loop.has_source(self.listener):
-            self.loop.add_source(self.listener, selectors.EVENT_READ, self._on_accept)
+    def _accept_on(self, lane: Lane) -> None:
+        if lane.listener is not None and not self.loop.has_source(lane.listener):
+            self.loop.add_source(lane.listener, selectors.EVENT_READ,
+                                 lambda s, ev: self._on_accept(lane))
 
-    def _start(self, sock: socket.socket) -> None:
+    def _start(self, lane: Lane, sock: socket.socket) -> None:
         sock.setblocking(False)
-        if len(self.connections) >= _MAX_CONNECTIONS:
-            if not self._warned_full:
-                _log.warning("%d connections open; closing new ones until some finish",
-                             _MAX_CONNECTIONS)
-                self._warned_full = True
+        if len(lane.connections) >= lane.budget.connections:
+            if not lane.warned_full:
+                _log.warning("%d connections open on %s; closing new ones until some finish",
+                             lane.budget.connections, lane.address)
+                lane.warned_full = True
             sock.close()
             return
-        self._warned_full = False
+        lane.warned_full = False
         try:
             peer = _peer_of(sock)
         except OSError as exc:
             _log.debug("no peer credentials: %s", exc)
             sock.close()
             return
-        conn = _Connection(sock, peer)
+        conn = _Connection(sock, peer, lane)
+        share = lane.budget.per_uid_connections
+        if share is not None and lane.open_by_uid[conn.uid] >= share:
+            # checked before anything costly: a flood's extra connections cost one accept
+            sock.close()
+            self._journal_refusal(conn, "over-budget", f"{share} connections of this uid are "
+                                                       f"open already; closed", None)
+            return
         if peer is not None:
             # pins the peer's identity for the worker: a pidfd names this very process,
             # so "still alive" after the move means the pid was not reused meanwhile
             with contextlib.suppress(OSError):
                 conn.pidfd = os.pidfd_open(peer.pid)
-        self.connections.add(conn)
+        lane.connections.add(conn)
+        lane.open_by_uid[conn.uid] += 1
         conn.deadline = self.loop.add_timer(self.ctx.config.gecod_connection_deadline,
                                             lambda: self._expired(conn))
         self.loop.add_source(sock, selectors.EVENT_READ,
@@ -327,18 +419,27 @@ class Server:
                                             f"{got.type.name} is a reply, not a request"))
 
     def _submit(self, conn: _Connection, got: Frame, work: Callable[[], object]) -> None:
-        if self.working >= self.ctx.config.gecod_workers * _QUEUE_PER_WORKER:
-            self._answer(conn, got, Outcome(AckStatus.BUSY, f"{self.working} requests are "
+        lane, uid = conn.lane, conn.uid
+        share = lane.budget.per_uid_working
+        if lane.working >= lane.budget.working:
+            self._answer(conn, got, Outcome(AckStatus.BUSY, f"{lane.working} requests are "
                                                             "already waiting for a worker"))
             return
-        self.working += 1
-        future = self.executor.submit(work)
+        if share is not None and lane.working_by_uid[uid] >= share:
+            self._answer(conn, got, Outcome(AckStatus.BUSY, f"{share} requests of this uid "
+                                                            "are already waiting"))
+            return
+        lane.working += 1
+        lane.working_by_uid[uid] += 1
+        future = lane.executor.submit(work)
         future.add_done_callback(
             lambda f: self.loop.call_soon_threadsafe(lambda: self._done(conn, got, f)))
 
     def _done(self, conn: _Connection, got: Frame,
               future: concurrent.futures.Future[object]) -> None:
-        self.working -= 1
+        lane = conn.lane
+        lane.working -= 1
+        _uncount(lane.working_by_uid, conn.uid)
         try:
             result = future.result()
         except Exception as exc:
@@ -371,7 +472,8 @@ class Server:
                       conn.describe(), "; created its cgroups" if outcome.created else "",
                       extra=log.job_fields(
                           job, task, "quarantined", PID=pid, PEER_PID=_pid(conn),
-                          PEER_UID=_uid(conn), REQUEST=got.type.name,
+                          PEER_UID=conn.uid, REQUEST=got.type.name, LANE=conn.lane.name,
+                          ELAPSED_MS=round((time.monotonic() - conn.accepted) * 1000, 1),
                           PEERCRED=1 if got.peercred else None,
                           CGROUP_CREATED=int(outcome.created),
                           CPUS=limits.cpus if limits else None,
@@ -397,13 +499,15 @@ class Server:
     def _journal_refusal(self, conn: _Connection, reason: str, text: str,
                          status: AckStatus | None, request: str | None = None) -> None:
         self.refused += 1
+        if not self.refusal_budget.allow(conn.uid, reason):
+            return  # counted into the peer's summary at the end of the window
         job, task, pid = conn.claimed
         claim = f"job {job}.{task} pid {pid}" if job is not None else "no readable claim"
         _log.warning("refused %s from %s (%s): %s", request or "a request", conn.describe(),
                      claim, text,
                      extra=log.job_fields(job, task, "quarantine-refused", PID=pid,
-                                          PEER_PID=_pid(conn), PEER_UID=_uid(conn),
-                                          REASON=reason, REQUEST=request,
+                                          PEER_PID=_pid(conn), PEER_UID=conn.uid,
+                                          REASON=reason, REQUEST=request, LANE=conn.lane.name,
                                           PEERCRED=1 if conn.peercred else None,
                                           ACK_STATUS=status.name if status else "none"))
 
@@ -420,6 +524,16 @@ class Server:
         if conn.deadline is not None:
             conn.deadline.cancel()
         self._send(conn, reply)
+
+    def _summarize_refusals(self) -> None:
+        window = self.refusal_budget.window
+        for summary in self.refusal_budget.end_window():
+            _log.warning("%s", summary.describe(window),
+                         extra=log.job_fields(None, None, "quarantine-refused-summary",
+                                              PEER_UID=summary.peer, REFUSED=summary.count,
+                                              WINDOW_S=window,
+                                              REASONS=",".join(f"{r}:{n}" for r, n in
+                                                               summary.reasons.items())))
 
     def _refuse_unanswered(self, conn: _Connection, reason: str, text: str) -> None:
         """A client that never completed a frame: journal it and close without a reply."""
@@ -463,6 +577,10 @@ class Server:
         if conn.phase is _Phase.CLOSED:
             return
         conn.phase = _Phase.CLOSED
+        lane = conn.lane
+        if conn in lane.connections:
+            lane.connections.discard(conn)
+            _uncount(lane.open_by_uid, conn.uid)
         self.loop.remove_source(conn.sock)
         if conn.deadline is not None:
             conn.deadline.cancel()
@@ -471,7 +589,6 @@ class Server:
         if conn.pidfd >= 0:
             os.close(conn.pidfd)
             conn.pidfd = -1
-        self.connections.discard(conn)
         self._maybe_idle()
 
     # -- lifecycle ------------------------------------------------------------
@@ -486,10 +603,11 @@ class Server:
         Job cgroups are not touched: running jobs stay contained, and the next
         gecod rebuilds everything from the cgroup tree.
         """
-        if self.listener is not None:
-            self.loop.remove_source(self.listener)
-            self.listener.close()
-            self.listener = None
+        for lane in self.lanes:
+            if lane.listener is not None:
+                self.loop.remove_source(lane.listener)
+                lane.listener.close()
+                lane.listener = None
         for conn in list(self.connections):
             if conn.phase is _Phase.READING:
                 self._close(conn)
@@ -520,5 +638,8 @@ def _pid(conn: _Connection) -> int | None:
     return conn.peer.pid if conn.peer else None
 
 
-def _uid(conn: _Connection) -> int | None:
-    return conn.peer.uid if conn.peer else None
+def _uncount(counter: Counter[int | None], uid: int | None) -> None:
+    """One less for ``uid``; the entry goes at 0, so a flood of uids leaves nothing behind."""
+    counter[uid] -= 1
+    if counter[uid] <= 0:
+        del counter[uid]

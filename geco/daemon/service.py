@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import dataclasses
+import grp
 import logging
 import os
 import signal
@@ -52,7 +53,7 @@ from geco.daemon.jobend import JobEnds
 from geco.daemon.quarantine import Context, spool_root
 from geco.daemon.reaper import Reaper
 from geco.daemon.runloop import RunLoop
-from geco.daemon.server import Server
+from geco.daemon.server import PUBLIC_BUDGET, Lane, Server, root_budget
 from geco.errors import GecoError
 from geco.topology import Topology
 
@@ -65,6 +66,11 @@ EXIT_OK, EXIT_FAILED = 0, 1
 _SYSTEMD_RUN_DIR = Path("/run/systemd/system")
 # Seconds SIGTERM waits for requests already in a worker to be answered.
 _DRAIN_GRACE = 10.0
+# Worker threads of the public socket (geco status, the starter's fallback): few, so
+# that a flood of them never takes the CPU root's lane needs.
+_PUBLIC_WORKERS = 2
+# Seconds between two reports of log records dropped (journald stopped or too slow).
+_LOG_DROP_REPORT = 10.0
 # A job start short of cores waits this much beyond kill_timeout for ended jobs' teardowns.
 _RECLAIM_SLACK = 5.0
 # Held back from the first line until the loop handles them: a SIGTERM between
@@ -73,7 +79,8 @@ _RECLAIM_SLACK = 5.0
 _HANDLED_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
 # Settings a SIGHUP cannot change in a running gecod (sockets, threads, cgroup
 # layout and the replay window are set up once); a change is logged instead.
-_RESTART_ONLY = ("gecod_socket", "gecod_max_skew", "gecod_workers", "gecod_granularity",
+_RESTART_ONLY = ("gecod_socket", "gecod_privileged_socket", "gecod_privileged_group",
+                 "gecod_max_skew", "gecod_workers", "gecod_granularity",
                  "cgroup_mount", "cgroup_name", "cgroup_version", "cgroup_v2_base",
                  "exclusive_cpus", "state_dir")
 
@@ -124,6 +131,8 @@ class Daemon:
                                 f"users' processes into them); running as uid {os.geteuid()}")
         try:
             self.address = address.parse(cfg.gecod_socket)
+            self.root_address = address.privileged(cfg.gecod_privileged_socket, self.address)
+            self.root_group = _group(cfg.gecod_privileged_group)
             self.key = keys.load_key(cfg.gecod_key_file)
         except GecoError as exc:
             raise _StartupError(str(exc)) from exc
@@ -148,9 +157,19 @@ class Daemon:
             self.listener = address.listen(self.address)
         except GecoError as exc:
             raise _StartupError(str(exc)) from exc
+        try:
+            self.root_listener = address.listen(
+                self.root_address, mode=address.ROOT_MODE | (0o060 if self.root_group else 0),
+                group=self.root_group)
+        except GecoError as exc:
+            self.listener.close()
+            address.unlink_socket(self.address)
+            raise _StartupError(str(exc)) from exc
         self.loop = RunLoop(cfg.gecod_granularity)
         self.executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=cfg.gecod_workers, thread_name_prefix="gecod-worker")
+        self.public_executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=_PUBLIC_WORKERS, thread_name_prefix="gecod-public")
         # OOM kills of every job cgroup: watched from the loop, reported (owner's .e
         # file, journal) and acted on (policy) in the workers
         self.oom = oom.OomMonitor(self.loop, self.backend, state_dir=cfg.state_dir,
@@ -163,9 +182,13 @@ class Daemon:
         self.jobends = JobEnds(self.loop, self.ctx, self.jobend_executor,
                                before_end=self.oom.check, on_ended=self._job_reaped)
         self.ctx.reclaim = self._reclaim
-        self.server = Server(self.loop, self.listener, self.address, self.key, self.ctx,
-                             self.executor, on_change=self._report_status,
-                             on_contained=self._watch_job, on_shepherd=self.jobends.watch)
+        lanes = [Lane("root", self.root_listener, self.root_address, self.executor,
+                      root_budget(cfg.gecod_workers)),
+                 Lane("public", self.listener, self.address, self.public_executor,
+                      PUBLIC_BUDGET)]
+        self.server = Server(self.loop, lanes, self.key, self.ctx,
+                             on_change=self._report_status, on_contained=self._watch_job,
+                             on_shepherd=self.jobends.watch)
         # leftovers of ended jobs, and jobs past h_rt + grace: rounds in a thread of
         # their own, so a teardown waiting out kill_timeout never holds a worker a
         # quarantine request needs
@@ -174,6 +197,7 @@ class Daemon:
         self.reaper = Reaper(self.loop, self.backend, cfg, self.reaper_executor,
                              on_reaped=self._job_reaped, job_lock=self.ctx.job_lock)
         self._stopping = False
+        self._log_drops = 0
 
     def _warn_outside_units(self) -> None:
         """Warn when systemd runs this node but the v2 job cgroups are in no delegated unit."""
@@ -189,7 +213,16 @@ class Daemon:
                                               CGROUP=backend.base))
 
     def _refuse_second_gecod(self) -> None:
-        """Fail when something already answers on our socket (a running gecod)."""
+        """Fail when something already answers on our socket (a running gecod), or when
+        a user holds gecod's TCP port (``port:`` mode; the reason to prefer ``path:``)."""
+        if self.address.family == "tcp" and self.address.port is not None:
+            users = address.port_listeners(self.address.port) - {0}
+            if users:
+                raise _StartupError(
+                    f"{self.address} is taken by uid {', '.join(map(str, sorted(users)))}, "
+                    f"not by a gecod (gecod runs as root): in port: mode any user can bind "
+                    f"gecod's port while it is down. Stop that process; for production use "
+                    f"[gecod] socket = \"path:/run/geco/gecod.sock\", which no user can take")
         try:
             probe = address.connect(self.address, timeout=1.0)
         except GecoError:
@@ -226,6 +259,16 @@ class Daemon:
             return
         notify(f"STATUS=serving on {self.address}: {jobs} job(s) contained, "
                f"{self.server.served} request(s) answered, {self.server.refused} refused")
+
+    def _report_log_drops(self) -> None:
+        now = log.dropped()
+        if now > self._log_drops:
+            _log.warning("%d log record(s) dropped in the last %g s: journald is stopped or "
+                         "too slow (gecod never waits for it)", now - self._log_drops,
+                         _LOG_DROP_REPORT,
+                         extra=log.job_fields(None, None, "log-records-dropped",
+                                              DROPPED=now - self._log_drops))
+        self._log_drops = now
 
     def _watchdog(self) -> None:
         # sent from the loop itself: a loop stuck in a callback stops the pings
@@ -271,6 +314,7 @@ class Daemon:
         self.server.replace_key(key)
         log.setup(_stderr_level(self.log_level, new), identifier="gecod")
         _route_traces(new)
+        log.in_background()
         _log.info("SIGHUP: configuration re-read from %s", self.config_path,
                   extra=log.job_fields(None, None, "gecod-reloaded"))
 
@@ -278,6 +322,8 @@ class Daemon:
 
     def run(self) -> int:
         """Serve until SIGTERM/SIGINT; return the exit status."""
+        log.in_background()  # before the signals are unblocked: the thread keeps them blocked
+        self.loop.add_timer(_LOG_DROP_REPORT, self._report_log_drops, repeat=_LOG_DROP_REPORT)
         self.loop.add_signal(signal.SIGTERM, self._on_stop_signal)
         self.loop.add_signal(signal.SIGINT, self._on_stop_signal)
         self.loop.add_signal(signal.SIGHUP, self._on_reload)
@@ -285,9 +331,10 @@ class Daemon:
         interval = _watchdog_interval()
         if interval is not None:
             self.loop.add_timer(interval, self._watchdog, repeat=interval)
-        _log.info("gecod %s listening on %s (pid %d, %d workers)", __version__, self.address,
-                  os.getpid(), self.cfg.gecod_workers,
-                  extra=log.job_fields(None, None, "gecod-started", SOCKET=self.address))
+        _log.info("gecod %s listening on %s (root: %s) (pid %d, %d workers)", __version__,
+                  self.address, self.root_address, os.getpid(), self.cfg.gecod_workers,
+                  extra=log.job_fields(None, None, "gecod-started", SOCKET=self.address,
+                                       ROOT_SOCKET=self.root_address))
         self.oom.start()
         try:
             watched = self.jobends.rewatch(self.backend, spool_root(self.cfg))
@@ -303,13 +350,15 @@ class Daemon:
         finally:
             self.close()
         _log.info("gecod stopped", extra=log.job_fields(None, None, "gecod-stopped"))
+        log.stop_background()
         return EXIT_OK
 
     def close(self) -> None:
         """Close the listener and the loop, wait for running workers; jobs are left alone."""
-        if self.server.listener is not None:
+        if any(lane.listener is not None for lane in self.server.lanes):
             self.server.shutdown(on_idle=lambda: None)
         address.unlink_socket(self.address)
+        address.unlink_socket(self.root_address)
         self.oom.close()
         self.jobends.close()
         self.reaper.close()
@@ -319,9 +368,21 @@ class Daemon:
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, signal.SIG_IGN)
         self.executor.shutdown(wait=True, cancel_futures=True)
+        self.public_executor.shutdown(wait=True, cancel_futures=True)
         self.jobend_executor.shutdown(wait=True, cancel_futures=True)
         # waits for a round's teardown in progress: one cut short could leave a job frozen
         self.reaper_executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _group(name: str) -> int:
+    """The gid of ``[gecod] privileged_group`` (0 when unset)."""
+    if not name:
+        return 0
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        raise GecoError(f"[gecod] privileged_group names a group this node does not know: "
+                        f"{name!r}") from None
 
 
 def _route_traces(cfg: _config.Config) -> None:

@@ -139,12 +139,10 @@ def _saved_resources(cfg: _config.Config, name: str,
     try:
         argv = sys.argv[1:] if _AFTER_PROLOG[name] else []
         job = sgejob.job_from_hook(argv, os.environ)
-        # only root creates trace files: a hook running as the owner (the starter,
-        # on every job's critical path) appends to the prolog's file or does nothing,
-        # so one stat decides before anything else is imported or read. The name is
-        # geco.trace.trace_path's (tests/system/test_trace_access.py checks they agree).
-        if (os.geteuid() != 0
-                and not (cfg.trace_dir / f"{job.job_id}.{job.task_id}.trace").exists()):
+        # only root writes trace files (geco.trace): a hook running as the owner (the
+        # starter, on every job's critical path) traces nothing, decided before
+        # anything else is imported or read
+        if os.geteuid() != 0:
             return None
         from geco import statefile
 
@@ -205,10 +203,10 @@ def run(name: str, body: Callable[[_config.Config, logging.Logger], Exit], *,
             job_trace.collect()
         code = _run_body(name, body, cfg, hook_log, after_the_job)
         elapsed, since_exec = time.monotonic() - started, process_age()
-        job_id, task_id = os.environ.get("JOB_ID"), os.environ.get("SGE_TASK_ID")
+        job_id, task_id = _job_ids()
         hook_log.info("%s finished with exit %d in %.3f s (%.3f s since exec)", name, code,
                       elapsed, since_exec,
-                      extra=log.job_fields(job_id, "1" if task_id == "undefined" else task_id,
+                      extra=log.job_fields(job_id, task_id,
                                            f"{name}-done", EXIT_STATUS=int(code),
                                            ELAPSED_SEC=f"{elapsed:.6f}",
                                            SINCE_EXEC_SEC=f"{since_exec:.3f}"))
@@ -220,20 +218,31 @@ def run(name: str, body: Callable[[_config.Config, logging.Logger], Exit], *,
     return int(code)
 
 
+def _job_ids() -> tuple[str | None, str | None]:
+    """The job and task this hook runs for, from the environment Grid Engine gave it
+    (journal fields only: a non-array job's task "undefined" is task 1)."""
+    task_id = os.environ.get("SGE_TASK_ID")
+    return os.environ.get("JOB_ID"), "1" if task_id == "undefined" else task_id
+
+
 def _run_body(name: str, body: Callable[[_config.Config, logging.Logger], Exit],
               cfg: _config.Config, hook_log: logging.Logger, after_the_job: bool) -> Exit:
-    """Run the body; turn whatever it raises into an exit code, logged with the reason."""
+    """Run the body; turn whatever it raises into an exit code, logged with the reason
+    (tagged with the job, so that ``journalctl JOB_ID=<job>`` says why it was re-queued)."""
+    fields = log.job_fields(*_job_ids(), f"{name}-failed")
     try:
         code = body(cfg, hook_log)
     except _JOB_ERRORS as exc:
-        hook_log.error("geco %s: %s%s", name, exc, _outcome(Exit.JOB_ERROR, after_the_job))
+        hook_log.error("geco %s: %s%s", name, exc, _outcome(Exit.JOB_ERROR, after_the_job),
+                       extra=fields)
         code = Exit.JOB_ERROR
     except GecoError as exc:
-        hook_log.error("geco %s: %s%s", name, exc, _outcome(Exit.REQUEUE, after_the_job))
+        hook_log.error("geco %s: %s%s", name, exc, _outcome(Exit.REQUEUE, after_the_job),
+                       extra=fields)
         code = Exit.REQUEUE
     except Exception as exc:  # a bug must not take the queue down with it
         hook_log.error("geco %s: internal error %s: %s%s", name, type(exc).__name__, exc,
-                       _outcome(Exit.REQUEUE, after_the_job), exc_info=True)
+                       _outcome(Exit.REQUEUE, after_the_job), exc_info=True, extra=fields)
         code = Exit.REQUEUE
     if after_the_job and code != Exit.OK:
         code = Exit.OK

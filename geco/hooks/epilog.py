@@ -29,7 +29,7 @@ import logging
 import os
 import sys
 
-from geco import cgroup, sgejob, statefile, teardown
+from geco import cgroup, sgejob, statefile, strays, teardown
 from geco.config import Config
 from geco.hooks import Exit, run
 
@@ -52,7 +52,10 @@ def _body(cfg: Config, logger: logging.Logger) -> Exit:
                                 cleaned_by="epilog")
     # a stuck job keeps its resource file: the reaper's retry may need it
     if result.clean:
+        owner = strays.owner_of(cfg, job.key, job.spool_dir)
         statefile.remove(cfg.resources_dir, job.job_id, job.task_id)
+        # processes the job left through at, cron, ssh...: killed if this was the owner's last
+        strays.after_job(cfg, backend, job.key, owner, cleaned_by="epilog")
     return Exit.OK
 
 

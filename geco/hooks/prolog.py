@@ -9,9 +9,11 @@ Steps, in order:
 2. Get the job's resources: the resource file when gecod (or an earlier
    hook) wrote it, else one ``qstat -xml -j`` with placement from the
    spooled ``pe_hostfile``; save them for every later hook.
-   If the qmaster cannot be reached, contain the job with what the node
-   knows (its slots) and say so loudly: a job runs bound to its cores
-   rather than not at all, and never uncontained without a warning.
+   qstat runs with the site's Grid Engine environment (:mod:`geco.sgeenv`),
+   never the job's, which this hook inherits. If the qmaster cannot be
+   reached, the job is re-queued (99); only a site that sets ``[qstat]
+   run_without_memory_limits = true`` has it contained with what the node
+   knows (its slots), said loudly: never uncontained without a warning.
 3. Create this node's cgroups: whole cores packed by topology, memory limits.
 4. Move the shepherd in. The job, the epilog and everything they fork are
    born inside; nothing of the job exists yet, so nothing can escape.
@@ -180,19 +182,21 @@ def _body(cfg: Config, logger: logging.Logger) -> Exit:
     started = time.monotonic()
     limits = containment.contain(
         job.key, node, backend, state_dir=cfg.state_dir, pid=shepherd,
-        hardware_threads=cfg.hardware_threads,
+        pids=containment.PidsLimit.from_config(cfg), hardware_threads=cfg.hardware_threads,
         active_jobs=job.spool_dir.parent if job.spool_dir else None)
     logger.debug("job %s: %s cgroups in %.3f s: %s", job.key,
                  "reused the existing" if existed else "made", time.monotonic() - started,
                  ", ".join(str(p) for p in backend.paths(job.key).values()))
     logger.debug("job %s: moved the shepherd %d into the job's cgroups", job.key, shepherd)
     logger.info(
-        "job %s contained on %s: cores %s, NUMA nodes %s, memory %s, memory+swap %s, shepherd %d",
+        "job %s contained on %s: cores %s, NUMA nodes %s, memory %s, memory+swap %s, "
+        "tasks %s, shepherd %d",
         job.key, node.name, limits.cpus, limits.mems, _human(limits.memory),
-        _human(limits.memory_swap), shepherd,
+        _human(limits.memory_swap), limits.pids or "unlimited", shepherd,
         extra=log.job_fields(job.job_id, job.task_id, "job-contained", CPUS=limits.cpus,
                              MEMS=limits.mems, MEMORY_LIMIT=limits.memory,
-                             MEMSW_LIMIT=limits.memory_swap, SHEPHERD_PID=shepherd,
+                             MEMSW_LIMIT=limits.memory_swap, PIDS_LIMIT=limits.pids,
+                             SHEPHERD_PID=shepherd,
                              SLOTS=node.slots, OWNER=rs.owner))
     return Exit.OK
 

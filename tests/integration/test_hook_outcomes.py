@@ -95,9 +95,11 @@ def test_a_corrupt_resource_file_is_ignored_and_replaced_by_one_qstat(
 @pytest.fixture
 def qmaster_unreachable() -> Iterator[None]:
     """Point the site configuration's qstat at a command that does not exist (what a
-    node sees when it cannot reach the qmaster), then restore the file."""
+    node sees when it cannot reach the qmaster), on a site that runs such jobs without
+    memory limits (run_without_memory_limits = true), then restore the file."""
     with site_config_rewritten(
-            lambda _: '[qstat]\ncommand = "/nonexistent/qstat"\nretries = 0\n'):
+            lambda _: '[qstat]\ncommand = "/nonexistent/qstat"\nretries = 0\n'
+                      'run_without_memory_limits = true\n'):
         yield
 
 

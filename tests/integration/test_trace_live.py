@@ -3,10 +3,11 @@
 integration/sge/setup.sh configures the complex geco_trace_level (INT,
 requestable) with a global capacity of 4, so a job may ask for levels 1-4. Such
 a job gets ``<trace_dir>/<job>.<task>.trace`` ([log] trace_dir of
-/etc/geco/geco.toml): what geco's hooks did for it at that level, readable by
-its owner only. A job that asks for nothing gets no file. Under gecod (last
-test: gecod and the exec() preload, as in production) gecod's lines about the
-job land in the same file.
+/etc/geco/geco.toml): what geco's root hooks did for it at that level, root's
+file, readable by its owner only (through the owner's private group). A job
+that asks for nothing gets no file. Under gecod (last test: gecod and the
+exec() preload, as in production) gecod's lines about the job land in the same
+file.
 """
 
 from __future__ import annotations
@@ -36,9 +37,9 @@ def trace_dir() -> Path:
 def test_a_job_with_geco_trace_level_4_gets_a_trace_file_only_its_owner_can_read(
         sge: Any, job_dir: Any, job_owner: Any) -> None:
     """Given a job submitted with -l geco_trace_level=4, when it has ended, then
-    <trace_dir>/<job>.1.trace exists, belongs to the job's owner with mode 0600, the owner
-    can read it, and it has seed-format lines from the prolog, the starter and the epilog,
-    debug lines included."""
+    <trace_dir>/<job>.1.trace exists, is root's with the owner's group and mode 0640, the
+    owner can read it, and it has seed-format lines from the prolog and the epilog, debug
+    lines included; none from the starter, which runs as the owner and writes no trace."""
     job = job_dir.submit("traced", "-l", "geco_trace_level=4", script="echo traced\n")
     [record] = sge.wait_finished(job, timeout=90)
     path = trace_dir() / f"{job}.1.trace"
@@ -49,12 +50,12 @@ def test_a_job_with_geco_trace_level_4_gets_a_trace_file_only_its_owner_can_read
 
     assert record["exit_status"] == "0"
     assert job_dir.output("traced", job) == "traced\n"
-    assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (job_owner.uid, 0o600)
+    assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (0, job_owner.gid, 0o640)
     assert as_owner.returncode == 0 and as_owner.stdout.splitlines() == lines
     assert as_other.returncode != 0 and "Permission denied" in as_other.stderr
     parsed = [m.groups() for m in map(LINE.match, lines) if m]
     assert LINE.match(lines[0]), lines[0]
-    assert {"geco-prolog", "geco-starter", "geco-epilog"} <= {p for p, _ in parsed}, lines
+    assert {p for p, _ in parsed} == {"geco-prolog", "geco-epilog"}, lines
     assert "DEBUG" in {level for _, level in parsed}
     assert any(f"job {job}.1" in line for line in lines)
 
@@ -79,6 +80,6 @@ def test_under_gecod_the_trace_also_has_what_gecod_did_for_the_job(
     parsed = [m.groups() for m in map(LINE.match, lines) if m]
 
     assert record["exit_status"] == "0"
-    assert {"gecod", "geco-prolog", "geco-starter", "geco-epilog"} <= {p for p, _ in parsed}
+    assert {"gecod", "geco-prolog", "geco-epilog"} <= {p for p, _ in parsed}
     assert any(m and m.group(1) == "gecod" and f"into job {job}.1" in line
                for line, m in zip(lines, map(LINE.match, lines), strict=True)), lines

@@ -1,5 +1,4 @@
-"""Fixtures shared by the tests/system modules: children forked into job cgroups, and
-figures a test measured (VM boot and run times, hook times) printed at the end of the run.
+"""Fixtures shared by the tests/system modules: children forked into job cgroups.
 
 Their helpers are in ``tests/cgroup_testkit.py``; ``tests/vm`` uses the same
 helpers but runs in the QEMU machine with ``--noconftest``, so it has its own
@@ -17,22 +16,6 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for cgroup_testkit
 from cgroup_testkit import forked_children
-
-_FIGURES: list[str] = []
-
-
-@pytest.fixture
-def figures() -> list[str]:
-    """Lines a test appends to be printed under "figures" at the end of the run (pytest's
-    own output of a passing test is hidden)."""
-    return _FIGURES
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if _FIGURES:
-        terminalreporter.section("figures")
-        for line in _FIGURES:
-            terminalreporter.write_line(line)
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ with the code under test) after each test, so a broken gecod cannot leak them.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import errno
@@ -140,13 +141,15 @@ class Node:
         return str(self.base / f"{tag}.sock")
 
     def write_config(self, tag: str = "gecod", sock: str | None = None, qstat: str = "",
-                     kill_timeout: float | None = None, **gecod: str) -> Path:
+                     kill_timeout: float | None = None, *, degraded: bool = False,
+                     **gecod: str) -> Path:
         """Write ``<tag>.toml``: socket ``path:<tag>.sock`` (or the address ``sock``), more
         [gecod] keys, a [qstat] command when given (qstat fails at once otherwise), and
-        [epilog] kill_timeout when given."""
+        [epilog] kill_timeout when given; ``degraded``: [qstat] run_without_memory_limits."""
         path = self.base / f"{tag}.toml"
         extra = "".join(f"{k} = {v}\n" for k, v in gecod.items())
         extra += f'[qstat]\ncommand = "{qstat or "/bin/false"}"\nretries = 0\n'
+        extra += f"run_without_memory_limits = {str(degraded).lower()}\n"
         path.write_text(
             f'[paths]\nstate_dir = "{self.state_dir}"\nexecd_spool_dir = "{self.spool}"\n'
             f'[cgroup]\nname = "{self.name}"\n'
@@ -511,8 +514,8 @@ def test_a_traced_job_gets_gecods_lines_in_its_trace_file_and_others_get_none(
         node: Node, gecod: Gecod) -> None:
     """Given two jobs of user nobody, one with trace level 4 in its resource file (-l
     geco_trace_level=4), when both are quarantined, then the traced job's trace file holds
-    gecod's lines about it (and none about the other), owned by nobody with mode 0600; the
-    other job has no trace file."""
+    gecod's lines about it (and none about the other), root's with mode 0600 (nobody has
+    no private group to read it through); the other job has no trace file."""
     traced, plain = new_job(), new_job()
     node.make_job(traced, owner="nobody", trace_level=4)
     node.make_job(plain, owner="nobody")
@@ -521,7 +524,7 @@ def test_a_traced_job_gets_gecods_lines_in_its_trace_file_and_others_get_none(
 
     trace_file = node.base / "trace" / f"{traced}.1.trace"
     st = trace_file.stat()
-    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (NOBODY, 0o600)
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, 0, 0o600)
     lines = trace_file.read_text().splitlines()
     assert lines and all(" gecod [" in line for line in lines), lines
     assert any(f"job {traced}.1" in line for line in lines), lines
@@ -936,11 +939,11 @@ def test_the_job_owner_below_the_jobs_shepherd_may_ask_for_itself(
 
 def test_without_a_resource_file_or_qmaster_a_job_is_contained_from_the_spool(
         node: Node, journal: Any) -> None:
-    """Given a spooled 1-slot job with no resource file and a qstat that fails, then the
-    process is quarantined anyway (its cores, from the pe_hostfile, but no memory limit)
-    and the journal says so with a degraded-containment warning: never uncontained
-    without a word."""
-    g = start_gecod(node, "noqmaster")
+    """Given a spooled 1-slot job with no resource file, a qstat that fails and a site
+    with run_without_memory_limits = true, then the process is quarantined anyway (its
+    cores, from the pe_hostfile, but no memory limit) and the journal says so with a
+    degraded-containment warning: never uncontained without a word."""
+    g = start_gecod(node, "noqmaster", degraded=True)
     try:
         job = new_job()
         node.make_job(job)
@@ -955,6 +958,26 @@ def test_without_a_resource_file_or_qmaster_a_job_is_contained_from_the_spool(
         assert limit >= 1 << 62  # the kernel's "no limit"
         [warning] = journal.entries(GECO_EVENT="degraded-containment", JOB_ID=str(job),
                                     _PID=str(g.pid))
+        assert warning["PRIORITY"] == "4"
+    finally:
+        assert g.stop() == 0, g.output()
+
+
+def test_without_a_resource_file_or_qmaster_a_job_is_not_started_by_default(
+        node: Node, journal: Any) -> None:
+    """Given the same job and qstat on a site that does not run jobs without memory
+    limits (the default), then gecod answers FAILED (the preload refuses the exec and
+    Grid Engine reschedules the job), makes no cgroup, and journals why."""
+    g = start_gecod(node, "noqmaster-refused")
+    try:
+        job = new_job()
+        node.make_job(job)
+        statefile.remove(node.state_dir / "resources", job, 1)
+
+        assert node.job_process(job, sock=g.sock).answer() == "FAILED"
+        assert not node.cgroup("cpuset", f"{job}.1").exists()
+        [warning] = journal.entries(GECO_EVENT="degraded-containment-refused",
+                                    JOB_ID=str(job), _PID=str(g.pid))
         assert warning["PRIORITY"] == "4"
     finally:
         assert g.stop() == 0, g.output()
@@ -1082,7 +1105,8 @@ def test_a_peercred_request_over_tcp_is_refused_and_geco_client_never_sends_one(
         node: Node, journal: Any) -> None:
     """Given gecod on a loopback TCP port, when a PEERCRED STATUS arrives there, then gecod
     refuses it (BAD_REQUEST, in kind) and journals why: over TCP no kernel names the sender.
-    geco.client does not even try: over TCP nothing vouches for the reply either."""
+    geco.client does not even try as a user: over TCP nothing vouches for the reply either
+    (root asks on gecod's privileged Unix socket instead)."""
     port = free_tcp_port()
     since = time.time()
     g = start_gecod(node, "tcp-peercred", sock=f"port:{port}")
@@ -1099,12 +1123,13 @@ def test_a_peercred_request_over_tcp_is_refused_and_geco_client_never_sends_one(
             "refused a request from a TCP client (no readable claim): the PEERCRED flag needs "
             "gecod's Unix socket: over TCP the kernel cannot name the sender, so only frames "
             "MAC'd with the secret key are accepted here")
-        with pytest.raises(GecoError) as info:
-            client.status(node.client_config(f"port:{port}"))
-        assert str(info.value) == (
-            'asking gecod without the secret key needs its Unix socket ([gecod] socket = '
-            f'"path:..."), got port:{port}: over TCP neither the kernel nor a root-owned '
-            "directory vouches for either end")
+        assert client.status(node.client_config(f"port:{port}"))["pid"] == g.pid
+        conf = node.base / "tcp-peercred.toml"
+        done = geco_cli("status", config_path=conf)
+        assert (done.returncode, done.stdout, done.stderr) == (
+            1, "", 'geco status: asking gecod without the secret key needs its Unix socket '
+                   f'([gecod] socket = "path:..."), got port:{port}: over TCP neither the '
+                   "kernel nor a root-owned directory vouches for either end\n")
     finally:
         assert g.stop() == 0, g.output()
 
@@ -1312,17 +1337,19 @@ def spool_for_starter(node: Node, job: int, job_script: str, owner: Any, **kw: A
 
 def run_starter(node: Node, job: int, config_path: Path,
                 job_script: str, owner: str = "nobody") -> subprocess.CompletedProcess[bytes]:
-    """Run the starter as ``owner`` below the job's fake shepherd, as Grid Engine does; the
-    job is ``cat /proc/self/cgroup /proc/self/environ``."""
+    """Run the starter as ``owner`` below the job's fake shepherd (real uid root, as
+    sge_execd starts it), as Grid Engine does; the job is ``cat /proc/self/cgroup
+    /proc/self/environ``."""
     env = {"JOB_ID": str(job), "SGE_TASK_ID": "undefined", "JOB_SCRIPT": job_script,
            "SGE_JOB_SPOOL_DIR": str(node.job_dir(job)), "PATH": "/usr/bin:/bin",
            "SGE_STARTER_SHELL_START_MODE": "unix_behavior", "SGE_STARTER_SHELL_PATH": ""}
-    argv = node.under_shepherd([sys.executable, "-I", "-c", STARTER, str(REPO),
-                                str(config_path), "/bin/cat", "/proc/self/cgroup",
-                                "/proc/self/environ"])
     pw = pwd.getpwnam(owner)
+    argv = node.under_shepherd([
+        "setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--clear-groups",
+        sys.executable, "-I", "-c", STARTER, str(REPO), str(config_path), "/bin/cat",
+        "/proc/self/cgroup", "/proc/self/environ"])
     return subprocess.run(argv, cwd=node.job_dir(job), env=env, capture_output=True,
-                          timeout=60, user=pw.pw_uid, group=pw.pw_gid, extra_groups=[])
+                          timeout=60)
 
 
 def job_output(out: bytes) -> tuple[dict[str, str], dict[str, str]]:
@@ -1506,8 +1533,8 @@ def test_sigterm_answers_the_requests_already_being_worked_on(node: Node) -> Non
 def test_the_real_exec_preload_is_quarantined_by_gecod_before_its_exec(
         node: Node, gecod: Gecod, journal: Any) -> None:
     """Given preload/ built into a library and its config rendered by `geco preload-config`
-    from gecod's own geco.toml, when a process in a job's spool dir execs a program named
-    sge_shepherd under LD_PRELOAD, then that program already runs in the job's cgroups
+    from gecod's own geco.toml, when a process called sge_execd in a job's spool dir execs a
+    program named sge_shepherd under LD_PRELOAD, then that program already runs in the job's cgroups
     (the C client and gecod agree on the wire), and gecod journaled the quarantine."""
     build = node.base / "preload-build"
     make = subprocess.run(["make", "-s", "-C", str(REPO / "preload"), f"BUILD={build}"],
@@ -1525,9 +1552,11 @@ def test_the_real_exec_preload_is_quarantined_by_gecod_before_its_exec(
     job = new_job()
     node.make_job(job)
 
+    # the preload works only in sge_execd (by the binary's name): a shell called so
+    execd = shepherd.parent / "sge_execd"
+    shutil.copy("/bin/sh", execd)
     ran = subprocess.run(
-        [sys.executable, "-c", f"import os; os.execv({str(shepherd)!r}, "
-                               "['sge_shepherd', '/proc/self/cgroup'])"],
+        [str(execd), "-c", f"exec {shepherd} /proc/self/cgroup"],
         cwd=node.job_dir(job), capture_output=True, text=True, timeout=60,
         env={"LD_PRELOAD": str(build / "libgeco_preload.so"), "GECO_PRELOAD_CONF": str(conf),
              "PATH": "/usr/bin:/bin"})
@@ -1577,6 +1606,39 @@ def test_start_up_refusals_are_one_line_and_exit_1(node: Node, gecod: Gecod) -> 
         f"gecod: another gecod is already listening on path:{gecod.sock}; stop it first "
         "(systemctl stop gecod)\n"))
     assert_serving(node, gecod)
+
+
+def test_a_user_holding_gecods_tcp_port_is_named_and_gecod_refuses_to_start(
+        node: Node) -> None:
+    """Given port: mode and uid 65534 listening on that port while gecod is down (any user
+    can), then gecod does not mistake it for a gecod: it names the uid, says why path: is
+    the production choice, and exits 1."""
+    port = free_tcp_port()
+    ready, taken = os.pipe()
+    squatter = os.fork()
+    if squatter == 0:  # the user: bind the port, say so, hold it
+        try:
+            _as_nobody()
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port))
+                s.listen(1)
+                os.write(taken, b"x")
+                time.sleep(60)
+        finally:
+            os._exit(0)
+    try:
+        assert os.read(ready, 1) == b"x"
+        refused = _run_gecod(node.write_config("squatted", sock=f"port:{port}"))
+    finally:
+        os.kill(squatter, signal.SIGKILL)
+        os.waitpid(squatter, 0)
+        os.close(ready)
+        os.close(taken)
+    assert (refused.returncode, refused.stderr) == (1, (
+        f"gecod: port:{port} is taken by uid {NOBODY}, not by a gecod (gecod runs as root): "
+        "in port: mode any user can bind gecod's port while it is down. Stop that process; "
+        'for production use [gecod] socket = "path:/run/geco/gecod.sock", which no user can '
+        "take\n"))
 
 
 def test_systemd_is_told_ready_status_watchdog_and_stopping(node: Node,
@@ -1661,3 +1723,89 @@ def test_a_status_reply_with_more_jobs_than_fit_is_cut_to_4096_bytes_and_says_so
                                       separators=(",", ":"))) + 1 > protocol.MAX_PAYLOAD
     small = protocol.StatusReply.unpack(status_document(NodeState(jobs[:3], "0-127")))
     assert (small.document["truncated"], len(small.document["jobs"])) == (False, 3)
+
+
+# -- two lanes: root's socket, and everyone's with a budget per uid -------------------
+
+
+def _root_socket(g: Gecod) -> str:
+    return g.sock.removesuffix(".sock") + "-root.sock"
+
+
+def _connect_as_nobody(path: str, count: int) -> tuple[int, int]:
+    """As uid 65534, open ``count`` connections to ``path``; return (refused by the kernel,
+    closed by gecod within 2 s)."""
+    ours, theirs = os.pipe()
+    child = os.fork()
+    if child == 0:
+        refused = closed = 0
+        try:
+            _as_nobody()
+            held = []
+            for _ in range(count):
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                try:
+                    s.connect(path)
+                except PermissionError:
+                    refused += 1
+                    s.close()
+                    continue
+                held.append(s)
+            deadline = time.monotonic() + 2
+            while held and time.monotonic() < deadline:
+                ready, _, _ = select.select(held, [], [], 0.1)
+                for s in ready:
+                    held.remove(s)
+                    closed += 1
+            os.write(theirs, f"{refused} {closed}".encode())
+        finally:
+            os._exit(0)
+    os.close(theirs)
+    try:
+        answer = os.read(ours, 64).decode().split()
+    finally:
+        os.close(ours)
+        os.waitpid(child, 0)
+    return int(answer[0]), int(answer[1])
+
+
+def test_only_root_can_connect_to_the_privileged_socket_where_job_started_is_served(
+        node: Node, gecod: Gecod) -> None:
+    """Given gecod's two sockets, then the privileged one is root's, mode 0600: the kernel
+    refuses uid 65534's connect; root's JOB_STARTED is answered there."""
+    root_sock = _root_socket(gecod)
+    st = os.stat(root_sock)
+    assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (0o600, 0, 0)
+    assert stat.S_IMODE(os.stat(gecod.sock).st_mode) == 0o666
+    assert _connect_as_nobody(root_sock, 3) == (3, 0)
+
+    job = new_job()
+    node.make_job(job)
+    assert node.job_process(job, sock=root_sock).answer() == "OK"
+
+
+def test_a_users_connections_beyond_their_share_are_closed_and_others_are_served(
+        node: Node, gecod: Gecod, journal: Any) -> None:
+    """Given uid 65534 opening 100 connections to the public socket and holding them, then
+    gecod closes the 36 beyond the uid's share of 64 at once (the rest when their deadline
+    passes), keeps serving root on the same socket meanwhile, and journals the refusals of
+    that uid as a few records and a summary, not one each."""
+    since = time.time()
+    refused, closed = _connect_as_nobody(gecod.sock, 100)
+    assert (refused, closed) == (0, 100)
+    assert_serving(node, gecod)
+    deadline = time.monotonic() + 15  # the window in which they came is summed up
+    while not logged(journal, since, GECO_EVENT="quarantine-refused-summary",
+                     _PID=str(gecod.pid)):
+        assert time.monotonic() < deadline, "no refusal summary"
+        time.sleep(0.5)
+    about = logged(journal, since, PEER_UID=str(NOBODY), _PID=str(gecod.pid))
+    [summary] = [e for e in about if e["GECO_EVENT"] == "quarantine-refused-summary"]
+    single = [e for e in about if e["GECO_EVENT"] == "quarantine-refused"]
+    assert len(single) <= 10
+    reasons = collections.Counter(e["REASON"] for e in single)
+    for item in summary["REASONS"].split(","):
+        reason, count = item.split(":")
+        reasons[reason] += int(count)
+    assert reasons["over-budget"] == 36, reasons
+    assert summary["MESSAGE"].startswith(f"uid {NOBODY}: ")

@@ -126,7 +126,7 @@ def test_status_of_a_running_job_shows_the_kernels_figures_then_one_line_when_go
     job = random.randrange(10**8, 10**9)
     key = f"{job}.1"
     cpu = str(max(parse_list(backend.available_cpus())))
-    backend.create(key, Limits(cpus=cpu, memory=256 * MiB, memory_swap=512 * MiB))
+    backend.create(key, Limits(cpus=cpu, memory=256 * MiB, memory_swap=512 * MiB, pids=64))
     child = start_in(backend, key, sleeper, children)
     state, spool = world_dir / "state", world_dir / "spool"
     config = world_dir / "geco.toml"
@@ -161,10 +161,11 @@ def test_status_of_a_running_job_shows_the_kernels_figures_then_one_line_when_go
     else:
         assert lines[7] == ("  CPU          not accounted on this node (no cpuacct cgroup "
                             "for the job)")
-    assert lines[8:11] == ["  OOM kills    0", "  processes    1",
-                           f"  {'':11}    {child.pid}  sleep"]
-    assert re.fullmatch(r"  running for  0:01:3\d of h_rt 1:00:00 \(3%\)", lines[11]), lines[11]
-    assert lines[12:] == [""]
+    assert lines[8] == "  OOM kills    0"
+    assert re.fullmatch(r"  tasks        1 now, (peak 1, )?limit 64", lines[9]), lines[9]
+    assert lines[10:12] == ["  processes    1", f"  {'':11}    {child.pid}  sleep"]
+    assert re.fullmatch(r"  running for  0:01:3\d of h_rt 1:00:00 \(3%\)", lines[12]), lines[12]
+    assert lines[13:] == [""]
 
     as_nobody = geco("status", "--job", str(job), "--json", config=config, user="nobody")
 
@@ -179,6 +180,7 @@ def test_status_of_a_running_job_shows_the_kernels_figures_then_one_line_when_go
     assert 0 < st["memory_current"] <= st["memory_peak"]
     assert 90 <= st["running_for"] < 150
     assert (st["cpu_user"] is not None) == cpu_counted
+    assert (st["pids_limit"], st["pids_current"]) == (64, 1)
 
     reap([child.pid])
     assert backend.wait_empty(key, 10)

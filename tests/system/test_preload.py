@@ -20,6 +20,11 @@ Programs (``tests/preload/``):
   argv/envp pointers the "real" function receives;
 * ``fork_exec`` and ``mt_exec``: fork-then-exec, and threads that fork and exec
   while others allocate and fail execs.
+
+Each program runs as ``<name>/sge_execd`` (:meth:`Built.prog`): the preload
+works only in sge_execd and sshd. Under its own name (:meth:`Built.plain`) it
+is a process that merely inherited ``LD_PRELOAD``, where the preload must read
+nothing and do nothing.
 """
 
 from __future__ import annotations
@@ -83,8 +88,13 @@ class Built:
     spy: Path
 
     def prog(self, name: str) -> Path:
-        """Path of the compiled ``tests/preload/<name>.c``."""
-        return self.root / "bin" / name
+        """Path of the compiled ``tests/preload/<name>.c``, installed as ``<name>/sge_execd``:
+        the preload works only in sge_execd and sshd (by the kernel's name of the binary)."""
+        return self.root / "bin" / name / "sge_execd"
+
+    def plain(self, name: str) -> Path:
+        """The same program under its own name: a process that merely inherits LD_PRELOAD."""
+        return self.root / "plain" / name
 
 
 @pytest.fixture(scope="session")
@@ -101,10 +111,10 @@ def built() -> Iterator[Built]:
                               capture_output=True, text=True, env=BASE_ENV, check=False)
         if proc.returncode != 0:
             pytest.fail(f"make -C preload failed:\n{proc.stdout}{proc.stderr}")
-        (root / "bin").mkdir(mode=0o755)
+        (root / "plain").mkdir(mode=0o755)
         for src in sorted(PROGRAMS_SRC.glob("*.c")):
             shared = src.stem == "spy_exec"
-            out = root / "lib" / "spy_exec.so" if shared else root / "bin" / src.stem
+            out = root / "lib" / "spy_exec.so" if shared else root / "plain" / src.stem
             argv = ["cc", "-O1", "-Wall", "-Wextra", "-Werror", "-pthread", "-o", str(out),
                     str(src)]
             if shared:
@@ -114,6 +124,9 @@ def built() -> Iterator[Built]:
                                   check=False)
             if proc.returncode != 0:
                 pytest.fail(f"{' '.join(argv)} failed:\n{proc.stderr}")
+            if not shared:  # a copy: /proc/self/exe names a symlink's target
+                (root / "bin" / src.stem).mkdir(parents=True)
+                shutil.copy(out, root / "bin" / src.stem / "sge_execd")
         for path in root.rglob("*"):
             path.chmod(0o755)
         yield Built(root, root / "lib" / "libgeco_preload.so", root / "lib" / "spy_exec.so")
@@ -136,14 +149,15 @@ class Request:
     nonce: bytes
 
 
-ANSWERS = ("ok", "refused", "busy_once", "bad_mac", "wrong_nonce", "other_job", "stale",
-           "silent", "close", "version")
+ANSWERS = ("ok", "refused", "busy_once", "close_once", "bad_mac", "wrong_nonce", "other_job",
+           "stale", "silent", "close", "version")
 
 
 class FakeGecod:
     """Serves one connection at a time on ``addr`` and answers each request per ``answer``.
 
     ``ok`` ACK OK; ``refused`` ACK REFUSED; ``busy_once`` BUSY first, then OK;
+    ``close_once`` hangs up without a reply first (a full connection table), then OK;
     ``bad_mac`` an OK ack with one MAC bit flipped; ``wrong_nonce`` an OK ack
     bound to another request; ``other_job`` an OK ack for job+1; ``stale`` an OK
     ack stamped 60 s ago; ``silent`` never answers (waits for the client to
@@ -198,8 +212,8 @@ class FakeGecod:
         assert frame.type is MsgType.JOB_STARTED and isinstance(msg, JobStarted), frame
         self.requests.append(Request(msg.job_id, msg.task_id, msg.pid, peer_pid, frame.nonce))
         answer = self.answer
-        if answer == "busy_once":
-            answer = "busy" if len(self.requests) == 1 else "ok"
+        if answer in ("busy_once", "close_once"):
+            answer = answer.removesuffix("_once") if len(self.requests) == 1 else "ok"
         if answer == "close":
             return
         if answer == "silent":
@@ -643,10 +657,13 @@ def test_service_name_address(node: Node) -> None:
     assert [r.pid for r in fake.requests] == [out.pid]
 
 
-def test_busy_answer_is_retried_with_a_new_request(node: Node) -> None:
-    """Given a gecod that answers BUSY once and OK then, when sge_shepherd is exec'd,
+@pytest.mark.parametrize("answer", ["busy_once", "close_once"])
+def test_busy_or_a_closed_connection_is_retried_with_a_new_request(node: Node,
+                                                                   answer: str) -> None:
+    """Given a gecod that answers BUSY once, or closes the connection unanswered once (as
+    it does when its connection table is full), and OK then, when sge_shepherd is exec'd,
     then the preload asks again (fresh nonce) within its deadline and the shepherd runs."""
-    fake = node.gecod("busy_once")
+    fake = node.gecod(answer)
     out = node.exec_variant("execve", node.shepherd)
     assert out.dump is not None and out.stderr == ""
     assert [r.pid for r in fake.requests] == [out.pid, out.pid]
@@ -660,7 +677,7 @@ FAILURES = {
     "other_job": "the ack names job 43.3",
     "stale": "reply rejected: timestamp outside the allowed clock skew",
     "silent": "no reply within timeout_ms=300 (waiting for reply)",
-    "close": "gecod closed the connection without a complete reply",
+    "close": "gecod closed the connection without a complete reply (after N attempts)",
     "version": "reply rejected: unsupported protocol version: gecod speaks protocol 1; "
                "upgrade the preload/gecod",
     "no_gecod": "cannot connect: ENOENT (is gecod running?) (after N attempts)",
@@ -675,7 +692,8 @@ def test_failed_quarantine_follows_the_policy(node: Node, answer: str, policy: s
     then with policy=refuse the exec fails with EAGAIN and the shepherd does not run,
     and with policy=allow it runs; either way one "geco:" line says why."""
     # a short deadline where it is what the test waits out; else room for a slow machine
-    node.write_conf(policy=policy, timeout_ms=300 if answer in ("silent", "no_gecod") else 5000)
+    node.write_conf(policy=policy,
+                    timeout_ms=300 if answer in ("silent", "close", "no_gecod") else 5000)
     fake = None if answer == "no_gecod" else node.gecod(answer)
     out = node.exec_variant("execve", node.shepherd)
     stderr = re.sub(r"after \d+ attempts", "after N attempts", out.stderr)
@@ -689,7 +707,10 @@ def test_failed_quarantine_follows_the_policy(node: Node, answer: str, policy: s
                           f"at path:{node.sock} failed: {FAILURES[answer]}; starting it "
                           f"without quarantine (policy=allow)\n")
     if fake is not None:
-        assert [(r.job, r.task, r.pid) for r in fake.requests] == [(42, 3, out.pid)]
+        asked = {(r.job, r.task, r.pid) for r in fake.requests}
+        assert asked == {(42, 3, out.pid)}
+        # one request, or (a hang-up) one per attempt within the deadline
+        assert len(fake.requests) == 1 or (answer == "close" and len(fake.requests) > 1)
 
 
 # ---------------------------------------------------------------------------
@@ -856,6 +877,65 @@ def test_unprivileged_process_is_quietly_inert(node: Node) -> None:
         f"geco: sge_shepherd (pid {shepherd.pid}) starts without quarantine: preload "
         f"inactive: key file {node.key_file}: EACCES (the preload reads it as root: load it "
         f"into sge_execd started by root)\n")
+    assert fake.requests == []
+
+
+def _fifo_opened(fifo: Path, data: bytes) -> tuple[threading.Thread, list[bool]]:
+    """A thread that opens ``fifo`` for writing (it blocks until a reader opens it),
+    writes ``data`` and records that it got through."""
+    got: list[bool] = []
+
+    def write() -> None:
+        fd = os.open(fifo, os.O_WRONLY)
+        got.append(True)
+        with contextlib.suppress(BrokenPipeError):
+            os.write(fd, data)
+        os.close(fd)
+    thread = threading.Thread(target=write, daemon=True)
+    thread.start()
+    return thread, got
+
+
+def _release(fifo: Path, thread: threading.Thread) -> None:
+    """Let a writer still blocked in open() go (a reader of our own), and join it."""
+    if thread.is_alive():
+        fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        thread.join(timeout=30)
+        os.close(fd)
+
+
+def test_outside_sge_execd_and_sshd_the_preload_reads_no_config_or_key(node: Node) -> None:
+    """Given a program that is not sge_execd or sshd with LD_PRELOAD set, and a config or a
+    key file that is a FIFO (opening it would block the program until someone writes),
+    when it execs sge_shepherd, then the shepherd runs untouched and unannounced, gecod
+    hears nothing, and the program never blocked: it opened neither file. The same
+    program as sge_execd does open the key (the FIFO's writer gets through)."""
+    fake = node.gecod("ok")
+    fifo_conf, fifo_key = node.root / "fifo.conf", node.root / "fifo.key"
+    os.mkfifo(fifo_conf, 0o644)
+    os.mkfifo(fifo_key, 0o600)
+    key_conf = node.root / "key-fifo.conf"
+    key_conf.write_text(node.conf_file.read_text().replace(str(node.key_file), str(fifo_key)))
+    key_conf.chmod(0o644)
+    program = node.built.plain("exec_variant")
+    for conf in (fifo_conf, key_conf):
+        out = node.run(program, "execve", node.shepherd, node.bin_dir, conf=conf)
+        assert out.dump is not None and out.dump.pid == out.pid, out
+        assert out.stderr == ""
+    assert fake.requests == []
+
+    thread, opened = _fifo_opened(fifo_key, node.key)
+    try:
+        host = node.exec_variant("execve", node.shepherd, conf=key_conf)
+        # a reader that came (and went) lets the writer's open() return: the thread ends
+        # at once then, and only stays blocked when nobody opened the FIFO
+        thread.join(timeout=30)
+        opened_by_the_program = list(opened)
+    finally:
+        _release(fifo_key, thread)
+    assert opened_by_the_program == [True]
+    assert host.stderr.startswith(f"geco: preload inactive, every exec passes through "
+                                  f"unchecked: key file {fifo_key} must be a regular file")
     assert fake.requests == []
 
 

@@ -1,11 +1,13 @@
-"""Per-job trace files as a real job owner sees them: readable by the owner, by nobody else.
+"""Per-job trace files as a real job owner sees them: root's, readable by the owner only.
 
 Root writes the files here the way the prolog, the epilog and gecod do
 (:func:`geco.trace.for_job`, :class:`geco.trace.TraceRouter`), for jobs owned
-by the unprivileged test user ``gecotest`` (the ``job_owner`` fixture); the
-files are then read as ``gecotest`` and as ``nobody`` with ``runuser``. The
-starter runs as the job's owner: it is run here in a child process that has
-dropped to ``gecotest``.
+by the unprivileged test user ``gecotest`` (the ``job_owner`` fixture; its
+primary group is its own, as ``useradd`` makes it on Debian); the files are
+then read, and written to, as ``gecotest`` and as ``nobody`` with ``runuser``.
+The owner reads but cannot write or grow their trace. The starter runs as the
+job's owner: it is run here in a child process that has dropped to
+``gecotest``, and writes nothing into the trace.
 
 The real Grid Engine runs (a job submitted with ``-l geco_trace_level``) are
 in tests/integration.
@@ -68,9 +70,17 @@ def read_as(user: str, path: Path) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=30, check=False)
 
 
+def append_as(user: str, path: Path) -> subprocess.CompletedProcess[str]:
+    """Try to grow ``path`` as ``user``: append to it, else make it writable first."""
+    return subprocess.run(["runuser", "-u", user, "--", "sh", "-c",
+                           'echo grown >> "$1" || { chmod u+w "$1" && echo grown >> "$1"; }',
+                           "sh", str(path)],
+                          capture_output=True, text=True, timeout=30, check=False)
+
+
 def assert_only_the_owner_reads(path: Path, owner: JobOwner, text: str) -> None:
     st = path.stat()
-    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (owner.uid, 0o600)
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, owner.gid, 0o640)
     mine = read_as(owner.name, path)
     assert mine.returncode == 0, mine.stderr
     assert text in mine.stdout
@@ -78,6 +88,12 @@ def assert_only_the_owner_reads(path: Path, owner: JobOwner, text: str) -> None:
     assert theirs.returncode == 1
     assert theirs.stdout == ""
     assert theirs.stderr == f"cat: {path}: Permission denied\n"
+    before = path.read_bytes()
+    grow = append_as(owner.name, path)
+    assert grow.returncode != 0
+    assert f"{path}: Permission denied" in grow.stderr
+    assert "Operation not permitted" in grow.stderr  # the chmod: not theirs
+    assert path.read_bytes() == before
 
 
 def test_a_hooks_trace_is_readable_by_the_job_owner_and_nobody_else(
@@ -142,18 +158,31 @@ def starter_body(cfg: Config, logger: logging.Logger) -> Exit:
     return Exit.JOB_ERROR  # a code the test can tell from a crash (255)
 
 
-def test_the_starter_appends_to_the_prolog_trace_as_the_owner(
+def test_the_starter_as_the_owner_leaves_the_prolog_trace_alone(
         site: Config, job_owner: JobOwner) -> None:
     """Given the trace file the root prolog made, when the starter runs as the job's owner,
-    then its lines are appended to that file."""
+    then it runs with its own exit code and the file is unchanged: only root writes it."""
     with trace.for_job(site, job(job_owner), program="geco-prolog"):
         log.get("prolog").info("prolog line")
+    before = (site.trace_dir / "42.1.trace").read_bytes()
     assert as_user(job_owner, lambda: hooks.run("starter", starter_body)) == Exit.JOB_ERROR
-    text = (site.trace_dir / "42.1.trace").read_text()
-    assert "geco-prolog [" in text.splitlines()[0]
-    assert "geco-starter [" in text.splitlines()[1]
-    assert f"the starter ran as uid {job_owner.uid}" in text
+    assert (site.trace_dir / "42.1.trace").read_bytes() == before
     assert_only_the_owner_reads(site.trace_dir / "42.1.trace", job_owner, "prolog line")
+
+
+def test_an_owner_whose_primary_group_is_shared_gets_a_root_only_trace(
+        cfg: Config, job_owner: JobOwner) -> None:
+    """Given a job of nobody, whose primary group (nogroup) is not theirs alone, then the
+    trace is root:root 0600: neither nobody nor another user reads it (a group-readable
+    file would show it to every member of that group)."""
+    owner = JobOwner("nobody", 65534, 65534, Path("/nonexistent"))
+    with trace.for_job(cfg, job(owner)) as path:
+        log.get("prolog").info("job 42.1 contained")
+    assert path is not None
+    st = path.stat()
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, 0, 0o600)
+    for user in ("nobody", job_owner.name):
+        assert read_as(user, path).stderr == f"cat: {path}: Permission denied\n"
 
 
 def test_the_starter_as_the_owner_creates_no_trace_file(site: Config,
@@ -199,7 +228,7 @@ print(code, " ".join(m for m in ("geco.trace", "geco.statefile", "geco.resource"
 
 def test_the_starter_of_an_untraced_job_imports_no_trace_code(site: Config,
                                                               job_owner: JobOwner) -> None:
-    """Given a job without a trace file, when its starter runs as the owner, then one stat
+    """Given a job without a trace file, when its starter runs as the owner, then its uid
     decides: neither geco.trace nor the resource file code is imported (the starter is
     on every job's critical path)."""
     site.trace_dir.mkdir(mode=0o755)

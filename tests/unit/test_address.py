@@ -168,3 +168,21 @@ def test_a_port_in_use_is_a_listen_error() -> None:
         address.listen(addr)
     assert str(info.value) == ("cannot listen: Address already in use "
                                f"(errno=EADDRINUSE address=port:{addr.port})")
+
+
+@pytest.mark.parametrize(("setting", "public", "expected"), [
+    ("", "path:/run/geco/gecod.sock", "/run/geco/gecod-root.sock"),
+    ("", "path:/tmp/x/sock", "/tmp/x/sock-root"),
+    ("", "port:4000", "/run/geco/gecod-4000-root.sock"),
+    ("path:/run/site/root.sock", "path:/run/geco/gecod.sock", "/run/site/root.sock"),
+])
+def test_the_privileged_socket_is_beside_the_public_one_unless_set(
+        setting: str, public: str, expected: str) -> None:
+    assert address.privileged(setting, address.parse(public)).path == expected
+
+
+def test_a_privileged_socket_must_be_a_unix_socket() -> None:
+    with pytest.raises(ConfigError) as info:
+        address.privileged("port:99", address.parse("path:/run/geco/gecod.sock"))
+    assert "must be a Unix socket (path:<absolute path>): the privileged socket is guarded " \
+           "by its file mode, which a TCP port has not" in str(info.value)

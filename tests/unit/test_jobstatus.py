@@ -27,6 +27,9 @@ G = 1 << 30
 class FakeBackend:
     """Answers exists/read_limits/usage/pids/job_keys like a backend with one job."""
 
+    version = 1
+    controllers = ("cpuset", "memory", "freezer", "pids")
+
     def __init__(self, keys: dict[str, tuple[Limits, dict[str, int], list[int]]]) -> None:
         self.keys = keys
         self.vanish_on_read = False
@@ -50,9 +53,10 @@ class FakeBackend:
         return list(self.keys[key][2])
 
 
-LIMITS = Limits(cpus="2-3", mems="0", memory=2 * G, memory_swap=3 * G)
+LIMITS = Limits(cpus="2-3", mems="0", memory=2 * G, memory_swap=3 * G, pids=4096)
 USAGE = {"memory_current": 5 << 20, "memory_peak": 7 << 20, "oom_kill": 1,
-         "cpu_user_usec": 12_345_678, "cpu_system_usec": 400_000}
+         "cpu_user_usec": 12_345_678, "cpu_system_usec": 400_000,
+         "pids_current": 3, "pids_peak": 9, "pids_max_events": 0}
 
 
 @pytest.fixture
@@ -90,6 +94,7 @@ def test_read_takes_limits_usage_processes_and_the_resource_file(cfg: Config) ->
         key="42.1", host=HOST, owner="alice", job_name="sim.sh", cpus="2-3", mems="0",
         memory_limit=2 * G, memory_swap_limit=3 * G, memory_current=5 << 20,
         memory_peak=7 << 20, cpu_user=12.345678, cpu_system=0.4, oom_kills=1,
+        pids_limit=4096, pids_current=3, pids_peak=9, pids_refused=0,
         processes=(Process(os.getpid(), Path("/proc/self/comm").read_text().strip()),),
         running_for=600.0, runtime_limit=7200.0)
 
@@ -170,6 +175,7 @@ STATUS = JobStatus(
     key="42.1", host="n001", owner="alice", job_name="sim.sh", cpus="2-3", mems="0",
     memory_limit=2 * G, memory_swap_limit=3 * G, memory_current=1288490188,
     memory_peak=3 << 29, cpu_user=12.345, cpu_system=0.4, oom_kills=0,
+    pids_limit=4096, pids_current=7, pids_peak=9, pids_refused=0,
     processes=(Process(101, "sge_shepherd"), Process(20345, "sim.sh")),
     running_for=3723.0, runtime_limit=7200.0)
 
@@ -186,6 +192,7 @@ def test_the_table_has_one_line_per_figure() -> None:
         "  memory+swap  limit 3G",
         "  CPU          12.3 s user + 0.4 s system",
         "  OOM kills    0",
+        "  tasks        7 now, peak 9, limit 4096",
         "  processes    2",
         "  running for  1:02:03 of h_rt 2:00:00 (52%)",
         ""]
@@ -193,7 +200,7 @@ def test_the_table_has_one_line_per_figure() -> None:
 
 def test_verbose_lists_each_process_under_the_count() -> None:
     lines = format_table(STATUS, verbose=True).split("\n")
-    assert lines[9:13] == ["  processes    2",
+    assert lines[10:14] == ["  processes    2",
                            "                   101  sge_shepherd",
                            "                 20345  sim.sh",
                            "  running for  1:02:03 of h_rt 2:00:00 (52%)"]
@@ -204,7 +211,8 @@ def test_unknowns_are_said_in_words() -> None:
     then each unknown figure says why, and the notes follow."""
     st = dataclasses.replace(
         STATUS, owner="", job_name="", memory_limit=0, memory_swap_limit=0, memory_peak=None,
-        cpu_user=None, cpu_system=None, oom_kills=None, processes=(Process(7, ""),),
+        cpu_user=None, cpu_system=None, oom_kills=None, pids_limit=0, pids_current=None,
+        pids_peak=None, pids_refused=None, processes=(Process(7, ""),),
         running_for=None, runtime_limit=0.0, notes=("no resource file x",))
     assert format_table(st, verbose=True).split("\n") == [
         "job 42.1 on n001",
@@ -216,6 +224,7 @@ def test_unknowns_are_said_in_words() -> None:
         "  memory+swap  limit none",
         "  CPU          not accounted on this node (no cpuacct cgroup for the job)",
         "  OOM kills    not counted by this kernel",
+        "  tasks        not counted, no limit (the job has no pids cgroup on this node)",
         "  processes    1",
         "                 7  ?",
         "  running for  unknown",
@@ -246,6 +255,7 @@ def test_json_form_has_bytes_seconds_and_nulls() -> None:
         "job_name": "sim.sh", "cpus": "2-3", "mems": "0", "memory_limit": 2 * G,
         "memory_swap_limit": 3 * G, "memory_current": 1288490188, "memory_peak": 3 << 29,
         "cpu_user": None, "cpu_system": None, "oom_kills": 0,
+        "pids_limit": 4096, "pids_current": 7, "pids_peak": 9, "pids_refused": 0,
         "processes": [{"pid": 101, "command": "sge_shepherd"},
                       {"pid": 20345, "command": "sim.sh"}],
         "running_for": 3723.0, "runtime_limit": 7200.0, "notes": []}

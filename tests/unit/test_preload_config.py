@@ -14,7 +14,7 @@ from geco import config, preload_config
 from geco.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
-DEFAULT_TEXT = ("socket=path:/run/geco/gecod.sock\n"
+DEFAULT_TEXT = ("socket=path:/run/geco/gecod-root.sock\n"
                 "key_file=/etc/geco/quarantine.key\n"
                 "log=syslog\n"
                 "timeout_ms=10000\n"
@@ -39,23 +39,26 @@ def test_the_defaults_render_the_documented_file() -> None:
 
 def test_settings_are_rendered_in_the_preloads_units_and_forms() -> None:
     """Given a service name, fractional seconds and several filters, then the socket is
-    resolved to its port (the preload must not call NSS inside sshd), times are ms and the
-    filters comma-separated."""
+    gecod's privileged one for that port (the preload must not call NSS inside sshd; no
+    user can connect there), times are ms and the filters comma-separated."""
     cfg = dataclasses.replace(config.Config(), gecod_socket="service:http-alt",
                               gecod_request_timeout=2.5, gecod_max_skew=0.25,
                               gecod_unreachable_policy="allow",
                               gecod_exec_filter=("sge_shepherd", "geco-shepherd"),
                               gecod_key_file=Path("/srv/geco/q.key"), gecod_preload_log="none")
     assert preload_config.render(cfg).splitlines()[1:] == [
-        "socket=port:8080", "key_file=/srv/geco/q.key", "log=none", "timeout_ms=2500",
-        "max_skew_ms=250",
+        "socket=path:/run/geco/gecod-8080-root.sock", "key_file=/srv/geco/q.key", "log=none",
+        "timeout_ms=2500", "max_skew_ms=250",
         "policy=allow", "exec_filter=sge_shepherd,geco-shepherd"]
 
 
 @pytest.mark.parametrize(("change", "text"), [
     ({"gecod_socket": "tcp:1"}, "socket address 'tcp:1' is not understood; accepted forms: "),
     ({"gecod_socket": "path:/run/a #b"},
-     "gecod.socket must be one line without surrounding blanks or ' #', got 'path:/run/a #b'"),
+     "gecod.socket must be one line without surrounding blanks or ' #', got "
+     "'path:/run/a #b-root'"),
+    ({"gecod_privileged_socket": "port:99"},
+     "socket address 'port:99' must be a Unix socket (path:<absolute path>)"),
     ({"gecod_key_file": Path("/etc/geco/q.key ")},
      "gecod.key_file must be one line without surrounding blanks or ' #', got "
      "'/etc/geco/q.key '"),
@@ -86,7 +89,7 @@ def test_the_command_prints_or_writes_atomically(tmp_path: Path) -> None:
     conf.write_text('[gecod]\nsocket = "4000"\n')
     shown = geco("preload-config", conf=conf)
     assert (shown.returncode, shown.stderr) == (0, "")
-    assert shown.stdout.splitlines()[1] == "socket=port:4000"
+    assert shown.stdout.splitlines()[1] == "socket=path:/run/geco/gecod-4000-root.sock"
     assert shown.stdout.startswith(f"# written by `geco preload-config` from {conf};")
     out = tmp_path / "etc" / "preload.conf"
     written = geco("preload-config", "--output", str(out), conf=conf)

@@ -33,11 +33,13 @@ from geco.qstat import (
     run_qstat,
 )
 from geco.resource import NodeResources, ResourceSet
+from geco.sgeenv import discover
 from geco.units import format_memory, parse_memory, parse_time
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "qstat"
 K, M, G = 1024, 1024**2, 1024**3
-SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# the site's fixed PATH of root's Grid Engine commands on this machine (geco.sgeenv)
+SAFE_PATH = discover(Config()).path
 COMMLIB = "error: commlib error: can't connect to service (Connection refused)"
 # the scenarios of tests/fixtures/qstat/README.md: fixture name -> job id
 JOBS = {"serial": 1, "h_vmem": 2, "m_mem_free": 3, "h_rt": 4, "pending_hvmem": 5, "array": 6,
@@ -262,6 +264,14 @@ def test_serial_job_gives_owner_name_cwd_and_one_slot_without_limits() -> None:
     # the complex default h_vmem=2G is not in qstat -j, so no limit is known
     assert rs.nodes == (NodeResources("vm", is_slave=False, slots=1, memory_limit=0,
                                       vmem_limit=0),)
+
+
+def test_a_job_requeued_while_the_qmaster_was_down_is_read_despite_its_task_tag() -> None:
+    """SoGE prints such a job's task as <JATASK:    3829.> ... </JATASK:    3829.> (not
+    XML): it is read like any other task, with its memory request."""
+    rs = parse_job(fixture("rescheduled.xml"), 1, VM1)
+    assert (rs.job_id, rs.task_id, rs.owner) == (3829, 1, "gecotest")
+    assert rs.nodes[0].memory_limit == 150 << 20
 
 
 def test_non_array_job_given_task_0_or_1_then_task_1() -> None:
@@ -855,23 +865,26 @@ def test_run_qstat_given_bare_name_not_on_system_path_then_error_at_once() -> No
         "command in geco.toml to its full path (command=geco-test-no-such-qstat)")
 
 
-def test_run_qstat_runs_with_clean_environment_devnull_stdin_and_root_cwd(
+def test_run_qstat_runs_with_the_sites_environment_devnull_stdin_and_root_cwd(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Given a job environment (as the root prolog has), then only SGE_* and a fixed PATH."""
+    """Given a job environment (as the root prolog has), then none of it reaches qstat:
+    the site's SGE_* values and PATH (geco.sgeenv), LC_ALL=C, HOME=/."""
     env_file, stdin_file, cwd_file = tmp_path / "env", tmp_path / "stdin", tmp_path / "cwd"
     qstat = fake_qstat(tmp_path, f"""env > {env_file}
 readlink /proc/self/fd/0 > {stdin_file}
 pwd > {cwd_file}
 cat {FIXTURES / 'serial.xml'}
 """)
-    monkeypatch.setenv("SGE_ROOT", "/var/lib/gridengine")
-    monkeypatch.setenv("SGE_CELL", "default")
+    site = discover(config(qstat))
+    monkeypatch.setenv("SGE_ROOT", "/tmp")
+    monkeypatch.setenv("SGE_CELL", "x")
+    monkeypatch.setenv("SGE_QMASTER_PORT", "1")
     monkeypatch.setenv("LD_PRELOAD", "/tmp/evil.so")
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     monkeypatch.setenv("HOME", "/home/testuser")
     run_qstat(["-j", "1"], config(qstat), sleep=lambda _: None)
     env = dict(line.split("=", 1) for line in env_file.read_text().splitlines() if "=" in line)
-    assert (env["SGE_ROOT"], env["SGE_CELL"]) == ("/var/lib/gridengine", "default")
+    assert {k: v for k, v in env.items() if k.startswith("SGE_")} == site.values
     assert (env["PATH"], env["LC_ALL"], env["HOME"]) == (SAFE_PATH, "C", "/")
     assert "LD_PRELOAD" not in env
     assert stdin_file.read_text() == "/dev/null\n"

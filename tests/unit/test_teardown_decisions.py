@@ -23,12 +23,14 @@ from geco.cgroup import Backend
 from geco.config import Config
 from geco.errors import CgroupError
 from geco.resource import short_hostname
+from geco.sgeenv import discover
 from geco.teardown import StuckProcess, Teardown, tear_down
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo: tests.conftest
 from tests.conftest import RecordingHandler, handler_on  # not "conftest": others exist
 
-SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# the site's fixed PATH of root's Grid Engine commands on this machine (geco.sgeenv)
+SAFE_PATH = discover(Config()).path
 USAGE = {"memory_peak": 3 << 30, "oom_kill": 1, "cpu_user_usec": 12_345_678,
          "cpu_system_usec": 400_000}
 
@@ -207,6 +209,26 @@ def test_given_no_queue_instance_then_every_queue_on_this_host_is_disabled(
                        queue_instance=None, cleaned_by="reaper", qmod=str(qmod[0]))
     assert result.queue_disabled == f"*@{short_hostname()}"
     assert qmod[1].read_text() == f"-d *@{short_hostname()}\n"
+
+
+def test_given_the_jobs_hostile_environment_then_qmod_runs_with_the_sites(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The epilog inherits the job's environment (qsub -v): qmod, found next to the
+    configured qstat, gets the site's SGE_* and PATH (geco.sgeenv), none of the job's."""
+    (tmp_path / "bin").mkdir()
+    dump = tmp_path / "qmod.env"
+    (tmp_path / "bin" / "qmod").write_text(f"#!/bin/sh\nenv > {dump}\n")
+    (tmp_path / "bin" / "qmod").chmod(0o755)
+    for name, value in {"SGE_ROOT": "/tmp", "SGE_CELL": "x", "SGE_QMASTER_PORT": "1",
+                        "PATH": "/tmp/evil", "LD_PRELOAD": "/tmp/evil.so"}.items():
+        monkeypatch.setenv(name, value)
+    config = cfg(tmp_path, qstat=str(tmp_path / "bin" / "qstat"))
+    result = tear_down("42.1", backend_of(stuck_backend(tmp_path)), config,
+                       queue_instance="all.q@n1", cleaned_by="epilog")
+    env = dict(line.split("=", 1) for line in dump.read_text().splitlines() if "=" in line)
+    assert result.queue_disabled == "all.q@n1"
+    assert {k: v for k, v in env.items() if k.startswith("SGE_")} == discover(config).values
+    assert (env["PATH"], "LD_PRELOAD" in env) == (SAFE_PATH, False)
 
 
 def test_given_queue_disabling_off_then_qmod_is_not_run(

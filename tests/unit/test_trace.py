@@ -131,14 +131,31 @@ def test_no_level_no_file(cfg: Config, rs: ResourceSet | None) -> None:
 # who can read the file
 
 
-def test_the_file_belongs_to_the_owner_mode_0600_in_a_root_0755_directory(cfg: Config) -> None:
+def test_an_owner_with_a_shared_group_gets_a_root_only_file_in_a_root_0755_directory(
+        cfg: Config, geco_logger: Records) -> None:
+    """Given a job of nobody, whose primary group nogroup is not named after them (so not
+    theirs alone), then the file is root:root 0600 with a warning saying why; the owner's
+    own reading is tests/system/test_trace_access.py's (a user with a private group)."""
     with trace.for_job(cfg, job(3)) as path:
         pass
     assert path is not None
     st = path.stat()
-    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (NOBODY, NOBODY, 0o600)
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, 0, 0o600)
     dst = cfg.trace_dir.stat()
     assert (dst.st_uid, stat.S_IMODE(dst.st_mode)) == (0, 0o755)
+    assert ("job 42.1: the primary group 'nogroup' of owner 'nobody' is not theirs alone; its "
+            "trace file is readable by root only") in geco_logger.messages(logging.WARNING)
+
+
+def test_a_job_of_root_gets_a_root_0640_file(cfg: Config, geco_logger: Records) -> None:
+    """Given a job of root (group root, no other members: root's alone), then the file is
+    root:root 0640 and nothing is warned about."""
+    with trace.for_job(cfg, job(3, owner="root")) as path:
+        pass
+    assert path is not None
+    st = path.stat()
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, 0, 0o640)
+    assert geco_logger.messages(logging.WARNING) == []
 
 
 def test_an_unknown_owner_gets_a_root_only_file_and_a_warning(cfg: Config,
@@ -150,7 +167,7 @@ def test_an_unknown_owner_gets_a_root_only_file_and_a_warning(cfg: Config,
     assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o600)
     assert ("job 42.1: owner 'no-such-user-here' is not known on this host; its trace file "
             "is readable by root only") in geco_logger.messages(logging.WARNING)
-    assert geco_logger.events()["trace-owner-unknown"]["OWNER"] == "no-such-user-here"
+    assert geco_logger.events()["trace-root-only"]["OWNER"] == "no-such-user-here"
 
 
 def test_a_file_of_the_same_owner_is_appended_to(cfg: Config) -> None:
@@ -163,25 +180,29 @@ def test_a_file_of_the_same_owner_is_appended_to(cfg: Config) -> None:
         ("geco-prolog", "first"), ("geco-epilog", "second")]
 
 
-def test_a_stale_file_of_another_owner_is_replaced_not_handed_over(cfg: Config) -> None:
+@pytest.mark.parametrize("ids", [(0, 12345), (NOBODY, NOBODY)], ids=["other-group", "user-owned"])
+def test_a_stale_file_of_another_owner_is_replaced_not_handed_over(
+        cfg: Config, ids: tuple[int, int]) -> None:
     """Given a trace file left by an earlier job with the same id and another owner (job
-    ids restart), then the new owner gets a fresh file, not the old owner's lines."""
+    ids restart: root's file with that owner's group), or one a user owns (as geco before
+    root-owned traces left it: its owner could have written anything into it), then the
+    new job gets a fresh root-owned file, not the old lines."""
     cfg.trace_dir.mkdir(parents=True)
     old = cfg.trace_dir / "42.1.trace"
     old.write_text("bob's secret line\n")
-    old.chmod(0o600)
+    os.chown(old, *ids)
+    old.chmod(0o640)
     with trace.for_job(cfg, job(3)) as path:
         log.get("x").info("alice's line")
     assert path == old
     assert "bob's secret" not in old.read_text()
-    assert old.stat().st_uid == NOBODY
+    assert (old.stat().st_uid, old.stat().st_gid) == (0, 0)
 
 
 def test_a_wider_mode_is_narrowed_to_0600(cfg: Config) -> None:
     cfg.trace_dir.mkdir(parents=True)
     old = cfg.trace_dir / "42.1.trace"
     old.write_text("")
-    os.chown(old, NOBODY, NOBODY)
     old.chmod(0o644)
     with trace.for_job(cfg, job(3)):
         pass
@@ -400,7 +421,7 @@ def test_the_router_writes_a_traced_jobs_records_at_its_level(
     assert [g["text"].split(") ", 1)[1] for g in got] == ["quarantined 42"]
     assert got[0]["program"] == "gecod"
     assert sorted(p.name for p in cfg.trace_dir.iterdir()) == ["42.1.trace"]
-    assert path.stat().st_uid == NOBODY
+    assert path.stat().st_uid == 0
 
 
 def test_the_router_ignores_jobs_without_a_resource_file(
@@ -575,7 +596,9 @@ def test_a_body_attaches_the_trace_once_it_knows_the_job(site: Config) -> None:
     path = site.trace_dir / "42.1.trace"
     assert seen == [path, path]
     texts = [g["text"] for g in lines(path)]
-    assert texts == ["qstat retried", "contain failed"]
+    assert texts == ["qstat retried", "job 42.1: the primary group 'nogroup' of owner 'nobody' "
+                     "is not theirs alone; its trace file is readable by root only",
+                     "contain failed"]
     assert hooks.attach_trace(site, job(4)) is None
     assert not any(isinstance(h, (trace.Backlog, trace._TraceFile))
                    for h in logging.getLogger("geco").handlers)
@@ -646,7 +669,8 @@ def recording(records: Records, body: Callable[[Config, logging.Logger], Exit],
 
 
 def granted(level: int) -> ResourceSet:
-    return ResourceSet(42, 1, runtime_limit=1209600.0, trace_level=level, owner="nobody",
+    # root: its group is its own, so its trace is not root-only (no warning to skip here)
+    return ResourceSet(42, 1, runtime_limit=1209600.0, trace_level=level, owner="root",
                        job_name="myjob", nodes=(
                            NodeResources(short_hostname(), slots=2, memory_limit=2 << 30),
                            NodeResources("othernode", is_slave=True, slots=2)))
@@ -673,10 +697,10 @@ def test_the_prolog_journals_what_it_read_from_qstat_and_traces_every_step(
     read = events["resources-read"]
     assert {k: read[k] for k in ("OWNER", "SLOTS", "TOTAL_SLOTS", "NODES", "MEMORY_LIMIT",
                                  "MEMSW_LIMIT", "H_RT", "TRACE_LEVEL", "SOURCE", "JOB_NAME")} == {
-        "OWNER": "nobody", "SLOTS": "2", "TOTAL_SLOTS": "4", "NODES": "2",
+        "OWNER": "root", "SLOTS": "2", "TOTAL_SLOTS": "4", "NODES": "2",
         "MEMORY_LIMIT": str(2 << 30), "MEMSW_LIMIT": "0", "H_RT": "1209600", "TRACE_LEVEL": "4",
         "SOURCE": "qstat", "JOB_NAME": "myjob"}
-    assert ("job 42.1 (owner nobody, 'myjob'): 2 slots here of 4 on 2 nodes, memory 2G, "
+    assert ("job 42.1 (owner root, 'myjob'): 2 slots here of 4 on 2 nodes, memory 2G, "
             "h_rt 1209600 s, trace level 4; read from qstat") in records.messages(logging.INFO)
     texts = [g["text"].split(") ", 1)[1] for g in lines(site.trace_dir / "42.1.trace")]
     assert texts[0] == "job 42.1: parent 4242 is the job's sge_shepherd (spool dir None)"
