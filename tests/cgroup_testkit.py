@@ -17,6 +17,7 @@ then the cgroup's doing.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import itertools
 import mmap
 import os
@@ -269,6 +270,23 @@ def forked_children() -> Iterator[list[int]]:
         yield pids
     finally:
         reap(pids)
+
+
+# prctl(2) option: orphans of this process's descendants are re-parented to it
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+@contextlib.contextmanager
+def subreaper_children() -> Iterator[list[int]]:
+    """:func:`forked_children`, with this process the subreaper of the test's daemons (a
+    double fork lands here, not at pid 1, and is reaped), for the with-block."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0, os.strerror(ctypes.get_errno())
+    try:
+        with forked_children() as pids:
+            yield pids
+    finally:
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
 
 
 @contextlib.contextmanager

@@ -4,7 +4,7 @@ prolog and gecod share), and the kernel holds a fork loop at it.
 
 Every test works in its own parent ``geco-test-<pid>-<n>`` (tests/cgroup_testkit.py),
 removed afterwards with plain syscalls. cgroup v2 is covered by
-tests/unit/test_pids_limit.py (a fake tree) and tests/vm/test_cgroup_v2.py (the kernel).
+tests/unit/test_pids_rule.py (a fake tree) and tests/vm/test_cgroup_v2.py (the kernel).
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from geco.config import Config
 from geco.resource import NodeResources, ResourceSet, short_hostname
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from cgroup_testkit import forked_children, usable_v1_hierarchies, v1_backend
+from cgroup_testkit import subreaper_children, usable_v1_hierarchies, v1_backend
 
 from tests.conftest import ensure_user  # not "conftest": tests/system has one too
 
@@ -47,7 +47,6 @@ HIER, WHY_NOT = usable_v1_hierarchies(MOUNTED)
 pytestmark = [pytest.mark.root, pytest.mark.skipif(bool(WHY_NOT), reason=WHY_NOT)]
 
 USER = "gecostray"
-_PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_NAME = 15
 _ids = itertools.count(1)
 
@@ -69,13 +68,8 @@ def user() -> Any:
 @pytest.fixture
 def children() -> Iterator[list[int]]:
     """Pids the test started (or adopted as subreaper); SIGKILLed and reaped afterwards."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    assert libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0, os.strerror(ctypes.get_errno())
-    try:
-        with forked_children() as pids:
-            yield pids
-    finally:
-        libc.prctl(_PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+    with subreaper_children() as pids:
+        yield pids
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ the cgroups, and gets the queue instance disabled through qmod.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import itertools
 import os
@@ -35,9 +34,9 @@ from geco.teardown import StuckProcess, tear_down
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cgroup_testkit import (
     eventually,
-    forked_children,
     read,
     start_in,
+    subreaper_children,
     usable_v1_hierarchies,
     v1_backend,
 )
@@ -49,7 +48,6 @@ if not WHY_NOT and "freezer" not in HIER:
     WHY_NOT = "this machine has no cgroup v1 freezer hierarchy"
 pytestmark = [pytest.mark.root, pytest.mark.skipif(bool(WHY_NOT), reason=WHY_NOT)]
 
-_PR_SET_CHILD_SUBREAPER = 36
 _BUSY = 50
 _ids = itertools.count(1)
 
@@ -65,13 +63,8 @@ def unique_job() -> int:
 @pytest.fixture
 def children() -> Iterator[list[int]]:
     """Pids the test started (or adopted as subreaper); SIGKILLed and reaped afterwards."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    assert libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0, os.strerror(ctypes.get_errno())
-    try:
-        with forked_children() as pids:
-            yield pids
-    finally:
-        libc.prctl(_PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+    with subreaper_children() as pids:
+        yield pids
 
 
 @pytest.fixture
