@@ -20,7 +20,8 @@ nobody while the bytes come from here. They send, in batches:
 
 Meanwhile a prober (root, in a real job's PE task spool dir, as sge_execd's child
 about to exec a shepherd) forks a process every 10 ms that sends a real
-JOB_STARTED for itself: its latency is the figure the issue asks for (p99
+JOB_STARTED for itself on gecod's privileged socket, as the preload does: each
+must be answered OK, and its latency is the figure the issue asks for (p99
 during the fuzz, beside the floor measured before it). After each batch gecod
 must be alive, must have logged no traceback, and must answer a signed STATUS.
 Every reply any client got must be one authentic frame (or none: gecod may
@@ -60,6 +61,7 @@ from test_gecod import (
     REPO,
     Gecod,
     Node,
+    _root_socket,
     _why_not,
     end_jobs,
     make_node,
@@ -245,7 +247,8 @@ def fuzz(journal: Any) -> Iterator[Fuzz]:
         node.make_job(job, slots=1)
         task_dir = node.make_pe_task_dir(job)
         prober = subprocess.Popen(
-            [sys.executable, "-c", PROBER, str(node.key_file), gecod.sock, str(job),
+            # on gecod's privileged socket, where the preload asks
+            [sys.executable, "-c", PROBER, str(node.key_file), _root_socket(gecod), str(job),
              str(PROBE_INTERVAL)], cwd=task_dir, stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, text=True, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin"})
         node.processes.append(prober)
@@ -529,9 +532,9 @@ def test_zz_the_socket_fuzz_figures(fuzz: Fuzz) -> None:
         fuzzkit.record("socket: JOB_STARTED p50 during the fuzz", ok[len(ok) // 2] * 1e3, "ms")
         fuzzkit.record("socket: JOB_STARTED p99 during the fuzz", _p99(ok) * 1e3, "ms")
         fuzzkit.record("socket: JOB_STARTED max during the fuzz", ok[-1] * 1e3, "ms")
-    if failed:
-        print("JOB_STARTED failures:", sorted(set(failed))[:10])
     assert during and ok, samples[-20:]
+    # no flood on the public socket costs a job start its answer
+    assert failed == [], sorted(set(failed))[:10]
 
 
 def _p99(sorted_times: list[float]) -> float:
