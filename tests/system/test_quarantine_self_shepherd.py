@@ -27,7 +27,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import test_gecod as gecod_tests
-from test_gecod import HOST, NOBODY, Gecod, Node, end_jobs, logged, make_node, new_job, start_gecod
+from test_gecod import HOST, NOBODY, Gecod, Node, end_jobs, logged, make_node, new_job
+from test_gecod import gecod as gecod  # the module's gecod, on this module's node
 
 pytestmark = gecod_tests.pytestmark
 
@@ -53,15 +54,6 @@ def node() -> Iterator[Node]:
     with make_node(Node, "qself", f"geco-test-{os.getpid()}-qself") as n:
         yield n
 
-
-@pytest.fixture(scope="module")
-def gecod(node: Node, journal: Any) -> Iterator[Gecod]:
-    g = start_gecod(node)
-    try:
-        yield g
-    finally:
-        code = g.stop()
-        assert code == 0, g.output()
 
 
 @pytest.fixture(autouse=True)
