@@ -1794,18 +1794,30 @@ def test_a_users_connections_beyond_their_share_are_closed_and_others_are_served
     refused, closed = _connect_as_nobody(gecod.sock, 100)
     assert (refused, closed) == (0, 100)
     assert_serving(node, gecod)
-    deadline = time.monotonic() + 15  # the window in which they came is summed up
-    while not logged(journal, since, GECO_EVENT="quarantine-refused-summary",
-                     _PID=str(gecod.pid)):
-        assert time.monotonic() < deadline, "no refusal summary"
+
+    def counted() -> tuple[list[dict[str, str]], list[dict[str, str]], collections.Counter[str]]:
+        about = logged(journal, since, PEER_UID=str(NOBODY), _PID=str(gecod.pid))
+        summaries = [e for e in about if e["GECO_EVENT"] == "quarantine-refused-summary"]
+        single = [e for e in about if e["GECO_EVENT"] == "quarantine-refused"]
+        reasons = collections.Counter(e["REASON"] for e in single)
+        for summary in summaries:
+            for item in summary["REASONS"].split(","):
+                reason, count = item.split(":")
+                reasons[reason] += int(count)
+        return summaries, single, reasons
+
+    # The windows in which the refusals came are summed up (a slow machine spreads them
+    # over two); the deadline-closed ones may come in a later window than the 36.
+    deadline = time.monotonic() + 25
+    while True:
+        summaries, single, reasons = counted()
+        if summaries and reasons["over-budget"] >= 36:
+            break
+        assert time.monotonic() < deadline, f"no refusal summary: {reasons}"
         time.sleep(0.5)
-    about = logged(journal, since, PEER_UID=str(NOBODY), _PID=str(gecod.pid))
-    [summary] = [e for e in about if e["GECO_EVENT"] == "quarantine-refused-summary"]
-    single = [e for e in about if e["GECO_EVENT"] == "quarantine-refused"]
-    assert len(single) <= 10
-    reasons = collections.Counter(e["REASON"] for e in single)
-    for item in summary["REASONS"].split(","):
-        reason, count = item.split(":")
-        reasons[reason] += int(count)
+    windows = int((time.time() - since) // 10) + 2  # each (partial) 10 s window since
+    assert len(single) <= 10 * windows, (len(single), windows)
+    assert len(single) < 36 + 64
     assert reasons["over-budget"] == 36, reasons
+    summary = summaries[0]
     assert summary["MESSAGE"].startswith(f"uid {NOBODY}: ")
