@@ -49,8 +49,9 @@ from pathlib import Path
 
 from _common import REPO, percentile
 
-from geco import protocol, statefile
-from geco.resource import NodeResources, ResourceSet, short_hostname
+from geco import protocol
+from geco.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.sge import resourcefile
 
 JOB, TASK = 77001, 1
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -170,7 +171,7 @@ def bench_gecod() -> Iterator[BenchGecod]:
     task_dir.mkdir()
     (task_dir / "environment").write_text(f"JOB_ID={JOB}\nSGE_TASK_ID=undefined\n")
     ncpu = len(os.sched_getaffinity(0))
-    statefile.write(base / "state" / "resources", ResourceSet(
+    resourcefile.write(base / "state" / "resources", ResourceSet(
         JOB, TASK, owner="root", nodes=(NodeResources(host, slots=ncpu),)))
     config = base / "geco.toml"
     config.write_text(f'[paths]\nstate_dir = "{base / "state"}"\n'

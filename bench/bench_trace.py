@@ -37,9 +37,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from geco import log, statefile, trace  # noqa: E402
+from geco import log, trace  # noqa: E402
 from geco.config import Config  # noqa: E402
-from geco.resource import NodeResources, ResourceSet  # noqa: E402
+from geco.resourceset import NodeResources, ResourceSet  # noqa: E402
+from geco.sge import resourcefile  # noqa: E402
 
 
 def _per_record(records: int, job_id: int | None, repeats: int = 5) -> float:
@@ -92,14 +93,14 @@ def _import_time(pycache: Path) -> str:
     (as an installed package has it), after the modules every hook imports anyway."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     argv = [sys.executable, "-X", f"pycache_prefix={pycache}", "-X", "importtime", "-c",
-            "import geco.config, geco.log, geco.sgejob; import geco.trace"]
+            "import geco.config, geco.log, geco.sge.execd; import geco.trace"]
     runs = []
     for _ in range(6):  # the first run compiles
         out = subprocess.run(argv, capture_output=True, text=True, check=True, cwd=REPO,
                              env=env).stderr
         own = [line for line in io.StringIO(out) if line.rstrip().endswith(" geco.trace")]
         runs.append(int(own[-1].split(":")[1].split("|")[1]))
-    return (f"import geco.trace (+ geco.resource) in a hook: median {sorted(runs[1:])[2]} us "
+    return (f"import geco.trace (+ geco.resourceset) in a hook: median {sorted(runs[1:])[2]} us "
             "of 5 runs; only the prolog, the epilog and a traced job's starter import it")
 
 
@@ -123,7 +124,7 @@ def main() -> int:
     cfg = Config(state_dir=base / "state", trace_dir=base / "trace")
     owner = "root" if os.geteuid() == 0 else ""
     for job_id, level in ((2, 0), (3, 3)):
-        statefile.write(cfg.resources_dir, ResourceSet(job_id, 1, trace_level=level, owner=owner,
+        resourcefile.write(cfg.resources_dir, ResourceSet(job_id, 1, trace_level=level, owner=owner,
                                                        nodes=(NodeResources("n1"),)))
     devnull = open(os.devnull, "w")  # noqa: SIM115 - closed below
     log.setup("error", identifier="gecod", stream=devnull, journal=False)

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from geco import __version__, qstat, rsrcinfo, statefile
+from geco import __version__, rsrcinfo
 from geco import config as _config
 from geco.errors import (
     CgroupError,
@@ -43,7 +43,9 @@ from geco.errors import (
     QstatParseError,
     ResourceFormatError,
 )
-from geco.resource import ResourceSet
+from geco.resourceset import ResourceSet
+from geco.sge import qstat, resourcefile, v1format
+from geco.sge.pe_hostfile import parse_pe_hostfile
 
 __all__ = ["main"]
 
@@ -89,10 +91,10 @@ def _rsrcinfo(args: argparse.Namespace) -> ResourceSet:
             placement = qstat.parse_placement_gt(_read_input(args.placement), job_id,
                                                  args.task or 1)
         elif args.pe_hostfile:
-            placement = qstat.parse_pe_hostfile(_read_input(args.pe_hostfile))
+            placement = parse_pe_hostfile(_read_input(args.pe_hostfile))
         return qstat.parse_job(xml, args.task or 1, placement)
     try:
-        return ResourceSet.from_v1(_read_input(args.unserialize))
+        return v1format.parse(_read_input(args.unserialize))
     except ResourceFormatError as exc:
         exc.fields.setdefault("path", args.unserialize)
         raise
@@ -218,13 +220,14 @@ def _job_status(args: argparse.Namespace) -> int:
     import json
 
     from geco import cgroup, jobstatus  # see _keygen
-    from geco.resource import short_hostname
+    from geco.jobkey import JobKey
+    from geco.resourceset import short_hostname
 
     job, task = args.job
     try:
         cfg = _config.load()
         backend = cgroup.for_config(cfg)
-        keys = [cgroup.job_key(job, task)] if task is not None else \
+        keys = [JobKey(job, task)] if task is not None else \
             jobstatus.keys_of_job(backend, job)
         if not keys:
             raise jobstatus.not_here(str(job))
@@ -250,7 +253,7 @@ def _job_status(args: argparse.Namespace) -> int:
 
 def _journal(args: argparse.Namespace) -> int:
     from geco import journalview  # see _keygen
-    from geco.resource import short_hostname
+    from geco.resourceset import short_hostname
 
     job, task = args.job
     try:
@@ -306,7 +309,7 @@ def _add_check_command(sub: Any) -> None:
 
 def _check(args: argparse.Namespace) -> int:
     from geco import strays  # see _keygen
-    from geco.resource import short_hostname
+    from geco.resourceset import short_hostname
 
     try:
         found = strays.doors(_config.load())
@@ -383,7 +386,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise _Usage("geco rsrcinfo: --placement and --pe-hostfile go with --xml")
             rs = _rsrcinfo(args)
             if args.serialize:
-                statefile.write_to(Path(args.serialize), rs)
+                resourcefile.write_to(Path(args.serialize), rs)
             sys.stdout.buffer.write(rsrcinfo.render(rs, args.format))
             sys.stdout.flush()
         return EXIT_OK

@@ -136,7 +136,7 @@ _CHOICES = {"cgroup_version": ("auto", "1", "2"),
 _MINIMUM = {"gecod_workers": 1}
 # Path settings where "" means "the built-in choice" (not a path).
 _OPTIONAL_PATHS = ("cgroup_v2_base", "sge_root")
-# String settings where "" means "find it out" (geco.sgeenv) or "beside the public
+# String settings where "" means "find it out" (geco.sge.siteenv) or "beside the public
 # socket" / "none" (the privileged socket and its group).
 _OPTIONAL_STRINGS = ("sge_cell", "sge_cluster_name", "gecod_privileged_socket",
                      "gecod_privileged_group")

@@ -18,20 +18,25 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from geco import cores, log, statefile
+from geco import cores, log
 from geco.cgroup import Backend, Limits
 from geco.config import Config
 from geco.errors import CoresUnavailable, GecoError
-from geco.resource import NodeResources
+from geco.jobkey import JobKey
+from geco.resourceset import NodeResources, short_hostname
+from geco.sge import lookup, resourcefile
+from geco.sge.execd import JobRef
+from geco.sge.lookup import Found
 from geco.topology import Topology, format_cpulist, parse_cpulist
 
-__all__ = ["PidsLimit", "Release", "contain", "join", "kill_and_remove", "last_changed",
-           "pids_unenforced", "read_usage", "release"]
+__all__ = ["Contained", "PidsLimit", "Release", "contain", "contain_job", "join",
+           "kill_and_remove", "last_changed", "pids_unenforced", "read_usage", "release"]
 
 _log = log.get("containment")
 # The most tasks a Linux pid namespace can ever hold (PID_MAX_LIMIT on 64-bit); the
@@ -100,7 +105,7 @@ def _node_lock(state_dir: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def last_changed(key: str, backend: Backend) -> float | None:
+def last_changed(key: JobKey, backend: Backend) -> float | None:
     """When the job's cgroups were made (epoch seconds; None when they are gone).
 
     The newest mtime of the job's cgroup dirs: cgroupfs sets a directory's mtime
@@ -144,7 +149,7 @@ def _drop_stale(backend: Backend, active_jobs: Path | None, keep: str, *,
             continue
         if not short and (spool is None or (spool / key).exists()):
             continue
-        job, _, task = key.partition(".")
+        job, task = key.job, key.task
         try:
             backend.destroy(key)
             removed += 1
@@ -152,13 +157,13 @@ def _drop_stale(backend: Backend, active_jobs: Path | None, keep: str, *,
                       "free its cores", key,
                       extra=log.job_fields(job, task, "stale-cgroup-removed"))
             if spool is not None and not (spool / key).exists():
-                statefile.remove(resources_dir, int(job), int(task))
+                resourcefile.remove(resources_dir, key)
         except GecoError as exc:
             _log.warning("cannot remove stale cgroup %s: %s", key, exc)
     return removed
 
 
-def join(key: str, backend: Backend, pid: int, *, state_dir: Path) -> Limits | None:
+def join(key: JobKey, backend: Backend, pid: int, *, state_dir: Path) -> Limits | None:
     """Move ``pid`` into the job's existing cgroups and return their limits; None when the
     job has no (usable) cgroups on this node yet (then :func:`contain` makes them).
 
@@ -169,7 +174,7 @@ def join(key: str, backend: Backend, pid: int, *, state_dir: Path) -> Limits | N
         return _join_locked(key, backend, pid)
 
 
-def _join_locked(key: str, backend: Backend, pid: int | None) -> Limits | None:
+def _join_locked(key: JobKey, backend: Backend, pid: int | None) -> Limits | None:
     if not backend.exists(key):
         return None
     try:
@@ -187,7 +192,7 @@ def _join_locked(key: str, backend: Backend, pid: int | None) -> Limits | None:
     return limits
 
 
-def contain(key: str, node: NodeResources, backend: Backend, *, state_dir: Path,
+def contain(key: JobKey, node: NodeResources, backend: Backend, *, state_dir: Path,
             pids: PidsLimit, pid: int | None = None, hardware_threads: bool = False,
             topology: Topology | None = None, active_jobs: Path | None = None,
             reclaim: Callable[[], None] | None = None) -> Limits:
@@ -222,10 +227,20 @@ def contain(key: str, node: NodeResources, backend: Backend, *, state_dir: Path,
     CgroupError
         when the kernel refuses a cgroup operation.
     """
+    return _contain(key, node, backend, state_dir=state_dir, pids=pids, pid=pid,
+                    hardware_threads=hardware_threads, topology=topology,
+                    active_jobs=active_jobs, reclaim=reclaim)[0]
+
+
+def _contain(key: JobKey, node: NodeResources, backend: Backend, *, state_dir: Path,
+             pids: PidsLimit, pid: int | None, hardware_threads: bool,
+             topology: Topology | None, active_jobs: Path | None,
+             reclaim: Callable[[], None] | None) -> tuple[Limits, bool]:
+    """:func:`contain`; also say whether the cgroups were made here (False: they existed)."""
     with _node_lock(state_dir):
         existing = _join_locked(key, backend, pid)
         if existing is not None:
-            return existing
+            return existing, False
         resources_dir = state_dir / "resources"  # Config.resources_dir
         _drop_stale(backend, active_jobs, keep=key, resources_dir=resources_dir)
         topo = topology or Topology.load()
@@ -251,10 +266,78 @@ def contain(key: str, node: NodeResources, backend: Backend, *, state_dir: Path,
                 with contextlib.suppress(GecoError):
                     backend.destroy(key)
                 raise
-        return limits
+        return limits, True
 
 
-def _allocate(key: str, node: NodeResources, backend: Backend, topo: Topology,
+@dataclass(frozen=True, slots=True)
+class Contained:
+    """What :func:`contain_job` did.
+
+    Attributes
+    ----------
+    limits: the job's limits on this node (its cores, memory, tasks).
+    created: True when the cgroups were made now; False when the job's existing
+        cgroups (made by gecod, an earlier hook or task) were joined.
+    found: the job's resource set and where it came from; None when the existing
+        cgroups were joined without it.
+    """
+
+    limits: Limits
+    created: bool
+    found: Found | None
+
+
+def contain_job(job: JobRef, cfg: Config, backend: Backend, *, pid: int,
+                found: Found | None = None, hostname: str | None = None,
+                topology: Topology | None = None, reclaim: Callable[[], None] | None = None,
+                logger: logging.Logger | None = None) -> Contained:
+    """Put ``pid`` into its job's cgroups on this node, making them first when needed.
+
+    The one way in, for the prolog and for gecod: the job's cgroups exist ->
+    join them (no resources read); else its resource set (``found``, else
+    :func:`geco.sge.lookup.find`: the resource file, qstat, the spool) -> this
+    node's share -> cores -> cgroups -> move, under the node lock
+    (:func:`contain`).
+
+    Parameters
+    ----------
+    job: the job task, with its execd spool dir (stale cgroups, the pe_hostfile).
+    cfg: settings (state dir, task limit, hardware threads, qstat).
+    backend: this node's cgroup backend.
+    pid: the job's first process here (a shepherd), moved in under the node lock.
+    found: the resource set when the caller already has it (the prolog journals it).
+    hostname: this node's name as the resource set spells it (default: this host).
+    topology, reclaim: as :func:`contain`.
+    logger: where :func:`geco.sge.lookup.find` warns.
+
+    Raises
+    ------
+    GecoError
+        when the job has no slots on this node (names its hosts), or as
+        :func:`geco.sge.lookup.find` and :func:`contain` raise.
+    """
+    limits = join(job.key, backend, pid, state_dir=cfg.state_dir)
+    if limits is not None:
+        return Contained(limits, False, found)
+    if found is None:
+        found = lookup.find(job, cfg, logger)
+    node = found.resources.node(hostname)
+    if node is None:
+        host = hostname or short_hostname()
+        raise GecoError(f"job {job.key} has no slots on this host ({host}); its hosts: "
+                        f"{', '.join(n.name for n in found.resources.nodes) or 'none'}")
+    # the GECO parents may be gone (an admin's cleanup script, a hierarchy remounted):
+    # make them again, as every job start does
+    backend.ensure_root()
+    limits, created = _contain(job.key, node, backend, state_dir=cfg.state_dir,
+                               pids=PidsLimit.from_config(cfg), pid=pid,
+                               hardware_threads=cfg.hardware_threads, topology=topology,
+                               active_jobs=job.spool_dir.parent if job.spool_dir else None,
+                               reclaim=reclaim)
+    return Contained(limits, created, found)
+
+
+def _allocate(key: JobKey, node: NodeResources, backend: Backend, topo: Topology,
               hardware_threads: bool) -> cores.Allocation:
     """Whole cores for the job among those no other job cgroup holds (under the node lock)."""
     busy = cores.busy_from_cpusets(backend.read_limits(k).cpus for k in backend.job_keys()
@@ -278,7 +361,7 @@ class Release:
         return not self.remaining
 
 
-def read_usage(key: str, backend: Backend) -> dict[str, int]:
+def read_usage(key: JobKey, backend: Backend) -> dict[str, int]:
     """Return the job's accounting counters (see :meth:`Backend.usage`), ``{}`` when unreadable.
 
     Read them before :func:`kill_and_remove`: removing the cgroups removes
@@ -291,7 +374,8 @@ def read_usage(key: str, backend: Backend) -> dict[str, int]:
         return {}
 
 
-def kill_and_remove(key: str, backend: Backend, *, timeout: float) -> tuple[int, tuple[int, ...]]:
+def kill_and_remove(key: JobKey, backend: Backend, *,
+                    timeout: float) -> tuple[int, tuple[int, ...]]:
     """SIGKILL everything in the job's cgroups (sub-cgroups included), wait, remove them.
 
     The backend freezes the cgroup so nothing can fork while it is being
@@ -317,7 +401,7 @@ def kill_and_remove(key: str, backend: Backend, *, timeout: float) -> tuple[int,
     return killed, ()
 
 
-def release(key: str, backend: Backend, *, timeout: float) -> Release:
+def release(key: JobKey, backend: Backend, *, timeout: float) -> Release:
     """Kill everything left in a job's cgroups and remove them (see :func:`kill_and_remove`).
 
     The usage counters are read first, while the cgroups still exist. A job

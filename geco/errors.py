@@ -21,6 +21,7 @@ __all__ = [
     "ConfigError",
     "CoresUnavailable",
     "GecoError",
+    "JobKeyError",
     "JobNotFound",
     "KeyFileError",
     "NotContained",
@@ -120,6 +121,10 @@ class TaskNotRunning(QstatError):
 
 class JobNotFound(GecoError):
     """Grid Engine does not know the job (finished, deleted, or never existed)."""
+
+
+class JobKeyError(GecoError, ValueError):
+    """A job key is not ``<job>.<task>`` in decimal digits (see :mod:`geco.jobkey`)."""
 
 
 class CgroupError(GecoError):

@@ -27,13 +27,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from geco import sgejob, statefile
+from geco import procfs
 from geco.accounting import Accounting
-from geco.cgroup import Backend, check_key, split_key
+from geco.cgroup import Backend, check_key
 from geco.config import Config
 from geco.containment import PidsLimit, pids_unenforced
 from geco.errors import CgroupError, GecoError
-from geco.resource import ResourceSet, short_hostname
+from geco.jobkey import JobKey
+from geco.resourceset import ResourceSet, short_hostname
+from geco.sge import execd, resourcefile
 from geco.units import format_memory
 
 __all__ = ["JobStatus", "Process", "format_duration", "format_table", "keys_of_job", "not_here",
@@ -79,7 +81,7 @@ class JobStatus:
     notes: things that could not be read, one sentence each.
     """
 
-    key: str
+    key: JobKey
     host: str
     owner: str
     job_name: str
@@ -108,7 +110,7 @@ class JobStatus:
                           cpu_system=self.cpu_system, oom_kills=self.oom_kills or 0)
 
 
-def keys_of_job(backend: Backend, job: int) -> list[str]:
+def keys_of_job(backend: Backend, job: int) -> list[JobKey]:
     """Return the keys of job ``job``'s tasks that have cgroups on this node, by task.
 
     Raises
@@ -116,8 +118,7 @@ def keys_of_job(backend: Backend, job: int) -> list[str]:
     CgroupError
         when the job cgroups cannot be listed.
     """
-    prefix = f"{job}."
-    return [k for k in backend.job_keys() if k.startswith(prefix)]
+    return [k for k in map(check_key, backend.job_keys()) if k.job == job]
 
 
 def not_here(job: str, host: str | None = None) -> CgroupError:
@@ -138,20 +139,19 @@ def _mtime(path: Path) -> float | None:
         return None
 
 
-def _resources(cfg: Config, key: str) -> tuple[ResourceSet | None, str]:
+def _resources(cfg: Config, key: JobKey) -> tuple[ResourceSet | None, str]:
     """The job's resource file and, when it cannot be used, why (one sentence)."""
-    job, task = split_key(key)
     try:
-        rs = statefile.read(cfg.resources_dir, job, task)
+        rs = resourcefile.read(cfg.resources_dir, key)
     except GecoError as exc:
         return None, f"the resource file is unusable: {exc}"
     if rs is None:
-        path = statefile.path_for(cfg.resources_dir, job, task)
+        path = resourcefile.path_for(cfg.resources_dir, key)
         return None, f"no resource file {path} (owner, name and h_rt unknown)"
     return rs, ""
 
 
-def read(cfg: Config, backend: Backend, key: str, *, now: float | None = None) -> JobStatus:
+def read(cfg: Config, backend: Backend, key: JobKey, *, now: float | None = None) -> JobStatus:
     """Return the live status of job task ``key`` on this node.
 
     Parameters
@@ -176,7 +176,7 @@ def read(cfg: Config, backend: Backend, key: str, *, now: float | None = None) -
         ended), with the message ``job <key> has no cgroups on <host> (not
         running here, or already ended)``; or when a cgroup file cannot be read.
     """
-    check_key(key)
+    key = check_key(key)
     host = short_hostname()
     if not backend.exists(key):
         raise not_here(key, host)
@@ -194,11 +194,11 @@ def read(cfg: Config, backend: Backend, key: str, *, now: float | None = None) -
     unenforced = pids_unenforced(backend, PidsLimit.from_config(cfg))
     if unenforced:
         notes.append(unenforced)
-    spool = sgejob.find_spool_dir(cfg.execd_spool_dir, key, host)
+    spool = execd.find_spool_dir(cfg.execd_spool_dir, key, host)
     config = spool / "config" if spool is not None else None
     started = _mtime(config) if config else None
     if started is None and rs is not None:
-        started = _mtime(statefile.path_for(cfg.resources_dir, rs.job_id, rs.task_id))
+        started = _mtime(resourcefile.path_for(cfg.resources_dir, rs.key))
     if started is None:
         notes.append("start time unknown: no spooled job config and no resource file")
     now = time.time() if now is None else now
@@ -213,7 +213,7 @@ def read(cfg: Config, backend: Backend, key: str, *, now: float | None = None) -
         oom_kills=acc.oom_kills if "oom_kill" in usage else None,
         pids_limit=limits.pids, pids_current=usage.get("pids_current"),
         pids_peak=usage.get("pids_peak"), pids_refused=usage.get("pids_max_events"),
-        processes=tuple(Process(pid, sgejob.proc_comm(pid)) for pid in pids),
+        processes=tuple(Process(pid, procfs.comm(pid)) for pid in pids),
         running_for=None if started is None else max(0.0, now - started),
         runtime_limit=rs.runtime_limit if rs else 0.0, notes=tuple(notes))
 
@@ -320,7 +320,7 @@ def format_table(st: JobStatus, *, verbose: bool = False) -> str:
 
 def to_dict(st: JobStatus) -> Mapping[str, object]:
     """Return the ``--json`` form: bytes, seconds, null for "not known"."""
-    job, task = split_key(st.key)
+    job, task = st.key.job, st.key.task
     return {
         "key": st.key, "job_id": job, "task_id": task, "host": st.host,
         "owner": st.owner, "job_name": st.job_name, "cpus": st.cpus, "mems": st.mems,

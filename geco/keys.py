@@ -18,7 +18,7 @@ from pathlib import Path
 
 import nacl.utils
 
-from geco import statefile
+from geco import atomicfile
 from geco.errors import KeyFileError
 from geco.protocol import KEY_BYTES
 
@@ -114,7 +114,7 @@ def generate_key(path: Path | str, force: bool = False) -> Path:
     """
     path = Path(path)
     try:
-        statefile.write_atomic(path, nacl.utils.random(KEY_BYTES), mode=KEY_MODE,
+        atomicfile.write_atomic(path, nacl.utils.random(KEY_BYTES), mode=KEY_MODE,
                                make_dir=True, overwrite=force, what="quarantine key file")
     except FileExistsError:
         raise KeyFileError(f"the quarantine key file already exists; keep it, or replace it "

@@ -24,7 +24,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from geco import address, statefile
+from geco import address, atomicfile
 from geco.config import Config
 from geco.errors import ConfigError
 
@@ -130,6 +130,6 @@ def write(cfg: Config, path: Path | str = DEFAULT_PATH, *,
     """
     path = Path(path)
     text = render(cfg, source=source)
-    statefile.write_atomic(path, text.encode(), mode=_FILE_MODE, make_dir=True,
+    atomicfile.write_atomic(path, text.encode(), mode=_FILE_MODE, make_dir=True,
                            what="preload config")
     return path

@@ -13,7 +13,8 @@ import json
 import shlex
 from collections.abc import Callable
 
-from geco.resource import ResourceSet
+from geco.resourceset import ResourceSet
+from geco.sge import v1format
 from geco.units import format_memory
 
 __all__ = ["FORMATS", "render", "to_dict"]
@@ -80,7 +81,7 @@ def _text(rs: ResourceSet) -> bytes:
 
 
 def _v1(rs: ResourceSet) -> bytes:
-    return rs.to_v1() + b"\n"
+    return v1format.serialize(rs) + b"\n"
 
 
 FORMATS: dict[str, Callable[[ResourceSet], bytes]] = {

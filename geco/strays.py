@@ -53,20 +53,21 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from geco import log, sgejob, statefile
-from geco.cgroup import Backend, check_key, split_key
+from geco import log, procfs
+from geco.cgroup import Backend, check_key
 from geco.cgroup._base import is_under
 from geco.cgroup._fs import proc_cgroups
 from geco.config import Config
 from geco.errors import GecoError
-from geco.resource import short_hostname
+from geco.jobkey import JobKey
+from geco.resourceset import short_hostname
+from geco.sge import execd, resourcefile
 
 __all__ = ["Door", "Outcome", "Result", "Stray", "after_job", "doors", "find", "is_exempt",
            "owner_of"]
 
 _log = log.get("strays")
 
-_PROC = Path("/proc")
 # A root parent of these names means an admin started the process as the user.
 _ADMIN_TOOLS = frozenset({"runuser", "su", "sudo"})
 # SIGKILL passes: each finds what the last one's victims forked before they died.
@@ -129,7 +130,7 @@ def _spool_owner(spool_dir: Path) -> str | None:
     """``job_owner`` of a spool dir's ``config``, else of a PE task's below it (a slave node)."""
     for config in (spool_dir / "config", *sorted(spool_dir.glob("*/config"))):
         try:
-            owner = sgejob.parse_key_values(config.read_bytes()).get(b"job_owner", b"")
+            owner = execd.parse_key_values(config.read_bytes()).get(b"job_owner", b"")
         except OSError:
             continue
         if owner:
@@ -137,30 +138,29 @@ def _spool_owner(spool_dir: Path) -> str | None:
     return None
 
 
-def owner_of(cfg: Config, key: str, spool_dir: Path | None = None) -> str | None:
+def owner_of(cfg: Config, key: JobKey, spool_dir: Path | None = None) -> str | None:
     """Return the user name that owns job ``key`` on this node, None when nothing says.
 
     From its resource file, else ``job_owner`` in its execd spool dir
     (``spool_dir``, default: looked up below ``[paths] execd_spool_dir``).
     Never raises: an unreadable file is just no answer.
     """
-    job, task = split_key(key)
     try:
-        rs = statefile.read(cfg.resources_dir, job, task)
+        rs = resourcefile.read(cfg.resources_dir, key)
     except GecoError as exc:
         _log.debug("job %s: its resource file names no owner: %s", key, exc)
         rs = None
     if rs is not None and rs.owner:
         return rs.owner
-    spool = spool_dir or sgejob.find_spool_dir(cfg.execd_spool_dir, key, short_hostname())
+    spool = spool_dir or execd.find_spool_dir(cfg.execd_spool_dir, key, short_hostname())
     return _spool_owner(spool) if spool is not None else None
 
 
-def _spool_keys(cfg: Config) -> set[str]:
+def _spool_keys(cfg: Config) -> set[JobKey]:
     """The jobs in this node's execd spool (``<spool>/<host>/active_jobs/<job>.<task>``)."""
     mine = cfg.execd_spool_dir / short_hostname() / "active_jobs"
     dirs = [mine] if mine.is_dir() else list(cfg.execd_spool_dir.glob("*/active_jobs"))
-    keys: set[str] = set()
+    keys: set[JobKey] = set()
     for d in dirs:
         try:
             names = os.listdir(d)
@@ -174,13 +174,13 @@ def _spool_keys(cfg: Config) -> set[str]:
     return keys
 
 
-def _other_job(cfg: Config, backend: Backend, key: str, user: str) -> str | None:
+def _other_job(cfg: Config, backend: Backend, key: JobKey, user: str) -> str | None:
     """Why the user's strays must stay: another job of theirs here, or one of nobody known."""
     try:
         keys = set(backend.job_keys())
     except GecoError as exc:
         return f"the job cgroups cannot be listed ({exc})"
-    for other in sorted(keys | _spool_keys(cfg), key=split_key):
+    for other in sorted(keys | _spool_keys(cfg), key=JobKey.order):
         if other == key:
             continue
         owner = owner_of(cfg, other)
@@ -211,28 +211,17 @@ class _Pinned:
 
 
 def _status(pid: int, proc: Path) -> tuple[int, int, str] | None:
-    """(real uid, parent pid, state letter) from ``/proc/<pid>/status``; None when gone."""
-    try:
-        data = (proc / str(pid) / "status").read_bytes()
-    except OSError:
+    """(real uid, parent pid, state letter) of ``pid``; None when gone."""
+    fields = procfs.stat_fields(pid, proc)
+    uid = procfs.real_uid(pid, proc)
+    if fields is None or len(fields) < 2 or uid is None:
         return None
-    uid = ppid = -1
-    state = "?"
-    for line in data.splitlines():
-        name, _, value = line.partition(b":")
-        fields = value.split()
-        if name == b"Uid" and fields and fields[0].isdigit():
-            uid = int(fields[0])
-        elif name == b"PPid" and fields and fields[0].isdigit():
-            ppid = int(fields[0])
-        elif name == b"State" and fields:
-            state = fields[0].decode("ascii", "replace")
-    return (uid, ppid, state) if uid >= 0 else None
+    return uid, int(fields[1]), fields[0].decode("ascii", "replace")
 
 
 def _geco_parents(backend: Backend) -> dict[str, str]:
     """geco's cgroup parent per controller, as ``/proc/<pid>/cgroup`` names it."""
-    return {c: posixpath.dirname(p) for c, p in backend.cgroup_paths("1.1").items()}
+    return {c: posixpath.dirname(p) for c, p in backend.cgroup_paths(JobKey(1, 1)).items()}
 
 
 def _in_a_job(pid: int, parents: dict[str, str], proc: Path) -> bool:
@@ -254,16 +243,9 @@ def _started_by_admin(uid: int, ppid: int, proc: Path) -> bool:
         if status is None:
             return False
         if status[0] != uid:
-            return status[0] == 0 and _comm(ppid, proc) in _ADMIN_TOOLS
+            return status[0] == 0 and procfs.comm(ppid, proc) in _ADMIN_TOOLS
         ppid, seen = status[1], seen + 1
     return False
-
-
-def _comm(pid: int, proc: Path) -> str:
-    try:
-        return (proc / str(pid) / "comm").read_bytes().rstrip(b"\n").decode("utf-8", "replace")
-    except OSError:
-        return ""
 
 
 def _alive(pidfd: int) -> bool:
@@ -291,7 +273,7 @@ def _pin(uid: int, parents: dict[str, str], proc: Path) -> list[_Pinned]:
         keep = (status is not None and status[0] == uid and status[2] not in ("Z", "X")
                 and not _in_a_job(pid, parents, proc)
                 and not _started_by_admin(uid, status[1], proc))
-        command = _comm(pid, proc)
+        command = procfs.comm(pid, proc)
         if keep and _alive(pidfd):
             found.append(_Pinned(pid, pidfd, command))
         else:
@@ -304,7 +286,7 @@ def _close(pinned: list[_Pinned]) -> None:
         os.close(p.pidfd)
 
 
-def find(backend: Backend, uid: int, proc: Path = _PROC) -> list[Stray]:
+def find(backend: Backend, uid: int, proc: Path = procfs.ROOT) -> list[Stray]:
     """Return the processes of ``uid`` outside every job cgroup (not started by an admin)."""
     pinned = _pin(uid, _geco_parents(backend), proc)
     _close(pinned)
@@ -378,8 +360,8 @@ def _user(name: str) -> pwd.struct_passwd | None:
         return None
 
 
-def after_job(cfg: Config, backend: Backend, key: str, owner: str | None, *,
-              cleaned_by: str, proc: Path = _PROC) -> Result:
+def after_job(cfg: Config, backend: Backend, key: JobKey, owner: str | None, *,
+              cleaned_by: str, proc: Path = procfs.ROOT) -> Result:
     """Job ``key`` of ``owner`` ended on this node: kill the owner's strays if it was their last.
 
     Call it after the job's cgroups are gone (see the module docstring for the steps).
@@ -398,7 +380,7 @@ def after_job(cfg: Config, backend: Backend, key: str, owner: str | None, *,
     """
     if not cfg.strays_kill:
         return Result(Outcome.OFF)
-    job, task = split_key(key)
+    job, task = key.job, key.task
     fields = {"CLEANED_BY": cleaned_by}
     entry = _user(owner) if owner else None
     if owner is None or entry is None:
@@ -480,10 +462,9 @@ def _daemon_pids(names: tuple[str, ...], proc: Path) -> list[int]:
     """The pids of root processes whose command is one of ``names``."""
     found = []
     for entry in os.listdir(proc):
-        if entry.isdigit() and _comm(int(entry), proc) in names:
-            status = _status(int(entry), proc)
-            if status is not None and status[0] == 0:
-                found.append(int(entry))
+        if entry.isdigit() and procfs.comm(int(entry), proc) in names \
+                and procfs.real_uid(int(entry), proc) == 0:
+            found.append(int(entry))
     return sorted(found)
 
 
@@ -503,7 +484,7 @@ def _allow_list(path: Path) -> list[str] | None:
     return [w for line in text.splitlines() for w in line.split()[:1] if not w.startswith("#")]
 
 
-def doors(cfg: Config, *, proc: Path = _PROC, etc: Path = Path("/etc"),
+def doors(cfg: Config, *, proc: Path = procfs.ROOT, etc: Path = Path("/etc"),
           linger: Path = Path("/var/lib/systemd/linger")) -> list[Door]:
     """The doors out of a job on this node: atd, cron, systemd linger, and the stray killing.
 

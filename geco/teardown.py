@@ -38,20 +38,18 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from geco import containment, log, procinfo, qstat, sgeenv
+from geco import containment, log, procfs
 from geco.accounting import Accounting
 from geco.cgroup import Backend, check_key
 from geco.config import Config
 from geco.errors import GecoError
-from geco.resource import short_hostname
+from geco.jobkey import JobKey
+from geco.resourceset import short_hostname
+from geco.sge import qmod as qmod_command
 
 __all__ = ["StuckProcess", "Teardown", "found_stuck", "tear_down"]
 
 _log = log.get("teardown")
-
-_QMOD_REMEDY = ("set [qstat] command in geco.toml to the full path of qstat: qmod is taken "
-                "from the same directory")
-
 
 @dataclass(frozen=True, slots=True)
 class StuckProcess:
@@ -111,7 +109,7 @@ class Teardown:
         refused a read, a write or the removal); ``""`` otherwise.
     """
 
-    key: str
+    key: JobKey
     killed: int
     stuck: tuple[StuckProcess, ...]
     accounting: Accounting
@@ -124,7 +122,7 @@ class Teardown:
         return not self.stuck and not self.error
 
 
-def tear_down(key: str, backend: Backend, cfg: Config, *, queue_instance: str | None,
+def tear_down(key: JobKey, backend: Backend, cfg: Config, *, queue_instance: str | None,
               cleaned_by: str, qmod: str | None = None) -> Teardown:
     """Kill what is left of a job, remove its cgroups, journal the job's end or the escalation.
 
@@ -139,7 +137,7 @@ def tear_down(key: str, backend: Backend, cfg: Config, *, queue_instance: str | 
         every queue on this host, ``*@<short hostname>``.
     cleaned_by: who tears down, journaled as ``CLEANED_BY`` (``epilog``, ``reaper``).
     qmod: the qmod command; default: ``qmod`` next to ``cfg.qstat`` when that
-        is a full path, else ``qmod`` from the fixed PATH qstat uses (:mod:`geco.sgeenv`).
+        is a full path, else ``qmod`` from the fixed PATH qstat uses (:mod:`geco.sge.siteenv`).
         It is run argv-only (``qmod -d <instance>``), once, for at most
         ``cfg.qstat_timeout`` seconds.
 
@@ -153,8 +151,8 @@ def tear_down(key: str, backend: Backend, cfg: Config, *, queue_instance: str | 
         only when ``key`` is not ``<job>.<task>`` (a caller's bug); cgroup and
         qmod problems are journaled and returned, never raised.
     """
-    check_key(key)
-    job, _, task = key.partition(".")
+    key = check_key(key)
+    job, task = key.job, key.task
     marker = cfg.state_dir / "stuck" / key
     if not backend.exists(key):
         _forget(marker)
@@ -185,7 +183,7 @@ def tear_down(key: str, backend: Backend, cfg: Config, *, queue_instance: str | 
     return Teardown(key, killed, stuck, accounting, disabled, error)
 
 
-def _pids_left(key: str, backend: Backend) -> tuple[int, ...]:
+def _pids_left(key: JobKey, backend: Backend) -> tuple[int, ...]:
     """The job's pids after a failed teardown step, () when even they cannot be read."""
     try:
         return tuple(backend.pids(key))
@@ -194,18 +192,18 @@ def _pids_left(key: str, backend: Backend) -> tuple[int, ...]:
         return ()
 
 
-def _describe(key: str, backend: Backend, pid: int) -> StuckProcess:
+def _describe(key: JobKey, backend: Backend, pid: int) -> StuckProcess:
     """What /proc and the cgroups say about one process that did not die."""
     try:
         where = backend.relative_cgroup(key, pid) or ""
     except GecoError:
         where = ""
-    return StuckProcess(pid, procinfo.state(pid, backend.proc), procinfo.command(pid, backend.proc),
-                        procinfo.wchan(pid, backend.proc), where,
+    return StuckProcess(pid, procfs.state(pid, backend.proc), procfs.comm(pid, backend.proc),
+                        procfs.wchan(pid, backend.proc), where,
                         _frozen_sub_cgroup(key, backend, where))
 
 
-def _frozen_sub_cgroup(key: str, backend: Backend, where: str) -> bool:
+def _frozen_sub_cgroup(key: JobKey, backend: Backend, where: str) -> bool:
     """True when the v1 freezer sub-cgroup ``where`` of the job is FROZEN (or freezing).
 
     Only v1 needs the word: a cgroup v2 freezer lets SIGKILL through, so a frozen
@@ -221,10 +219,10 @@ def _frozen_sub_cgroup(key: str, backend: Backend, where: str) -> bool:
     return state.startswith((b"FROZEN", b"FREEZING"))
 
 
-def _report_stuck(key: str, stuck: tuple[StuckProcess, ...], error: str, killed: int,
+def _report_stuck(key: JobKey, stuck: tuple[StuckProcess, ...], error: str, killed: int,
                   timeout: float, cleaned_by: str) -> None:
     """Journal ``cleanup-stuck``: the processes left (or the kernel's refusal), cgroups kept."""
-    job, _, task = key.partition(".")
+    job, task = key.job, key.task
     if stuck:
         what = (f"{len(stuck)} process(es) still alive {timeout:g} s after SIGKILL: "
                 + "; ".join(p.describe() for p in stuck))
@@ -240,29 +238,18 @@ def _report_stuck(key: str, stuck: tuple[StuckProcess, ...], error: str, killed:
                                     REASON=error or None))
 
 
-def _disable_queue(key: str, instance: str, marker: Path, cfg: Config, qmod: str | None,
+def _disable_queue(key: JobKey, instance: str, marker: Path, cfg: Config, qmod: str | None,
                    cleaned_by: str) -> str | None:
     """Run ``qmod -d <instance>`` once per stuck job; return the instance when it worked."""
-    job, _, task = key.partition(".")
+    job, task = key.job, key.task
     earlier = _marked(marker)
     if earlier is not None:
         _log.info("job %s: the queue instance %s was disabled for it already (%s); not again",
                   key, earlier or instance, marker)
         return None
-    why = ""
-    try:
-        # the site's Grid Engine environment: the epilog runs with the job's
-        env = sgeenv.discover(cfg)
-        command = qstat.find_command(_qmod_name(cfg, qmod), env, what="qmod",
-                                     remedy=_QMOD_REMEDY)
-        _, why, status = qstat.run_once([command, "-d", instance], cfg.qstat_timeout, env)
-    except GecoError as exc:
-        why, status = str(exc), None
-    except OSError as exc:
-        why, status = f"cannot execute it: {exc.strerror or exc}", None
+    why = qmod_command.disable(instance, cfg, qmod)
     fields = {"QUEUE_INSTANCE": instance, "CLEANED_BY": cleaned_by}
-    # qmod prints what it changed on stdout, but only its exit status says it worked
-    if status == 0:
+    if why is None:
         _remember(marker, instance)
         _log.error("job %s: disabled the queue instance %s (qmod -d) so that no new job starts "
                    "on this node while processes of this job cannot be killed; enable it "
@@ -275,16 +262,7 @@ def _disable_queue(key: str, instance: str, marker: Path, cfg: Config, qmod: str
     return None
 
 
-def _qmod_name(cfg: Config, qmod: str | None) -> str:
-    """The qmod to run: the given one, else next to a fully given qstat, else ``qmod``."""
-    if qmod is not None:
-        return qmod
-    # a site that names /opt/sge/bin/lx-amd64/qstat has qmod in the same directory
-    configured = Path(cfg.qstat)
-    return str(configured.with_name("qmod")) if configured.is_absolute() else "qmod"
-
-
-def found_stuck(cfg: Config, key: str) -> bool:
+def found_stuck(cfg: Config, key: JobKey) -> bool:
     """True when a teardown since boot found job ``key`` stuck and disabled its queue: the
     reaper owns it now and tries again every round."""
     return _marked(cfg.state_dir / "stuck" / check_key(key)) is not None
@@ -302,7 +280,7 @@ def _marked(marker: Path) -> str | None:
     except OSError:
         return None
     # a marker from before a reboot belongs to another job that had the same key
-    if mtime < procinfo.boot_time():
+    if mtime < procfs.boot_time():
         return None
     return data.strip().decode("utf-8", "replace")
 

@@ -64,7 +64,9 @@ from pathlib import Path
 
 from geco import log
 from geco.config import Config
-from geco.resource import ResourceSet
+from geco.errors import JobKeyError
+from geco.jobkey import JobKey
+from geco.resourceset import ResourceSet
 
 __all__ = ["LEVELS", "Backlog", "TraceFormatter", "TraceRouter", "for_job", "logging_level",
            "trace_path"]
@@ -457,7 +459,11 @@ class TraceRouter(logging.Handler):
             return False
         if self._local.busy:
             return False
-        entry = self._lookup(f"{int(job_text)}.{int(task_text)}")
+        try:
+            key = JobKey(int(job_text), int(task_text))
+        except JobKeyError:  # no job has such ids (20 digits): nothing to trace into
+            return False
+        entry = self._lookup(key)
         if entry is None or entry.level is None or record.levelno < entry.level:
             return False
         if not self.filter(record):
@@ -475,7 +481,7 @@ class TraceRouter(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         self.handle(record)
 
-    def _lookup(self, key: str) -> _Job | None:
+    def _lookup(self, key: JobKey) -> _Job | None:
         """The job's entry, re-read when its resource file changed; None without a file."""
         path = self._resources + key
         entry = self._jobs.get(key)
@@ -500,13 +506,12 @@ class TraceRouter(logging.Handler):
             self._jobs[key] = entry
         return entry
 
-    def _read(self, key: str, mtime_ns: int, ino: int) -> _Job:
-        from geco import statefile  # only when a resource file is new or has changed
+    def _read(self, key: JobKey, mtime_ns: int, ino: int) -> _Job:
+        from geco.sge import resourcefile  # only when a resource file is new or has changed
 
-        job_text, _, task_text = key.partition(".")
-        job_id, task_id = int(job_text), int(task_text)
+        job_id, task_id = key.job, key.task
         try:
-            rs = statefile.read(self.cfg.resources_dir, job_id, task_id)
+            rs = resourcefile.read(self.cfg.resources_dir, key)
         except Exception:  # garbage or unreadable: not traced; the hooks report the file
             rs = None
         level = logging_level(rs.trace_level) if rs is not None else None

@@ -6,7 +6,7 @@ Use::
 
     backend = cgroup.detect(cfg.cgroup_mount, cfg.cgroup_name, cfg.cgroup_version)
     backend.ensure_root()
-    key = cgroup.job_key(42, 1)                       # "42.1"
+    key = JobKey(42, 1)                               # "42.1"
     backend.create(key, cgroup.Limits(cpus="2-3", memory=8 << 30))
     backend.add_pid(key, pid)
     ...
@@ -26,7 +26,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from geco.cgroup._base import Backend, Limits, check_key, job_key, split_key
+from geco import procfs
+from geco.cgroup._base import Backend, Limits, check_key
 from geco.cgroup._fs import Mount, parse_mountinfo, read_bytes, read_str
 from geco.cgroup._v1 import Hierarchy, V1Backend, find_hierarchies
 from geco.cgroup._v2 import HOLDER, V2Backend, unit_cgroup
@@ -45,9 +46,7 @@ __all__ = [
     "detect",
     "find_hierarchies",
     "for_config",
-    "job_key",
     "parse_mountinfo",
-    "split_key",
     "unit_cgroup",
 ]
 
@@ -72,7 +71,7 @@ def _cgroup2_at(mounts: list[Mount], mount: Path) -> tuple[Mount | None, str]:
 
 def detect(mount: Path = Path("/sys/fs/cgroup"), name: str = "GECO", version: str = "auto",
            *, base: Path | None = None, exclusive_cpus: bool = False,
-           proc: Path = Path("/proc")) -> Backend:
+           proc: Path = procfs.ROOT) -> Backend:
     """Return the backend for this node's cgroup layout.
 
     Parameters

@@ -8,6 +8,7 @@ way for both. File access lives in ``_fs.py``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
 import re
@@ -29,17 +30,14 @@ from geco.cgroup._fs import (
     signal_pid,
     walk_dirs,
 )
-from geco.errors import CgroupError
+from geco.errors import CgroupError, JobKeyError
+from geco.jobkey import JobKey
 
-__all__ = ["Backend", "Limits", "check_key", "check_name", "is_under", "job_key", "warn_once"]
+__all__ = ["Backend", "Limits", "check_key", "check_name", "is_under", "warn_once"]
 
 _log = log.get("cgroup")
 _KILL_FREEZE_TIMEOUT = 5.0
 
-# Job and task ids are decimal without leading zeros, so one job has exactly
-# one directory name ("42.1", never "042.1"), and nothing like "..", "/" or a
-# newline can reach a path.
-_KEY_RE = re.compile(r"(0|[1-9][0-9]{0,18})\.(0|[1-9][0-9]{0,18})")
 # The kernel's list syntax for cpuset.cpus / cpuset.mems: "0-3,8,10-11".
 _LIST_RE = re.compile(r"[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*")
 # kill() repeats its sweep while new pids keep appearing (a forking job); a
@@ -56,49 +54,21 @@ def warn_once(key: str, msg: str, *args: object) -> None:
         _log.warning(msg, *args)
 
 
-def check_key(key: str) -> str:
-    """Return ``key`` when it names a job cgroup, else raise.
+def check_key(key: str) -> JobKey:
+    """Return ``key`` as a :class:`~geco.jobkey.JobKey` when it names a job cgroup, else raise.
 
-    Parameters
-    ----------
-    key:
-        ``"<job>.<task>"``, both decimal without leading zeros (``"42.1"``).
+    Every backend method checks its key again, whoever made it: nothing like
+    ``..``, ``/`` or a newline ever reaches a path.
 
     Raises
     ------
     CgroupError
         when the key is anything else (``"../x"``, ``"1/2"``, ``"."``, ``""``).
     """
-    if not isinstance(key, str) or _KEY_RE.fullmatch(key) is None:
-        raise CgroupError("a job cgroup key must be <job>.<task> in decimal digits "
-                          f"without leading zeros (e.g. 42.1), got {key!r}")
-    return key
-
-
-def job_key(job: int, task: int) -> str:
-    """Return the cgroup key of array task ``task`` of job ``job`` (``job_key(42, 1) == "42.1"``).
-
-    Raises
-    ------
-    CgroupError
-        when either id is negative or not an int.
-    """
-    if isinstance(job, bool) or isinstance(task, bool) or not isinstance(job, int) \
-            or not isinstance(task, int):
-        raise CgroupError(f"job and task ids must be ints, got {job!r} and {task!r}")
-    return check_key(f"{job}.{task}")
-
-
-def split_key(key: str) -> tuple[int, int]:
-    """Return the job and task ids of a cgroup key (``split_key("42.1") == (42, 1)``).
-
-    Raises
-    ------
-    CgroupError
-        when ``key`` is not ``<job>.<task>`` (see :func:`check_key`).
-    """
-    job, _, task = check_key(key).partition(".")
-    return int(job), int(task)
+    try:
+        return JobKey.parse(key)
+    except JobKeyError as exc:
+        raise CgroupError(str(exc)) from None
 
 
 def check_name(name: str) -> str:
@@ -183,11 +153,6 @@ def pids_usage(d: Path) -> dict[str, int]:
     return out
 
 
-def _key_sort(key: str) -> tuple[int, int]:
-    job, _, task = key.partition(".")
-    return int(job), int(task)
-
-
 def is_under(cgpath: str, parent: str) -> bool:
     """True when cgroup path ``cgpath`` is ``parent`` or inside it."""
     return cgpath == parent or cgpath.startswith(parent.rstrip("/") + "/")
@@ -220,7 +185,7 @@ class Backend(ABC):
         """Return controller -> GECO parent directory."""
 
     @abstractmethod
-    def paths(self, key: str) -> dict[str, Path]:
+    def paths(self, key: JobKey) -> dict[str, Path]:
         """Return controller -> the job's directory (for messages and tests).
 
         Raises
@@ -230,7 +195,7 @@ class Backend(ABC):
         """
 
     @abstractmethod
-    def cgroup_paths(self, key: str) -> dict[str, str]:
+    def cgroup_paths(self, key: JobKey) -> dict[str, str]:
         """Return the job's paths as ``/proc/<pid>/cgroup`` shows them.
 
         Keyed like :func:`proc_cgroups`: by v1 controller, or ``""`` for cgroup2.
@@ -267,7 +232,7 @@ class Backend(ABC):
         """
 
     @abstractmethod
-    def create(self, key: str, limits: Limits) -> None:
+    def create(self, key: JobKey, limits: Limits) -> None:
         """Create the job's cgroups with ``limits``, ready for its first process.
 
         Idempotent: an existing cgroup is kept and only the files whose value
@@ -283,7 +248,7 @@ class Backend(ABC):
         """
 
     @abstractmethod
-    def read_limits(self, key: str) -> Limits:
+    def read_limits(self, key: JobKey) -> Limits:
         """Return the limits the kernel has for the job (for ``geco status`` and restarts).
 
         Raises
@@ -293,7 +258,7 @@ class Backend(ABC):
         """
 
     @abstractmethod
-    def add_pid(self, key: str, pid: int) -> None:
+    def add_pid(self, key: JobKey, pid: int) -> None:
         """Move process ``pid`` (all its threads) into the job's cgroup in every controller.
 
         Raises
@@ -316,7 +281,7 @@ class Backend(ABC):
         """
 
     @abstractmethod
-    def freeze(self, key: str, timeout: float = 10.0) -> None:
+    def freeze(self, key: JobKey, timeout: float = 10.0) -> None:
         """Stop every process of the job and wait until the kernel reports it frozen.
 
         Raises
@@ -326,7 +291,7 @@ class Backend(ABC):
         """
 
     @abstractmethod
-    def thaw(self, key: str, timeout: float = 10.0) -> None:
+    def thaw(self, key: JobKey, timeout: float = 10.0) -> None:
         """Let the job's processes run again and wait until the kernel reports it thawed.
 
         Raises
@@ -336,7 +301,7 @@ class Backend(ABC):
         """
 
     @abstractmethod
-    def kill(self, key: str) -> int:
+    def kill(self, key: JobKey) -> int:
         """SIGKILL every process of the job, sub-cgroups included; return how many were signalled.
 
         Does not wait: follow with :meth:`wait_empty`. A missing cgroup is 0.
@@ -350,7 +315,7 @@ class Backend(ABC):
         """
 
     @abstractmethod
-    def usage(self, key: str) -> dict[str, int]:
+    def usage(self, key: JobKey) -> dict[str, int]:
         """Return the job's resource accounting: only the figures this kernel provides.
 
         Keys (bytes or counts): ``memory_peak``, ``memory_current``,
@@ -373,11 +338,11 @@ class Backend(ABC):
 
     # -- shared behaviour -----------------------------------------------------
 
-    def _dirs(self, key: str) -> list[Path]:
+    def _dirs(self, key: JobKey) -> list[Path]:
         """The job's distinct directories (co-mounted controllers share one)."""
         return list(dict.fromkeys(self.paths(key).values()))
 
-    def exists(self, key: str) -> bool:
+    def exists(self, key: JobKey) -> bool:
         """True when any part of the job's cgroup exists (something to use or clean up).
 
         Raises
@@ -387,9 +352,9 @@ class Backend(ABC):
         """
         return any(d.is_dir() for d in self._dirs(check_key(key)))
 
-    def job_keys(self) -> list[str]:
+    def job_keys(self) -> list[JobKey]:
         """Return the keys of the job cgroups that exist now (in any controller), sorted."""
-        found: set[str] = set()
+        found: set[JobKey] = set()
         for parent in dict.fromkeys(self.parent_paths().values()):
             try:
                 entries = list(os.scandir(parent))
@@ -397,11 +362,13 @@ class Backend(ABC):
                 continue
             except OSError as exc:
                 raise cgroup_error("cannot list the job cgroups", exc, path=parent) from exc
-            found.update(e.name for e in entries
-                         if e.is_dir(follow_symlinks=False) and _KEY_RE.fullmatch(e.name))
-        return sorted(found, key=_key_sort)
+            for entry in entries:
+                with contextlib.suppress(JobKeyError):  # not a job's: the holder, a sub-cgroup
+                    if entry.is_dir(follow_symlinks=False):
+                        found.add(JobKey.parse(entry.name))
+        return sorted(found, key=JobKey.order)
 
-    def pids(self, key: str) -> list[int]:
+    def pids(self, key: JobKey) -> list[int]:
         """Return the pids in the job's cgroup (and any sub-cgroup), in every controller.
 
         Raises
@@ -415,7 +382,7 @@ class Backend(ABC):
                 found.update(read_pids(sub))
         return sorted(found)
 
-    def contains(self, key: str, pid: int) -> bool:
+    def contains(self, key: JobKey, pid: int) -> bool:
         """True when ``pid`` is in the job's cgroup (or below it) in every managed controller.
 
         Read from ``/proc/<pid>/cgroup``: the kernel's word, not geco's memory.
@@ -432,7 +399,7 @@ class Backend(ABC):
             return False
         return all(k in have and is_under(have[k], path) for k, path in want.items())
 
-    def relative_cgroup(self, key: str, pid: int) -> str | None:
+    def relative_cgroup(self, key: JobKey, pid: int) -> str | None:
         """Return where in the job ``pid`` is: its cgroup relative to the job's own.
 
         ``""`` is the job's own cgroup, ``"stuck"`` or ``"a/b"`` a sub-cgroup
@@ -458,11 +425,11 @@ class Backend(ABC):
         deepest = max(found, key=lambda rel: 0 if rel == "." else rel.count("/") + 1)
         return "" if deepest == "." else deepest
 
-    def _is_member(self, key: str, pid: int) -> bool:
+    def _is_member(self, key: JobKey, pid: int) -> bool:
         """True when ``pid`` is in the job's cgroup in at least one managed controller."""
         return self._member_test(key)(pid)
 
-    def _member_test(self, key: str) -> Callable[[int], bool]:
+    def _member_test(self, key: JobKey) -> Callable[[int], bool]:
         """Return ``_is_member`` for one job with its cgroup paths worked out once (the
         kill sweep asks for every pid of the job)."""
         want = tuple(self.cgroup_paths(key).items())
@@ -473,14 +440,14 @@ class Backend(ABC):
                                             for k, path in want)
         return is_member
 
-    def _refuse_own_job(self, key: str) -> None:
+    def _refuse_own_job(self, key: JobKey) -> None:
         """Raise when the calling process is itself in the job: kill() would kill the caller."""
         if self._is_member(key, os.getpid()):
             raise CgroupError(f"refusing to kill job {key} from inside its cgroup: move this "
                               f"process out first (move_to_cgroups_of)", key=key,
                               pid=os.getpid())
 
-    def kill_except(self, key: str, spare: Callable[[int], bool]) -> int:
+    def kill_except(self, key: JobKey, spare: Callable[[int], bool]) -> int:
         """SIGKILL every process of the job but those ``spare(pid)`` keeps; return how many.
 
         For ending a job while Grid Engine's ``sge_shepherd`` (which lives in the job's
@@ -493,11 +460,11 @@ class Backend(ABC):
         self._refuse_own_job(key)
         return self._kill_frozen(key, self._freezable(key), spare)
 
-    def _freezable(self, key: str) -> bool:
+    def _freezable(self, key: JobKey) -> bool:
         """True when the job's cgroup can be frozen (v1 freezer / v2 cgroup.freeze)."""
         raise NotImplementedError
 
-    def _kill_frozen(self, key: str, freezable: bool,
+    def _kill_frozen(self, key: JobKey, freezable: bool,
                      spare: Callable[[int], bool] | None = None) -> int:
         """Freeze (best effort), SIGKILL every member, thaw; return how many were signalled.
 
@@ -518,7 +485,7 @@ class Backend(ABC):
         _log.debug("sent SIGKILL to %d processes of job %s", count, key)
         return count
 
-    def _sigkill_all(self, key: str, spare: Callable[[int], bool] | None = None) -> int:
+    def _sigkill_all(self, key: JobKey, spare: Callable[[int], bool] | None = None) -> int:
         """SIGKILL every member (but the spared) until a sweep finds no new pid; return how
         many were signalled."""
         seen: set[int] = set()
@@ -536,7 +503,7 @@ class Backend(ABC):
                     signalled += 1
         return signalled
 
-    def wait_empty(self, key: str, timeout: float) -> bool:
+    def wait_empty(self, key: JobKey, timeout: float) -> bool:
         """Wait until no process is left in the job's cgroup and its sub-cgroups; True if it
         emptied in time.
 
@@ -548,7 +515,7 @@ class Backend(ABC):
         check_key(key)
         return poll_until(lambda: not self.pids(key), timeout)
 
-    def destroy(self, key: str) -> None:
+    def destroy(self, key: JobKey) -> None:
         """Remove the job's cgroup and its sub-cgroups (deepest first) in every controller.
 
         A cgroup that is already gone is fine.
@@ -571,7 +538,7 @@ class Backend(ABC):
                               key=key, pids=",".join(map(str, left)) or None, path=busy[0])
         _log.debug("removed the cgroups of job %s", key)
 
-    def _require_dirs(self, key: str) -> None:
+    def _require_dirs(self, key: JobKey) -> None:
         """Raise a clear error when the job has no cgroup at all."""
         if not self.exists(key):
             raise CgroupError(f"job {key} has no cgroup", key=key,

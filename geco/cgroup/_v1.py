@@ -37,7 +37,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from geco import log
+from geco import log, procfs
 from geco.cgroup._base import Backend, Limits, check_key, is_under, pids_usage, warn_once
 from geco.cgroup._fs import (
     Mount,
@@ -53,6 +53,7 @@ from geco.cgroup._fs import (
     write_bytes,
 )
 from geco.errors import CgroupError
+from geco.jobkey import JobKey
 
 __all__ = ["OPTIONAL", "REQUIRED", "Hierarchy", "V1Backend", "find_hierarchies"]
 
@@ -144,7 +145,7 @@ class V1Backend(Backend):
     version = 1
 
     def __init__(self, hierarchies: Mapping[str, Hierarchy], name: str = "GECO", *,
-                 exclusive_cpus: bool = True, proc: Path = Path("/proc")) -> None:
+                 exclusive_cpus: bool = True, proc: Path = procfs.ROOT) -> None:
         super().__init__(name, proc)
         missing = [c for c in REQUIRED if c not in hierarchies]
         if missing:
@@ -156,7 +157,7 @@ class V1Backend(Backend):
     @classmethod
     def from_mounts(cls, mounts: Iterable[Mount], mount: Path = Path("/sys/fs/cgroup"),
                     name: str = "GECO", *, exclusive_cpus: bool = True,
-                    proc: Path = Path("/proc")) -> V1Backend:
+                    proc: Path = procfs.ROOT) -> V1Backend:
         """Build the backend from mountinfo entries (see :func:`find_hierarchies`).
 
         Raises
@@ -185,15 +186,15 @@ class V1Backend(Backend):
     def parent_paths(self) -> dict[str, Path]:
         return {c: h.mount_point / self.name for c, h in self._hier.items()}
 
-    def paths(self, key: str) -> dict[str, Path]:
+    def paths(self, key: JobKey) -> dict[str, Path]:
         check_key(key)
         return {c: h.mount_point / self.name / key for c, h in self._hier.items()}
 
-    def cgroup_paths(self, key: str) -> dict[str, str]:
+    def cgroup_paths(self, key: JobKey) -> dict[str, str]:
         check_key(key)
         return {c: posixpath.join(h.root, self.name, key) for c, h in self._hier.items()}
 
-    def _dir(self, ctrl: str, key: str) -> Path:
+    def _dir(self, ctrl: str, key: JobKey) -> Path:
         return self._hier[ctrl].mount_point / self.name / key
 
     def _parent(self, ctrl: str) -> Path:
@@ -273,7 +274,7 @@ class V1Backend(Backend):
 
     # -- one job --------------------------------------------------------------
 
-    def create(self, key: str, limits: Limits) -> None:
+    def create(self, key: JobKey, limits: Limits) -> None:
         check_key(key)
         created: list[Path] = []
         try:
@@ -288,7 +289,7 @@ class V1Backend(Backend):
         _log.debug("job %s cgroups ready (%s) with %s", key,
                    "created" if created else "existing", limits)
 
-    def _apply(self, key: str, limits: Limits) -> None:
+    def _apply(self, key: JobKey, limits: Limits) -> None:
         cs = self._dir("cpuset", key)
         overlap = ("the cpus must lie within the GECO cpuset's and must not overlap "
                    "another job's exclusive cpuset")
@@ -310,7 +311,7 @@ class V1Backend(Backend):
                       "(pids.max, [cgroup] pids_per_slot) are not enforced on this node; "
                       "mount it (cgroup v1 pids hierarchy) to have them")
 
-    def _apply_memory(self, md: Path, key: str, limits: Limits) -> None:
+    def _apply_memory(self, md: Path, key: JobKey, limits: Limits) -> None:
         ram = limits.ram or math.inf
         ram_file = md / "memory.limit_in_bytes"
         memsw_file = md / "memory.memsw.limit_in_bytes"
@@ -334,7 +335,7 @@ class V1Backend(Backend):
         for path, value in order:
             write_bytes(path, _limit_text(value), hints=hints, key=key)
 
-    def read_limits(self, key: str) -> Limits:
+    def read_limits(self, key: JobKey) -> Limits:
         self._require_dirs(key)
         cs, md = self._dir("cpuset", key), self._dir("memory", key)
         memsw = md / "memory.memsw.limit_in_bytes"
@@ -346,7 +347,7 @@ class V1Backend(Backend):
                       memory=_read_limit(md / "memory.limit_in_bytes"),
                       memory_swap=_read_limit(memsw) if memsw.exists() else 0, pids=pids)
 
-    def add_pid(self, key: str, pid: int) -> None:
+    def add_pid(self, key: JobKey, pid: int) -> None:
         check_key(key)
         hints = {errno.ESRCH: f"process {pid} is gone (it exited before it could be moved)",
                  errno.ENOENT: f"job {key} has no cgroup here (create it first)",
@@ -381,14 +382,14 @@ class V1Backend(Backend):
 
     # -- freezing and killing -------------------------------------------------
 
-    def _freezer_state(self, key: str) -> Path:
+    def _freezer_state(self, key: JobKey) -> Path:
         check_key(key)
         if "freezer" not in self._hier:
             raise CgroupError(f"cannot freeze or thaw job {key}: the freezer controller is "
                               "not mounted (cgroup v1)", key=key)
         return self._dir("freezer", key) / "freezer.state"
 
-    def _set_freezer(self, key: str, state: str, timeout: float) -> None:
+    def _set_freezer(self, key: JobKey, state: str, timeout: float) -> None:
         path = self._freezer_state(key)
         write_bytes(path, state.encode("ascii"),
                     hints={errno.ENOENT: f"job {key} has no freezer cgroup"}, key=key)
@@ -398,13 +399,13 @@ class V1Backend(Backend):
                               f"says {read_str(path)}); a process may be stuck in the kernel",
                               key=key, path=path)
 
-    def freeze(self, key: str, timeout: float = 10.0) -> None:
+    def freeze(self, key: JobKey, timeout: float = 10.0) -> None:
         self._set_freezer(key, "FROZEN", timeout)
 
-    def thaw(self, key: str, timeout: float = 10.0) -> None:
+    def thaw(self, key: JobKey, timeout: float = 10.0) -> None:
         self._set_freezer(key, "THAWED", timeout)
 
-    def kill(self, key: str) -> int:
+    def kill(self, key: JobKey) -> int:
         """SIGKILL every process of the job (freezing first when the freezer is mounted).
 
         The job is left thawed: a SIGKILLed task in a frozen v1 cgroup would
@@ -416,10 +417,10 @@ class V1Backend(Backend):
         self._refuse_own_job(key)
         return self._kill_frozen(key, self._freezable(key))
 
-    def _freezable(self, key: str) -> bool:
+    def _freezable(self, key: JobKey) -> bool:
         return "freezer" in self._hier and self._dir("freezer", key).is_dir()
 
-    def usage(self, key: str) -> dict[str, int]:
+    def usage(self, key: JobKey) -> dict[str, int]:
         check_key(key)
         md = self._dir("memory", key)
         if not md.is_dir():
@@ -445,7 +446,7 @@ class V1Backend(Backend):
             out.update(pids_usage(self._dir("pids", key)))
         return out
 
-    def _cpu_usage(self, key: str) -> dict[str, int]:
+    def _cpu_usage(self, key: JobKey) -> dict[str, int]:
         """CPU time of the job in microseconds, when a cpuacct cgroup counts it."""
         if "cpuacct" not in self._hier:
             return {}

@@ -48,7 +48,7 @@ import os
 import posixpath
 from pathlib import Path
 
-from geco import log
+from geco import log, procfs
 from geco.cgroup._base import Backend, Limits, check_key, is_under, pids_usage, warn_once
 from geco.cgroup._fs import (
     make_dir,
@@ -64,6 +64,7 @@ from geco.cgroup._fs import (
     write_bytes,
 )
 from geco.errors import CgroupError
+from geco.jobkey import JobKey
 
 __all__ = ["HOLDER", "OPTIONAL", "REQUIRED", "V2Backend", "unit_cgroup"]
 
@@ -127,7 +128,7 @@ class V2Backend(Backend):
 
     def __init__(self, mount_point: Path = Path("/sys/fs/cgroup"), name: str = "GECO", *,
                  base: Path | None = None, mount_root: str = "/",
-                 proc: Path = Path("/proc")) -> None:
+                 proc: Path = procfs.ROOT) -> None:
         super().__init__(name, proc)
         self.mount_point = Path(os.path.normpath(mount_point))
         self.base = Path(os.path.normpath(base)) if base is not None \
@@ -158,14 +159,14 @@ class V2Backend(Backend):
     def parent_paths(self) -> dict[str, Path]:
         return dict.fromkeys(self._controllers, self.base)
 
-    def paths(self, key: str) -> dict[str, Path]:
+    def paths(self, key: JobKey) -> dict[str, Path]:
         return dict.fromkeys(self._controllers, self.base / check_key(key))
 
-    def cgroup_paths(self, key: str) -> dict[str, str]:
+    def cgroup_paths(self, key: JobKey) -> dict[str, str]:
         rel = self.base.relative_to(self.mount_point).as_posix()
         return {"": posixpath.join(self.mount_root, rel, check_key(key))}
 
-    def _dir(self, key: str) -> Path:
+    def _dir(self, key: JobKey) -> Path:
         return self.base / check_key(key)
 
     # -- the base -------------------------------------------------------------
@@ -284,7 +285,7 @@ class V2Backend(Backend):
 
     # -- one job --------------------------------------------------------------
 
-    def create(self, key: str, limits: Limits) -> None:
+    def create(self, key: JobKey, limits: Limits) -> None:
         d = self._dir(key)
         created = make_dir(d)
         try:
@@ -296,7 +297,7 @@ class V2Backend(Backend):
         _log.debug("job %s cgroup ready (%s) with %s", key,
                    "created" if created else "existing", limits)
 
-    def _apply(self, d: Path, key: str, limits: Limits) -> None:
+    def _apply(self, d: Path, key: JobKey, limits: Limits) -> None:
         off = (f"the controller is not enabled for the children of {self.base} "
                "(ensure_root enables it)")
         set_value(d / "cpuset.cpus", limits.cpus, missing_hint=off, key=key,
@@ -319,7 +320,7 @@ class V2Backend(Backend):
             warn_once("v2-no-pids", "the pids controller is not available: task limits "
                       "(pids.max, [cgroup] pids_per_slot) are not enforced on this node")
 
-    def read_limits(self, key: str) -> Limits:
+    def read_limits(self, key: JobKey) -> Limits:
         d = self._dir(key)
         self._require_dirs(key)
         memory = _max_value(d / "memory.max")
@@ -332,7 +333,7 @@ class V2Backend(Backend):
         return Limits(cpus=read_str(d / "cpuset.cpus"), mems=read_str(d / "cpuset.mems"),
                       memory=memory, memory_swap=memory_swap, pids=pids)
 
-    def add_pid(self, key: str, pid: int) -> None:
+    def add_pid(self, key: JobKey, pid: int) -> None:
         d = self._dir(key)
         write_bytes(d / "cgroup.procs", str(pid).encode("ascii"), key=key, pid=pid, hints={
             errno.ESRCH: f"process {pid} is gone (it exited before it could be moved)",
@@ -353,7 +354,7 @@ class V2Backend(Backend):
 
     # -- freezing and killing -------------------------------------------------
 
-    def _set_frozen(self, key: str, frozen: bool, timeout: float) -> None:
+    def _set_frozen(self, key: JobKey, frozen: bool, timeout: float) -> None:
         d = self._dir(key)
         path = d / "cgroup.freeze"
         if not path.exists():
@@ -368,13 +369,13 @@ class V2Backend(Backend):
                               f"{timeout:g} s (cgroup.events still says frozen "
                               f"{1 - want})", key=key, path=d / "cgroup.events")
 
-    def freeze(self, key: str, timeout: float = 10.0) -> None:
+    def freeze(self, key: JobKey, timeout: float = 10.0) -> None:
         self._set_frozen(key, True, timeout)
 
-    def thaw(self, key: str, timeout: float = 10.0) -> None:
+    def thaw(self, key: JobKey, timeout: float = 10.0) -> None:
         self._set_frozen(key, False, timeout)
 
-    def kill(self, key: str) -> int:
+    def kill(self, key: JobKey) -> int:
         """SIGKILL every process of the job and its sub-cgroups.
 
         Uses ``cgroup.kill`` when the kernel has it (it cannot miss a fork);
@@ -392,10 +393,10 @@ class V2Backend(Backend):
         _log.debug("cgroup.kill for %d processes of job %s", count, key)
         return count
 
-    def _freezable(self, key: str) -> bool:
+    def _freezable(self, key: JobKey) -> bool:
         return (self._dir(key) / "cgroup.freeze").exists()
 
-    def usage(self, key: str) -> dict[str, int]:
+    def usage(self, key: JobKey) -> dict[str, int]:
         d = self._dir(key)
         if not d.is_dir():
             raise CgroupError(f"job {key} has no cgroup", key=key, path=d)

@@ -8,7 +8,7 @@ Modules, each with one job:
   request to a worker, send the reply;
 * :mod:`~geco.daemon.quarantine` - the policy: may this pid go into this job,
   and putting it there;
-* :mod:`~geco.daemon.state` - the node's jobs, read back from the cgroup tree;
+* :mod:`~geco.daemon.status` - the node's jobs, read back from the cgroup tree;
 * :mod:`~geco.daemon.service` - start-up checks, systemd notification, signals.
 
 ``python -m geco.daemon`` or ``geco daemon`` runs it.

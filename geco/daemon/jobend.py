@@ -32,12 +32,14 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from geco import log, sgejob, strays, teardown
-from geco.cgroup import Backend, split_key
+from geco import log, procfs, strays, teardown
+from geco.cgroup import Backend
 from geco.daemon.quarantine import Context, Shepherd, job_dir_of, spool_root
 from geco.daemon.reaper import forget_job
 from geco.daemon.runloop import RunLoop
 from geco.errors import GecoError
+from geco.jobkey import JobKey
+from geco.sge import execd
 
 __all__ = ["JobEnds"]
 
@@ -72,8 +74,8 @@ class JobEnds:
     """
 
     def __init__(self, loop: RunLoop, ctx: Context, executor: Executor, *,
-                 before_end: Callable[[str], None] | None = None,
-                 on_ended: Callable[[str], None] | None = None) -> None:
+                 before_end: Callable[[JobKey], None] | None = None,
+                 on_ended: Callable[[JobKey], None] | None = None) -> None:
         self.loop = loop
         self.ctx = ctx
         self.executor = executor
@@ -177,10 +179,10 @@ class JobEnds:
                                                                      owner))
         except (GecoError, OSError) as exc:  # the reaper retries what is left
             _log.warning("job %s: its shepherd exited but its teardown failed: %s", key, exc,
-                         extra=log.job_fields(*split_key(key), "teardown-failed",
+                         extra=log.job_fields(key.job, key.task, "teardown-failed",
                                               REASON=str(exc)))
 
-    def _strays_later(self, key: str, owner: str | None) -> None:
+    def _strays_later(self, key: JobKey, owner: str | None) -> None:
         """In the loop: look for the owner's strays ``[strays] delay`` s from now, when a
         client of the job on this node (qrsh, qsub -sync) has seen its end and exited."""
         def submit() -> None:
@@ -190,25 +192,24 @@ class JobEnds:
         self.loop.add_timer(self.ctx.config.strays_delay, submit)
 
 
-def _new_start(key: str, pid: int, spool: Path) -> bool:
+def _new_start(key: JobKey, pid: int, spool: Path) -> bool:
     """A master shepherd of a new start of the job: running, or still sge_execd's child
     before its exec (a qrsh -inherit task's shepherd, ending with the job, does not count)."""
-    if sgejob.proc_comm(pid) == "sge_execd" and sgejob.proc_real_uid(pid) == 0:
+    if procfs.comm(pid) == "sge_execd" and procfs.real_uid(pid) == 0:
         return _job_dir(key, pid, spool) is not None
     return _master_shepherd(key, pid, spool) is not None
 
 
-def _job_dir(key: str, pid: int, spool: Path) -> Path | None:
+def _job_dir(key: JobKey, pid: int, spool: Path) -> Path | None:
     """The job's own spool dir when ``pid`` works in it (not in a PE task dir below it)."""
     try:
-        cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
+        cwd = Path(procfs.cwd(pid))
     except OSError:
         return None
-    job, task = split_key(key)
-    return cwd if job_dir_of(cwd, spool, job, task) == cwd else None
+    return cwd if job_dir_of(cwd, spool, key) == cwd else None
 
 
-def _master_shepherd(key: str, pid: int, spool: Path) -> Shepherd | None:
+def _master_shepherd(key: JobKey, pid: int, spool: Path) -> Shepherd | None:
     """The job's master shepherd when ``pid`` is it: an sge_shepherd in the job's own dir."""
-    job_dir = _job_dir(key, pid, spool) if sgejob.is_job_shepherd(pid) else None
-    return Shepherd(key, pid, sgejob.queue_instance(job_dir)) if job_dir else None
+    job_dir = _job_dir(key, pid, spool) if execd.is_job_shepherd(pid) else None
+    return Shepherd(key, pid, execd.queue_instance(job_dir)) if job_dir else None

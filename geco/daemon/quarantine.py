@@ -21,7 +21,7 @@ JOB_STARTED (the preload inside sge_execd's child, about to exec sge_shepherd)
    shepherd in exactly that one.
 3. Cgroups: reuse the job's when they exist (several tasks of a job on a
    node share them); else get its resources (resource file, else qstat, else
-   the spool: :mod:`geco.jobresources`) and build this node's share
+   the spool: :mod:`geco.sge.lookup`) and build this node's share
    (:func:`geco.containment.contain`).
 4. Move the pid in. A pidfd taken when the peer connected proves afterwards
    that the pid still named the same process (pid reuse).
@@ -57,12 +57,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from geco import cgroup, containment, jobresources, log, sgejob
+from geco import containment, log, procfs
 from geco.cgroup import Backend, Limits
 from geco.config import Config
 from geco.errors import GecoError, JobNotFound, TaskNotRunning
+from geco.jobkey import JobKey
 from geco.protocol import AckStatus, MsgType
-from geco.resource import short_hostname
+from geco.resourceset import short_hostname
+from geco.sge import execd
 from geco.topology import Topology
 
 __all__ = ["Context", "Outcome", "Peer", "Request", "Shepherd", "job_dir_of", "quarantine",
@@ -116,7 +118,7 @@ class Shepherd:
         teardown disables), None when it does not say.
     """
 
-    key: str
+    key: JobKey
     pid: int
     queue_instance: str | None
 
@@ -160,7 +162,7 @@ class Context:
     backend: Backend
     topology: Topology | None = None
     hostname: str = field(default_factory=short_hostname)
-    proc: Path = Path("/proc")
+    proc: Path = procfs.ROOT
     # called when the node has too few free cores for a job: frees what ended jobs
     # still hold (gecod waits for the teardowns of jobs whose shepherd just exited)
     reclaim: Callable[[], None] | None = None
@@ -168,7 +170,7 @@ class Context:
     _locks_guard: threading.Lock = field(default_factory=threading.Lock)
 
     @contextlib.contextmanager
-    def job_lock(self, key: str) -> Iterator[None]:
+    def job_lock(self, key: JobKey) -> Iterator[None]:
         """Hold the lock of job ``key``: created on first use, forgotten when nobody holds
         or waits for it, so the table does not grow with every job the node ever ran."""
         with self._locks_guard:
@@ -208,7 +210,7 @@ def _refuse(reason: str) -> _Refused:
 
 def _proc_cwd(proc: Path, pid: int) -> Path:
     try:
-        return Path(os.readlink(proc / str(pid) / "cwd"))
+        return Path(procfs.cwd(pid, proc))
     except FileNotFoundError:
         raise _refuse(f"process {pid} is gone") from None
     except OSError as exc:
@@ -217,16 +219,11 @@ def _proc_cwd(proc: Path, pid: int) -> Path:
 
 
 def _proc_uids(proc: Path, pid: int) -> tuple[int, int]:
-    """(real, effective) uid from ``/proc/<pid>/status`` (``Uid: real effective saved fs``)."""
-    try:
-        data = (proc / str(pid) / "status").read_bytes()
-    except OSError:
-        raise _refuse(f"process {pid} is gone") from None
-    for line in data.split(b"\n"):
-        if line.startswith(b"Uid:"):
-            fields = line.split()
-            return int(fields[1]), int(fields[2])
-    raise _refuse(f"/proc/{pid}/status has no Uid line")
+    """(real, effective) uid of ``pid``; refused when it is gone."""
+    both = procfs.uids(pid, proc)
+    if both is None:
+        raise _refuse(f"process {pid} is gone")
+    return both
 
 
 def _may_start_jobs(proc: Path, pid: int, uid: int, allowed: tuple[int, ...]) -> bool:
@@ -253,7 +250,7 @@ def _alive(pidfd: int) -> bool:
 # -- the spool -----------------------------------------------------------------
 
 
-def job_dir_of(cwd: Path, spool_root: Path, job_id: int, task_id: int) -> Path | None:
+def job_dir_of(cwd: Path, spool_root: Path, key: JobKey) -> Path | None:
     """Return the job's ``active_jobs/<job>.<task>`` dir when ``cwd`` is it or a PE task dir.
 
     ``<spool_root>/<host>/active_jobs/<job>.<task>[/<pe task>]``; the host part
@@ -264,8 +261,7 @@ def job_dir_of(cwd: Path, spool_root: Path, job_id: int, task_id: int) -> Path |
         parts = cwd.relative_to(spool_root).parts
     except ValueError:
         return None
-    want = f"{job_id}.{task_id}"
-    if len(parts) not in (3, 4) or parts[1] != "active_jobs" or parts[2] != want:
+    if len(parts) not in (3, 4) or parts[1] != "active_jobs" or parts[2] != key:
         return None
     return spool_root.joinpath(*parts[:3])
 
@@ -275,20 +271,19 @@ def _read_environment(directory: Path) -> dict[bytes, bytes]:
         data = (directory / "environment").read_bytes()
     except OSError as exc:
         raise _refuse(f"cannot read {directory / 'environment'}: {exc.strerror}") from None
-    return sgejob.parse_key_values(data)
+    return execd.parse_key_values(data)
 
 
-def _check_environment(directory: Path, job_id: int, task_id: int) -> None:
+def _check_environment(directory: Path, key: JobKey) -> None:
     """The ``environment`` file in ``directory`` must name the same job and task."""
     env = _read_environment(directory)
     job = env.get(b"JOB_ID", b"")
     task = env.get(b"SGE_TASK_ID", b"")
     # non-array jobs say "undefined" and are task 1 everywhere geco names them
-    task_ok = task == str(task_id).encode() or (task_id == 1 and task in (b"undefined", b""))
-    if job != str(job_id).encode() or not task_ok:
+    task_ok = task == str(key.task).encode() or (key.task == 1 and task in (b"undefined", b""))
+    if job != str(key.job).encode() or not task_ok:
         raise _refuse(f"{directory / 'environment'} names job {job.decode(errors='replace')}"
-                      f" task {task.decode(errors='replace') or '?'}, not "
-                      f"{job_id}.{task_id}")
+                      f" task {task.decode(errors='replace') or '?'}, not {key}")
 
 
 def spool_root(cfg: Config) -> Path:
@@ -299,7 +294,7 @@ def spool_root(cfg: Config) -> Path:
 # -- the rules -------------------------------------------------------------------
 
 
-def _check_job_started(req: Request, ctx: Context) -> tuple[Path, bool]:
+def _check_job_started(req: Request, key: JobKey, ctx: Context) -> tuple[Path, bool]:
     """Steps 1 and 2 for JOB_STARTED; return the job's spool dir, and whether the pid works
     in it (the job's master shepherd) rather than in a PE task dir below it."""
     cfg = ctx.config
@@ -319,18 +314,17 @@ def _check_job_started(req: Request, ctx: Context) -> tuple[Path, bool]:
                           f"effective) and [gecod] execd_uids "
                           f"({', '.join(map(str, allowed))}) start jobs")
     cwd = _proc_cwd(ctx.proc, req.pid)
-    job_dir = job_dir_of(cwd, spool_root(cfg), req.job_id, req.task_id)
+    job_dir = job_dir_of(cwd, spool_root(cfg), key)
     if job_dir is None:
         raise _refuse(f"process {req.pid} works in {cwd}, not in the spool dir of job "
-                      f"{req.job_id}.{req.task_id} "
-                      f"({cfg.execd_spool_dir}/<host>/active_jobs/{req.job_id}.{req.task_id})")
-    _check_environment(cwd, req.job_id, req.task_id)
+                      f"{key} ({cfg.execd_spool_dir}/<host>/active_jobs/{key})")
+    _check_environment(cwd, key)
     return job_dir, cwd == job_dir
 
 
 def _owner_uid(job_dir: Path) -> int:
     try:
-        owner = sgejob.read_config(job_dir).get("job_owner", "")
+        owner = execd.read_config(job_dir).get("job_owner", "")
     except GecoError as exc:
         raise _refuse(f"cannot tell the job's owner: {exc}") from None
     try:
@@ -340,7 +334,7 @@ def _owner_uid(job_dir: Path) -> int:
                       "user") from None
 
 
-def _check_quarantine_self(req: Request, ctx: Context) -> Path:
+def _check_quarantine_self(req: Request, key: JobKey, ctx: Context) -> Path:
     """Steps 1 and 2 for QUARANTINE_SELF; return the job's spool dir."""
     if req.peer is None:
         raise _refuse("QUARANTINE_SELF needs the Unix socket: over TCP the kernel cannot "
@@ -348,11 +342,10 @@ def _check_quarantine_self(req: Request, ctx: Context) -> Path:
     if req.pid != req.peer.pid:
         raise _refuse(f"the message names pid {req.pid} but was sent by pid "
                       f"{req.peer.pid}: a process may only ask for itself")
-    job_dir = _shepherd_job_dir(req, ctx)
+    job_dir = _shepherd_job_dir(req, key, ctx)
     owner = _owner_uid(job_dir)
     if req.peer.uid not in (0, owner):
-        raise _refuse(f"uid {req.peer.uid} is not the owner (uid {owner}) of job "
-                      f"{req.job_id}.{req.task_id}")
+        raise _refuse(f"uid {req.peer.uid} is not the owner (uid {owner}) of job {key}")
     return job_dir
 
 
@@ -363,22 +356,22 @@ def _on_this_host(job_dir: Path, root: Path, hostname: str) -> bool:
     return host.split(".", 1)[0] == hostname.split(".", 1)[0]
 
 
-def _shepherd_job_dir(req: Request, ctx: Context) -> Path:
+def _shepherd_job_dir(req: Request, key: JobKey, ctx: Context) -> Path:
     """The job's spool dir, found as the cwd of an ``sge_shepherd`` ancestor of the pid
     that runs with real uid 0 and works in this host's spool."""
     root = spool_root(ctx.config)
     pid = req.pid
     why = ""  # the first impostor seen: named in the refusal
     for _ in range(_MAX_ANCESTORS):
-        pid = sgejob.proc_ppid(pid)
+        pid = procfs.ppid(pid, ctx.proc)
         if pid <= 1:
             break
-        if not sgejob.proc_comm(pid).startswith("sge_shepherd"):
+        if not procfs.comm(pid, ctx.proc).startswith("sge_shepherd"):
             continue
         # a shepherd of another job, or one gone meanwhile: keep looking upwards
         with contextlib.suppress(_Refused):
             cwd = _proc_cwd(ctx.proc, pid)
-            job_dir = job_dir_of(cwd, root, req.job_id, req.task_id)
+            job_dir = job_dir_of(cwd, root, key)
             if job_dir is None:
                 continue
             # anyone can call a program sge_shepherd and chdir into a readable spool
@@ -392,40 +385,24 @@ def _shepherd_job_dir(req: Request, ctx: Context) -> Path:
                 why = why or (f"; the sge_shepherd {pid} works in {job_dir}, which is not "
                               f"this host's ({ctx.hostname}) spool")
                 continue
-            _check_environment(cwd, req.job_id, req.task_id)
+            _check_environment(cwd, key)
             return job_dir
     raise _refuse(f"process {req.pid} does not descend from the sge_shepherd of job "
-                  f"{req.job_id}.{req.task_id}{why}")
+                  f"{key}{why}")
 
 
-def _contain(key: str, req: Request, job_dir: Path, ctx: Context) -> tuple[Limits, bool]:
+def _contain(key: JobKey, req: Request, job_dir: Path, ctx: Context) -> tuple[Limits, bool]:
     """Steps 3 and 4 under the job's lock: the job's cgroups, reused or built, and the pid
     moved in; return their limits and whether we built them.
 
     Holding the lock until the pid is in keeps gecod's end of the job's previous
     run (:mod:`geco.daemon.jobend`) from removing the cgroups in between.
     """
-    backend, cfg = ctx.backend, ctx.config
     with ctx.job_lock(key):
-        limits = containment.join(key, backend, req.pid, state_dir=cfg.state_dir)
-        if limits is not None:
-            return limits, False
-        job = sgejob.JobRef(req.job_id, req.task_id, job_dir)
-        rs = jobresources.resources_for(job, cfg)
-        node = rs.node(ctx.hostname)
-        if node is None:
-            raise _Refused(AckStatus.FAILED,
-                          f"job {key} has no slots on this host ({ctx.hostname}); its hosts: "
-                          f"{', '.join(n.name for n in rs.nodes) or 'none'}")
-        # the GECO parents may have gone since gecod started (an admin's cleanup
-        # script, a hierarchy remounted): make them again, as every prolog does
-        backend.ensure_root()
-        limits = containment.contain(key, node, backend, state_dir=cfg.state_dir,
-                                     pids=containment.PidsLimit.from_config(cfg),
-                                     pid=req.pid, hardware_threads=cfg.hardware_threads,
-                                     topology=ctx.topology, active_jobs=job_dir.parent,
-                                     reclaim=ctx.reclaim)
-        return limits, True
+        done = containment.contain_job(
+            execd.JobRef(req.job_id, req.task_id, job_dir), ctx.config, ctx.backend,
+            pid=req.pid, hostname=ctx.hostname, topology=ctx.topology, reclaim=ctx.reclaim)
+    return done.limits, done.created
 
 
 def quarantine(req: Request, ctx: Context) -> Outcome:
@@ -448,7 +425,7 @@ def quarantine(req: Request, ctx: Context) -> Outcome:
         if req.job_id < 1 or req.task_id < 1:
             raise _Refused(AckStatus.BAD_REQUEST, f"job and task ids must be >= 1, got "
                                                  f"{req.job_id}.{req.task_id}")
-        key = cgroup.job_key(req.job_id, req.task_id)
+        key = JobKey(req.job_id, req.task_id)
         if req.peer is not None and req.pidfd < 0:
             # fail closed: without a pidfd, "still alive after the move" proves nothing
             raise _refuse(f"gecod could not pin process {req.pid} (pidfd_open failed "
@@ -456,9 +433,9 @@ def quarantine(req: Request, ctx: Context) -> Outcome:
                           "reuses its pid; refused")
         master = False
         if req.type is MsgType.QUARANTINE_SELF:
-            job_dir = _check_quarantine_self(req, ctx)
+            job_dir = _check_quarantine_self(req, key, ctx)
         else:
-            job_dir, master = _check_job_started(req, ctx)
+            job_dir, master = _check_job_started(req, key, ctx)
         if req.pidfd >= 0 and not _alive(req.pidfd):
             raise _refuse(f"process {req.pid} exited before it could be quarantined")
         limits, created = _contain(key, req, job_dir, ctx)
@@ -475,6 +452,6 @@ def quarantine(req: Request, ctx: Context) -> Outcome:
         return Outcome(AckStatus.NO_SUCH_JOB, f"Grid Engine does not run this task: {exc}")
     except GecoError as exc:  # qstat, a resource file, cores, the kernel refusing a cgroup
         return Outcome(AckStatus.FAILED, str(exc))
-    shepherd = Shepherd(key, req.pid, sgejob.queue_instance(job_dir)) if master else None
+    shepherd = Shepherd(key, req.pid, execd.queue_instance(job_dir)) if master else None
     return Outcome(AckStatus.OK, f"process {req.pid} is in job {key}'s cgroups",
                    created=created, limits=limits, shepherd=shepherd)

@@ -60,11 +60,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from geco import containment, log, oom, qstat, sgejob, statefile, strays, teardown
-from geco.cgroup import Backend, check_key, split_key
+from geco import containment, log, oom, strays, teardown
+from geco.cgroup import Backend
 from geco.config import Config
 from geco.errors import GecoError, JobNotFound, TaskNotRunning
-from geco.resource import ResourceSet, short_hostname
+from geco.jobkey import JobKey
+from geco.resourceset import ResourceSet, short_hostname
+from geco.sge import execd, qstat, resourcefile
 
 __all__ = ["FIRST_ROUND_DELAY", "Reaper", "RoundReport", "Verdict", "forget_job", "min_age",
            "prune_traces", "walltime_start"]
@@ -145,12 +147,11 @@ class Loop(Protocol):
 # ---------------------------------------------------------------------------
 
 
-def forget_job(cfg: Config, key: str) -> None:
+def forget_job(cfg: Config, key: JobKey) -> None:
     """Remove the resource file and OOM count file of a job whose cgroups are gone."""
-    job, task = split_key(key)
     try:
-        statefile.remove(cfg.resources_dir, job, task)
-        oom.remove_state(cfg.state_dir, key)
+        resourcefile.remove(cfg.resources_dir, key)
+        oom.remove_counts(cfg.state_dir, key)
     except GecoError as exc:  # names the file; a later round or gecod start prunes it
         _log.warning("job %s: %s", key, exc)
 
@@ -251,7 +252,7 @@ class Reaper:
     node: this host's short name (default: from ``gethostname``), as the spool
         dir and qstat's host lists name it.
     clock: epoch seconds (tests move time).
-    fetch: :func:`geco.qstat.fetch` (tests pass a stand-in).
+    fetch: :func:`geco.sge.qstat.fetch` (tests pass a stand-in).
     on_reaped: called in the loop's thread with each key whose cgroups the
         reaper removed (gecod stops watching it for OOM kills).
     job_lock: held around a job's teardown (gecod's per-job lock: the job's end
@@ -261,8 +262,8 @@ class Reaper:
     def __init__(self, loop: Loop, backend: Backend, cfg: Config, executor: Executor, *,
                  node: str | None = None, clock: Callable[[], float] = time.time,
                  fetch: Callable[..., ResourceSet] = qstat.fetch,
-                 on_reaped: Callable[[str], None] | None = None,
-                 job_lock: Callable[[str], AbstractContextManager[None]] | None = None) -> None:
+                 on_reaped: Callable[[JobKey], None] | None = None,
+                 job_lock: Callable[[JobKey], AbstractContextManager[None]] | None = None) -> None:
         self.loop = loop
         self.job_lock = job_lock or (lambda key: contextlib.nullcontext())
         self.backend = backend
@@ -343,7 +344,7 @@ class Reaper:
             return
         self._said_busy = False
 
-    def _reaped(self, key: str) -> None:
+    def _reaped(self, key: JobKey) -> None:
         if self.on_reaped is not None:
             self.loop.call_soon_threadsafe(functools.partial(self.on_reaped, key))
 
@@ -391,7 +392,7 @@ class Reaper:
             if self._closing.is_set():
                 break
             try:
-                spool = sgejob.find_spool_dir(cfg.execd_spool_dir, key, self.node)
+                spool = execd.find_spool_dir(cfg.execd_spool_dir, key, self.node)
                 verdict, why = self._decide(cfg, key, spool, qstat_error)
                 if verdict is Verdict.UNKNOWN:
                     qstat_error = why
@@ -407,7 +408,7 @@ class Reaper:
             except (GecoError, OSError) as exc:
                 # a cgroup removed while we looked (the epilog), an unreadable file
                 _log.warning("reaper: job %s skipped this round: %s", key, exc,
-                             extra=log.job_fields(*split_key(key), "reaper-job-failed"))
+                             extra=log.job_fields(key.job, key.task, "reaper-job-failed"))
         unknown = [k for k, v in verdicts.items() if v is Verdict.UNKNOWN]
         if unknown:
             _log.warning("reaper: qstat failed (%s); keeping the cgroups of %d job(s) without "
@@ -423,7 +424,7 @@ class Reaper:
                    ", ".join(f"{k} {v.value}" for k, v in verdicts.items()) or "none", removed)
         return report
 
-    def _decide(self, cfg: Config, key: str, spool: Path | None,
+    def _decide(self, cfg: Config, key: JobKey, spool: Path | None,
                 qstat_error: str) -> tuple[Verdict, str]:
         """The verdict on one job and why (see steps 2a-2c of the module docstring)."""
         if spool is not None:
@@ -435,7 +436,7 @@ class Reaper:
             return Verdict.YOUNG, "its cgroups are too new to judge"
         if qstat_error:
             return Verdict.UNKNOWN, qstat_error  # asked once per round, and it failed
-        job, task = split_key(key)
+        job, task = key.job, key.task
         try:
             rs = self.fetch(job, task, cfg, None)
         except JobNotFound:
@@ -450,16 +451,16 @@ class Reaper:
                                   f"{hosts}, not on {self.node}")
         return Verdict.ALIVE, "running on this host according to qstat"
 
-    def _reap(self, cfg: Config, key: str, why: str) -> teardown.Teardown | None:
+    def _reap(self, cfg: Config, key: JobKey, why: str) -> teardown.Teardown | None:
         """Tear a gone job down; journal it; forget its files when its cgroups are gone."""
         with self.job_lock(key):
             return self._reap_locked(cfg, key, why)
 
-    def _reap_locked(self, cfg: Config, key: str, why: str) -> teardown.Teardown | None:
-        job, task = split_key(key)
+    def _reap_locked(self, cfg: Config, key: JobKey, why: str) -> teardown.Teardown | None:
+        job, task = key.job, key.task
         # the qstat call took time: the job may have been re-dispatched here, or the
         # epilog (late, not gone) may have removed the cgroups meanwhile
-        if sgejob.find_spool_dir(cfg.execd_spool_dir, key, self.node) is not None:
+        if execd.find_spool_dir(cfg.execd_spool_dir, key, self.node) is not None:
             _log.info("reaper: job %s is back in the execd spool; left alone", key)
             return None
         if not self.backend.exists(key):
@@ -495,23 +496,23 @@ class Reaper:
                                               or None, RETRY=int(retry), **fields))
         return result
 
-    def _forget(self, cfg: Config, key: str) -> None:
+    def _forget(self, cfg: Config, key: JobKey) -> None:
         """Remove a reaped job's resource file and OOM count file; tell the loop."""
         forget_job(cfg, key)
         self._reaped(key)
 
-    def _walltime(self, cfg: Config, key: str, spool: Path | None) -> int:
+    def _walltime(self, cfg: Config, key: JobKey, spool: Path | None) -> int:
         """Kill a running job's processes past h_rt + grace, sparing its shepherd.
 
         Returns
         -------
         How many processes were signalled (0 when the job is within its walltime).
         """
-        job, task = split_key(key)
+        job, task = key.job, key.task
         rs = self._resources(cfg, key)
         if rs is None or rs.runtime_limit <= 0:
             return 0
-        path = statefile.path_for(cfg.resources_dir, job, task)
+        path = resourcefile.path_for(cfg.resources_dir, key)
         start = walltime_start(spool, path)
         if start is None:
             return 0
@@ -519,10 +520,10 @@ class Reaper:
         running = now - start
         if running <= rs.runtime_limit + cfg.gecod_walltime_grace:
             return 0
-        victims = [p for p in self.backend.pids(key) if not sgejob.is_job_shepherd(p)]
+        victims = [p for p in self.backend.pids(key) if not execd.is_job_shepherd(p)]
         if not victims:
             return 0  # only the shepherd is left: Grid Engine is ending the job
-        count = self.backend.kill_except(key, spare=sgejob.is_job_shepherd)
+        count = self.backend.kill_except(key, spare=execd.is_job_shepherd)
         if count:
             _log.warning("job %s has run %d s, past its h_rt of %g s plus the %g s grace: "
                          "killed %d process(es) Grid Engine did not end (its sge_shepherd is "
@@ -534,18 +535,18 @@ class Reaper:
                                               WALLTIME_GRACE=f"{cfg.gecod_walltime_grace:g}"))
         return count
 
-    def _resources(self, cfg: Config, key: str) -> ResourceSet | None:
+    def _resources(self, cfg: Config, key: JobKey) -> ResourceSet | None:
         """The job's resource file, or None (missing; unusable and qstat cannot help:
         warned once per version). An unusable one is read again from qstat and written
         anew (a job runs on, and its later tasks and OOM reports need it)."""
-        job, task = split_key(key)
-        path = statefile.path_for(cfg.resources_dir, job, task)
+        job, task = key.job, key.task
+        path = resourcefile.path_for(cfg.resources_dir, key)
         try:
-            return statefile.read(cfg.resources_dir, job, task)
+            return resourcefile.read(cfg.resources_dir, key)
         except GecoError as exc:
             with contextlib.suppress(GecoError):
                 rs = self.fetch(job, task, cfg, None)
-                statefile.write(cfg.resources_dir, rs)
+                resourcefile.write(cfg.resources_dir, rs)
                 _log.warning("job %s: its resource file %s was unusable (%s); read again "
                              "from qstat and written anew", key, path, exc,
                              extra=log.job_fields(job, task, "resource-file-rewritten",
@@ -565,7 +566,7 @@ class Reaper:
                                                   PATH=path))
             return None
 
-    def _forget_orphans(self, cfg: Config, keys: set[str]) -> None:
+    def _forget_orphans(self, cfg: Config, keys: set[JobKey]) -> None:
         """Remove the files of jobs that have neither cgroups nor a spool dir here (their
         cgroups were removed to free cores, with no one to end the job: gecod down)."""
         try:
@@ -573,18 +574,18 @@ class Reaper:
         except OSError:
             return
         old = self.clock() - min_age(cfg.gecod_reaper_interval)
-        for key in names:
+        for name in names:
             try:
-                check_key(key)
+                key = JobKey.parse(name)
                 if key in keys or os.stat(cfg.resources_dir / key).st_mtime > old \
-                        or sgejob.find_spool_dir(cfg.execd_spool_dir, key, self.node):
+                        or execd.find_spool_dir(cfg.execd_spool_dir, key, self.node):
                     continue
             except (GecoError, OSError, ValueError):
                 continue  # not a job's file, or gone meanwhile
             forget_job(cfg, key)
             _log.info("reaper: job %s has no cgroups and no spool dir here; removed its "
                       "resource file", key,
-                      extra=log.job_fields(*split_key(key), "resource-file-pruned"))
+                      extra=log.job_fields(key.job, key.task, "resource-file-pruned"))
 
     def _prune(self, cfg: Config) -> int:
         try:

@@ -72,11 +72,12 @@ from dataclasses import dataclass, field
 
 from geco import __version__, log
 from geco.address import Address
-from geco.daemon import state
+from geco.daemon import status
 from geco.daemon.quarantine import Context, Outcome, Peer, Request, Shepherd, quarantine
 from geco.daemon.ratelimit import RefusalBudget
 from geco.daemon.runloop import RunLoop, Timer
 from geco.errors import ProtocolError
+from geco.jobkey import JobKey
 from geco.protocol import (
     HEADER_BYTES,
     MAX_FRAME,
@@ -238,7 +239,7 @@ class Server:
 
     def __init__(self, loop: RunLoop, lanes: Sequence[Lane], key: bytes, ctx: Context, *,
                  on_change: Callable[[], None] | None = None,
-                 on_contained: Callable[[str], None] | None = None,
+                 on_contained: Callable[[JobKey], None] | None = None,
                  on_shepherd: Callable[[Shepherd, int], None] | None = None) -> None:
         self.loop = loop
         self.lanes = list(lanes)
@@ -456,8 +457,8 @@ class Server:
 
     def _status(self) -> bytes:
         """Worker: the STATUS reply, read from the cgroup tree."""
-        node = state.scan(self.ctx.backend)
-        return state.status_document(node, gecod=__version__, pid=os.getpid(),
+        node = status.scan(self.ctx.backend)
+        return status.status_document(node, gecod=__version__, pid=os.getpid(),
                                      host=self.ctx.hostname,
                                      uptime=round(time.time() - self.started, 3),
                                      served=self.served, refused=self.refused)
@@ -480,8 +481,8 @@ class Server:
                           MEMS=limits.mems if limits else None,
                           MEMORY_LIMIT=limits.memory if limits else None,
                           MEMSW_LIMIT=limits.memory_swap if limits else None))
-            if self.on_contained is not None:
-                self.on_contained(f"{job}.{task}")
+            if self.on_contained is not None and job is not None and task is not None:
+                self.on_contained(JobKey(job, task))
             if outcome.shepherd is not None and self.on_shepherd is not None \
                     and conn.pidfd >= 0:
                 self.on_shepherd(outcome.shepherd, os.dup(conn.pidfd))

@@ -48,13 +48,14 @@ from pathlib import Path
 
 from geco import __version__, address, cgroup, keys, log, oom, trace
 from geco import config as _config
-from geco.daemon import state
+from geco.daemon import status
 from geco.daemon.jobend import JobEnds
 from geco.daemon.quarantine import Context, spool_root
 from geco.daemon.reaper import Reaper
 from geco.daemon.runloop import RunLoop
 from geco.daemon.server import PUBLIC_BUDGET, Lane, Server, root_budget
 from geco.errors import GecoError
+from geco.jobkey import JobKey
 from geco.topology import Topology
 
 __all__ = ["Daemon", "notify", "run"]
@@ -142,7 +143,7 @@ class Daemon:
             self.backend.ensure_root()
             self._warn_outside_units()
             self.topology = Topology.load()
-            node = state.scan(self.backend)
+            node = status.scan(self.backend)
         except GecoError as exc:
             raise _StartupError(str(exc)) from exc
         self.ctx = Context(cfg, self.backend, self.topology)
@@ -231,7 +232,7 @@ class Daemon:
         raise _StartupError(f"another gecod is already listening on {self.address}; stop it "
                             f"first (systemctl stop gecod)")
 
-    def _watch_job(self, key: str) -> None:
+    def _watch_job(self, key: JobKey) -> None:
         try:
             self.oom.watch(key)
         except GecoError as exc:  # the job runs on; only its OOM report would be missing
@@ -243,7 +244,7 @@ class Daemon:
             _log.warning("the teardowns of ended jobs are still running after %g s; the new "
                          "job is placed with the cores free now", self.cfg.kill_timeout)
 
-    def _job_reaped(self, key: str) -> None:
+    def _job_reaped(self, key: JobKey) -> None:
         # in the loop; a job re-created under the same key meanwhile keeps its watch
         if not self.backend.exists(key):
             self.oom.unwatch(key)

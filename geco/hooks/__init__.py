@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from geco import config as _config
-from geco import log, sgejob
+from geco import log, procfs
 from geco.errors import (
     ConfigError,
     GecoError,
@@ -42,10 +42,11 @@ from geco.errors import (
     QstatParseError,
     ResourceFormatError,
 )
+from geco.sge import execd
 
 if TYPE_CHECKING:
     from geco import trace
-    from geco.resource import ResourceSet
+    from geco.resourceset import ResourceSet
 
 __all__ = ["Exit", "attach_trace", "run"]
 
@@ -138,31 +139,18 @@ def _saved_resources(cfg: _config.Config, name: str,
     """The resource file of the job this hook runs for (None when none or unusable)."""
     try:
         argv = sys.argv[1:] if _AFTER_PROLOG[name] else []
-        job = sgejob.job_from_hook(argv, os.environ)
+        job = execd.job_from_hook(argv, os.environ)
         # only root writes trace files (geco.trace): a hook running as the owner (the
         # starter, on every job's critical path) traces nothing, decided before
         # anything else is imported or read
         if os.geteuid() != 0:
             return None
-        from geco import statefile
+        from geco.sge import resourcefile
 
-        return statefile.read(cfg.resources_dir, job.job_id, job.task_id)
+        return resourcefile.read(cfg.resources_dir, job.key)
     except Exception as exc:  # the body meets the same problem and reports it
         logger.debug("%s: no trace: %s", name, exc)
         return None
-
-
-def process_age() -> float:
-    """Seconds since this process was exec'd (interpreter start-up included)."""
-    try:
-        with open("/proc/self/stat", "rb") as f:
-            stat = f.read()
-        with open("/proc/uptime", "rb") as f:
-            uptime = float(f.read().split()[0])
-    except OSError:
-        return 0.0
-    start_ticks = int(stat[stat.rindex(b")") + 2:].split()[19])
-    return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
 
 
 def _outcome(code: Exit, after_the_job: bool) -> str:
@@ -202,7 +190,7 @@ def run(name: str, body: Callable[[_config.Config, logging.Logger], Exit], *,
         else:
             job_trace.collect()
         code = _run_body(name, body, cfg, hook_log, after_the_job)
-        elapsed, since_exec = time.monotonic() - started, process_age()
+        elapsed, since_exec = time.monotonic() - started, procfs.seconds_since_start()
         job_id, task_id = _job_ids()
         hook_log.info("%s finished with exit %d in %.3f s (%.3f s since exec)", name, code,
                       elapsed, since_exec,

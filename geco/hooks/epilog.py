@@ -29,22 +29,23 @@ import logging
 import os
 import sys
 
-from geco import cgroup, sgejob, statefile, strays, teardown
+from geco import cgroup, procfs, strays, teardown
 from geco.config import Config
 from geco.hooks import Exit, run
+from geco.sge import execd, resourcefile
 
 __all__ = ["main"]
 
 
 def _body(cfg: Config, logger: logging.Logger) -> Exit:
-    job = sgejob.job_from_hook(sys.argv[1:], os.environ)
-    shepherd = sgejob.find_shepherd(job)
+    job = execd.job_from_hook(sys.argv[1:], os.environ)
+    shepherd = execd.find_shepherd(job)
     backend = cgroup.for_config(cfg)
     if backend.exists(job.key):
-        execd = sgejob.proc_ppid(shepherd) or 1
-        backend.move_to_cgroups_of(os.getpid(), execd)
-        backend.move_to_cgroups_of(shepherd, execd)
-    instance = sgejob.queue_instance(job.spool_dir) if job.spool_dir else None
+        sge_execd = procfs.ppid(shepherd) or 1
+        backend.move_to_cgroups_of(os.getpid(), sge_execd)
+        backend.move_to_cgroups_of(shepherd, sge_execd)
+    instance = execd.queue_instance(job.spool_dir) if job.spool_dir else None
     if instance is None:
         logger.warning("job %s: no queue instance in the spooled config; a stuck teardown "
                        "would disable every queue on this host", job.key)
@@ -53,7 +54,7 @@ def _body(cfg: Config, logger: logging.Logger) -> Exit:
     # a stuck job keeps its resource file: the reaper's retry may need it
     if result.clean:
         owner = strays.owner_of(cfg, job.key, job.spool_dir)
-        statefile.remove(cfg.resources_dir, job.job_id, job.task_id)
+        resourcefile.remove(cfg.resources_dir, job.key)
         # processes the job left through at, cron, ssh...: killed if this was the owner's last
         strays.after_job(cfg, backend, job.key, owner, cleaned_by="epilog")
     return Exit.OK

@@ -9,7 +9,7 @@ Steps, in order:
 2. Get the job's resources: the resource file when gecod (or an earlier
    hook) wrote it, else one ``qstat -xml -j`` with placement from the
    spooled ``pe_hostfile``; save them for every later hook.
-   qstat runs with the site's Grid Engine environment (:mod:`geco.sgeenv`),
+   qstat runs with the site's Grid Engine environment (:mod:`geco.sge.siteenv`),
    never the job's, which this hook inherits. If the qmaster cannot be
    reached, the job is re-queued (99); only a site that sets ``[qstat]
    run_without_memory_limits = true`` has it contained with what the node
@@ -34,11 +34,12 @@ import sys
 import time
 from pathlib import Path
 
-from geco import cgroup, containment, jobresources, log, sgejob, statefile
+from geco import cgroup, containment, log
 from geco.config import Config
 from geco.errors import GecoError
 from geco.hooks import Exit, attach_trace, run
-from geco.resource import NodeResources, ResourceSet
+from geco.resourceset import NodeResources
+from geco.sge import execd, lookup, resourcefile, v1format
 from geco.units import format_memory
 
 __all__ = ["main"]
@@ -57,63 +58,27 @@ def _seconds(value: float) -> str:
     return str(int(value)) if value.is_integer() else f"{value:.3f}"
 
 
-def _file_version(path: Path) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_mtime_ns, st.st_ino
-
-
-class _Events(logging.Filter):
-    """Notes the ``GECO_EVENT`` of the records passing a logger (lets every record pass)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: set[str] = set()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        event = getattr(record, "geco_fields", {}).get("GECO_EVENT")
-        if event:
-            self.seen.add(event)
-        return True
-
-
-def _resources(job: sgejob.JobRef, cfg: Config,
-               logger: logging.Logger) -> tuple[ResourceSet, str, float]:
-    """The job's resources, where they came from (file, qstat, spool) and how long it took."""
-    path = statefile.path_for(cfg.resources_dir, job.job_id, job.task_id)
-    before = _file_version(path)
-    if before is not None:
+def _resources(job: execd.JobRef, cfg: Config, logger: logging.Logger) -> lookup.Found:
+    """The job's resource set and where it came from (file, qstat, spool)."""
+    path = resourcefile.path_for(cfg.resources_dir, job.key)
+    if path.exists():
         logger.debug("job %s: reading the saved resources %s", job.key, path)
     else:
         logger.debug("job %s: no saved resources at %s; asking qstat (command %s, timeout "
                      "%g s, %d retries, placement from %s)", job.key, path, cfg.qstat,
                      cfg.qstat_timeout, cfg.qstat_retries, job.pe_hostfile or "qstat -g t")
-    # resources_for says "degraded-containment" on the logger it is given when the
-    # qmaster could not be reached; watching for it tells the spool-only case apart
-    events = _Events()
-    logger.addFilter(events)
-    started = time.monotonic()
-    try:
-        rs = jobresources.resources_for(job, cfg, logger)
-    finally:
-        logger.removeFilter(events)
-    took = time.monotonic() - started
-    if "degraded-containment" in events.seen:
-        source = "spool"
-    elif before is not None and _file_version(path) == before:
-        source = "file"
-    else:
-        source = "qstat"
-    logger.debug("job %s: resources from %s in %.3f s: %s", job.key, source, took,
-                 rs.to_v1().decode("utf-8", "backslashreplace"))
-    return rs, source, took
+    found = lookup.find(job, cfg, logger)
+    if logger.isEnabledFor(logging.DEBUG):  # the text is only for someone who reads debug
+        logger.debug("job %s: resources from %s in %.3f s: %s", job.key, found.source,
+                     found.seconds,
+                     v1format.serialize(found.resources).decode("utf-8", "backslashreplace"))
+    return found
 
 
-def _story(job: sgejob.JobRef, rs: ResourceSet, node: NodeResources | None, source: str,
-           took: float, path: Path, logger: logging.Logger) -> None:
+def _story(job: execd.JobRef, found: lookup.Found, node: NodeResources | None, path: Path,
+           logger: logging.Logger) -> None:
     """Journal what the job was granted on this node and where geco read it."""
+    rs, source, took = found
     here = node.slots if node is not None else 0
     memory, memsw = (node.memory_limit, node.vmem_limit) if node is not None else (0, 0)
     total = sum(n.slots for n in rs.nodes)
@@ -140,7 +105,7 @@ def _story(job: sgejob.JobRef, rs: ResourceSet, node: NodeResources | None, sour
                 extra=log.job_fields(job.job_id, job.task_id, "resources-read", **extra))
 
 
-def _cores_before(job: sgejob.JobRef, backend: cgroup.Backend, logger: logging.Logger) -> None:
+def _cores_before(job: execd.JobRef, backend: cgroup.Backend, logger: logging.Logger) -> None:
     """Debug: the cores geco may hand out and those other jobs hold, before choosing."""
     try:
         taken = {key: backend.read_limits(key).cpus for key in backend.job_keys()
@@ -153,51 +118,46 @@ def _cores_before(job: sgejob.JobRef, backend: cgroup.Backend, logger: logging.L
 
 
 def _body(cfg: Config, logger: logging.Logger) -> Exit:
-    job = sgejob.job_from_hook(sys.argv[1:], os.environ)
+    job = execd.job_from_hook(sys.argv[1:], os.environ)
     if os.geteuid() != 0:
         raise GecoError("the prolog must run as root: configure it as root@<path> in the queue",
                         job=job.key)
-    shepherd = sgejob.find_shepherd(job)
+    shepherd = execd.find_shepherd(job)
     logger.debug("job %s: parent %d is the job's sge_shepherd (spool dir %s)", job.key,
                  shepherd, job.spool_dir)
-    rs, source, took = _resources(job, cfg, logger)
+    found = _resources(job, cfg, logger)
+    rs = found.resources
     trace_file = attach_trace(cfg, rs)
     if trace_file is not None:
         logger.debug("job %s: tracing at level %d into %s", job.key, rs.trace_level, trace_file)
     node = rs.node()
-    _story(job, rs, node, source, took,
-           statefile.path_for(cfg.resources_dir, job.job_id, job.task_id), logger)
-    if node is None:
-        raise GecoError("the job has no slots on this host", job=job.key,
-                        host=os.uname().nodename, hosts=",".join(n.name for n in rs.nodes))
+    _story(job, found, node, resourcefile.path_for(cfg.resources_dir, job.key), logger)
     backend = cgroup.for_config(cfg)
-    backend.ensure_root()
     logger.debug("job %s: cgroup %s, controllers %s under %s", job.key,
                  type(backend).__name__, ",".join(backend.controllers),
                  ", ".join(str(p) for p in backend.parent_paths().values()))
-    existed = backend.exists(job.key)
     # listing other jobs' cores costs a read per job: only for someone who reads debug
     if rs.trace_level >= 4 or cfg.log_level == "debug":
         _cores_before(job, backend, logger)
     started = time.monotonic()
-    limits = containment.contain(
-        job.key, node, backend, state_dir=cfg.state_dir, pid=shepherd,
-        pids=containment.PidsLimit.from_config(cfg), hardware_threads=cfg.hardware_threads,
-        active_jobs=job.spool_dir.parent if job.spool_dir else None)
+    done = containment.contain_job(job, cfg, backend, pid=shepherd, found=found, logger=logger)
+    limits = done.limits
     logger.debug("job %s: %s cgroups in %.3f s: %s", job.key,
-                 "reused the existing" if existed else "made", time.monotonic() - started,
+                 "made" if done.created else "reused the existing", time.monotonic() - started,
                  ", ".join(str(p) for p in backend.paths(job.key).values()))
     logger.debug("job %s: moved the shepherd %d into the job's cgroups", job.key, shepherd)
+    here = node.name if node is not None else os.uname().nodename
+    slots = node.slots if node is not None else 0
     logger.info(
         "job %s contained on %s: cores %s, NUMA nodes %s, memory %s, memory+swap %s, "
         "tasks %s, shepherd %d",
-        job.key, node.name, limits.cpus, limits.mems, _human(limits.memory),
+        job.key, here, limits.cpus, limits.mems, _human(limits.memory),
         _human(limits.memory_swap), limits.pids or "unlimited", shepherd,
         extra=log.job_fields(job.job_id, job.task_id, "job-contained", CPUS=limits.cpus,
                              MEMS=limits.mems, MEMORY_LIMIT=limits.memory,
                              MEMSW_LIMIT=limits.memory_swap, PIDS_LIMIT=limits.pids,
                              SHEPHERD_PID=shepherd,
-                             SLOTS=node.slots, OWNER=rs.owner))
+                             SLOTS=slots, OWNER=rs.owner))
     return Exit.OK
 
 

@@ -41,10 +41,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from geco import cgroup, log, sgejob
+from geco import cgroup, log, procfs
 from geco.config import Config
 from geco.errors import GecoError, NotContained
 from geco.hooks import Exit, run
+from geco.sge import execd
 
 __all__ = ["Launch", "job_argv", "main"]
 
@@ -126,18 +127,14 @@ def _launch(env: Mapping[str, str], argv: Sequence[str]) -> Launch:
     """
     if env.get("JOB_SCRIPT") == "QRSH":
         # qrsh_starter <spool dir> [noshell] forked us; it names -noshell only there
-        try:
-            with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
-                parent = f.read().split(b"\0")
-        except OSError:
-            parent = []
+        parent = (procfs.read(os.getppid(), "cmdline") or b"").split(b"\0")
         try:
             shell = pwd.getpwuid(os.getuid()).pw_shell or "/bin/sh"
         except KeyError:
             shell = "/bin/sh"
         return Launch(no_shell=b"noshell" in parent[2:3], qrsh=True, owner_shell=shell)
     try:
-        config = sgejob.read_config(Path(env.get("SGE_JOB_SPOOL_DIR", "")))
+        config = execd.read_config(Path(env.get("SGE_JOB_SPOOL_DIR", "")))
     except GecoError:
         # no config to read: a job script is the execd's copy in job_scripts/
         script = bool(argv) and env.get("JOB_SCRIPT") == argv[0] and os.path.basename(
@@ -153,7 +150,7 @@ def _facts(limits: cgroup.Limits, ncpus: int) -> dict[str, str]:
             "GECO_NODE": os.uname().nodename}
 
 
-def _ask_gecod(cfg: Config, job: sgejob.JobRef, backend: cgroup.Backend,
+def _ask_gecod(cfg: Config, job: execd.JobRef, backend: cgroup.Backend,
                logger: logging.Logger) -> str:
     """Have gecod move this process into the job's cgroups; return "" or why it did not."""
     # imported only on this rare path: the protocol and socket code are not needed by a
@@ -183,7 +180,7 @@ def _body(cfg: Config, logger: logging.Logger) -> Exit:
     if not argv:
         print("geco: the starter_method got no job to start", file=sys.stderr)
         return Exit.JOB_ERROR
-    job = sgejob.job_from_hook([], os.environ)
+    job = execd.job_from_hook([], os.environ)
     backend = cgroup.for_config(cfg)
     env = dict(os.environ)
     node = os.uname().nodename

@@ -41,7 +41,7 @@ from geco.oom.kmsg import KMSG, KernelLog, KillRecord, parse_oom_kill
 from geco.oom.message import RequestHint, owner_message, request_hint, suggest_request
 from geco.oom.monitor import POLICIES, Loop, OomMonitor, check_policy, handle
 from geco.oom.owner_file import StderrTarget, append_to_owner_file, stderr_target
-from geco.oom.watch import OomEvent, OomWatch, open_inotify, parse_keyed, remove_state
+from geco.oom.watch import OomEvent, OomWatch, open_inotify, parse_keyed, remove_counts
 
 __all__ = [
     "KMSG",
@@ -61,7 +61,7 @@ __all__ = [
     "owner_message",
     "parse_keyed",
     "parse_oom_kill",
-    "remove_state",
+    "remove_counts",
     "request_hint",
     "stderr_target",
     "suggest_request",

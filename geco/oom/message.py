@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal
 
 from geco.oom.watch import OomEvent
-from geco.resource import ResourceSet
+from geco.resourceset import ResourceSet
 from geco.units import format_memory, parse_memory
 
 __all__ = ["RequestHint", "owner_message", "request_hint", "suggest_request"]

@@ -24,14 +24,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from geco import log, sgejob, statefile
+from geco import log
 from geco.cgroup import Backend
 from geco.errors import CgroupError, GecoError
+from geco.jobkey import JobKey
 from geco.oom.kmsg import KMSG, KernelLog
 from geco.oom.message import RequestHint, owner_message, request_hint
 from geco.oom.owner_file import StderrTarget, _owner_ids, append_to_owner_file, stderr_target
-from geco.oom.watch import OomEvent, OomWatch, remove_state
-from geco.resource import short_hostname
+from geco.oom.watch import OomEvent, OomWatch, remove_counts
+from geco.resourceset import short_hostname
+from geco.sge import execd, resourcefile
 
 if TYPE_CHECKING:
     from concurrent.futures import Executor
@@ -118,7 +120,7 @@ def handle(events: Sequence[OomEvent], policy: str, backend: Backend, *,
     if policy == "kill-job":
         try:
             # not the shepherd: it must live to report the job's end and run the epilog
-            killed = backend.kill_except(last.key, spare=sgejob.is_job_shepherd)
+            killed = backend.kill_except(last.key, spare=execd.is_job_shepherd)
         except CgroupError as exc:
             _log.error("job %s: cannot end the job after its out-of-memory kill: %s",
                        last.key, exc, extra=log.job_fields(
@@ -220,9 +222,9 @@ class OomMonitor:
         self.sweep_interval = sweep_interval
         self.on_events = on_events
         self.kmsg: KernelLog | None = None
-        self._jobs: dict[str, _Job] = {}
+        self._jobs: dict[JobKey, _Job] = {}
         self._sweep: _Cancellable | None = None
-        self._refused: set[str] = set()
+        self._refused: set[JobKey] = set()
         self._kills_acked = 0
 
     # -- life cycle -------------------------------------------------------------
@@ -259,7 +261,7 @@ class OomMonitor:
 
     # -- jobs ---------------------------------------------------------------------
 
-    def watch(self, key: str, spool_dir: Path | None = None) -> bool:
+    def watch(self, key: JobKey, spool_dir: Path | None = None) -> bool:
         """Watch job ``key`` (its cgroup must exist); report kills it had already at once.
 
         Call it when gecod has made the job's cgroup (JOB_STARTED), with the
@@ -297,13 +299,13 @@ class OomMonitor:
         self._deliver(job, watch.check())
         return True
 
-    def unwatch(self, key: str, *, forget: bool = True) -> None:
+    def unwatch(self, key: JobKey, *, forget: bool = True) -> None:
         """Stop watching job ``key``; ``forget`` also removes its persisted count (job over)."""
         job = self._jobs.pop(key, None)
         if job is None:
             if forget:
                 with contextlib.suppress(GecoError):
-                    remove_state(self.state_dir, key)
+                    remove_counts(self.state_dir, key)
             return
         for timer in job.rechecks:
             timer.cancel()
@@ -326,7 +328,7 @@ class OomMonitor:
             self.unwatch(key)
         self._refused &= set(keys)
         self.check_all()
-        self._prune_state(set(keys))
+        self._prune_counts(set(keys))
 
     def check_all(self) -> None:
         """Re-read every watched job's counter and report what is new."""
@@ -377,7 +379,7 @@ class OomMonitor:
         job.rechecks = tuple(self.loop.add_timer(delay, functools.partial(self.check, key))
                              for delay in _RECHECK_AFTER)
 
-    def check(self, key: str) -> None:
+    def check(self, key: JobKey) -> None:
         """Re-read job ``key``'s counter now and report what is new (before its teardown:
         the kills that ended the job are reported while its cgroup still exists)."""
         job = self._jobs.get(key)
@@ -413,25 +415,24 @@ class OomMonitor:
 
     # -- helpers --------------------------------------------------------------------
 
-    def _resolve(self, key: str, job: _Job) -> None:
+    def _resolve(self, key: JobKey, job: _Job) -> None:
         """Find the job's stderr file and requests (small local files, read once per job)."""
         if job.target is None and self.execd_spool_dir is not None:
-            spool = job.spool_dir or sgejob.find_spool_dir(self.execd_spool_dir, key, self.node)
+            spool = job.spool_dir or execd.find_spool_dir(self.execd_spool_dir, key, self.node)
             if spool is not None:
                 try:
                     job.target = stderr_target(spool)
                 except GecoError as exc:
                     _log.debug("job %s: no stderr file for OOM reports: %s", key, exc)
         if job.hint is None and self.resources_dir is not None:
-            job_id, _, task_id = key.partition(".")
             try:
-                rs = statefile.read(self.resources_dir, int(job_id), int(task_id))
+                rs = resourcefile.read(self.resources_dir, key)
             except GecoError as exc:
                 _log.debug("job %s: no resource file for OOM remedies: %s", key, exc)
             else:
                 job.hint = request_hint(rs, self.node)
 
-    def _prune_state(self, live: Iterable[str]) -> None:
+    def _prune_counts(self, live: Iterable[str]) -> None:
         """Remove count files of jobs whose cgroup is gone (ended while gecod was down)."""
         live = set(live)
         try:
@@ -445,4 +446,4 @@ class OomMonitor:
             if name.startswith(".") or name in live:
                 continue
             with contextlib.suppress(GecoError):
-                remove_state(self.state_dir, name)
+                remove_counts(self.state_dir, JobKey.parse(name))

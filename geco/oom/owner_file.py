@@ -22,8 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from geco import sgejob
 from geco.errors import GecoError
+from geco.sge import execd
 
 __all__ = ["StderrTarget", "append_to_owner_file", "stderr_target"]
 
@@ -60,7 +60,7 @@ def _read_env(path: Path) -> dict[bytes, bytes]:
     except OSError as exc:
         raise GecoError.from_oserror("cannot read the job's spooled environment", exc,
                                      path=path) from exc
-    return sgejob.parse_key_values(data)
+    return execd.parse_key_values(data)
 
 
 def stderr_target(spool_dir: Path) -> StderrTarget | None:
@@ -84,7 +84,7 @@ def stderr_target(spool_dir: Path) -> StderrTarget | None:
     GecoError
         when the spool's ``config`` cannot be read or names no ``job_owner``.
     """
-    config = sgejob.read_config(spool_dir)
+    config = execd.read_config(spool_dir)
     owner = config.get("job_owner", "")
     if not owner:
         raise GecoError("the job's spooled config names no job_owner",

@@ -34,13 +34,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from geco import log, statefile
+from geco import atomicfile, log
 from geco.cgroup import Backend, Limits, check_key
 from geco.errors import CgroupError, GecoError
+from geco.jobkey import JobKey
 from geco.oom.kmsg import KernelLog, _is_under
-from geco.resource import short_hostname
+from geco.resourceset import short_hostname
 
-__all__ = ["OomEvent", "OomWatch", "open_inotify", "parse_keyed", "remove_state"]
+__all__ = ["OomEvent", "OomWatch", "open_inotify", "parse_keyed", "remove_counts"]
 
 _log = log.get("oom")
 
@@ -152,7 +153,7 @@ class OomEvent:
         when there was no line to tell.
     """
 
-    key: str
+    key: JobKey
     node: str
     limit: int
     peak: int
@@ -165,12 +166,12 @@ class OomEvent:
     @property
     def job_id(self) -> int:
         """The Grid Engine job number."""
-        return int(self.key.partition(".")[0])
+        return self.key.job
 
     @property
     def task_id(self) -> int:
         """The array task (1 for a non-array job)."""
-        return int(self.key.partition(".")[2])
+        return self.key.task
 
     @property
     def node_wide(self) -> bool:
@@ -206,11 +207,11 @@ def _memory_figures(limits: Limits, usage: Mapping[str, int], version: int) -> t
 # ---------------------------------------------------------------------------
 
 
-def _state_path(state_dir: Path, key: str) -> Path:
+def _counts_path(state_dir: Path, key: JobKey) -> Path:
     return state_dir / "oom" / check_key(key)
 
 
-def _read_state(path: Path) -> tuple[str, int] | None:
+def _read_counts(path: Path) -> tuple[str, int] | None:
     """Return (incarnation, reported) from a count file, or None when there is none."""
     try:
         data = path.read_bytes()
@@ -228,7 +229,7 @@ def _read_state(path: Path) -> tuple[str, int] | None:
     return fields.get(b"incarnation", b"").decode("ascii", "replace"), int(fields[b"reported"])
 
 
-def remove_state(state_dir: Path, key: str) -> None:
+def remove_counts(state_dir: Path, key: JobKey) -> None:
     """Remove the job's OOM count file (at job end); a missing file is fine.
 
     Raises
@@ -236,7 +237,7 @@ def remove_state(state_dir: Path, key: str) -> None:
     GecoError
         when it exists and cannot be removed.
     """
-    path = _state_path(state_dir, key)
+    path = _counts_path(state_dir, key)
     try:
         path.unlink()
     except FileNotFoundError:
@@ -277,7 +278,7 @@ class OomWatch:
         counter (v1 before Linux 4.13).
     """
 
-    def __init__(self, backend: Backend, key: str, *, state_dir: Path,
+    def __init__(self, backend: Backend, key: JobKey, *, state_dir: Path,
                  kmsg: KernelLog | None = None, node: str | None = None) -> None:
         self.key = check_key(key)
         self.backend = backend
@@ -287,7 +288,7 @@ class OomWatch:
         cgroup_paths = backend.cgroup_paths(key)
         self.cgroup_path = cgroup_paths.get("memory", cgroup_paths.get("", ""))
         self._kmsg = kmsg
-        self._state = _state_path(state_dir, key)
+        self._counts_file = _counts_path(state_dir, key)
         self._counter_file = self.directory / (
             "memory.oom_control" if self.version == 1 else "memory.events")
         self.gone = False
@@ -300,7 +301,7 @@ class OomWatch:
                 f"{self._counter_file.name} of job {key} has no oom_kill counter (cgroup v1 "
                 f"has it from Linux 4.13 on), so OOM kills cannot be counted",
                 key=key, path=self._counter_file)
-        saved = _read_state(self._state)
+        saved = _read_counts(self._counts_file)
         # a count file of another cgroup of this name (before a reboot, a
         # re-queued job) or one above the kernel's counter says nothing here
         self.reported = saved[1] if saved and saved[0] == self._incarnation \
@@ -452,7 +453,7 @@ class OomWatch:
         data = b"%s incarnation=%s reported=%d\n" % (
             _STATE_MAGIC, (self._incarnation or "").encode("ascii"), self.reported)
         try:
-            statefile.write_atomic(self._state, data, mode=0o644, make_dir=True,
+            atomicfile.write_atomic(self._counts_file, data, mode=0o644, make_dir=True,
                                    what="OOM count file")
         except GecoError as exc:
             # the count in memory still prevents repeats while this gecod runs
@@ -462,9 +463,9 @@ class OomWatch:
     def forget(self) -> None:
         """Remove the persisted count (the job is over); errors are logged, not raised."""
         try:
-            self._state.unlink(missing_ok=True)
+            self._counts_file.unlink(missing_ok=True)
         except OSError as exc:
-            _log.warning("cannot remove the OOM count file %s: %s", self._state, exc)
+            _log.warning("cannot remove the OOM count file %s: %s", self._counts_file, exc)
 
     def close(self) -> None:
         """Close the fd (remove it from the runloop first); closing twice is harmless."""

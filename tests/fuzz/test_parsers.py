@@ -2,13 +2,13 @@
 
 The parsers (and the one exception type each documents):
 
-* ``GECOResourceSet_v1{...}`` (:mod:`geco._v1format`): ResourceFormatError;
-* ``qstat -xml -j`` and ``qstat -xml -u '*' -g t`` (:mod:`geco.qstat`):
+* ``GECOResourceSet_v1{...}`` (:mod:`geco.sge.v1format`): ResourceFormatError;
+* ``qstat -xml -j`` and ``qstat -xml -u '*' -g t`` (:mod:`geco.sge.qstat`):
   QstatParseError, and for ``-j`` also JobNotFound and TaskNotRunning, which
   are Grid Engine's answers, not parse failures;
-* ``pe_hostfile`` (:func:`geco.qstat.parse_pe_hostfile`): QstatParseError;
-* the spooled ``environment`` and ``config`` (:mod:`geco.sgejob`; their users
-  :func:`geco.jobresources.from_spool` and :func:`geco.oom.owner_file.stderr_target`):
+* ``pe_hostfile`` (:func:`geco.sge.pe_hostfile.parse_pe_hostfile`): QstatParseError;
+* the spooled ``environment`` and ``config`` (:mod:`geco.sge.execd`; their users
+  :func:`geco.sge.lookup.from_spool` and :func:`geco.oom.owner_file.stderr_target`):
   never an error for the text itself, GecoError for a file that cannot be used.
 
 The property, for every input: a result or that one error, never another
@@ -35,7 +35,6 @@ from hypothesis import assume, example, given
 from hypothesis import strategies as st
 from lxml import etree
 
-from geco import _v1format, jobresources, qstat, sgejob
 from geco.errors import (
     GecoError,
     JobNotFound,
@@ -44,8 +43,9 @@ from geco.errors import (
     TaskNotRunning,
 )
 from geco.oom import owner_file
-from geco.qstat import Placement
-from geco.resource import NodeResources, ResourceSet
+from geco.resourceset import NodeResources, ResourceSet
+from geco.sge import execd, lookup, qstat, v1format
+from geco.sge.pe_hostfile import Placement, parse_pe_hostfile
 
 # hypothesis warns when it shows an example of megabytes; they are the point here
 pytestmark = pytest.mark.filterwarnings("ignore:Generating overly large repr")
@@ -97,7 +97,7 @@ UGE_TASK_PARTS = (
 
 def storable(rs: ResourceSet) -> None:
     """What a parser returned goes into the job's resource file next: it must fit it."""
-    assert _v1format.parse(_v1format.serialize(rs)) == rs
+    assert v1format.parse(v1format.serialize(rs)) == rs
 
 
 # inputs tried by this module's fuzz tests, and those that raised a foreign exception
@@ -176,7 +176,7 @@ def mutated(draw: st.DrawFn, base: st.SearchStrategy[bytes]) -> bytes:
     return bytes(data)
 
 
-resource_texts = mutated(st.just(SEED) | resource_sets.map(_v1format.serialize))
+resource_texts = mutated(st.just(SEED) | resource_sets.map(v1format.serialize))
 
 
 @fuzzkit.fuzz_settings(400)
@@ -185,9 +185,9 @@ def test_a_valid_resource_set_round_trips_through_its_text(rs: ResourceSet) -> N
     """Given any resource set the format can hold, when written and read back, then it is
     equal, and the text is canonical (written again, the same bytes)."""
     TRIED["inputs"] += 1
-    text = _v1format.serialize(rs)
-    assert _v1format.parse(text) == rs
-    assert _v1format.serialize(_v1format.parse(text)) == text
+    text = v1format.serialize(rs)
+    assert v1format.parse(text) == rs
+    assert v1format.serialize(v1format.parse(text)) == text
 
 
 @fuzzkit.fuzz_settings(1500)
@@ -204,7 +204,7 @@ def test_any_resource_text_parses_or_gives_one_resource_format_error(data: bytes
     """Given any bytes (mutated real texts, random ones), when parsed, then the result is
     a resource set that writes back to a text reading the same, or the one error is
     ResourceFormatError with an offset inside the input and a caret line."""
-    rs = only((ResourceFormatError,), lambda: _v1format.parse(data))
+    rs = only((ResourceFormatError,), lambda: v1format.parse(data))
     if isinstance(rs, ResourceFormatError):
         assert 0 <= rs.offset <= len(data), rs
         assert rs.caret().count("\n") == 1
@@ -227,7 +227,7 @@ def test_a_pathological_resource_text_is_refused_without_a_hang(text: bytes) -> 
     """Given a few MiB built to make a parser backtrack or convert huge numbers, when
     parsed, then it ends with a ResourceFormatError (a regex that backtracks on "lf000...0.5"
     took 43 s for 30,000 zeros and would never end for a MiB)."""
-    no_hang(lambda _: _v1format.parse(text), errors=(ResourceFormatError,), timeout=30)
+    no_hang(lambda _: v1format.parse(text), errors=(ResourceFormatError,), timeout=30)
 
 
 # -- qstat -xml -j and -g t -------------------------------------------------------------------
@@ -412,7 +412,7 @@ def test_a_pe_hostfile_with_more_slots_than_a_host_can_have_is_one_short_error(
     """Regression: 5000 digits of slots raised ValueError (int's digit limit), and slots
     beyond 2**31-1 gave a placement no resource file holds."""
     with pytest.raises(QstatParseError) as info:
-        qstat.parse_pe_hostfile(text)
+        parse_pe_hostfile(text)
     assert error in str(info.value) and len(str(info.value)) < 300
 
 
@@ -538,9 +538,9 @@ def test_a_valid_pe_hostfile_reads_back_the_hosts_and_slots_it_lists(
     TRIED["inputs"] += 1
     if max(want.values()) > 2**31 - 1:  # more than a resource file can hold for one host
         with pytest.raises(QstatParseError, match="add up to"):
-            qstat.parse_pe_hostfile(text)
+            parse_pe_hostfile(text)
         return
-    got = qstat.parse_pe_hostfile(text)
+    got = parse_pe_hostfile(text)
     assert {p.host: p.slots for p in got} == want
     assert got[0].host == lines[0][0] and got[0].is_master
     assert [p.is_master for p in got[1:]] == [False] * (len(got) - 1)
@@ -558,7 +558,7 @@ def test_a_valid_pe_hostfile_reads_back_the_hosts_and_slots_it_lists(
 def test_any_pe_hostfile_gives_placements_or_a_qstat_parse_error(text: bytes) -> None:
     """Given any bytes as a pe_hostfile, when parsed, then the placements fit a resource
     file (slots from 1 to 2**31-1 per host), or the one error is QstatParseError."""
-    got = only((QstatParseError,), lambda: qstat.parse_pe_hostfile(text))
+    got = only((QstatParseError,), lambda: parse_pe_hostfile(text))
     if not isinstance(got, QstatParseError):
         assert isinstance(got, list) and got
         storable(ResourceSet(1, nodes=tuple(NodeResources(p.host, not p.is_master, p.slots)
@@ -578,7 +578,7 @@ def test_spooled_key_value_lines_read_back_what_execd_wrote(pairs: dict[bytes, b
     newline anywhere), when parsed, then every pair reads back as written."""
     text = b"".join(k + b"=" + v + b"\n" for k, v in pairs.items())
     TRIED["inputs"] += 1
-    assert sgejob.parse_key_values(text) == pairs
+    assert execd.parse_key_values(text) == pairs
 
 
 def _spool(base: Path, config: bytes, environment: bytes, pe_hostfile: bytes) -> Path:
@@ -617,12 +617,12 @@ def test_a_hostile_spool_gives_a_storable_resource_set_or_one_geco_error(
     (where the job's stderr goes), then each gives a result (the resource set fits a
     resource file) or a GecoError, never another exception."""
     spool = _spool(tmp_path_factory.mktemp("spool"), config, environment, pe_hostfile)
-    job = sgejob.JobRef(42, 1, spool)
-    rs = only((GecoError,), lambda: jobresources.from_spool(job))
+    job = execd.JobRef(42, 1, spool)
+    rs = only((GecoError,), lambda: lookup.from_spool(job))
     if not isinstance(rs, GecoError):
         assert isinstance(rs, ResourceSet)
         storable(rs)
-    assert isinstance(only((GecoError,), lambda: sgejob.read_config(spool)), dict | GecoError)
+    assert isinstance(only((GecoError,), lambda: execd.read_config(spool)), dict | GecoError)
     target = only((GecoError,), lambda: owner_file.stderr_target(spool))
     assert target is None or isinstance(target, owner_file.StderrTarget | GecoError)
 

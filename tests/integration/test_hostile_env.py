@@ -1,7 +1,7 @@
 """A job's environment cannot steer what root runs of Grid Engine's (issue 11, hole 2).
 
 Grid Engine hands the root prolog and epilog the job's environment, and ``qsub -v``
-puts anything there. Before geco.sgeenv, ``-v SGE_QMASTER_PORT=1`` reached the
+puts anything there. Before geco.sge.siteenv, ``-v SGE_QMASTER_PORT=1`` reached the
 prolog's qstat, which then could not reach the qmaster, so the job ran without its
 memory limit. Here a real job is submitted with a hostile ``SGE_*`` and a ``PATH``
 whose first directory holds the user's own ``qstat``, ``qmod`` and friends (each

@@ -32,10 +32,10 @@ from geco.cgroup import (
     V1Backend,
     detect,
     find_hierarchies,
-    job_key,
     parse_mountinfo,
 )
-from geco.errors import CgroupError
+from geco.errors import CgroupError, JobKeyError
+from geco.jobkey import JobKey
 
 # pytest puts only this file's own directory on sys.path; tests/ is added here, not
 # left to a conftest (tests/vm, the other user of cgroup_testkit, runs with --noconftest)
@@ -238,9 +238,9 @@ def test_given_a_bad_key_when_used_then_it_is_refused_and_nothing_is_created(
 
 
 def test_job_key_builds_the_canonical_key() -> None:
-    assert job_key(42, 1) == "42.1"
-    with pytest.raises(CgroupError) as err:
-        job_key(-1, 1)
+    assert JobKey(42, 1) == "42.1"
+    with pytest.raises(JobKeyError) as err:
+        JobKey(-1, 1)
     assert str(err.value) == ("a job cgroup key must be <job>.<task> in decimal digits without "
                               "leading zeros (e.g. 42.1), got '-1.1'")
 

@@ -4,7 +4,7 @@ gecod runs as ``python -m geco.daemon`` with a test configuration: its own
 directory under /tmp (key, socket, state dir, a fake execd spool tree) and the
 cgroup parent ``geco-test-<pid>`` (never ``GECO``). A job is a spool dir
 ``<spool>/vm/active_jobs/<job>.<task>/`` with ``environment``, ``config`` and
-``pe_hostfile``, plus a resource file written with :mod:`geco.statefile`, so no
+``pe_hostfile``, plus a resource file written with :mod:`geco.sge.resourcefile`, so no
 qstat is ever needed.
 
 A "job process" is a separate Python process whose cwd is that spool dir and
@@ -48,10 +48,12 @@ from typing import Any, TypeVar
 
 import pytest
 
-from geco import address, client, config, protocol, statefile
+from geco import address, client, config, protocol
 from geco.errors import GecoError, ProtocolError
+from geco.jobkey import JobKey
 from geco.protocol import AckStatus, JobStarted, MsgType
-from geco.resource import NodeResources, ResourceSet, short_hostname
+from geco.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.sge import resourcefile
 from geco.topology import parse_cpulist
 
 REPO = Path(__file__).resolve().parents[2]
@@ -174,7 +176,7 @@ class Node:
             f"JOB_ID={job}\nSGE_TASK_ID={'undefined' if task == 1 else task}\nJOB_NAME=t\n")
         (d / "config").write_text(f"job_owner={owner}\njob_name=t\njob_id={job}\n")
         (d / "pe_hostfile").write_text(f"{HOST} {slots} all.q@{HOST} UNDEFINED\n")
-        statefile.write(self.state_dir / "resources", ResourceSet(
+        resourcefile.write(self.state_dir / "resources", ResourceSet(
             job, task, job_name="t", owner=owner, trace_level=trace_level,
             nodes=(NodeResources(HOST, slots=slots, memory_limit=memory),)))
         return d
@@ -628,7 +630,7 @@ def test_when_the_jobs_shepherd_exits_gecod_ends_the_job_at_once(
     [end] = journal.wait_for(GECO_EVENT="job-end", JOB_ID=str(job))
     assert (end["CLEANED_BY"], end["KILLED"], end["_PID"]) == ("gecod", "1", str(gecod.pid))
     assert int(end["MEMORY_PEAK"]) > 0 and float(end["CPU_USER_SEC"]) >= 0
-    assert statefile.read(node.state_dir / "resources", job, 1) is None
+    assert resourcefile.read(node.state_dir / "resources", JobKey(job, 1)) is None
     assert not logged(journal, since, GECO_EVENT="teardown-failed", JOB_ID=str(job))
 
 
@@ -904,7 +906,7 @@ def test_a_job_without_slots_on_this_host_fails(node: Node, gecod: Gecod,
     since = time.time()
     job = new_job()
     node.make_job(job)
-    statefile.write(node.state_dir / "resources", ResourceSet(
+    resourcefile.write(node.state_dir / "resources", ResourceSet(
         job, 1, owner="root", nodes=(NodeResources("elsewhere", slots=1),)))
     assert node.job_process(job).answer() == "FAILED"
     [entry] = logged(journal, since, GECO_EVENT="quarantine-refused", JOB_ID=str(job),
@@ -947,7 +949,7 @@ def test_without_a_resource_file_or_qmaster_a_job_is_contained_from_the_spool(
     try:
         job = new_job()
         node.make_job(job)
-        statefile.remove(node.state_dir / "resources", job, 1)
+        resourcefile.remove(node.state_dir / "resources", JobKey(job, 1))
         p = node.job_process(job, sock=g.sock)
 
         assert p.answer() == "OK"
@@ -972,7 +974,7 @@ def test_without_a_resource_file_or_qmaster_a_job_is_not_started_by_default(
     try:
         job = new_job()
         node.make_job(job)
-        statefile.remove(node.state_dir / "resources", job, 1)
+        resourcefile.remove(node.state_dir / "resources", JobKey(job, 1))
 
         assert node.job_process(job, sock=g.sock).answer() == "FAILED"
         assert not node.cgroup("cpuset", f"{job}.1").exists()
@@ -999,7 +1001,7 @@ def test_a_job_grid_engine_does_not_know_gets_no_such_job(node: Node, journal: A
     try:
         job = new_job()
         node.make_job(job)
-        statefile.remove(node.state_dir / "resources", job, 1)
+        resourcefile.remove(node.state_dir / "resources", JobKey(job, 1))
 
         assert node.job_process(job, sock=g.sock).answer() == "NO_SUCH_JOB"
         assert not node.cgroup("cpuset", f"{job}.1").exists()
@@ -1515,7 +1517,7 @@ def test_sigterm_answers_the_requests_already_being_worked_on(node: Node) -> Non
     g = start_gecod(node, "drain", qstat=_unknown_job_qstat(node, 1.5))
     job = new_job()
     node.make_job(job)
-    statefile.remove(node.state_dir / "resources", job, 1)
+    resourcefile.remove(node.state_dir / "resources", JobKey(job, 1))
     p = node.job_process(job, sock=g.sock)
     deadline = time.monotonic() + 10
     while "qstat-unknown" not in subprocess.run(["ps", "-eo", "args"], capture_output=True,
@@ -1709,11 +1711,11 @@ def test_a_status_reply_with_more_jobs_than_fit_is_cut_to_4096_bytes_and_says_so
     """Given 300 job cgroups (far more than 4096 bytes of JSON), then the STATUS_REPLY
     payload is at most 4096 bytes, lists the first jobs in key order, marks itself
     truncated, and still counts all 300; with 3 jobs nothing is cut."""
-    from geco.daemon.state import JobState, NodeState, status_document
+    from geco.daemon.status import JobCgroup, NodeJobs, status_document
 
-    jobs = tuple(JobState(f"{1000 + i}.1", "0-63", "0-1", 1 << 40, 1 << 40, 12345)
+    jobs = tuple(JobCgroup(f"{1000 + i}.1", "0-63", "0-1", 1 << 40, 1 << 40, 12345)
                  for i in range(300))
-    data = status_document(NodeState(jobs, "0-127"), pid=1)
+    data = status_document(NodeJobs(jobs, "0-127"), pid=1)
     doc = protocol.StatusReply.unpack(data).document
     assert len(data) <= protocol.MAX_PAYLOAD
     assert (doc["job_count"], doc["truncated"]) == (300, True)
@@ -1721,7 +1723,7 @@ def test_a_status_reply_with_more_jobs_than_fit_is_cut_to_4096_bytes_and_says_so
     # nothing more would have fitted
     assert len(data) + len(json.dumps(jobs[len(doc["jobs"])].as_json(),
                                       separators=(",", ":"))) + 1 > protocol.MAX_PAYLOAD
-    small = protocol.StatusReply.unpack(status_document(NodeState(jobs[:3], "0-127")))
+    small = protocol.StatusReply.unpack(status_document(NodeJobs(jobs[:3], "0-127")))
     assert (small.document["truncated"], len(small.document["jobs"])) == (False, 3)
 
 

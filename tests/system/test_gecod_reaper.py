@@ -40,7 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import test_gecod as gecod_tests
 from test_gecod import CONTROLLERS, Gecod, JobProcess, Node, logged, start_gecod
 
-from geco import statefile
+from geco.jobkey import JobKey
+from geco.sge import resourcefile
 
 pytestmark = gecod_tests.pytestmark
 
@@ -237,7 +238,7 @@ def test_a_job_gone_from_the_spool_and_unknown_to_qstat_is_killed_removed_and_jo
     [end] = logged(journal, since, GECO_EVENT="job-end", JOB_ID=str(job))
     assert (end["CLEANED_BY"], end["KILLED"]) == ("reaper", "1")
     assert int(reaped["__REALTIME_TIMESTAMP"]) >= (contained_at + 2 * INTERVAL - 0.5) * 1e6
-    assert statefile.read(node.state_dir / "resources", job, 1) is None
+    assert resourcefile.read(node.state_dir / "resources", JobKey(job, 1)) is None
     assert f"-xml -j {job}" in node.qstat_calls()
 
 
@@ -315,9 +316,9 @@ def test_past_h_rt_and_grace_every_process_but_the_shepherd_is_killed_once(
     impostor = node.fake_shepherd(user=NOBODY)
     node.join(key, worker.pid)
     node.join(key, impostor.pid)
-    rs = statefile.read(node.state_dir / "resources", job, 1)
+    rs = resourcefile.read(node.state_dir / "resources", JobKey(job, 1))
     assert rs is not None
-    statefile.write(node.state_dir / "resources", rs.replace(runtime_limit=2.0))
+    resourcefile.write(node.state_dir / "resources", rs.replace(runtime_limit=2.0))
     started = time.time() - 700
     os.utime(node.job_dir(job) / "config", (started, started))
 
@@ -350,9 +351,9 @@ def test_sighup_turns_the_backstop_on_and_shortens_the_interval(
         since = time.time()
         job = new_job()
         p = contained_job(node, g, job)
-        rs = statefile.read(node.state_dir / "resources", job, 1)
+        rs = resourcefile.read(node.state_dir / "resources", JobKey(job, 1))
         assert rs is not None
-        statefile.write(node.state_dir / "resources", rs.replace(runtime_limit=2.0))
+        resourcefile.write(node.state_dir / "resources", rs.replace(runtime_limit=2.0))
         started = time.time() - 700
         os.utime(node.job_dir(job) / "config", (started, started))
         time.sleep(3)
@@ -376,7 +377,7 @@ def test_a_garbage_resource_file_is_warned_about_and_gecod_serves_on(
     since = time.time()
     job = new_job()
     p = contained_job(node, gecod, job)
-    path = statefile.path_for(node.state_dir / "resources", job, 1)
+    path = resourcefile.path_for(node.state_dir / "resources", JobKey(job, 1))
     path.write_bytes(b"GECOResourceSet_v1{li" + str(job).encode() + b",li1,lf")
 
     [warning] = wait_logged(journal, since, GECO_EVENT="resource-file-unusable",
@@ -400,7 +401,7 @@ def test_without_an_h_rt_a_long_running_job_is_left_alone(
     p = contained_job(node, gecod, job)
     started = time.time() - 10 * 86400
     os.utime(node.job_dir(job) / "config", (started, started))
-    rs = statefile.read(node.state_dir / "resources", job, 1)
+    rs = resourcefile.read(node.state_dir / "resources", JobKey(job, 1))
     assert rs is not None and rs.runtime_limit == 0  # no h_rt
 
     time.sleep(4 * INTERVAL)

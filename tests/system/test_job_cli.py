@@ -34,11 +34,12 @@ from typing import Any
 
 import pytest
 
-from geco import log, statefile
+from geco import log
 from geco.accounting import Accounting
 from geco.cgroup import Limits, V1Backend, find_hierarchies, parse_mountinfo
 from geco.journalview import JOURNAL_DIRS
-from geco.resource import NodeResources, ResourceSet, short_hostname
+from geco.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.sge import resourcefile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # see test_cgroup_v1.py
 from cgroup_testkit import (
@@ -132,7 +133,7 @@ def test_status_of_a_running_job_shows_the_kernels_figures_then_one_line_when_go
     config = world_dir / "geco.toml"
     config.write_text(f'[paths]\nstate_dir = "{state}"\nexecd_spool_dir = "{spool}"\n'
                       f'[cgroup]\nname = "{backend.name}"\nversion = "1"\n')
-    statefile.write(state / "resources", ResourceSet(
+    resourcefile.write(state / "resources", ResourceSet(
         job_id=job, task_id=1, runtime_limit=3600.0, owner="alice", job_name="sim.sh",
         nodes=(NodeResources(HOST, slots=1),)))
     spooled = spool / HOST / "active_jobs" / key / "config"

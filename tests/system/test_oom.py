@@ -34,11 +34,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from geco import oom, statefile
+from geco import oom
 from geco.cgroup import Limits, V1Backend, V2Backend, find_hierarchies, parse_mountinfo
 from geco.daemon.runloop import RunLoop
 from geco.errors import GecoError
-from geco.resource import NodeResources, ResourceSet, short_hostname
+from geco.jobkey import JobKey
+from geco.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.sge import resourcefile
 from geco.units import format_memory, parse_memory
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -145,7 +147,7 @@ def test_any_suggestion_reads_back_above_the_peak_and_the_request_and_close_to_1
 
 
 def event(**changes: Any) -> oom.OomEvent:
-    base = oom.OomEvent(key="42.1", node="vm", limit=200 * MiB, peak=200 * MiB, pid=1234,
+    base = oom.OomEvent(key=JobKey(42, 1), node="vm", limit=200 * MiB, peak=200 * MiB, pid=1234,
                         command="python3", kill_count=1, scope="job")
     return oom.OomEvent(**{**{f: getattr(base, f) for f in base.__slots__}, **changes})
 
@@ -186,7 +188,7 @@ def test_given_no_limit_when_worded_then_it_says_the_job_has_none() -> None:
 def test_given_h_vmem_set_the_ram_swap_limit_when_worded_then_h_vmem_is_named_per_slot(
         ) -> None:
     """2 slots x h_vmem=1G = 2G RAM+swap; RAM was 1G (m_mem_free=512M x 2)."""
-    e = event(key="43.1", limit=2 << 30, peak=2 << 30, limit_kind="ram+swap", pid=0,
+    e = event(key=JobKey(43, 1), limit=2 << 30, peak=2 << 30, limit_kind="ram+swap", pid=0,
               command="")
     text = oom.owner_message(e, oom.RequestHint(slots=2, m_mem_free=512 * MiB, h_vmem=1 << 30,
                                                 is_array=False))
@@ -730,7 +732,7 @@ def test_given_the_monitor_in_a_runloop_when_a_job_is_killed_then_the_owner_read
     spool_for(tmp_path, job, owner, stderr)
     job_id = int(job.partition(".")[0])
     resources = tmp_path / "resources"
-    statefile.write(resources, ResourceSet(job_id=job_id, task_id=1, is_array=False, nodes=(
+    resourcefile.write(resources, ResourceSet(job_id=job_id, task_id=1, is_array=False, nodes=(
         NodeResources(short_hostname(), slots=1, memory_limit=64 * MiB),)))
     state = tmp_path / "state"
     batches: list[list[oom.OomEvent]] = []

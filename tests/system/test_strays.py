@@ -31,10 +31,12 @@ from typing import Any
 
 import pytest
 
-from geco import statefile, strays
+from geco import strays
 from geco.cgroup import Limits, V1Backend, find_hierarchies, parse_mountinfo
 from geco.config import Config
-from geco.resource import NodeResources, ResourceSet, short_hostname
+from geco.jobkey import JobKey
+from geco.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.sge import resourcefile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cgroup_testkit import subreaper_children, usable_v1_hierarchies, v1_backend
@@ -87,7 +89,7 @@ def cfg(tmp_path: Path) -> Config:
 
 def own_job(cfg: Config, job: int, owner: str) -> str:
     """Write the resource file of job ``<job>.1`` owned by ``owner``; return its key."""
-    statefile.write(cfg.resources_dir, ResourceSet(job, 1, owner=owner,
+    resourcefile.write(cfg.resources_dir, ResourceSet(job, 1, owner=owner,
                                                    nodes=(NodeResources(short_hostname()),)))
     return f"{job}.1"
 
@@ -238,7 +240,7 @@ def test_the_last_job_ending_kills_the_owners_processes_outside_every_job(
     admins = by_admin(user, children)
     others = detached(job_owner, children)
 
-    result = strays.after_job(cfg, backend, f"{job}.1", user.name, cleaned_by="epilog")
+    result = strays.after_job(cfg, backend, JobKey(job, 1), user.name, cleaned_by="epilog")
 
     assert result.outcome is strays.Outcome.KILLED
     assert sorted(s.pid for s in result.strays) == sorted([daemon, by_cron, stubborn])
@@ -269,7 +271,7 @@ def test_another_job_of_the_owner_here_keeps_them_until_it_ends(
     backend.create(running, Limits())
     first = unique_job()
 
-    kept = strays.after_job(cfg, backend, f"{first}.1", user.name, cleaned_by="gecod")
+    kept = strays.after_job(cfg, backend, JobKey(first, 1), user.name, cleaned_by="gecod")
 
     assert kept.outcome is strays.Outcome.OTHER_JOB
     assert kept.reason == f"job {running} of {USER} still runs on this node"
@@ -278,18 +280,18 @@ def test_another_job_of_the_owner_here_keeps_them_until_it_ends(
     assert (entry["USER"], entry["PIDS"], entry["REASON"]) == (USER, str(daemon), kept.reason)
 
     backend.destroy(running)
-    statefile.remove(cfg.resources_dir, *map(int, running.split(".")))
+    resourcefile.remove(cfg.resources_dir, JobKey.parse(running))
     dispatched = cfg.execd_spool_dir / short_hostname() / "active_jobs" / f"{unique_job()}.1"
     dispatched.mkdir(parents=True)
     (dispatched / "config").write_bytes(f"job_name=x\njob_owner={USER}\n".encode())
-    spooled = strays.after_job(cfg, backend, f"{unique_job()}.1", user.name, cleaned_by="gecod")
+    spooled = strays.after_job(cfg, backend, JobKey(unique_job(), 1), user.name, cleaned_by="gecod")
     assert spooled.outcome is strays.Outcome.OTHER_JOB
     assert spooled.reason == f"job {dispatched.name} of {USER} still runs on this node"
     assert alive(daemon)
 
     (dispatched / "config").unlink()
     dispatched.rmdir()
-    last = strays.after_job(cfg, backend, f"{unique_job()}.1", user.name, cleaned_by="gecod")
+    last = strays.after_job(cfg, backend, JobKey(unique_job(), 1), user.name, cleaned_by="gecod")
     assert last.outcome is strays.Outcome.KILLED
     assert [s.pid for s in last.strays] == [daemon]
     assert ended_by(daemon) == signal.SIGTERM
@@ -304,7 +306,7 @@ def test_a_job_whose_owner_cannot_be_read_keeps_them(
     unknown = f"{unique_job()}.1"
     backend.create(unknown, Limits())
 
-    result = strays.after_job(cfg, backend, f"{unique_job()}.1", user.name, cleaned_by="epilog")
+    result = strays.after_job(cfg, backend, JobKey(unique_job(), 1), user.name, cleaned_by="epilog")
 
     assert result.outcome is strays.Outcome.OTHER_JOB
     assert result.reason == f"the owner of job {unknown} on this node cannot be read"
@@ -324,7 +326,7 @@ def test_exempt_users_service_accounts_and_kill_off_keep_them(
     daemon = detached(user, children)
 
     result = strays.after_job(dataclasses.replace(cfg, **settings), backend,
-                              f"{unique_job()}.1", user.name, cleaned_by="epilog")
+                              JobKey(unique_job(), 1), user.name, cleaned_by="epilog")
 
     assert result.outcome is outcome
     assert alive(daemon)
@@ -336,7 +338,7 @@ def test_an_unknown_owner_is_journaled_and_nothing_is_killed(
     warning says why."""
     job = unique_job()
 
-    result = strays.after_job(cfg, backend, f"{job}.1", None, cleaned_by="reaper")
+    result = strays.after_job(cfg, backend, JobKey(job, 1), None, cleaned_by="reaper")
 
     assert result.outcome is strays.Outcome.UNKNOWN_OWNER
     [entry] = journal_log.wait_for(10, JOB_ID=str(job), GECO_EVENT="strays-kept")

@@ -28,10 +28,11 @@ from pathlib import Path
 import pytest
 
 from geco import config as _config
-from geco import hooks, log, statefile, trace
+from geco import hooks, log, trace
 from geco.config import Config
 from geco.hooks import Exit
-from geco.resource import NodeResources, ResourceSet, short_hostname
+from geco.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.sge import resourcefile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo: tests.conftest
 from tests.conftest import JobOwner  # not "conftest": tests/integration has one too
@@ -107,7 +108,7 @@ def test_a_hooks_trace_is_readable_by_the_job_owner_and_nobody_else(
 
 def test_gecods_trace_is_readable_by_the_job_owner_and_nobody_else(
         cfg: Config, job_owner: JobOwner) -> None:
-    statefile.write(cfg.resources_dir, job(job_owner, level=4))
+    resourcefile.write(cfg.resources_dir, job(job_owner, level=4))
     router = trace.TraceRouter(cfg)
     logging.getLogger("geco").addHandler(router)
     try:
@@ -149,7 +150,7 @@ def site(cfg: Config, monkeypatch: pytest.MonkeyPatch, job_owner: JobOwner) -> C
     monkeypatch.setenv("JOB_ID", "42")
     monkeypatch.setenv("SGE_TASK_ID", "undefined")
     monkeypatch.setattr(sys, "argv", ["starter", "/bin/true"])
-    statefile.write(cfg.resources_dir, job(job_owner))
+    resourcefile.write(cfg.resources_dir, job(job_owner))
     return cfg
 
 
@@ -221,7 +222,7 @@ log.journal_socket = lambda: None
 from geco.hooks import Exit, run
 sys.argv = ["starter", "/bin/true"]
 code = run("starter", lambda cfg, logger: Exit.OK)
-print(code, " ".join(m for m in ("geco.trace", "geco.statefile", "geco.resource")
+print(code, " ".join(m for m in ("geco.trace", "geco.sge.resourcefile", "geco.resourceset")
                      if m in sys.modules) or "none")
 """
 

@@ -13,12 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from geco import jobstatus, statefile
+from geco import jobstatus
 from geco.cgroup import Limits
 from geco.config import Config
 from geco.errors import CgroupError
+from geco.jobkey import JobKey
 from geco.jobstatus import JobStatus, Process, format_duration, format_table
-from geco.resource import NodeResources, ResourceSet, short_hostname
+from geco.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.sge import resourcefile
 
 HOST = short_hostname()
 G = 1 << 30
@@ -37,8 +39,8 @@ class FakeBackend:
     def exists(self, key: str) -> bool:
         return key in self.keys
 
-    def job_keys(self) -> list[str]:
-        return sorted(self.keys)
+    def job_keys(self) -> list[JobKey]:
+        return sorted(map(JobKey.parse, self.keys))
 
     def read_limits(self, key: str) -> Limits:
         return self.keys[key][0]
@@ -67,7 +69,7 @@ def cfg(tmp_path: Path) -> Config:
 def write_resources(cfg: Config, **changes: object) -> Path:
     rs = ResourceSet(job_id=42, task_id=1, runtime_limit=7200.0, owner="alice",
                      job_name="sim.sh", nodes=(NodeResources(HOST, slots=2),))
-    return statefile.write(cfg.resources_dir, rs.replace(**changes))
+    return resourcefile.write(cfg.resources_dir, rs.replace(**changes))
 
 
 def spool_config(cfg: Config, key: str, host: str = HOST) -> Path:
@@ -128,7 +130,7 @@ def test_without_resource_file_owner_and_start_are_unknown_and_noted(cfg: Config
 
 
 def test_a_corrupt_resource_file_is_noted_not_fatal(cfg: Config) -> None:
-    path = statefile.path_for(cfg.resources_dir, 42, 1)
+    path = resourcefile.path_for(cfg.resources_dir, JobKey(42, 1))
     path.parent.mkdir(parents=True)
     path.write_bytes(b"GECOResourceSet_v1{")
     backend = FakeBackend({"42.1": (LIMITS, USAGE, [])})
@@ -172,7 +174,7 @@ def test_keys_of_job_lists_only_that_jobs_tasks() -> None:
 
 
 STATUS = JobStatus(
-    key="42.1", host="n001", owner="alice", job_name="sim.sh", cpus="2-3", mems="0",
+    key=JobKey(42, 1), host="n001", owner="alice", job_name="sim.sh", cpus="2-3", mems="0",
     memory_limit=2 * G, memory_swap_limit=3 * G, memory_current=1288490188,
     memory_peak=3 << 29, cpu_user=12.345, cpu_system=0.4, oom_kills=0,
     pids_limit=4096, pids_current=7, pids_peak=9, pids_refused=0,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from geco import keys, statefile
+from geco import atomicfile, keys
 from geco.errors import GecoError, KeyFileError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -101,7 +101,7 @@ def test_write_atomic_without_overwrite_is_a_file_exists_error(tmp_path: Path) -
     path = tmp_path / "x"
     path.write_bytes(b"old")
     with pytest.raises(FileExistsError):
-        statefile.write_atomic(path, b"new", mode=0o600, overwrite=False)
+        atomicfile.write_atomic(path, b"new", mode=0o600, overwrite=False)
     assert path.read_bytes() == b"old" and os.listdir(tmp_path) == ["x"]
 
 

@@ -19,8 +19,9 @@ from geco import config, containment
 from geco.cgroup import Limits, V2Backend
 from geco.config import Config
 from geco.containment import PidsLimit, pids_unenforced
+from geco.jobkey import JobKey
 from geco.jobstatus import JobStatus, Process, format_table, to_dict
-from geco.resource import NodeResources
+from geco.resourceset import NodeResources
 from geco.topology import Topology
 
 # -- the rule ------------------------------------------------------------------
@@ -165,7 +166,7 @@ def test_with_the_pids_controller_or_no_limit_asked_there_is_nothing_to_say() ->
 # -- geco status --job -----------------------------------------------------------------
 
 BOMBED = JobStatus(
-    key="42.1", host="n001", owner="mallory", job_name="bomb.sh", cpus="1", mems="0",
+    key=JobKey(42, 1), host="n001", owner="mallory", job_name="bomb.sh", cpus="1", mems="0",
     memory_limit=0, memory_swap_limit=0, memory_current=1 << 20, memory_peak=1 << 20,
     cpu_user=1.0, cpu_system=2.0, oom_kills=0, pids_limit=4096, pids_current=4096,
     pids_peak=4096, pids_refused=123456, processes=(Process(7, "bomb"),),

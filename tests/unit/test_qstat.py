@@ -23,22 +23,21 @@ from hypothesis import strategies as st
 
 from geco.config import Config
 from geco.errors import JobNotFound, QstatError, QstatParseError
-from geco.qstat import (
-    Placement,
+from geco.resourceset import NodeResources, ResourceSet
+from geco.sge.pe_hostfile import Placement, parse_pe_hostfile
+from geco.sge.qstat import (
     TaskNotRunning,
     fetch,
     parse_job,
-    parse_pe_hostfile,
     parse_placement_gt,
     run_qstat,
 )
-from geco.resource import NodeResources, ResourceSet
-from geco.sgeenv import discover
+from geco.sge.siteenv import discover
 from geco.units import format_memory, parse_memory, parse_time
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "qstat"
 K, M, G = 1024, 1024**2, 1024**3
-# the site's fixed PATH of root's Grid Engine commands on this machine (geco.sgeenv)
+# the site's fixed PATH of root's Grid Engine commands on this machine (geco.sge.siteenv)
 SAFE_PATH = discover(Config()).path
 COMMLIB = "error: commlib error: can't connect to service (Connection refused)"
 # the scenarios of tests/fixtures/qstat/README.md: fixture name -> job id
@@ -761,7 +760,7 @@ def test_run_qstat_given_permanent_failure_then_error_names_command_status_stder
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     qstat = failing_then(tmp_path, 99, "")
     sleeps: list[float] = []
-    with caplog.at_level(logging.WARNING, logger="geco.qstat"), \
+    with caplog.at_level(logging.WARNING, logger="geco.sge.qstat"), \
             pytest.raises(QstatError) as info:
         run_qstat(["-xml", "-j", "9"], config(qstat, retries=3), sleep=sleeps.append)
     assert str(info.value) == (f"{qstat} -xml -j 9 failed 4 time(s); last: exit status 1, "
@@ -868,7 +867,7 @@ def test_run_qstat_given_bare_name_not_on_system_path_then_error_at_once() -> No
 def test_run_qstat_runs_with_the_sites_environment_devnull_stdin_and_root_cwd(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Given a job environment (as the root prolog has), then none of it reaches qstat:
-    the site's SGE_* values and PATH (geco.sgeenv), LC_ALL=C, HOME=/."""
+    the site's SGE_* values and PATH (geco.sge.siteenv), LC_ALL=C, HOME=/."""
     env_file, stdin_file, cwd_file = tmp_path / "env", tmp_path / "stdin", tmp_path / "cwd"
     qstat = fake_qstat(tmp_path, f"""env > {env_file}
 readlink /proc/self/fd/0 > {stdin_file}
@@ -934,7 +933,7 @@ def test_fetch_with_unusable_pe_hostfile_falls_back_to_g_t_with_a_warning(
     hostfile = tmp_path / "pe_hostfile"
     if content is not None:
         hostfile.write_bytes(content)
-    with caplog.at_level(logging.WARNING, logger="geco.qstat"):
+    with caplog.at_level(logging.WARNING, logger="geco.sge.qstat"):
         rs = fetch(7, 0, config(qstat), hostfile, sleep=lambda _: None)
     assert rs.nodes == (NodeResources("vm", slots=2),)
     assert calls(tmp_path) == ["-xml -j 7", "-xml -u * -g t"]

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from geco import sgejob, statefile, teardown
+from geco import teardown
 from geco.accounting import Accounting
 from geco.config import Config
 from geco.daemon import reaper
@@ -33,7 +33,9 @@ from geco.errors import (
     QstatParseError,
     TaskNotRunning,
 )
-from geco.resource import NodeResources, ResourceSet
+from geco.jobkey import JobKey
+from geco.resourceset import NodeResources, ResourceSet
+from geco.sge import execd, resourcefile
 
 HOST = "n001"
 OLD = 3600.0  # seconds: a cgroup this old is judged
@@ -68,8 +70,8 @@ class FakeBackend:
     def paths(self, key: str) -> dict[str, Path]:
         return {c: self.root / c / key for c in ("cpuset", "memory")}
 
-    def job_keys(self) -> list[str]:
-        return sorted(self.members, key=lambda k: tuple(map(int, k.split("."))))
+    def job_keys(self) -> list[JobKey]:
+        return sorted(map(JobKey.parse, self.members), key=JobKey.order)
 
     def exists(self, key: str) -> bool:
         return any(d.is_dir() for d in self.paths(key).values())
@@ -137,7 +139,7 @@ class FakeTimer:
 
 
 class Qstat:
-    """Stands in for geco.qstat.fetch: an answer per job, every call recorded."""
+    """Stands in for geco.sge.qstat.fetch: an answer per job, every call recorded."""
 
     def __init__(self, answer: Callable[[int, int], ResourceSet]) -> None:
         self.answer = answer
@@ -211,7 +213,7 @@ class Node:
 
     def resources(self, key: str, runtime_limit: float = 0.0) -> Path:
         job, task = map(int, key.split("."))
-        return statefile.write(self.cfg.resources_dir, ResourceSet(
+        return resourcefile.write(self.cfg.resources_dir, ResourceSet(
             job, task, runtime_limit=runtime_limit, nodes=(NodeResources(HOST),)))
 
     def oom_state(self, key: str) -> Path:
@@ -300,7 +302,7 @@ def test_given_a_job_in_the_execd_spool_then_it_is_alive_and_qstat_is_not_asked(
 
 
 def test_given_a_job_spooled_under_another_host_name_then_it_is_alive(node: Node) -> None:
-    """Grid Engine may spell the host with its domain (host_aliases): sgejob.find_spool_dir's
+    """Grid Engine may spell the host with its domain (host_aliases): execd.find_spool_dir's
     rule."""
     node.backend.add("7.1")
     (node.cfg.execd_spool_dir / f"{HOST}.cluster" / "active_jobs" / "7.1").mkdir(parents=True)
@@ -545,7 +547,7 @@ def test_given_a_job_past_h_rt_plus_grace_then_all_but_the_shepherd_are_killed_a
     spares what is_job_shepherd keeps, 2 are killed, and walltime-kill is journaled at
     warning with KILLED, H_RT, RUNNING_FOR."""
     node.reaper.reconfigure(dataclasses.replace(node.cfg, gecod_walltime_grace=1.0))
-    monkeypatch.setattr(sgejob, "is_job_shepherd", lambda pid: pid == 100)
+    monkeypatch.setattr(execd, "is_job_shepherd", lambda pid: pid == 100)
     node.backend.add("21.1", pids=(100, 101, 102))
     node.spool("21.1", config_age=700)
     node.resources("21.1", runtime_limit=2)

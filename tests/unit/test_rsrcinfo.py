@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from geco.resource import NodeResources, ResourceSet
+from geco.resourceset import NodeResources, ResourceSet
+from geco.sge import v1format
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "qstat"
@@ -72,7 +73,7 @@ def test_shell_output_evaluates_to_the_same_hostile_values(tmp_path: Path) -> No
                      nodes=(NodeResources("n1", slots=3, memory_limit=100),
                             NodeResources("n 2", is_slave=True, slots=1, gpus="0,1")))
     saved = tmp_path / "5.1"
-    saved.write_bytes(rs.to_v1())
+    saved.write_bytes(v1format.serialize(rs))
     shell = geco("rsrcinfo", "-u", str(saved), "--format", "shell").stdout.decode()
     script = shell + ('printf "%s\\0" "$SGE_RESOURCE_JOB_NAME" "${SGE_RESOURCE_HOSTS[1]}" '
                       '"${SGE_RESOURCE_NSLOTS[0]}" "${SGE_RESOURCE_GPU[1]}" '

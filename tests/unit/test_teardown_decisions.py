@@ -17,19 +17,20 @@ from typing import Any, cast
 
 import pytest
 
-from geco import procinfo, sgejob
+from geco import procfs
 from geco.accounting import Accounting
 from geco.cgroup import Backend
 from geco.config import Config
 from geco.errors import CgroupError
-from geco.resource import short_hostname
-from geco.sgeenv import discover
+from geco.resourceset import short_hostname
+from geco.sge import execd
+from geco.sge.siteenv import discover
 from geco.teardown import StuckProcess, Teardown, tear_down
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo: tests.conftest
 from tests.conftest import RecordingHandler, handler_on  # not "conftest": others exist
 
-# the site's fixed PATH of root's Grid Engine commands on this machine (geco.sgeenv)
+# the site's fixed PATH of root's Grid Engine commands on this machine (geco.sge.siteenv)
 SAFE_PATH = discover(Config()).path
 USAGE = {"memory_peak": 3 << 30, "oom_kill": 1, "cpu_user_usec": 12_345_678,
          "cpu_system_usec": 400_000}
@@ -214,7 +215,7 @@ def test_given_no_queue_instance_then_every_queue_on_this_host_is_disabled(
 def test_given_the_jobs_hostile_environment_then_qmod_runs_with_the_sites(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The epilog inherits the job's environment (qsub -v): qmod, found next to the
-    configured qstat, gets the site's SGE_* and PATH (geco.sgeenv), none of the job's."""
+    configured qstat, gets the site's SGE_* and PATH (geco.sge.siteenv), none of the job's."""
     (tmp_path / "bin").mkdir()
     dump = tmp_path / "qmod.env"
     (tmp_path / "bin" / "qmod").write_text(f"#!/bin/sh\nenv > {dump}\n")
@@ -270,7 +271,7 @@ def test_given_a_marker_from_before_the_boot_then_the_queue_is_disabled_again(
     marker = config.state_dir / "stuck" / "42.1"
     marker.parent.mkdir(parents=True)
     marker.write_text("all.q@old\n")
-    os.utime(marker, (procinfo.boot_time() - 60, procinfo.boot_time() - 60))
+    os.utime(marker, (procfs.boot_time() - 60, procfs.boot_time() - 60))
     result = tear_down("42.1", backend_of(stuck_backend(tmp_path)), config,
                        queue_instance="all.q@n1", cleaned_by="reaper", qmod=str(qmod[0]))
     assert result.queue_disabled == "all.q@n1"
@@ -375,20 +376,20 @@ def test_given_a_process_gone_by_the_time_it_is_described_then_it_reads_as_gone(
 # -- /proc readers ------------------------------------------------------------
 
 
-def test_procinfo_reads_state_command_and_wait_channel(tmp_path: Path) -> None:
+def test_procfs_reads_state_command_and_wait_channel(tmp_path: Path) -> None:
     proc = fake_proc(tmp_path, 9, "Z (zombie)", "odd name) x", "0")
-    assert procinfo.state(9, proc) == "Z (zombie)"
-    assert procinfo.command(9, proc) == "odd name) x"
-    assert procinfo.wchan(9, proc) == ""  # running (or zombie): the kernel says 0
-    assert procinfo.boot_time(proc) == 1000.0
-    assert (procinfo.state(10, proc), procinfo.command(10, proc), procinfo.wchan(10, proc)) \
+    assert procfs.state(9, proc) == "Z (zombie)"
+    assert procfs.comm(9, proc) == "odd name) x"
+    assert procfs.wchan(9, proc) == ""  # running (or zombie): the kernel says 0
+    assert procfs.boot_time(proc) == 1000.0
+    assert (procfs.state(10, proc), procfs.comm(10, proc), procfs.wchan(10, proc)) \
         == ("", "", "")
 
 
-def test_procinfo_on_this_process_agrees_with_the_kernel() -> None:
-    assert procinfo.state(os.getpid()) == "R (running)"
-    assert procinfo.command(os.getpid()) == Path("/proc/self/comm").read_text().strip()
-    assert 0 < procinfo.boot_time() < os.stat("/proc/self").st_mtime + 1
+def test_procfs_on_this_process_agrees_with_the_kernel() -> None:
+    assert procfs.state(os.getpid()) == "R (running)"
+    assert procfs.comm(os.getpid()) == Path("/proc/self/comm").read_text().strip()
+    assert 0 < procfs.boot_time() < os.stat("/proc/self").st_mtime + 1
 
 
 # -- the epilog's queue instance ----------------------------------------------
@@ -403,8 +404,8 @@ def test_the_queue_instance_comes_from_the_spooled_config_not_the_environment(
     spool = tmp_path / "42.1"
     spool.mkdir()
     (spool / "config").write_bytes(b"job_id=42\nqueue=all.q\nhost=node7\nqueue_tmpdir=/tmp\n")
-    assert sgejob.queue_instance(spool) == "all.q@node7"
+    assert execd.queue_instance(spool) == "all.q@node7"
     (spool / "config").write_bytes(b"job_id=42\nqueue=all.q\n")
-    assert sgejob.queue_instance(spool) is None
+    assert execd.queue_instance(spool) is None
     (spool / "config").unlink()
-    assert sgejob.queue_instance(spool) is None
+    assert execd.queue_instance(spool) is None

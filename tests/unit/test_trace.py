@@ -21,12 +21,14 @@ from pathlib import Path
 import pytest
 
 from geco import config as _config
-from geco import hooks, log, statefile, trace
+from geco import hooks, log, trace
 from geco.cgroup import Limits
 from geco.config import Config
 from geco.errors import GecoError
 from geco.hooks import Exit
-from geco.resource import NodeResources, ResourceSet, short_hostname
+from geco.jobkey import JobKey
+from geco.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.sge import lookup, resourcefile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo: tests.conftest
 from tests.conftest import RecordingHandler  # not "conftest": others exist
@@ -398,7 +400,7 @@ def router(cfg: Config) -> Iterator[trace.TraceRouter]:
 
 
 def save(cfg: Config, rs: ResourceSet) -> None:
-    statefile.write(cfg.resources_dir, rs)
+    resourcefile.write(cfg.resources_dir, rs)
 
 
 def say_for(job_id: int | str, task_id: int | str, text: str,
@@ -468,7 +470,7 @@ def test_the_router_forgets_ended_jobs_and_keeps_at_most_max_jobs(cfg: Config) -
             save(cfg, job(0, job_id=n))
             say_for(n, 1, "x")
         assert sorted(router._jobs) == ["51.1", "52.1"]
-        statefile.remove(cfg.resources_dir, 52, 1)
+        resourcefile.remove(cfg.resources_dir, JobKey(52, 1))
         say_for(52, 1, "x")
         assert sorted(router._jobs) == ["51.1"]
     finally:
@@ -625,8 +627,8 @@ class FakeBackend:
     def exists(self, key: str) -> bool:
         return False
 
-    def job_keys(self) -> list[str]:
-        return ["7.1"]
+    def job_keys(self) -> list[JobKey]:
+        return [JobKey(7, 1)]
 
     def read_limits(self, key: str) -> Limits:
         return Limits(cpus="1")
@@ -644,18 +646,23 @@ class FakeBackend:
 @pytest.fixture
 def prolog_env(site: Config, monkeypatch: pytest.MonkeyPatch) -> FakeBackend:
     """The prolog with Grid Engine, qstat and the cgroups replaced by fakes."""
-    from geco import cgroup, containment, sgejob
+    from geco import cgroup, containment
+    from geco.sge import execd
 
     backend = FakeBackend()
     monkeypatch.setattr(sys, "argv", ["prolog", "42", "0"])
-    monkeypatch.setattr(sgejob, "find_shepherd", lambda job: 4242)
+    monkeypatch.setattr(execd, "find_shepherd", lambda job: 4242)
     monkeypatch.setattr(cgroup, "for_config", lambda cfg: backend)
 
-    def contain(key: str, node: NodeResources, backend: FakeBackend, **kw: int) -> Limits:
-        backend.add_pid(key, kw["pid"])  # the shepherd goes in under the node lock
-        return Limits(cpus="0", mems="0", memory=node.memory_limit)
+    def contain_job(job: execd.JobRef, cfg: Config, backend: FakeBackend, *, pid: int,
+                    found: lookup.Found, **kw: object) -> containment.Contained:
+        backend.add_pid(job.key, pid)  # the shepherd goes in under the node lock
+        node = found.resources.node()
+        assert node is not None
+        return containment.Contained(Limits(cpus="0", mems="0", memory=node.memory_limit),
+                                     True, found)
 
-    monkeypatch.setattr(containment, "contain", contain)
+    monkeypatch.setattr(containment, "contain_job", contain_job)
     return backend
 
 
@@ -682,14 +689,13 @@ def test_the_prolog_journals_what_it_read_from_qstat_and_traces_every_step(
     """Given a job at trace level 4 whose resources come from qstat, then the journal gets
     resources-read (owner, slots, memory, h_rt, nodes, source) before job-contained, and
     the trace file holds the debug steps from before the level was known."""
-    from geco import jobresources
     from geco.hooks import prolog
 
-    def from_qstat(job: object, cfg: Config, logger: logging.Logger) -> ResourceSet:
+    def from_qstat(job: object, cfg: Config, logger: logging.Logger) -> lookup.Found:
         logger.debug("qstat -xml -j 42 answered")
         save(cfg, granted(4))
-        return granted(4)
-    monkeypatch.setattr(jobresources, "resources_for", from_qstat)
+        return lookup.Found(granted(4), "qstat", 0.01)
+    monkeypatch.setattr(lookup, "find", from_qstat)
     records = Records()
     assert hooks.run("prolog", recording(records, prolog._body)) == Exit.OK
     events = records.events()
@@ -717,18 +723,17 @@ def test_the_prolog_journals_what_it_read_from_qstat_and_traces_every_step(
 def test_the_prolog_says_where_the_resources_came_from(
         site: Config, prolog_env: FakeBackend, monkeypatch: pytest.MonkeyPatch,
         geco_logger: Records, how: str, source: str, said: str) -> None:
-    from geco import jobresources
     from geco.hooks import prolog
 
     if how == "file":
         save(site, granted(0))
 
-    def resources(job: object, cfg: Config, logger: logging.Logger) -> ResourceSet:
+    def resources(job: object, cfg: Config, logger: logging.Logger) -> lookup.Found:
         if how == "spool":
             logger.warning("qmaster not reachable", extra=log.job_fields(
                 42, 1, "degraded-containment"))
-        return granted(0)
-    monkeypatch.setattr(jobresources, "resources_for", resources)
+        return lookup.Found(granted(0), source, 0.01)
+    monkeypatch.setattr(lookup, "find", resources)
     records = Records()
     assert hooks.run("prolog", recording(records, prolog._body)) == Exit.OK
     assert records.events()["resources-read"]["SOURCE"] == source

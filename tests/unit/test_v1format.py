@@ -12,9 +12,9 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from geco._v1format import MAX_SIZE, parse, serialize
 from geco.errors import ResourceFormatError
-from geco.resource import NodeResources, ResourceSet
+from geco.resourceset import NodeResources, ResourceSet
+from geco.sge.v1format import MAX_SIZE, parse, serialize
 
 # the example printed in seeds/geco-core-library.txt, section GECOResource
 SEED = (
@@ -123,11 +123,6 @@ def test_given_memory_beyond_double_precision_when_round_tripped_then_it_is_exac
     rs = ResourceSet(job_id=1, per_slot_vmem=big, nodes=(NodeResources("n", memory_limit=big),))
     assert b"lf9223372036854775807," in serialize(rs)
     assert parse(serialize(rs)) == rs
-
-
-def test_given_text_from_resource_set_api_when_used_then_it_wraps_this_module() -> None:
-    assert ResourceSet.from_v1(SEED.decode()) == SEED_SET
-    assert SEED_SET.to_v1() == SEED
 
 
 def test_given_one_megabyte_job_name_and_cwd_when_round_tripped_then_equal() -> None:

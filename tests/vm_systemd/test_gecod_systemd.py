@@ -16,7 +16,7 @@ OOM killer take one job without the rest, is restarted and stopped while a
 job runs (the job stays, in its cgroup), and refuses two wrong layouts with
 one line each. A job here is a Python process working in a fake execd spool
 dir ``<spool>/<host>/active_jobs/<job>.1`` (``environment`` file, and a
-resource file written with :mod:`geco.statefile`, so no qstat is needed) that
+resource file written with :mod:`geco.sge.resourcefile`, so no qstat is needed) that
 sends JOB_STARTED for itself with the key, as the preload does.
 
 They rewrite /etc/geco and /etc/systemd/system, so they run only in the
@@ -40,8 +40,9 @@ from typing import Any
 
 import pytest
 
-from geco import client, config, statefile
-from geco.resource import NodeResources, ResourceSet, short_hostname
+from geco import client, config
+from geco.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.sge import resourcefile
 
 REPO = Path(__file__).resolve().parents[2]
 MOUNT = Path("/sys/fs/cgroup")
@@ -222,7 +223,7 @@ class Story:
         (d / "environment").write_text(f"JOB_ID={job}\nSGE_TASK_ID=undefined\nJOB_NAME=t\n")
         (d / "config").write_text(f"job_owner=root\njob_name=t\njob_id={job}\n")
         (d / "pe_hostfile").write_text(f"{HOST} 1 all.q@{HOST} UNDEFINED\n")
-        statefile.write(RESOURCES, ResourceSet(
+        resourcefile.write(RESOURCES, ResourceSet(
             job, 1, job_name="t", owner="root",
             nodes=(NodeResources(HOST, slots=1, memory_limit=memory),)))
         proc = subprocess.Popen(

@@ -1,7 +1,7 @@
 """Root's Grid Engine commands get the site's environment, never the job's (issue 11).
 
 The root prolog and epilog run with the job's environment, which its owner sets
-(``qsub -v SGE_QMASTER_PORT=1,SGE_ROOT=/tmp,PATH=/tmp/evil``). :mod:`geco.sgeenv`
+(``qsub -v SGE_QMASTER_PORT=1,SGE_ROOT=/tmp,PATH=/tmp/evil``). :mod:`geco.sge.siteenv`
 builds the environment of qstat and qmod from geco.toml, the cell's
 ``settings.sh`` and sge_execd's own environment instead; these tests give it
 fixture trees (a /proc with an sge_execd, a cell) and a hostile ``os.environ``.
@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 
 from geco import config as _config
-from geco import jobresources, sgejob
 from geco.config import Config
 from geco.errors import QstatError
 from geco.hooks import Exit, run
-from geco.qstat import run_qstat
-from geco.sgeenv import SYSTEM_PATH, SgeEnv, discover
+from geco.sge import execd, lookup
+from geco.sge.qstat import run_qstat
+from geco.sge.siteenv import SYSTEM_PATH, SgeEnv, discover
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo: tests.conftest
 from tests.conftest import RecordingHandler, handler_on  # not "conftest": others exist
@@ -168,7 +168,7 @@ def test_invalid_values_are_ignored_with_a_warning(site: Site,
     execd_below_hook(site, {"SGE_ROOT": str(site.root), "SGE_QMASTER_PORT": "99999",
                             "SGE_CELL": ".."})
     site.cell()
-    with caplog.at_level(logging.WARNING, logger="geco.sgeenv"):
+    with caplog.at_level(logging.WARNING, logger="geco.sge.siteenv"):
         env = site.discover()
     assert (env.values["SGE_CELL"], "SGE_QMASTER_PORT" in env.values) == ("default", False)
     assert "ignoring SGE_QMASTER_PORT='99999' from sge_execd pid 100: not a valid value" \
@@ -213,18 +213,18 @@ def test_a_communication_error_document_is_a_transient_failure_not_the_jobs_data
     assert sleeps == [1.0]
 
 
-def spooled_job(tmp_path: Path) -> sgejob.JobRef:
+def spooled_job(tmp_path: Path) -> execd.JobRef:
     spool = tmp_path / "active_jobs" / "7.1"
     spool.mkdir(parents=True)
     (spool / "config").write_text("job_owner=alice\njob_name=j\n")
     (spool / "pe_hostfile").write_text(f"{os.uname().nodename} 1 all.q@x UNDEFINED\n")
-    return sgejob.JobRef(7, 1, spool)
+    return execd.JobRef(7, 1, spool)
 
 
-def prolog_body(job: sgejob.JobRef, seen: list[int]):  # type: ignore[no-untyped-def]
+def prolog_body(job: execd.JobRef, seen: list[int]):  # type: ignore[no-untyped-def]
     """The prolog's resource step, on the site configuration the hook loaded."""
     def body(cfg: Config, log: logging.Logger) -> Exit:
-        rs = jobresources.resources_for(job, cfg, log)
+        rs = lookup.find(job, cfg, log).resources
         seen.append(rs.nodes[0].memory_limit)
         return Exit.OK
     return body

@@ -3,9 +3,9 @@
 A :class:`ResourceSet` is what geco knows about one task of one Grid Engine
 job: its global facts (owner, limits, flags) and one :class:`NodeResources`
 record per execution host. It is built once per job from qstat
-(:mod:`geco.qstat`), written to ``<state_dir>/resources/<job>.<task>`` in the
-v1 text format (:mod:`geco._v1format`), and read back by every later hook and
-by gecod, so the qmaster is asked once per job.
+(:mod:`geco.sge.qstat`), written to ``<state_dir>/resources/<job>.<task>`` in the
+v1 text format (:mod:`geco.sge.v1format`, by :mod:`geco.sge.resourcefile`), and
+read back by every later hook and by gecod, so the qmaster is asked once per job.
 
 Units: memory in bytes (``0`` = no limit), times in seconds (``0`` = none).
 Strings are ``str``; bytes that are not UTF-8 survive as surrogate escapes,
@@ -17,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 import socket
 from dataclasses import dataclass, field
+
+from geco.jobkey import JobKey
 
 __all__ = ["NodeResources", "ResourceSet", "short_hostname"]
 
@@ -76,9 +78,9 @@ class ResourceSet:
     nodes: tuple[NodeResources, ...] = field(default_factory=tuple)
 
     @property
-    def key(self) -> str:
+    def key(self) -> JobKey:
         """``<job>.<task>``: the name of the job's cgroups and resource file."""
-        return f"{self.job_id}.{self.task_id}"
+        return JobKey(self.job_id, self.task_id)
 
     def node(self, hostname: str | None = None) -> NodeResources | None:
         """Return the record of ``hostname`` (default: this host), compared by short name."""
@@ -91,23 +93,3 @@ class ResourceSet:
     def replace(self, **changes: object) -> ResourceSet:
         """Return a copy with ``changes`` applied (the dataclass is frozen)."""
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
-
-    def to_v1(self) -> bytes:
-        """Serialize to the exact ``GECOResourceSet_v1{...}`` text (no trailing newline)."""
-        from geco import _v1format
-
-        return _v1format.serialize(self)
-
-    @classmethod
-    def from_v1(cls, data: bytes | str) -> ResourceSet:
-        """Parse ``GECOResourceSet_v1{...}`` text.
-
-        Raises
-        ------
-        geco.errors.ResourceFormatError
-            naming the byte offset and what was expected there.
-        """
-        from geco import _v1format
-
-        raw = data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
-        return _v1format.parse(raw)

@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from geco import log
 from geco.cgroup import Backend
 from geco.errors import GecoError
+from geco.jobkey import JobKey
 from geco.topology import format_cpulist, parse_cpulist
 
-__all__ = ["JobState", "NodeState", "scan", "status_document"]
+__all__ = ["JobCgroup", "NodeJobs", "scan", "status_document"]
 
-_log = log.get("gecod.state")
+_log = log.get("gecod.status")
 
 # A STATUS_REPLY payload is at most 4096 bytes (docs/wire-format.md); the job
 # list is cut to fit and says so, rather than the reply being refused.
@@ -28,7 +29,7 @@ _MAX_REPLY = 4096
 
 
 @dataclass(frozen=True, slots=True)
-class JobState:
+class JobCgroup:
     """One job cgroup as the kernel has it.
 
     Attributes
@@ -41,7 +42,7 @@ class JobState:
         cgroup, or one removed while we looked.
     """
 
-    key: str
+    key: JobKey
     cpus: str = ""
     mems: str = ""
     memory: int = 0
@@ -60,10 +61,10 @@ class JobState:
 
 
 @dataclass(frozen=True, slots=True)
-class NodeState:
+class NodeJobs:
     """All job cgroups of this node, and the cpus geco may hand out."""
 
-    jobs: tuple[JobState, ...]
+    jobs: tuple[JobCgroup, ...]
     available_cpus: str
 
     @property
@@ -76,7 +77,7 @@ class NodeState:
         return format_cpulist(busy)
 
 
-def scan(backend: Backend) -> NodeState:
+def scan(backend: Backend) -> NodeJobs:
     """Read every job cgroup of the node back from the kernel.
 
     A job whose limits cannot be read is listed with its ``error``: one broken
@@ -94,14 +95,14 @@ def scan(backend: Backend) -> NodeState:
             pids = len(backend.pids(key))
         except GecoError as exc:
             _log.debug("job %s: cannot read its cgroup: %s", key, exc)
-            jobs.append(JobState(key, error=str(exc)))
+            jobs.append(JobCgroup(key, error=str(exc)))
             continue
-        jobs.append(JobState(key, limits.cpus, limits.mems, limits.memory, limits.memory_swap,
+        jobs.append(JobCgroup(key, limits.cpus, limits.mems, limits.memory, limits.memory_swap,
                              pids))
-    return NodeState(tuple(jobs), backend.available_cpus())
+    return NodeJobs(tuple(jobs), backend.available_cpus())
 
 
-def status_document(node: NodeState, **extra: object) -> bytes:
+def status_document(node: NodeJobs, **extra: object) -> bytes:
     """Return the STATUS_REPLY payload: UTF-8 JSON of at most 4096 bytes.
 
     Shape: ``{"version": 1, "jobs": [{key, cpus, mems, memory, memory_swap,

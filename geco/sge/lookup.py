@@ -1,11 +1,11 @@
 """A job's granted resources, the way every geco component gets them.
 
-The prolog and gecod both need one task's :class:`~geco.resource.ResourceSet`
+The prolog and gecod both need one task's :class:`~geco.resourceset.ResourceSet`
 before they can build its cgroups, and must get it the same way, in this order:
 
 1. the resource file ``<state_dir>/resources/<job>.<task>`` (an earlier hook or
    gecod already asked Grid Engine), so the qmaster is asked once per job;
-2. else one ``qstat -xml -j`` (:func:`geco.qstat.fetch`, placement from the
+2. else one ``qstat -xml -j`` (:func:`geco.sge.qstat.fetch`, placement from the
    spooled ``pe_hostfile``), saved to the resource file for everyone after us;
 3. else, when the qmaster cannot be reached: by default the job is not
    started (a :class:`~geco.errors.QstatError`: the prolog re-queues it, gecod
@@ -24,18 +24,22 @@ that is a race or a bogus request, not a reason to guess.
 from __future__ import annotations
 
 import logging
+import time
+from typing import NamedTuple
 
-from geco import log, qstat, sgejob, statefile
+from geco import log
 from geco.config import Config
 from geco.errors import GecoError, QstatError, TaskNotRunning
-from geco.resource import NodeResources, ResourceSet
+from geco.resourceset import NodeResources, ResourceSet
+from geco.sge import execd, resourcefile
+from geco.sge.pe_hostfile import parse_pe_hostfile
 
-__all__ = ["from_spool", "resources_for"]
+__all__ = ["Found", "find", "from_spool"]
 
-_log = log.get("jobresources")
+_log = log.get("sge.lookup")
 
 
-def from_spool(job: sgejob.JobRef) -> ResourceSet:
+def from_spool(job: execd.JobRef) -> ResourceSet:
     """Build what the node itself knows about the job: owner, name, hosts and slots.
 
     Parameters
@@ -51,22 +55,38 @@ def from_spool(job: sgejob.JobRef) -> ResourceSet:
     """
     if job.spool_dir is None or job.pe_hostfile is None:
         raise GecoError("the job's execd spool dir is not known", job=job.key)
-    conf = sgejob.read_config(job.spool_dir)
+    conf = execd.read_config(job.spool_dir)
     try:
         hostfile = job.pe_hostfile.read_bytes()
     except OSError as exc:
         raise GecoError.from_oserror("cannot read the job's pe_hostfile", exc,
                                      path=job.pe_hostfile) from exc
     nodes = tuple(NodeResources(p.host, is_slave=not p.is_master, slots=p.slots)
-                  for p in qstat.parse_pe_hostfile(hostfile))
+                  for p in parse_pe_hostfile(hostfile))
     return ResourceSet(job.job_id, job.task_id, job_name=conf.get("job_name", ""),
                        owner=conf.get("job_owner", ""), cwd=conf.get("cwd", ""), nodes=nodes)
 
 
-def resources_for(job: sgejob.JobRef, cfg: Config,
-                  logger: logging.Logger | None = None) -> ResourceSet:
-    """Return the job's resources: saved file, else qstat (then saved), else (when the site
-    allows it) the node's spool.
+class Found(NamedTuple):
+    """A job's resource set, where it came from, and how long getting it took.
+
+    Attributes
+    ----------
+    resources: the resource set.
+    source: ``file`` (the resource file), ``qstat`` (asked now, and saved), or
+        ``spool`` (the qmaster could not be reached and the site runs such jobs with
+        what the node knows: no memory limits).
+    seconds: the time it took.
+    """
+
+    resources: ResourceSet
+    source: str
+    seconds: float
+
+
+def find(job: execd.JobRef, cfg: Config, logger: logging.Logger | None = None) -> Found:
+    """Return the job's resource set: the resource file, else qstat (then saved), else (when
+    the site allows it) the node's spool; and which of them it came from.
 
     Blocks for as long as qstat takes (its timeout x retries): gecod calls it
     from a worker thread, never from its loop.
@@ -76,13 +96,7 @@ def resources_for(job: sgejob.JobRef, cfg: Config,
     job: the job task, with its execd spool dir when known (for the pe_hostfile).
     cfg: settings (state dir, qstat command, timeout and retries,
         ``run_without_memory_limits``).
-    logger: where warnings go (default ``geco.jobresources``).
-
-    Returns
-    -------
-    ResourceSet
-        The job's full record, or its spool-only record (no memory limits)
-        when the qmaster could not be reached and the site allows that.
+    logger: where warnings go (default ``geco.sge.lookup``).
 
     Raises
     ------
@@ -97,14 +111,17 @@ def resources_for(job: sgejob.JobRef, cfg: Config,
         when the qmaster is unreachable and the spool cannot be read either.
     """
     logger = logger or _log
+    started = time.monotonic()
     fields = log.job_fields(job.job_id, job.task_id)
     try:
-        saved = statefile.read(cfg.resources_dir, job.job_id, job.task_id)
+        saved = resourcefile.read(cfg.resources_dir, job.key)
     except GecoError as exc:
         logger.warning("ignoring unusable resource file: %s", exc, extra=fields)
         saved = None
     if saved is not None:
-        return saved
+        return Found(saved, "file", time.monotonic() - started)
+    from geco.sge import qstat  # lxml and subprocess: only when no hook or gecod asked yet
+
     try:
         rs = qstat.fetch(job.job_id, job.task_id, cfg, pe_hostfile=job.pe_hostfile)
     except TaskNotRunning:
@@ -120,9 +137,9 @@ def resources_for(job: sgejob.JobRef, cfg: Config,
         logger.warning("qmaster not reachable (%s): job %s is contained with its cores only, "
                        "WITHOUT memory limits", exc, job.key,
                        extra=log.job_fields(job.job_id, job.task_id, "degraded-containment"))
-        return from_spool(job)
+        return Found(from_spool(job), "spool", time.monotonic() - started)
     try:
-        statefile.write(cfg.resources_dir, rs)
+        resourcefile.write(cfg.resources_dir, rs)
     except GecoError as exc:  # a full disk must not stop the job; later hooks ask qstat again
         logger.warning("%s", exc, extra=fields)
-    return rs
+    return Found(rs, "qstat", time.monotonic() - started)

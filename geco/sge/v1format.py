@@ -16,7 +16,7 @@ Canonical output, which :func:`serialize` writes and the seed's example uses:
 integral ``lf`` values without decimals (``lf0``), others as Python's
 shortest ``repr`` (``lf1.5``); no trailing newline. The parser also reads the
 original's ``%lf`` text (``lf3221225472.000000``). Memory sizes are ``lf`` in
-the text but whole bytes (``int``) in :class:`~geco.resource.ResourceSet`.
+the text but whole bytes (``int``) in :class:`~geco.resourceset.ResourceSet`.
 
 Both directions raise :class:`~geco.errors.ResourceFormatError`. From
 :func:`serialize` its ``offset`` is where the refused value would have started
@@ -29,7 +29,7 @@ import math
 import re
 
 from geco.errors import ResourceFormatError
-from geco.resource import NodeResources, ResourceSet
+from geco.resourceset import NodeResources, ResourceSet
 
 __all__ = ["MAX_SIZE", "parse", "serialize"]
 
@@ -346,7 +346,8 @@ def serialize(rs: ResourceSet) -> bytes:
         negative or non-finite limit, a string with stray surrogates) or the text
         would exceed :data:`MAX_SIZE`; ``offset`` is where it would have gone.
     """
-    w = _Writer(rs.key)
+    # names the record in errors; not a JobKey: the format carries any 64-bit ids
+    w = _Writer(f"{rs.job_id}.{rs.task_id}")
     w.put(_MAGIC)
     w.put_int(b"li", rs.job_id, "the job id", _I64, sep=b"{")
     w.put_int(b"li", rs.task_id, "the task id", _I64)

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from geco import sgejob
+from geco import procfs
 from geco.errors import GecoError
-from geco.sgejob import JobRef
+from geco.sge import execd
+from geco.sge.execd import JobRef
 
 
 @pytest.mark.parametrize(("argv", "env", "want"), [
@@ -23,7 +24,7 @@ from geco.sgejob import JobRef
 ])
 def test_the_job_comes_from_arguments_else_environment(argv: list[str], env: dict[str, str],
                                                        want: tuple[int, int]) -> None:
-    job = sgejob.job_from_hook(argv, env)
+    job = execd.job_from_hook(argv, env)
     assert (job.job_id, job.task_id) == want and job.key == f"{want[0]}.{want[1]}"
 
 
@@ -37,21 +38,21 @@ def test_the_job_comes_from_arguments_else_environment(argv: list[str], env: dic
 def test_bad_ids_are_refused_with_a_clear_message(argv: list[str], env: dict[str, str],
                                                   message: str) -> None:
     with pytest.raises(GecoError) as info:
-        sgejob.job_from_hook(argv, env)
+        execd.job_from_hook(argv, env)
     assert str(info.value) == message
 
 
 def test_the_spooled_config_is_read_as_key_value_lines(tmp_path: Path) -> None:
     (tmp_path / "config").write_bytes(b"job_owner=testuser\njob_name=a=b\ncwd=/home/t\n"
                                       b"junk line\nh_vmem=2G\n")
-    conf = sgejob.read_config(tmp_path)
+    conf = execd.read_config(tmp_path)
     assert conf == {"job_owner": "testuser", "job_name": "a=b", "cwd": "/home/t",
                     "h_vmem": "2G"}
 
 
 def test_a_missing_spooled_config_names_the_file(tmp_path: Path) -> None:
     with pytest.raises(GecoError) as info:
-        sgejob.read_config(tmp_path)
+        execd.read_config(tmp_path)
     assert str(info.value) == ("cannot read the job's spooled config: No such file or "
                                f"directory (errno=ENOENT path={tmp_path / 'config'})")
 
@@ -62,12 +63,12 @@ def test_proc_ppid_survives_hostile_command_names(tmp_path: Path) -> None:
     exe.symlink_to(sys.executable)
     child = subprocess.Popen([str(exe), "-c", "import time; time.sleep(5)"])
     try:
-        assert sgejob.proc_ppid(child.pid) == os.getpid()
-        assert sgejob.proc_comm(child.pid) == "a) b (c"
+        assert procfs.ppid(child.pid) == os.getpid()
+        assert procfs.comm(child.pid) == "a) b (c"
     finally:
         child.kill()
         child.wait()
-    assert sgejob.proc_ppid(child.pid) == 0 and sgejob.proc_comm(child.pid) == ""
+    assert procfs.ppid(child.pid) == 0 and procfs.comm(child.pid) == ""
 
 
 def test_a_hook_whose_parent_is_not_a_shepherd_is_refused(tmp_path: Path) -> None:
@@ -75,7 +76,7 @@ def test_a_hook_whose_parent_is_not_a_shepherd_is_refused(tmp_path: Path) -> Non
     into any job's cgroups."""
     job = JobRef(5, 1, tmp_path / "5.1")
     with pytest.raises(GecoError) as info:
-        sgejob.find_shepherd(job)
+        execd.find_shepherd(job)
     assert str(info.value).startswith("the hook's parent is not an sge_shepherd (ppid=")
     assert str(info.value).endswith("job=5.1)")
 
@@ -84,11 +85,11 @@ HOOK = """
 import os, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
-from geco import sgejob
+from geco.sge import execd
 spool = Path(sys.argv[2])
 (spool / "pid").write_text(str(os.getppid()))
 try:
-    sgejob.find_shepherd(sgejob.JobRef(5, 1, spool))
+    execd.find_shepherd(execd.JobRef(5, 1, spool))
 except Exception as exc:
     print(exc)
 """
@@ -114,11 +115,11 @@ def test_a_shepherd_of_another_job_is_refused(tmp_path: Path) -> None:
 def test_given_an_execd_spool_when_finding_the_job_then_any_host_spelling_is_found(
         tmp_path: Path) -> None:
     (tmp_path / "vm.example.org" / "active_jobs" / "42.1").mkdir(parents=True)
-    assert sgejob.find_spool_dir(tmp_path, "42.1", "vm") == \
+    assert execd.find_spool_dir(tmp_path, "42.1", "vm") == \
         tmp_path / "vm.example.org" / "active_jobs" / "42.1"
-    assert sgejob.find_spool_dir(tmp_path, "43.1", "vm") is None
+    assert execd.find_spool_dir(tmp_path, "43.1", "vm") is None
 
 
 def test_a_process_of_another_name_is_no_shepherd() -> None:
-    assert not sgejob.is_job_shepherd(os.getpid())  # python
-    assert not sgejob.is_job_shepherd(2**22 + 1)  # above pid_max: no such process
+    assert not execd.is_job_shepherd(os.getpid())  # python
+    assert not execd.is_job_shepherd(2**22 + 1)  # above pid_max: no such process

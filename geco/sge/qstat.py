@@ -22,7 +22,7 @@ The XML parser never resolves entities, never touches the network, keeps
 libxml2's size limits and refuses any DOCTYPE (Grid Engine never prints one),
 so a "billion laughs" or an external entity is a :class:`QstatParseError`,
 never a hang or a file read. Text is decoded byte for byte: bytes that are not
-UTF-8 survive as surrogate escapes, as :mod:`geco.resource` expects.
+UTF-8 survive as surrogate escapes, as :mod:`geco.resourceset` expects.
 
 Outcomes a hook maps to an exit code (``sge_shepherd(8)``):
 
@@ -34,7 +34,7 @@ Outcomes a hook maps to an exit code (``sge_shepherd(8)``):
   so Grid Engine re-queues the job.
 * :class:`~geco.errors.QstatError` - qstat could not be run or failed every retry,
   including a ``<comunication_error>`` answer (exit status 0: the qmaster cannot be
-  reached). qstat and qmod run with the site's environment (:mod:`geco.sgeenv`),
+  reached). qstat and qmod run with the site's environment (:mod:`geco.sge.siteenv`),
   never the caller's: in the prolog that is the job's.
 * :class:`~geco.errors.QstatParseError` - qstat answered something that is not
   what Grid Engine prints (or a value of the wrong type), naming the element.
@@ -50,7 +50,7 @@ import shlex
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -60,19 +60,19 @@ from lxml import etree
 from geco import log
 from geco.config import Config
 from geco.errors import JobNotFound, QstatError, QstatParseError, TaskNotRunning
-from geco.resource import NodeResources, ResourceSet, short_hostname
-from geco.sgeenv import SgeEnv, discover
+from geco.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.sge.pe_hostfile import U32 as _U32
+from geco.sge.pe_hostfile import Placement, merge, parse_pe_hostfile, shown, u32
+from geco.sge.siteenv import SgeEnv, discover
 from geco.units import decimal_value, parse_memory, parse_time
 
 __all__ = [
     "MAX_XML",
-    "Placement",
     "TaskNotRunning",
     "fetch",
     "find_command",
     "job_number",
     "parse_job",
-    "parse_pe_hostfile",
     "parse_placement_gt",
     "run_once",
     "run_qstat",
@@ -94,34 +94,13 @@ _BACKOFF_CAP = 10.0        # seconds; retries sleep 1, 2, 4, 8, 10, 10, ...
 _DRAIN_TIMEOUT = 2.0       # seconds to collect output after killing a timed-out qstat
 _STDERR_SHOWN = 200        # characters of stderr's first line put into an error
 _DIGITS = re.compile(r"[0-9]+")
-_DIGITS_B = re.compile(rb"[0-9]+")
 #: The largest qstat output parsed (one job's document, or the running slots of a whole
 #: cluster for ``-g t``: tens of MB at most); larger is refused before libxml2 builds a tree.
 MAX_XML = 64 * 1024 * 1024
-# Grid Engine's integers (job and task numbers, slots, JB_type) are u_long32
-_U32 = 2**32 - 1
 # the longest memory or time text read (Grid Engine prints e.g. "1073741824.000000")
 _MAX_UNIT_TEXT = 64
-# the most slots one host may have: the resource file holds them as a 32-bit signed int
-_MAX_SLOTS = 2**31 - 1
 # granted per-host resources geco uses (UGE "grl" items)
 _GRANTED = ("m_mem_free", "nvidia_gpu", "intel_phi")
-
-
-@dataclass(frozen=True, slots=True)
-class Placement:
-    """Slots one host grants a task.
-
-    Attributes
-    ----------
-    host: host name as Grid Engine prints it.
-    slots: slots on that host, summed over its queue instances.
-    is_master: True for the host that runs the job script (and the prolog).
-    """
-
-    host: str
-    slots: int
-    is_master: bool
 
 
 # ---------------------------------------------------------------------------
@@ -184,18 +163,6 @@ def _text(parent: etree._Element, tag: str) -> str | None:
     return _restore("".join(str(t) for t in child.itertext()))
 
 
-def _shown(text: str) -> str:
-    """Quote a value for a message, cut to 40 characters (a job's text can be megabytes)."""
-    return repr(text[:40]) + ("..." if len(text) > 40 else "")
-
-
-def _u32(digits: str) -> int | None:
-    """ASCII digits as an int, None beyond a u_long32 (int() refuses thousands of digits)."""
-    significant = digits.lstrip("0")
-    value = int(significant or "0") if len(significant) <= 10 else None
-    return value if value is not None and value <= _U32 else None
-
-
 def _whole(text: str | None, element: str, *, minimum: int = 0) -> int:
     """Return ``text`` as a whole number from ``minimum`` to 2**32-1 or raise naming
     ``element`` (Grid Engine's integers are u_long32)."""
@@ -205,79 +172,19 @@ def _whole(text: str | None, element: str, *, minimum: int = 0) -> int:
     stripped = text.strip()
     if not _DIGITS.fullmatch(stripped):
         raise QstatParseError(f"{element} must be a whole number >= {minimum}, got "
-                              f"{_shown(text)}", element=element)
-    value = _u32(stripped)
+                              f"{shown(text)}", element=element)
+    value = u32(stripped)
     if value is None:
         raise QstatParseError(f"{element} must be at most {_U32} (a u_long32), got "
-                              f"{_shown(stripped)}", element=element)
+                              f"{shown(stripped)}", element=element)
     if value < minimum:
         raise QstatParseError(f"{element} must be a whole number >= {minimum}, got "
-                              f"{_shown(text)}", element=element)
+                              f"{shown(text)}", element=element)
     return value
 
 
 # ---------------------------------------------------------------------------
 # placement
-
-
-def _merge(entries: Iterable[tuple[str, int, bool]]) -> list[Placement]:
-    """Sum slots per host (first appearance keeps its place), master host first."""
-    slots: dict[str, int] = {}
-    master: dict[str, bool] = {}
-    for host, count, is_master in entries:
-        slots[host] = slots.get(host, 0) + count
-        master[host] = master.get(host, False) or is_master
-        if slots[host] > _MAX_SLOTS:
-            raise QstatParseError(f"the slots of host {_shown(host)} add up to {slots[host]}, "
-                                  f"more than {_MAX_SLOTS}", host=_shown(host))
-    hosts = list(slots)
-    if hosts and not any(master.values()):
-        master[hosts[0]] = True
-    hosts.sort(key=lambda h: not master[h])  # stable: master first, others keep their order
-    return [Placement(h, slots[h], master[h]) for h in hosts]
-
-
-def parse_pe_hostfile(text: bytes) -> list[Placement]:
-    """Parse a ``pe_hostfile``: one ``host slots queue processors`` line per queue instance.
-
-    Parameters
-    ----------
-    text:
-        The file's bytes, e.g. ``b"vm 2 all.q@vm UNDEFINED\\n"``. The first line
-        is the master host; blank lines are ignored; a host on several lines
-        (several queue instances) gets their slots added up.
-
-    Returns
-    -------
-    list[Placement]
-        One record per host, the master first, the others in file order.
-
-    Raises
-    ------
-    QstatParseError
-        naming the line number and content of a malformed line, or when the
-        file lists no host.
-    """
-    entries: list[tuple[str, int, bool]] = []
-    for number, raw in enumerate(text.split(b"\n"), start=1):
-        fields = raw.split()
-        if not fields:
-            continue
-        shown = _shown(raw.strip().decode("utf-8", "backslashreplace"))
-        well_formed = 2 <= len(fields) <= 4 and _DIGITS_B.fullmatch(fields[1]) is not None
-        slots = _u32(fields[1].decode()) if well_formed else None
-        if not well_formed or slots == 0:
-            raise QstatParseError(f"pe_hostfile line {number} must be 'host slots queue "
-                                  f"processors' with slots >= 1, got {shown}", line=number)
-        if slots is None:
-            raise QstatParseError(f"pe_hostfile line {number}: slots must be at most {_U32} "
-                                  f"(a u_long32), got {shown}", line=number)
-        host = fields[0].decode("utf-8", "surrogateescape")
-        entries.append((host, slots, not entries))
-    if not entries:
-        raise QstatParseError("pe_hostfile lists no host; expected 'host slots queue "
-                              "processors' lines")
-    return _merge(entries)
 
 
 def parse_placement_gt(xml: bytes, job_id: int, task_id: int) -> list[Placement]:
@@ -320,11 +227,11 @@ def parse_placement_gt(xml: bytes, job_id: int, task_id: int) -> list[Placement]
             continue
         host = queue.partition("@")[2]
         if not host:
-            raise QstatParseError(f"queue_name must be queue@host, got {_shown(queue)}",
+            raise QstatParseError(f"queue_name must be queue@host, got {shown(queue)}",
                                   element="queue_name")
         slots = _whole(_text(row, "slots"), "slots", minimum=1)
         entries.append((host, slots, (_text(row, "master") or "").strip() == "MASTER"))
-    return _merge(entries)
+    return merge(entries)
 
 
 # ---------------------------------------------------------------------------
@@ -375,7 +282,7 @@ def _request_number(req: etree._Element, name: str) -> Decimal:
         try:
             return decimal_value(text)
         except ValueError:
-            raise QstatParseError(f"request {name}: {tag} must be a number, got {_shown(text)}",
+            raise QstatParseError(f"request {name}: {tag} must be a number, got {shown(text)}",
                                   element=tag) from None
     raise QstatParseError(f"request {name} has neither CE_doubleval nor CE_stringval",
                           element="CE_name")
@@ -388,7 +295,7 @@ def _unit_value(text: str, parse: Callable[[str], int | float | None], what: str
     refused before its digits become a number (10 MB of them would take minutes)."""
     if len(text) > _MAX_UNIT_TEXT:
         raise QstatParseError(f"{what}: {element} must be at most {_MAX_UNIT_TEXT} "
-                              f"characters, got {_shown(text)}", element=element)
+                              f"characters, got {shown(text)}", element=element)
     try:
         return parse(text) or 0
     except ValueError as exc:
@@ -504,7 +411,7 @@ def _granted_placement(task: etree._Element) -> list[Placement] | None:
                                   element="JG_qhostname")
         slots = _whole(_text(entry, "JG_slots"), "JG_slots", minimum=1)
         entries.append((host, slots, not entries))
-    return _merge(entries)
+    return merge(entries)
 
 
 def _granted_resources(task: etree._Element) -> dict[str, dict[str, str]]:
@@ -540,7 +447,7 @@ def _granted_bytes(value: str, host: str) -> int:
         return 0 if memory >= _NO_LIMIT else int(memory)
     if number < 0:
         raise QstatParseError(f"granted m_mem_free on {host} must be >= 0 bytes, got "
-                              f"{_shown(value)}",
+                              f"{shown(value)}",
                               element="GRU_value")
     return 0 if number >= _NO_LIMIT else int(number)
 
@@ -615,7 +522,7 @@ def _times_slots(per_slot: int, slots: int) -> int:
 
 
 def _assemble(job: _Job, placement: Sequence[Placement] | None) -> ResourceSet:
-    hosts = job.granted_placement or (_merge((p.host, p.slots, p.is_master) for p in placement)
+    hosts = job.granted_placement or (merge((p.host, p.slots, p.is_master) for p in placement)
                                       if placement else None)
     if not hosts:
         raise QstatParseError(
@@ -701,7 +608,7 @@ def find_command(name: str, env: SgeEnv, *, what: str, remedy: str) -> str:
     Parameters
     ----------
     name: the configured command (``qstat``, ``/opt/sge/bin/lx-amd64/qmod``).
-    env: the site's Grid Engine environment (:func:`geco.sgeenv.discover`).
+    env: the site's Grid Engine environment (:func:`geco.sge.siteenv.discover`).
     what: the command's role for the error (``qstat``, ``qmod``).
     remedy: the error's advice on where to give its full path.
 
@@ -789,7 +696,7 @@ def run_qstat(args: list[str], config: Config, *, env: SgeEnv | None = None,
 
     The command is ``[config.qstat, *args]`` as an argv list (never a shell),
     with stdin ``/dev/null``, cwd ``/``, its own session, and the site's
-    environment (:mod:`geco.sgeenv`: the ``SGE_*`` variables qstat needs, a
+    environment (:mod:`geco.sge.siteenv`: the ``SGE_*`` variables qstat needs, a
     fixed PATH where a bare ``qstat`` is looked up, ``LC_ALL=C``), never the
     caller's, which is a job's in the prolog.
 
@@ -806,7 +713,7 @@ def run_qstat(args: list[str], config: Config, *, env: SgeEnv | None = None,
     args: qstat's arguments, e.g. ``["-xml", "-j", "42"]``.
     config: settings (``qstat``, ``qstat_timeout``, ``qstat_retries``, the ``[qstat]``
         Grid Engine environment).
-    env: the site's Grid Engine environment; default: :func:`geco.sgeenv.discover`.
+    env: the site's Grid Engine environment; default: :func:`geco.sge.siteenv.discover`.
     sleep: the sleep function (tests pass a recorder).
 
     Returns

@@ -21,10 +21,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from geco import procfs
 from geco.errors import GecoError
+from geco.jobkey import JobKey
 
 __all__ = ["JobRef", "find_shepherd", "find_spool_dir", "is_job_shepherd", "job_from_hook",
-           "parse_key_values", "proc_comm", "proc_ppid", "proc_real_uid", "read_config"]
+           "parse_key_values", "read_config"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,9 +38,9 @@ class JobRef:
     spool_dir: Path | None = None
 
     @property
-    def key(self) -> str:
+    def key(self) -> JobKey:
         """``<job>.<task>``: the name of the job's cgroups and resource file."""
-        return f"{self.job_id}.{self.task_id}"
+        return JobKey(self.job_id, self.task_id)
 
     @property
     def pe_hostfile(self) -> Path | None:
@@ -120,27 +122,6 @@ def queue_instance(spool_dir: Path) -> str | None:
     return f"{queue}@{host}" if queue and host else None
 
 
-def proc_comm(pid: int) -> str:
-    """Return ``/proc/<pid>/comm`` ("" when the process is gone)."""
-    try:
-        return Path(f"/proc/{pid}/comm").read_bytes().rstrip(b"\n").decode("utf-8", "replace")
-    except OSError:
-        return ""
-
-
-def proc_real_uid(pid: int) -> int | None:
-    """Return the real uid from ``/proc/<pid>/status`` (None when the process is gone)."""
-    try:
-        data = Path(f"/proc/{pid}/status").read_bytes()
-    except OSError:
-        return None
-    for line in data.splitlines():
-        if line.startswith(b"Uid:"):
-            fields = line.split()
-            return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
-    return None
-
-
 def is_job_shepherd(pid: int) -> bool:
     """True for a Grid Engine ``sge_shepherd`` process: spared when geco kills a job's
     processes itself (OOM ``kill-job``, the walltime backstop), so that Grid Engine
@@ -151,10 +132,10 @@ def is_job_shepherd(pid: int) -> bool:
     ``sge_shepherd`` (``prctl(PR_SET_NAME)``, a renamed binary), but it cannot
     become root, so naming itself does not let it survive.
     """
-    return proc_comm(pid).startswith("sge_shepherd") and proc_real_uid(pid) == 0
+    return procfs.comm(pid).startswith("sge_shepherd") and procfs.real_uid(pid) == 0
 
 
-def find_spool_dir(execd_spool_dir: Path, key: str, node: str) -> Path | None:
+def find_spool_dir(execd_spool_dir: Path, key: JobKey, node: str) -> Path | None:
     """Return ``<execd_spool_dir>/<node>/active_jobs/<key>``, or None while there is none.
 
     ``<node>`` (this host's short name) is tried first, then any host name:
@@ -171,17 +152,6 @@ def find_spool_dir(execd_spool_dir: Path, key: str, node: str) -> Path | None:
     return found[0] if found else None
 
 
-def proc_ppid(pid: int) -> int:
-    """Return the parent pid from ``/proc/<pid>/stat`` (0 when the process is gone)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return 0
-    # split after the last ')' so a command name with spaces or parens cannot shift fields
-    fields = stat[stat.rindex(b")") + 2:].split()
-    return int(fields[1])
-
-
 def find_shepherd(job: JobRef, pid: int | None = None) -> int:
     """Return the pid of this job's ``sge_shepherd``, verified through /proc.
 
@@ -195,15 +165,15 @@ def find_shepherd(job: JobRef, pid: int | None = None) -> int:
     GecoError
         naming the parent and the check it failed.
     """
-    parent = proc_ppid(pid or os.getpid())
-    comm = proc_comm(parent)
+    parent = procfs.ppid(pid or os.getpid())
+    comm = procfs.comm(parent)
     if not comm.startswith("sge_shepherd"):
         raise GecoError("the hook's parent is not an sge_shepherd", ppid=parent, comm=comm,
                         job=job.key)
     if job.spool_dir is None:
         raise GecoError("SGE_JOB_SPOOL_DIR is not set; cannot verify the shepherd", job=job.key)
     try:
-        cwd = Path(os.readlink(f"/proc/{parent}/cwd"))
+        cwd = Path(procfs.cwd(parent))
         spooled = int((job.spool_dir / "pid").read_bytes().strip() or b"0")
     except (OSError, ValueError) as exc:
         raise GecoError("cannot verify the shepherd through /proc and the spool dir",

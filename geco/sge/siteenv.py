@@ -45,12 +45,12 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from geco import log
+from geco import log, procfs
 from geco.config import Config
 
 __all__ = ["SYSTEM_PATH", "SgeEnv", "discover"]
 
-_log = log.get("sgeenv")
+_log = log.get("sge.siteenv")
 
 #: The system directories of root's Grid Engine commands, after ``$SGE_ROOT/bin/<arch>``
 #: (no /usr/local: on Debian it is writable by group staff).
@@ -58,7 +58,6 @@ SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 # Debian's packages: where their wrapper scripts read SGE_ROOT/SGE_CELL, and their default
 _DEBIAN_DEFAULTS = Path("/etc/default/gridengine")
 _DEBIAN_ROOT = Path("/var/lib/gridengine")
-_PROC = Path("/proc")
 _EXECD = "sge_execd"
 # the variables taken from execd or settings.sh; nothing else of either is used
 _NAMES = ("SGE_ROOT", "SGE_CELL", "SGE_ARCH", "SGE_QMASTER_PORT", "SGE_EXECD_PORT",
@@ -144,26 +143,11 @@ def _assignments(data: bytes | None) -> dict[str, str]:
     return found
 
 
-def _stat_fields(proc: Path, pid: int) -> list[bytes] | None:
-    try:
-        data = (proc / str(pid) / "stat").read_bytes()
-    except OSError:
-        return None
-    # after the last ')': a command name may hold spaces and parens
-    return data[data.rindex(b")") + 2:].split()
-
-
 def _root_execd(proc: Path, pid: int) -> bytes | None:
     """The start time of ``pid`` when it is ``sge_execd`` with real and effective uid 0."""
-    try:
-        comm = (proc / str(pid) / "comm").read_bytes().strip()
-        status = (proc / str(pid) / "status").read_bytes()
-    except OSError:
-        return None
-    uids = next((line.split()[1:3] for line in status.splitlines()
-                 if line.startswith(b"Uid:")), [])
-    fields = _stat_fields(proc, pid)
-    if comm != _EXECD.encode() or uids != [b"0", b"0"] or fields is None or len(fields) < 20:
+    fields = procfs.stat_fields(pid, proc)
+    if procfs.comm(pid, proc) != _EXECD or procfs.uids(pid, proc) != (0, 0) \
+            or fields is None or len(fields) < 20:
         return None
     return fields[19]
 
@@ -172,7 +156,7 @@ def _execd_pids(cfg: Config, proc: Path, start: int) -> list[int]:
     """Candidates: our ancestors first, then the pids in the execd spool's pid files."""
     pids, pid = [], start
     for _ in range(_MAX_ANCESTORS):
-        fields = _stat_fields(proc, pid)
+        fields = procfs.stat_fields(pid, proc)
         if fields is None or len(fields) < 2 or int(fields[1]) <= 1:
             break
         pid = int(fields[1])
@@ -220,7 +204,7 @@ def _valid(name: str, value: str, source: str) -> bool:
     return False
 
 
-def discover(cfg: Config, *, proc: Path = _PROC, start: int | None = None,
+def discover(cfg: Config, *, proc: Path = procfs.ROOT, start: int | None = None,
              debian_defaults: Path = _DEBIAN_DEFAULTS,
              debian_root: Path = _DEBIAN_ROOT) -> SgeEnv:
     """Build the environment of root's Grid Engine commands from the site (see the module).
