@@ -1,0 +1,100 @@
+"""containment.contain_job, the one way a process gets into its job's cgroups (the prolog's
+and gecod's), on this machine's real cgroup v1 hierarchies: what it does, and what it says
+it did.
+
+Every test works in its own parent ``geco-test-<pid>-<n>`` (tests/cgroup_testkit.py),
+removed afterwards with plain syscalls; the job's spool dir and resource file are made
+under pytest's tmp_path.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from geco.cgroup import V1Backend, find_hierarchies, parse_mountinfo
+from geco.config import Config
+from geco.containment import contain_job
+from geco.errors import GecoError
+from geco.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.sge import resourcefile
+from geco.sge.execd import JobRef
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from cgroup_testkit import Child, usable_v1_hierarchies, v1_backend  # noqa: E402
+
+MOUNTED = find_hierarchies(parse_mountinfo(Path("/proc/self/mountinfo").read_bytes()),
+                           Path("/sys/fs/cgroup"))
+HIER, WHY_NOT = usable_v1_hierarchies(MOUNTED)
+pytestmark = [pytest.mark.root, pytest.mark.skipif(bool(WHY_NOT), reason=WHY_NOT)]
+MiB = 1 << 20
+
+
+@pytest.fixture
+def backend() -> Iterator[V1Backend]:
+    with v1_backend(HIER, exclusive_cpus=False) as b:
+        yield b
+
+
+def spooled(tmp_path: Path, job: int, *hosts: NodeResources) -> tuple[JobRef, Config]:
+    """A job's spool dir (``active_jobs/<job>.1``) and its resource file."""
+    cfg = Config(state_dir=tmp_path / "state", execd_spool_dir=tmp_path / "spool",
+                 pids_per_slot=0)
+    spool = cfg.execd_spool_dir / short_hostname() / "active_jobs" / f"{job}.1"
+    spool.mkdir(parents=True)
+    resourcefile.write(cfg.resources_dir, ResourceSet(job, 1, owner="alice", nodes=hosts))
+    return JobRef(job, 1, spool), cfg
+
+
+def test_the_first_process_makes_the_cgroups_and_the_next_joins_them(
+        backend: V1Backend, children: list[int], tmp_path: Path) -> None:
+    """Given a job whose resource file grants 1 slot and 64 MiB here and no cgroups yet,
+    then the first contain_job makes them from the file and says so (created, source
+    file); a second process joins them without reading any resources (found None), with
+    the same limits; both processes are in the job's cgroups."""
+    job, cfg = spooled(tmp_path, 31, NodeResources(short_hostname(), slots=1,
+                                                   memory_limit=64 * MiB))
+    first, second = Child(lambda _: None, children), Child(lambda _: None, children)
+
+    made = contain_job(job, cfg, backend, pid=first.pid)
+    joined = contain_job(job, cfg, backend, pid=second.pid)
+
+    assert (made.created, made.found is not None and made.found.source) == (True, "file")
+    assert made.found is not None and made.found.resources.owner == "alice"
+    assert made.limits.memory == 64 * MiB and len(made.limits.cpus.split(",")) == 1
+    assert (joined.created, joined.found, joined.limits) == (False, None, made.limits)
+    assert sorted(backend.pids(job.key)) == sorted([first.pid, second.pid])
+
+
+def test_given_the_resources_then_none_are_read_and_the_source_is_kept(
+        backend: V1Backend, children: list[int], tmp_path: Path) -> None:
+    """Given resources the caller already has (the prolog journals them first), then
+    contain_job uses them as they are, not the resource file."""
+    job, cfg = spooled(tmp_path, 32, NodeResources(short_hostname(), memory_limit=64 * MiB))
+    from geco.sge.lookup import Found
+
+    given = ResourceSet(32, 1, owner="bob",
+                        nodes=(NodeResources(short_hostname(), memory_limit=96 * MiB),))
+    done = contain_job(job, cfg, backend, pid=Child(lambda _: None, children).pid,
+                       found=Found(given, "qstat", 0.5))
+
+    assert done.found == Found(given, "qstat", 0.5)
+    assert done.limits.memory == 96 * MiB
+
+
+def test_a_job_without_slots_here_is_refused_naming_its_hosts_and_nothing_is_made(
+        backend: V1Backend, children: list[int], tmp_path: Path) -> None:
+    """Given a resource set whose hosts are all other nodes, then contain_job raises one
+    GecoError naming this host and the job's hosts, and makes no cgroup."""
+    job, cfg = spooled(tmp_path, 33, NodeResources("n-other-1"), NodeResources("n-other-2"))
+
+    with pytest.raises(GecoError) as err:
+        contain_job(job, cfg, backend,
+                    pid=Child(lambda _: None, children).pid)
+
+    assert str(err.value) == (f"job 33.1 has no slots on this host ({short_hostname()}); "
+                              "its hosts: n-other-1, n-other-2")
+    assert not backend.exists(job.key)
