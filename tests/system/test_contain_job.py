@@ -24,7 +24,7 @@ from geco.sge import resourcefile
 from geco.sge.execd import JobRef
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from cgroup_testkit import Child, usable_v1_hierarchies, v1_backend  # noqa: E402
+from cgroup_testkit import Child, usable_v1_hierarchies, v1_backend
 
 MOUNTED = find_hierarchies(parse_mountinfo(Path("/proc/self/mountinfo").read_bytes()),
                            Path("/sys/fs/cgroup"))
