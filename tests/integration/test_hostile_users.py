@@ -31,6 +31,8 @@ from cleanslate import SITE_SOCKET as SOCKET
 from flood import NOBODY, flooding, send_garbage
 from livekit import no_queue_in_error, wait_until
 
+from geco.daemon.server import PUBLIC_BUDGET
+
 pytestmark = pytest.mark.sge
 
 JOBS = 20
@@ -66,14 +68,17 @@ def test_a_user_holding_2000_connections_and_flooding_status_delays_no_job_start
         assert (started["REQUEST"], started["LANE"]) == ("JOB_STARTED", "root"), started
         elapsed.append(float(started["ELAPSED_MS"]))
     asked = sum(n for k, n in stats.items() if k.startswith("status "))
-    figures.append(f"JOB_STARTED of {JOBS} real jobs while uid {NOBODY} holds "
-                   f"{stats['held max']:,} connections and sends {asked:,} STATUS requests: "
+    figures.append(f"JOB_STARTED of {JOBS} real jobs while uid {NOBODY} opens "
+                   f"{stats['connected']:,} connections (up to {stats['held max']:,} at once) "
+                   f"and sends {asked:,} STATUS requests: "
                    f"all OK; gecod's accept-to-answer p50 {statistics.median(elapsed):.0f} ms, "
                    f"max {max(elapsed):.0f} ms (bench/bench_flood.py: the client's view)")
     assert not journal.entries(since, GECO_EVENT="quarantine-refused", PEER_UID="0")
     assert no_queue_in_error(sge) == {}
-    # the attack was real: thousands of connections, STATUS requests answered or refused
-    assert stats["held max"] >= 1000 and stats["held closed by gecod"] > 0, stats
+    # the attack was real: thousands of connections, many more held at once than a uid's
+    # share (how many more depends on how fast gecod accepts), STATUS answered or refused
+    share = PUBLIC_BUDGET.per_uid_connections or 0
+    assert stats["held max"] > 2 * share and stats["held closed by gecod"] > 0, stats
     assert stats["connected"] >= 2000, stats
     assert sum(n for k, n in stats.items() if k.startswith("status ")) >= 100, stats
 
