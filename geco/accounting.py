@@ -18,7 +18,7 @@ job runs and by ``geco journal`` after it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from geco.units import format_memory
 
@@ -27,8 +27,7 @@ __all__ = ["Accounting"]
 _USEC = 1_000_000
 
 
-@dataclass(frozen=True, slots=True)
-class Accounting:
+class Accounting(NamedTuple):
     """A job's resource use as its cgroups counted it.
 
     Attributes

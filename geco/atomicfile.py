@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import tempfile
 from pathlib import Path
 
 from geco.errors import GecoError
@@ -55,6 +54,8 @@ def write_atomic(path: Path, data: bytes, *, mode: int, make_dir: bool = False,
     try:
         if make_dir:
             path.parent.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
+        import tempfile  # only when writing: a hook that reads files needs none of it
+
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
         with os.fdopen(fd, "wb") as f:
             f.write(data)

@@ -1,4 +1,4 @@
-"""geco's configuration: one TOML file, one frozen dataclass.
+"""geco's configuration: one TOML file, one immutable record.
 
 The file is ``/etc/geco/geco.toml`` (``$GECO_CONFIG`` overrides the path, for
 tests and for sites that keep it elsewhere). Every key, its section and its
@@ -12,25 +12,26 @@ the default used instead. A file that is not valid TOML is a
 
 from __future__ import annotations
 
-import dataclasses
-import logging
 import os
-import tomllib
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+from geco import log
 from geco.errors import ConfigError
 
 __all__ = ["DEFAULT_PATH", "Config", "load"]
 
 DEFAULT_PATH = Path("/etc/geco/geco.toml")
-_log = logging.getLogger("geco.config")
+_log = log.get("config")
 
 
-@dataclass(frozen=True, slots=True)
-class Config:
-    """Every setting, with its default. See ``conf/geco.toml`` for the prose."""
+class Config(NamedTuple):
+    """Every setting, with its default. See ``conf/geco.toml`` for the prose.
+
+    A NamedTuple, not a dataclass: every hook loads it on every job start, and
+    importing :mod:`dataclasses` (with :mod:`inspect`) costs a hook more than its
+    work. ``cfg._replace(name=value)`` makes a changed copy.
+    """
 
     # [paths]
     state_dir: Path = Path("/var/lib/geco")
@@ -214,6 +215,8 @@ def load(path: Path | str | None = None) -> Config:
     ConfigError
         if the file exists but cannot be read or is not valid TOML.
     """
+    import tomllib
+
     path = Path(path or os.environ.get("GECO_CONFIG") or DEFAULT_PATH)
     try:
         with path.open("rb") as f:
@@ -244,4 +247,4 @@ def load(path: Path | str | None = None) -> Config:
             except ValueError as exc:
                 _log.warning("config %s: %s.%s %s; using the default %r",
                              path, section, key, exc, default)
-    return dataclasses.replace(defaults, **values)
+    return defaults._replace(**values)

@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import logging
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
-from geco import cores, log
+from geco import log
 from geco.cgroup import Backend, Limits
 from geco.config import Config
 from geco.errors import CoresUnavailable, GecoError
@@ -33,7 +32,11 @@ from geco.resourceset import NodeResources, short_hostname
 from geco.sge import lookup, resourcefile
 from geco.sge.execd import JobRef
 from geco.sge.lookup import Found
-from geco.topology import Topology, format_cpulist, parse_cpulist
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from geco.cores import Allocation
+    from geco.topology import Topology
 
 __all__ = ["Contained", "PidsLimit", "Release", "contain", "contain_job", "join",
            "kill_and_remove", "last_changed", "pids_unenforced", "read_usage", "release"]
@@ -44,8 +47,7 @@ _log = log.get("containment")
 _PID_MAX_LIMIT = 1 << 22
 
 
-@dataclass(frozen=True, slots=True)
-class PidsLimit:
+class PidsLimit(NamedTuple):
     """The node's rule for a job's task limit (``pids.max``: processes and threads).
 
     A job gets ``per_slot`` x its slots on this node, at least ``minimum``, so a
@@ -241,6 +243,9 @@ def _contain(key: JobKey, node: NodeResources, backend: Backend, *, state_dir: P
         existing = _join_locked(key, backend, pid)
         if existing is not None:
             return existing, False
+        # here, not at the top: a hook that joins cgroups gecod made needs no hwloc
+        from geco.topology import Topology, format_cpulist
+
         resources_dir = state_dir / "resources"  # Config.resources_dir
         _drop_stale(backend, active_jobs, keep=key, resources_dir=resources_dir)
         topo = topology or Topology.load()
@@ -269,8 +274,7 @@ def _contain(key: JobKey, node: NodeResources, backend: Backend, *, state_dir: P
         return limits, True
 
 
-@dataclass(frozen=True, slots=True)
-class Contained:
+class Contained(NamedTuple):
     """What :func:`contain_job` did.
 
     Attributes
@@ -290,7 +294,7 @@ class Contained:
 def contain_job(job: JobRef, cfg: Config, backend: Backend, *, pid: int,
                 found: Found | None = None, hostname: str | None = None,
                 topology: Topology | None = None, reclaim: Callable[[], None] | None = None,
-                logger: logging.Logger | None = None) -> Contained:
+                logger: log.Logger | None = None) -> Contained:
     """Put ``pid`` into its job's cgroups on this node, making them first when needed.
 
     The one way in, for the prolog and for gecod: the job's cgroups exist ->
@@ -338,8 +342,11 @@ def contain_job(job: JobRef, cfg: Config, backend: Backend, *, pid: int,
 
 
 def _allocate(key: JobKey, node: NodeResources, backend: Backend, topo: Topology,
-              hardware_threads: bool) -> cores.Allocation:
+              hardware_threads: bool) -> Allocation:
     """Whole cores for the job among those no other job cgroup holds (under the node lock)."""
+    from geco import cores
+    from geco.topology import parse_cpulist
+
     busy = cores.busy_from_cpusets(backend.read_limits(k).cpus for k in backend.job_keys()
                                    if k != key)
     return cores.allocate(topo, node.slots, busy_pus=busy,
@@ -347,8 +354,7 @@ def _allocate(key: JobKey, node: NodeResources, backend: Backend, topo: Topology
                           hardware_threads=hardware_threads)
 
 
-@dataclass(frozen=True, slots=True)
-class Release:
+class Release(NamedTuple):
     """What the teardown of one job's cgroups found and did."""
 
     killed: int

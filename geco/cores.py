@@ -44,7 +44,6 @@ total, step 1 finds a ``k`` and steps 2-4 always have room.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from geco.errors import CoresUnavailable
@@ -53,8 +52,7 @@ from geco.topology import Topology, format_cpulist, parse_cpulist
 __all__ = ["Allocation", "allocate", "busy_from_cpusets"]
 
 
-@dataclass(frozen=True, slots=True)
-class Allocation:
+class Allocation(NamedTuple):
     """The cores given to one job on one node.
 
     Attributes

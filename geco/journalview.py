@@ -25,7 +25,6 @@ an empty story.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import time
@@ -261,7 +260,7 @@ def _end_line(entry: Entry, oom_entries: int) -> str:
     """
     acc = accounting_from_fields(entry)
     if acc is not None and not entry.get("OOM_KILLS"):
-        acc = dataclasses.replace(acc, oom_kills=oom_entries)
+        acc = acc._replace(oom_kills=oom_entries)
     parts = [acc.describe() if acc else "no accounting recorded"]
     killed = _number(entry.get("KILLED"))
     by = entry.get("CLEANED_BY")

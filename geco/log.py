@@ -11,66 +11,192 @@ level, so ``journalctl JOB_ID=42`` tells an admin the whole story.
 
 Events about a job carry structured fields; build them with :func:`job_fields`::
 
-    log.info("created %s", path, extra=job_fields(42, 1, "cgroup-created", CGROUP=path))
+    log.get("cgroup").info("created %s", path,
+                           extra=job_fields(42, 1, "cgroup-created", CGROUP=path))
 
-The journal is used when ``/run/systemd/journal/socket`` exists; without it
-the stream alone works. (No environment override: root hooks run with the
-job's environment, which its owner controls.)
+Every module logs through :func:`get`, whose loggers have the standard
+library's calling conventions. Where a record goes depends on the process:
 
-Logging never waits for journald: a record journald has no room for (it is
-stopped, or flooded) is dropped and counted (:func:`dropped`), so a job start
-never hangs on the journal. gecod goes further (:func:`in_background`): its
-records are handed to a thread of their own through a bounded queue, so a
-stalled stderr or trace file cannot block its event loop either.
+* a hook (:func:`setup_hook`) writes its lines and journal datagrams itself,
+  without importing :mod:`logging` at all: the standard library's logging
+  costs a hook more start-up time than its whole job (``bench/bench_hooks.py``);
+* every other process (gecod, the CLI, tests) hands records to the standard
+  library's ``geco.*`` loggers, configured by :func:`setup`
+  (:mod:`geco.log_handlers`), so its handlers, queues and ``caplog`` work.
+
+In a hook, records also reach the standard library's ``geco`` logger when
+something listens there (a job's trace file, :mod:`geco.trace`, imports it
+only then). The journal is used when ``/run/systemd/journal/socket`` exists;
+without it the stream alone works (no environment override: root hooks run
+with the job's environment, which its owner controls). Logging never waits for
+journald: a record journald has no room for is dropped and counted
+(:func:`dropped`), so a job start never hangs on the journal.
 """
 
 from __future__ import annotations
 
-import logging
-import logging.handlers
-import queue
-import socket
+import contextlib
+import os
+import stat
 import sys
-import threading
 import time
-from pathlib import Path
-from typing import IO
 
-__all__ = ["LEVELS", "JournalHandler", "SeedFormatter", "dropped", "in_background",
-           "job_fields", "setup"]
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import logging
+    from collections.abc import Mapping
+    from types import TracebackType
+    from typing import IO, TypeAlias
 
-# Grid Engine names levels the original way; map them onto the stdlib's numbers.
-LEVELS = {"quiet": logging.CRITICAL + 10, "error": logging.ERROR, "warn": logging.WARNING,
-          "info": logging.INFO, "debug": logging.DEBUG}
-_LABEL = {logging.CRITICAL: "EMERG", logging.ERROR: "ERROR", logging.WARNING: "WARN ",
-          logging.INFO: "INFO ", logging.DEBUG: "DEBUG"}
+    ExcInfo: TypeAlias = tuple[type[BaseException], BaseException, TracebackType | None]
+
+__all__ = ["DEBUG", "ERROR", "INFO", "LEVELS", "WARNING", "Backlog", "Logger", "Record",
+           "close", "collect", "dropped", "get", "in_background", "job_fields", "seed_line",
+           "setup", "setup_hook", "stop_background"]
+
+# The standard library's level numbers, so both kinds of record compare alike.
+DEBUG, INFO, WARNING, ERROR, CRITICAL = 10, 20, 30, 40, 50
+# Grid Engine names levels the original way; map them onto those numbers.
+LEVELS = {"quiet": CRITICAL + 10, "error": ERROR, "warn": WARNING, "info": INFO,
+          "debug": DEBUG}
+_LABEL = {CRITICAL: "EMERG", ERROR: "ERROR", WARNING: "WARN ", INFO: "INFO ", DEBUG: "DEBUG"}
 # syslog priorities for the journal's PRIORITY field
-_PRIORITY = {logging.CRITICAL: 2, logging.ERROR: 3, logging.WARNING: 4, logging.INFO: 6,
-             logging.DEBUG: 7}
+_PRIORITY = {CRITICAL: 2, ERROR: 3, WARNING: 4, INFO: 6, DEBUG: 7}
 _JOURNAL_SOCKET = "/run/systemd/journal/socket"
-_FIELDS_ATTR = "geco_fields"
-# Records gecod's logging thread may have waiting before new ones are dropped.
-_BACKGROUND_QUEUE = 10_000
+FIELDS_ATTR = "geco_fields"  # the extra= key (and stdlib record attribute) of job fields
+_BACKLOG_RECORDS = 2000
 
 
-class _Drops:
-    """Records dropped because journald or the logging thread had no room (thread-safe)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.count = 0
-
-    def add(self) -> None:
-        with self._lock:
-            self.count += 1
+# ---------------------------------------------------------------------------
+# records and their two renderings
 
 
-_drops = _Drops()
+class Record:
+    """One log record: what was said, where, and the job fields it carries."""
+
+    __slots__ = ("args", "created", "exc_info", "extra", "func", "levelno", "lineno", "msg",
+                 "name", "pathname")
+
+    def __init__(self, name: str, levelno: int, msg: object, args: tuple[object, ...],
+                 exc_info: ExcInfo | None, extra: Mapping[str, object] | None,
+                 pathname: str, lineno: int, func: str) -> None:
+        self.name, self.levelno, self.msg, self.args = name, levelno, msg, args
+        self.exc_info, self.extra = exc_info, extra
+        self.pathname, self.lineno, self.func = pathname, lineno, func
+        self.created = time.time()
+
+    @property
+    def fields(self) -> dict[str, str]:
+        """The journal fields :func:`job_fields` attached ({} when none)."""
+        found = self.extra.get(FIELDS_ATTR) if self.extra else None
+        return found if isinstance(found, dict) else {}
+
+    def message(self) -> str:
+        """The message with its arguments, as ``LogRecord.getMessage`` makes it."""
+        text = str(self.msg)
+        if not self.args:
+            return text
+        args: object = self.args
+        if len(self.args) == 1 and isinstance(self.args[0], dict) and self.args[0]:
+            args = self.args[0]  # "%(name)s" style, as the standard library allows
+        return text % args
+
+    def to_stdlib(self) -> logging.LogRecord:
+        """The same record for the standard library's handlers."""
+        import logging
+
+        record = logging.LogRecord(self.name, self.levelno, self.pathname, self.lineno,
+                                   self.msg, self.args or None, self.exc_info, self.func)
+        record.created = self.created
+        for key, value in (self.extra or {}).items():
+            setattr(record, key, value)
+        return record
+
+
+def seed_line(created: float, pid: int, levelno: int, text: str, filename: str,
+              lineno: int | None) -> str:
+    """``<ISO time with offset> [<pid>|<LEVEL>]: <text>``, as the original printed.
+
+    Info and debug lines start with their source location, as the original's did.
+    """
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(created))
+    if levelno <= INFO:
+        text = f"({filename}:{lineno}) {text}"
+    return f"{stamp} [{pid}|{_LABEL.get(levelno, 'INFO ')}]: {text}"
+
+
+def journal_fields(message: str, levelno: int, identifier: str, pathname: str,
+                   lineno: int | None, func: str | None,
+                   fields: Mapping[str, str]) -> dict[str, str]:
+    """A record's journald entry: the message, priority, source and job fields."""
+    entry = {"MESSAGE": message, "PRIORITY": str(_PRIORITY.get(levelno, 6)),
+             "SYSLOG_IDENTIFIER": identifier, "CODE_FILE": pathname,
+             "CODE_LINE": str(lineno), "CODE_FUNC": func or ""}
+    entry.update(fields)
+    return entry
+
+
+def _native_entry(fields: Mapping[str, str]) -> bytes:
+    """Encode fields in journald's native protocol (``KEY=value`` or binary-safe form)."""
+    out = bytearray()
+    for key, value in fields.items():
+        data = value.encode("utf-8", "surrogateescape")
+        if b"\n" in data:
+            out += key.encode() + b"\n" + len(data).to_bytes(8, "little") + data + b"\n"
+        else:
+            out += key.encode() + b"=" + data + b"\n"
+    return bytes(out)
+
+
+class Journal:
+    """Datagrams to journald that never wait: a full journald drops (and counts) them.
+
+    Built on ``_socket``, the C module under :mod:`socket`, which a hook would
+    otherwise import only for this.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._sock: object | None = None
+
+    def send(self, fields: Mapping[str, str]) -> None:
+        """Send one entry; raises OSError when journald is gone (not when it is full)."""
+        import _socket
+
+        if self._sock is None:
+            self._sock = _socket.socket(_socket.AF_UNIX,
+                                        _socket.SOCK_DGRAM | _socket.SOCK_CLOEXEC)
+        try:
+            self._sock.sendto(  # type: ignore[attr-defined]
+                _native_entry(fields), _socket.MSG_DONTWAIT, self.path)
+        except BlockingIOError:
+            _count_drop()
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()  # type: ignore[attr-defined]
+            self._sock = None
+
+
+def journal_socket() -> str | None:
+    """Return the journald socket to use, or None when there is no journal."""
+    try:
+        return _JOURNAL_SOCKET if stat.S_ISSOCK(os.stat(_JOURNAL_SOCKET).st_mode) else None
+    except OSError:
+        return None
+
+
+_dropped = [0]
+
+
+def _count_drop() -> None:
+    # one list item, changed under the GIL: a rare lost count is fine for a diagnostic
+    _dropped[0] += 1
 
 
 def dropped() -> int:
     """How many records this process has dropped so far (never waited for)."""
-    return _drops.count
+    return _dropped[0]
 
 
 def job_fields(job_id: int | str | None, task_id: int | str | None = None,
@@ -85,166 +211,230 @@ def job_fields(job_id: int | str | None, task_id: int | str | None = None,
     """
     fields: dict[str, object] = {"JOB_ID": job_id, "SGE_TASK_ID": task_id, "GECO_EVENT": event}
     fields.update({k.upper(): v for k, v in more.items()})
-    return {_FIELDS_ATTR: {k: str(v) for k, v in fields.items() if v is not None}}
+    return {FIELDS_ATTR: {k: str(v) for k, v in fields.items() if v is not None}}
 
 
-class SeedFormatter(logging.Formatter):
-    """``<ISO time with offset> [<pid>|<LEVEL>]: <message>``, as the original printed."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(record.created))
-        label = _LABEL.get(record.levelno, "INFO ")
-        text = record.getMessage()
-        if record.levelno <= logging.INFO:
-            # the original prefixed info/debug lines with their source location
-            text = f"({record.filename}:{record.lineno}) {text}"
-        if record.exc_info and record.levelno <= logging.DEBUG:
-            text += "\n" + self.formatException(record.exc_info)
-        return f"{stamp} [{record.process}|{label}]: {text}"
+# ---------------------------------------------------------------------------
+# where records go
 
 
-class JournalHandler(logging.Handler):
-    """Send each record to journald with geco's structured fields.
+class Backlog:
+    """Keeps the records logged before a job's trace level is known, to replay them.
 
-    Writes journald's native protocol itself (one datagram per record) so a
-    hook does not pay for importing systemd-python on every job start.
+    The prolog learns the level only from the job's resources, after it ran
+    qstat; with a backlog the trace still shows how those resources were found.
+    Holds the last ``maxlen`` records (2,000), whatever their level.
     """
 
-    def __init__(self, identifier: str, socket_path: str) -> None:
-        super().__init__()
+    def __init__(self, maxlen: int = _BACKLOG_RECORDS) -> None:
+        self.maxlen = maxlen
+        self.records: list[Record] = []
+
+    def add(self, record: Record) -> None:
+        self.records.append(record)
+        if len(self.records) > 2 * self.maxlen:  # trimmed now and then, not per record
+            del self.records[:-self.maxlen]
+
+    def replay(self, handler: logging.Handler) -> None:
+        """Pass every kept record ``handler`` accepts to it, then forget them all."""
+        for record in self.records[-self.maxlen:]:
+            if record.levelno >= handler.level:
+                handler.handle(record.to_stdlib())
+        self.records.clear()
+
+
+class _Hook:
+    """A hook's own output: seed lines on stderr, datagrams to journald."""
+
+    def __init__(self, level: int, identifier: str, journal: str | None) -> None:
+        self.stream_level = level
         self.identifier = identifier
-        self.socket_path = socket_path
-        self._sock: socket.socket | None = None
+        self.journal = Journal(journal) if journal else None
+        self.journal_level = min(INFO, level) if journal else LEVELS["quiet"]
 
-    def _fields(self, record: logging.LogRecord) -> dict[str, str]:
-        fields = {
-            "MESSAGE": record.getMessage(),
-            "PRIORITY": str(_PRIORITY.get(record.levelno, 6)),
-            "SYSLOG_IDENTIFIER": self.identifier,
-            "CODE_FILE": record.pathname,
-            "CODE_LINE": str(record.lineno),
-            "CODE_FUNC": record.funcName,
-        }
-        fields.update(getattr(record, _FIELDS_ATTR, {}))
-        return fields
+    def emit(self, record: Record) -> None:
+        # never raises: a broken stderr or journal must not change a hook's outcome
+        text: str | None = None
+        if record.levelno >= self.stream_level:
+            text = record.message()
+            line = seed_line(record.created, os.getpid(), record.levelno, text,
+                             os.path.basename(record.pathname), record.lineno)
+            if record.exc_info and record.levelno <= DEBUG:
+                import traceback
 
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            payload = _native_entry(self._fields(record))
-            if self._sock is None:
-                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
-            # never wait: a stopped or flooded journald must not hold up a job start
-            self._sock.sendto(payload, socket.MSG_DONTWAIT, self.socket_path)
-        except BlockingIOError:
-            _drops.add()
-        except OSError:
-            # journald gone: the stream handler still has the line
-            self.handleError(record)
+                line += "\n" + "".join(traceback.format_exception(*record.exc_info)).rstrip()
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.write(line + "\n")
+        if self.journal is not None and record.levelno >= self.journal_level:
+            # journald gone (OSError): the stream has the line if its level wants it
+            with contextlib.suppress(OSError):
+                self.journal.send(journal_fields(
+                    text if text is not None else record.message(), record.levelno,
+                    self.identifier, record.pathname, record.lineno, record.func,
+                    record.fields))
 
     def close(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
-        super().close()
+        if self.journal is not None:
+            self.journal.close()
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.flush()
 
 
-def _native_entry(fields: dict[str, str]) -> bytes:
-    """Encode fields in journald's native protocol (``KEY=value`` or binary-safe form)."""
-    out = bytearray()
-    for key, value in fields.items():
-        data = value.encode("utf-8", "surrogateescape")
-        if b"\n" in data:
-            out += key.encode() + b"\n" + len(data).to_bytes(8, "little") + data + b"\n"
-        else:
-            out += key.encode() + b"=" + data + b"\n"
-    return bytes(out)
+_hook: _Hook | None = None
+_backlog: Backlog | None = None
 
 
-def journal_socket() -> str | None:
-    """Return the journald socket to use, or None when there is no journal."""
-    return _JOURNAL_SOCKET if Path(_JOURNAL_SOCKET).is_socket() else None
+def _stdlib_listening(name: str) -> bool:
+    """In a hook: has something (a job's trace, a test) attached to the standard library's
+    logger ``name`` or one of its parents in the ``geco`` tree?"""
+    logging = sys.modules.get("logging")
+    if logging is None:
+        return False
+    loggers = logging.Logger.manager.loggerDict
+    while name:
+        if getattr(loggers.get(name), "handlers", None):
+            return True
+        name = name.rpartition(".")[0]
+    return False
 
 
-def setup(level: str = "error", *, identifier: str = "geco",
-          stream: IO[str] | None = None, journal: bool = True) -> logging.Logger:
-    """Configure the ``geco`` logger tree once per process and return it.
+class Logger:
+    """``geco.<name>``: the standard library's logging calls, routed as the module says."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def isEnabledFor(self, level: int) -> bool:
+        if _backlog is not None:
+            return True
+        if _hook is not None:
+            return (level >= _hook.stream_level or level >= _hook.journal_level
+                    or _stdlib_listening(self.name))
+        import logging
+
+        return logging.getLogger(self.name).isEnabledFor(level)
+
+    def debug(self, msg: object, *args: object, exc_info: object = None,
+              extra: Mapping[str, object] | None = None, stacklevel: int = 1) -> None:
+        self._log(DEBUG, msg, args, exc_info, extra, stacklevel)
+
+    def info(self, msg: object, *args: object, exc_info: object = None,
+             extra: Mapping[str, object] | None = None, stacklevel: int = 1) -> None:
+        self._log(INFO, msg, args, exc_info, extra, stacklevel)
+
+    def warning(self, msg: object, *args: object, exc_info: object = None,
+                extra: Mapping[str, object] | None = None, stacklevel: int = 1) -> None:
+        self._log(WARNING, msg, args, exc_info, extra, stacklevel)
+
+    def error(self, msg: object, *args: object, exc_info: object = None,
+              extra: Mapping[str, object] | None = None, stacklevel: int = 1) -> None:
+        self._log(ERROR, msg, args, exc_info, extra, stacklevel)
+
+    def exception(self, msg: object, *args: object, exc_info: object = True,
+                  extra: Mapping[str, object] | None = None, stacklevel: int = 1) -> None:
+        self._log(ERROR, msg, args, exc_info, extra, stacklevel)
+
+    def log(self, level: int, msg: object, *args: object, exc_info: object = None,
+            extra: Mapping[str, object] | None = None, stacklevel: int = 1) -> None:
+        self._log(level, msg, args, exc_info, extra, stacklevel)
+
+    def _log(self, level: int, msg: object, args: tuple[object, ...], exc_info: object,
+             extra: Mapping[str, object] | None, stacklevel: int) -> None:
+        if not self.isEnabledFor(level):
+            return
+        caller = sys._getframe(1 + stacklevel)  # past _log and debug()/info()/...
+        code = caller.f_code
+        record = Record(self.name, level, msg, args, _exc_info(exc_info), extra,
+                        code.co_filename, caller.f_lineno, code.co_name)
+        if _backlog is not None:
+            _backlog.add(record)
+        if _hook is not None:
+            _hook.emit(record)
+            if not _stdlib_listening(self.name):
+                return
+        import logging
+
+        stdlib = logging.getLogger(self.name)
+        if stdlib.isEnabledFor(level) and not stdlib.disabled:
+            stdlib.handle(record.to_stdlib())
+
+
+def _exc_info(value: object) -> ExcInfo | None:
+    if not value:
+        return None
+    if isinstance(value, BaseException):
+        return type(value), value, value.__traceback__
+    if isinstance(value, tuple):
+        return value
+    got = sys.exc_info()
+    return None if got[0] is None else got
+
+
+_loggers: dict[str, Logger] = {}
+
+
+def get(name: str) -> Logger:
+    """Return the logger ``geco.<name>`` (``geco`` itself for "")."""
+    full = f"geco.{name}" if name else "geco"
+    found = _loggers.get(full)
+    if found is None:
+        found = _loggers[full] = Logger(full)
+    return found
+
+
+def collect(backlog: Backlog | None) -> None:
+    """Keep every record from now on in ``backlog`` (None: stop keeping)."""
+    global _backlog
+    _backlog = backlog
+
+
+# ---------------------------------------------------------------------------
+# set-up
+
+
+def setup_hook(level: str = "error", *, identifier: str = "geco") -> Logger:
+    """Set up a hook's logging (no standard library logging) and return the ``geco`` logger.
 
     Parameters
     ----------
     level: stderr verbosity: quiet, error, warn, info or debug.
-    identifier: ``SYSLOG_IDENTIFIER`` in the journal (``geco-prolog``, ``gecod``, ...).
-    stream: where lines go (default stderr).
-    journal: also send info and above to journald when its socket exists.
+    identifier: ``SYSLOG_IDENTIFIER`` in the journal (``geco-prolog``, ...).
     """
-    root = logging.getLogger("geco")
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
-        handler.close()
-    root.setLevel(logging.DEBUG)
-    root.propagate = False
-    out = logging.StreamHandler(stream or sys.stderr)
-    out.setLevel(LEVELS.get(level.lower(), logging.ERROR))
-    out.setFormatter(SeedFormatter())
-    root.addHandler(out)
-    sock = journal_socket() if journal else None
-    if sock is not None:
-        jh = JournalHandler(identifier, sock)
-        jh.setLevel(min(logging.INFO, out.level))
-        root.addHandler(jh)
-    # a journal hiccup must never print a traceback into a user's job output
-    logging.raiseExceptions = False
-    return root
+    global _hook
+    close()
+    _hook = _Hook(LEVELS.get(level.lower(), ERROR), identifier, journal_socket())
+    return get("")
 
 
-class _DroppingQueueHandler(logging.handlers.QueueHandler):
-    """Hands records to the logging thread; drops (and counts) them when its queue is full."""
-
-    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
-        # the message is resolved here (its arguments may change later); the record
-        # keeps its fields and exception for the handlers behind the queue
-        record.msg = record.getMessage()
-        record.args = None
-        return record
-
-    def enqueue(self, record: logging.LogRecord) -> None:
-        try:
-            self.queue.put_nowait(record)
-        except queue.Full:
-            _drops.add()
+def close() -> None:
+    """End a hook's logging: close the journal socket, flush stderr; back to the stdlib."""
+    global _hook
+    if _hook is not None:
+        _hook.close()
+        _hook = None
 
 
-_listener: logging.handlers.QueueListener | None = None
+def setup(level: str = "error", *, identifier: str = "geco",
+          stream: IO[str] | None = None, journal: bool = True) -> logging.Logger:
+    """Configure the standard library's ``geco`` logger tree (gecod, the CLI); see
+    :func:`geco.log_handlers.setup`."""
+    from geco import log_handlers
+
+    close()
+    return log_handlers.setup(level, identifier=identifier, stream=stream, journal=journal)
 
 
 def in_background(logger: logging.Logger | None = None) -> None:
-    """Move ``logger``'s handlers (default: geco's) behind a bounded queue and a thread.
+    """gecod: hand records to a thread of their own (:func:`geco.log_handlers.in_background`)."""
+    from geco import log_handlers
 
-    Called again (after :func:`setup` on SIGHUP), it stops the old thread first,
-    writing out what it still holds.
-    """
-    global _listener
-    logger = logger or logging.getLogger("geco")
-    stop_background()
-    handlers = [h for h in logger.handlers if not isinstance(h, _DroppingQueueHandler)]
-    for handler in list(logger.handlers):
-        logger.removeHandler(handler)
-    records: queue.Queue[logging.LogRecord] = queue.Queue(_BACKGROUND_QUEUE)
-    logger.addHandler(_DroppingQueueHandler(records))
-    _listener = logging.handlers.QueueListener(records, *handlers, respect_handler_level=True)
-    _listener.start()
+    log_handlers.in_background(logger)
 
 
 def stop_background() -> None:
-    """Write out what the logging thread holds and stop it (gecod's exit)."""
-    global _listener
-    if _listener is not None:
-        _listener.stop()
-        for handler in _listener.handlers:
-            handler.close()
-        _listener = None
+    """gecod's exit: write out what the logging thread holds and stop it."""
+    from geco import log_handlers
 
-
-def get(name: str) -> logging.Logger:
-    """Return the logger ``geco.<name>``."""
-    return logging.getLogger(f"geco.{name}")
-
+    log_handlers.stop_background()

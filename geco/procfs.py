@@ -17,6 +17,7 @@ serves both, so no field is parsed two ways.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 __all__ = ["ROOT", "boot_time", "comm", "cwd", "ppid", "read", "real_uid", "seconds_since_start",
@@ -141,12 +142,10 @@ def boot_time(proc: Path = ROOT) -> float:
 
 def seconds_since_start(pid: int | str = "self", proc: Path = ROOT) -> float:
     """Seconds since ``pid`` was started (for this process: since its exec, interpreter
-    start-up included); 0.0 when unknown. /proc start times have clock-tick steps."""
+    start-up included); 0.0 when unknown. The kernel gives the start in clock ticks
+    (10 ms), rounded down, so this is an upper bound, at most one tick high."""
     fields = stat_fields(pid, proc)
-    try:
-        uptime = float((proc / "uptime").read_bytes().split()[0])
-    except (OSError, IndexError, ValueError):
-        return 0.0
     if fields is None or len(fields) < 20:
         return 0.0
-    return max(0.0, uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))
+    now = time.clock_gettime(time.CLOCK_BOOTTIME)  # the clock /proc start times count on
+    return max(0.0, now - int(fields[19]) / os.sysconf("SC_CLK_TCK"))

@@ -14,9 +14,8 @@ so any byte of a job name round-trips through the file.
 
 from __future__ import annotations
 
-import dataclasses
-import socket
-from dataclasses import dataclass, field
+import os
+from typing import NamedTuple
 
 from geco.jobkey import JobKey
 
@@ -28,11 +27,10 @@ def short_hostname(name: str | None = None) -> str:
 
     Grid Engine may print ``n001`` or ``n001.cluster``; geco compares short names.
     """
-    return (name if name is not None else socket.gethostname()).split(".", 1)[0]
+    return (name if name is not None else os.uname().nodename).split(".", 1)[0]
 
 
-@dataclass(frozen=True, slots=True)
-class NodeResources:
+class NodeResources(NamedTuple):
     """What one execution host grants the job.
 
     Attributes
@@ -55,8 +53,7 @@ class NodeResources:
     phis: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class ResourceSet:
+class ResourceSet(NamedTuple):
     """One task of one job, as granted by Grid Engine.
 
     The field order is the v1 format's global field order (the node count is
@@ -75,7 +72,7 @@ class ResourceSet:
     owner: str = ""
     group: str = ""
     cwd: str = ""
-    nodes: tuple[NodeResources, ...] = field(default_factory=tuple)
+    nodes: tuple[NodeResources, ...] = ()
 
     @property
     def key(self) -> JobKey:
@@ -91,5 +88,5 @@ class ResourceSet:
         return None
 
     def replace(self, **changes: object) -> ResourceSet:
-        """Return a copy with ``changes`` applied (the dataclass is frozen)."""
-        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+        """Return a copy with ``changes`` applied (a resource set never changes in place)."""
+        return self._replace(**changes)  # type: ignore[arg-type]

@@ -50,8 +50,8 @@ import pwd
 import select
 import signal
 import time
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from geco import log, procfs
 from geco.cgroup import Backend, check_key
@@ -90,8 +90,7 @@ class Outcome(enum.Enum):
     FAILED = "failed"                # /proc or the cgroups could not be read: journaled
 
 
-@dataclass(frozen=True, slots=True)
-class Stray:
+class Stray(NamedTuple):
     """A process of the owner outside every job cgroup."""
 
     pid: int
@@ -101,8 +100,7 @@ class Stray:
         return f"{self.pid}:{self.command or '?'}"
 
 
-@dataclass(frozen=True, slots=True)
-class Result:
+class Result(NamedTuple):
     """What :func:`after_job` did.
 
     Attributes
@@ -201,8 +199,7 @@ def is_exempt(cfg: Config, uid: int, name: str) -> bool:
 # ---------------------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class _Pinned:
+class _Pinned(NamedTuple):
     """A process held by its pidfd, and what /proc said about it while it was held."""
 
     pid: int
@@ -437,8 +434,7 @@ def after_job(cfg: Config, backend: Backend, key: JobKey, owner: str | None, *,
 # ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Door:
+class Door(NamedTuple):
     """One way out of a job on this node, and whether it is open.
 
     Attributes

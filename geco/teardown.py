@@ -35,8 +35,8 @@ result says what happened.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from geco import containment, log, procfs
 from geco.accounting import Accounting
@@ -51,8 +51,7 @@ __all__ = ["StuckProcess", "Teardown", "found_stuck", "tear_down"]
 
 _log = log.get("teardown")
 
-@dataclass(frozen=True, slots=True)
-class StuckProcess:
+class StuckProcess(NamedTuple):
     """A process of the job still alive after SIGKILL and ``kill_timeout``.
 
     Attributes
@@ -94,8 +93,7 @@ class StuckProcess:
         return text
 
 
-@dataclass(frozen=True, slots=True)
-class Teardown:
+class Teardown(NamedTuple):
     """What :func:`tear_down` did for one job.
 
     Attributes

@@ -48,7 +48,6 @@ Two ways in:
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import errno
 import grp
@@ -66,9 +65,10 @@ from geco import log
 from geco.config import Config
 from geco.errors import JobKeyError
 from geco.jobkey import JobKey
+from geco.log_handlers import SeedFormatter
 from geco.resourceset import ResourceSet
 
-__all__ = ["LEVELS", "Backlog", "TraceFormatter", "TraceRouter", "for_job", "logging_level",
+__all__ = ["LEVELS", "TraceFormatter", "TraceRouter", "for_job", "logging_level",
            "trace_path"]
 
 _log = log.get("trace")
@@ -85,7 +85,6 @@ _OPEN_FLAGS = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLO
                | os.O_NONBLOCK)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _RETRY_REFUSED = 60.0   # seconds gecod leaves a refused trace file alone before trying again
-_BACKLOG_RECORDS = 2000
 
 
 def logging_level(trace_level: int) -> int | None:
@@ -105,7 +104,7 @@ def trace_path(cfg: Config, job_id: int, task_id: int) -> Path:
     return cfg.trace_dir / f"{job_id}.{task_id}.trace"
 
 
-class TraceFormatter(log.SeedFormatter):
+class TraceFormatter(SeedFormatter):
     """The seed format with the writing program after the time stamp."""
 
     def __init__(self, program: str) -> None:
@@ -308,32 +307,9 @@ class _TraceFile(logging.Handler):
         super().close()
 
 
-class Backlog(logging.Handler):
-    """Keeps the records logged before a job's trace level is known, to replay them.
-
-    The prolog learns the level only from the job's resources, after it ran
-    qstat; with a backlog the trace still shows how those resources were found.
-    Holds at most the last 2,000 records.
-    """
-
-    def __init__(self, maxlen: int = _BACKLOG_RECORDS) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: collections.deque[logging.LogRecord] = collections.deque(maxlen=maxlen)
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-    def replay(self, handler: logging.Handler) -> None:
-        """Pass every kept record ``handler`` accepts to it, then forget them all."""
-        for record in self.records:
-            if record.levelno >= handler.level:
-                handler.handle(record)
-        self.records.clear()
-
-
 @contextlib.contextmanager
 def _for_job(cfg: Config, rs: ResourceSet | None, program: str,
-             backlog: Backlog | None) -> Iterator[Path | None]:
+             backlog: log.Backlog | None) -> Iterator[Path | None]:
     level = logging_level(rs.trace_level) if rs is not None else None
     # only root writes trace files (see the top of this module): the starter, as the
     # job's owner, leaves its lines in the journal only
@@ -371,7 +347,8 @@ def _for_job(cfg: Config, rs: ResourceSet | None, program: str,
 
 
 def for_job(cfg: Config, rs: ResourceSet | None, *, program: str = "geco",
-            backlog: Backlog | None = None) -> contextlib.AbstractContextManager[Path | None]:
+            backlog: log.Backlog | None = None,
+            ) -> contextlib.AbstractContextManager[Path | None]:
     """Trace what the ``geco`` loggers say during a block into the job's trace file.
 
     Adds a handler at the job's level to the ``geco`` logger for the block (and

@@ -357,10 +357,10 @@ def restored_geco_logger() -> Iterator[logging.Logger]:
 def journal_log(journal: Journal, request: pytest.FixtureRequest) -> Iterator[Journal]:
     """geco's loggers send INFO and up to the session's journald while the test runs, as
     ``geco-test-<module>`` (``geco-test-oom`` for test_oom.py)."""
-    from geco import log  # here, not at the top: the services above need no geco
+    from geco import log_handlers  # here, not at the top: the services above need no geco
 
     module = request.module.__name__.rpartition(".")[2].removeprefix("test_")
-    handler = log.JournalHandler(f"geco-test-{module}", str(journal.socket))
+    handler = log_handlers.JournalHandler(f"geco-test-{module}", str(journal.socket))
     handler.setLevel(logging.INFO)
     try:
         with handler_on("geco", handler):

@@ -15,8 +15,8 @@ import re
 import signal
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from geco import log
 from geco.cgroup._fs import (
@@ -85,8 +85,17 @@ def check_name(name: str) -> str:
     return name
 
 
-@dataclass(frozen=True, slots=True)
-class Limits:
+class _LimitValues(NamedTuple):
+    """Limits' fields (a NamedTuple cannot check them: Limits does, in __new__)."""
+
+    cpus: str = ""
+    mems: str = ""
+    memory: int = 0
+    memory_swap: int = 0
+    pids: int = 0
+
+
+class Limits(_LimitValues):
     """What the kernel enforces for one job on this node. ``0``/``""`` always mean "no limit".
 
     Attributes
@@ -109,23 +118,19 @@ class Limits:
         when a list is not in the kernel's syntax or a number is negative.
     """
 
-    cpus: str = ""
-    mems: str = ""
-    memory: int = 0
-    memory_swap: int = 0
-    pids: int = 0
+    __slots__ = ()
 
-    def __post_init__(self) -> None:
-        for name in ("cpus", "mems"):
-            value = getattr(self, name)
+    def __new__(cls, cpus: str = "", mems: str = "", memory: int = 0, memory_swap: int = 0,
+                pids: int = 0) -> Limits:
+        for name, value in (("cpus", cpus), ("mems", mems)):
             if not isinstance(value, str) or (value and _LIST_RE.fullmatch(value) is None):
                 raise CgroupError(f"Limits.{name} must be a kernel list such as 0-3,8 "
                                   f"or empty, got {value!r}")
-        for name in ("memory", "memory_swap", "pids"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        for name, number in (("memory", memory), ("memory_swap", memory_swap), ("pids", pids)):
+            if isinstance(number, bool) or not isinstance(number, int) or number < 0:
                 raise CgroupError(f"Limits.{name} must be a whole number >= 0 "
-                                  f"(0 = no limit), got {value!r}")
+                                  f"(0 = no limit), got {number!r}")
+        return super().__new__(cls, cpus, mems, memory, memory_swap, pids)
 
     @property
     def ram(self) -> int:

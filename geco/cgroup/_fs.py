@@ -14,8 +14,8 @@ import re
 import signal
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from geco import log
 from geco.errors import CgroupError
@@ -50,8 +50,7 @@ _POLL_FIRST = 0.002
 _POLL_MAX = 0.05
 
 
-@dataclass(frozen=True, slots=True)
-class Mount:
+class Mount(NamedTuple):
     """One line of ``/proc/<pid>/mountinfo`` (only the fields geco needs).
 
     Attributes

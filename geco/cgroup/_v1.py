@@ -34,8 +34,8 @@ import math
 import os
 import posixpath
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from geco import log, procfs
 from geco.cgroup._base import Backend, Limits, check_key, is_under, pids_usage, warn_once
@@ -67,8 +67,7 @@ _UNLIMITED_FROM = 1 << 62
 _USEC = 1_000_000
 
 
-@dataclass(frozen=True, slots=True)
-class Hierarchy:
+class Hierarchy(NamedTuple):
     """Where one v1 controller is mounted.
 
     Attributes

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import dataclasses
 import grp
 import logging
 import os
@@ -299,7 +298,7 @@ class Daemon:
             if getattr(new, name) != getattr(self.cfg, name):
                 _log.warning("SIGHUP: %s changed to %r; it takes effect when gecod restarts",
                              name, getattr(new, name))
-        new = dataclasses.replace(new, **{n: getattr(self.cfg, n) for n in _RESTART_ONLY})
+        new = new._replace(**{n: getattr(self.cfg, n) for n in _RESTART_ONLY})
         try:
             key = keys.load_key(new.gecod_key_file)
         except GecoError as exc:

@@ -25,13 +25,9 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import logging
 import os
 import sys
 import time
-from collections.abc import Callable
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 from geco import config as _config
 from geco import log, procfs
@@ -44,8 +40,11 @@ from geco.errors import (
 )
 from geco.sge import execd
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from geco import trace
+    from collections.abc import Callable
+    from pathlib import Path
+
     from geco.resourceset import ResourceSet
 
 __all__ = ["Exit", "attach_trace", "run"]
@@ -76,20 +75,18 @@ class _Trace:
     def __init__(self, program: str) -> None:
         self.program = program
         self.stack = contextlib.ExitStack()
-        self.backlog: trace.Backlog | None = None
+        self.backlog: log.Backlog | None = None
         self.attached = False
         self.path: Path | None = None
 
     def collect(self) -> None:
         """Keep what is logged from now on, for a trace attached later."""
-        from geco import trace
-
-        self.backlog = trace.Backlog()
-        logging.getLogger("geco").addHandler(self.backlog)
+        self.backlog = log.Backlog()
+        log.collect(self.backlog)
 
     def _drop_backlog(self) -> None:
         if self.backlog is not None:
-            logging.getLogger("geco").removeHandler(self.backlog)
+            log.collect(None)
             self.backlog = None
 
     def attach(self, cfg: _config.Config, rs: ResourceSet | None) -> Path | None:
@@ -135,7 +132,7 @@ def attach_trace(cfg: _config.Config, rs: ResourceSet | None) -> Path | None:
 
 
 def _saved_resources(cfg: _config.Config, name: str,
-                     logger: logging.Logger) -> ResourceSet | None:
+                     logger: log.Logger) -> ResourceSet | None:
     """The resource file of the job this hook runs for (None when none or unusable)."""
     try:
         argv = sys.argv[1:] if _AFTER_PROLOG[name] else []
@@ -159,7 +156,7 @@ def _outcome(code: Exit, after_the_job: bool) -> str:
     return "; re-queueing the job" if code == Exit.REQUEUE else "; the job is put in error state"
 
 
-def run(name: str, body: Callable[[_config.Config, logging.Logger], Exit], *,
+def run(name: str, body: Callable[[_config.Config, log.Logger], Exit], *,
         after_the_job: bool = False) -> int:
     """Run a hook body with configuration and logging set up; return its exit code.
 
@@ -172,7 +169,15 @@ def run(name: str, body: Callable[[_config.Config, logging.Logger], Exit], *,
         hook exits 0, because re-queueing would run the job a second time.
     """
     started = time.monotonic()
-    logger = log.setup(identifier=f"geco-{name}")
+    try:
+        return _run(name, body, after_the_job, started)
+    finally:
+        log.close()
+
+
+def _run(name: str, body: Callable[[_config.Config, log.Logger], Exit],
+         after_the_job: bool, started: float) -> int:
+    logger = log.setup_hook(identifier=f"geco-{name}")
     try:
         # never $GECO_CONFIG here: hooks run with the job's environment, which its
         # owner controls (qsub -v), and a root prolog must not read a user's config
@@ -180,7 +185,7 @@ def run(name: str, body: Callable[[_config.Config, logging.Logger], Exit], *,
     except ConfigError as exc:
         logger.error("geco %s: %s", name, exc)
         return Exit.OK if after_the_job else Exit.REQUEUE
-    logger = log.setup(cfg.log_level, identifier=f"geco-{name}")
+    log.setup_hook(cfg.log_level, identifier=f"geco-{name}")
     hook_log = log.get(name)
     global _current
     _current = job_trace = _Trace(f"geco-{name}")
@@ -201,8 +206,6 @@ def run(name: str, body: Callable[[_config.Config, logging.Logger], Exit], *,
     finally:
         _current = None
         job_trace.close()
-    logging.shutdown()
-    sys.stderr.flush()
     return int(code)
 
 
@@ -213,8 +216,8 @@ def _job_ids() -> tuple[str | None, str | None]:
     return os.environ.get("JOB_ID"), "1" if task_id == "undefined" else task_id
 
 
-def _run_body(name: str, body: Callable[[_config.Config, logging.Logger], Exit],
-              cfg: _config.Config, hook_log: logging.Logger, after_the_job: bool) -> Exit:
+def _run_body(name: str, body: Callable[[_config.Config, log.Logger], Exit],
+              cfg: _config.Config, hook_log: log.Logger, after_the_job: bool) -> Exit:
     """Run the body; turn whatever it raises into an exit code, logged with the reason
     (tagged with the job, so that ``journalctl JOB_ID=<job>`` says why it was re-queued)."""
     fields = log.job_fields(*_job_ids(), f"{name}-failed")

@@ -25,11 +25,10 @@ re-run it (99) or put the queue in error state.
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 
-from geco import cgroup, procfs, strays, teardown
+from geco import cgroup, log, procfs, strays, teardown
 from geco.config import Config
 from geco.hooks import Exit, run
 from geco.sge import execd, resourcefile
@@ -37,7 +36,7 @@ from geco.sge import execd, resourcefile
 __all__ = ["main"]
 
 
-def _body(cfg: Config, logger: logging.Logger) -> Exit:
+def _body(cfg: Config, logger: log.Logger) -> Exit:
     job = execd.job_from_hook(sys.argv[1:], os.environ)
     shepherd = execd.find_shepherd(job)
     backend = cgroup.for_config(cfg)

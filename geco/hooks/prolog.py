@@ -28,7 +28,6 @@ The journal tells the story (``journalctl JOB_ID=<job>``): ``resources-read``
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 import time
@@ -58,7 +57,7 @@ def _seconds(value: float) -> str:
     return str(int(value)) if value.is_integer() else f"{value:.3f}"
 
 
-def _resources(job: execd.JobRef, cfg: Config, logger: logging.Logger) -> lookup.Found:
+def _resources(job: execd.JobRef, cfg: Config, logger: log.Logger) -> lookup.Found:
     """The job's resource set and where it came from (file, qstat, spool)."""
     path = resourcefile.path_for(cfg.resources_dir, job.key)
     if path.exists():
@@ -68,7 +67,7 @@ def _resources(job: execd.JobRef, cfg: Config, logger: logging.Logger) -> lookup
                      "%g s, %d retries, placement from %s)", job.key, path, cfg.qstat,
                      cfg.qstat_timeout, cfg.qstat_retries, job.pe_hostfile or "qstat -g t")
     found = lookup.find(job, cfg, logger)
-    if logger.isEnabledFor(logging.DEBUG):  # the text is only for someone who reads debug
+    if logger.isEnabledFor(log.DEBUG):  # the text is only for someone who reads debug
         logger.debug("job %s: resources from %s in %.3f s: %s", job.key, found.source,
                      found.seconds,
                      v1format.serialize(found.resources).decode("utf-8", "backslashreplace"))
@@ -76,7 +75,7 @@ def _resources(job: execd.JobRef, cfg: Config, logger: logging.Logger) -> lookup
 
 
 def _story(job: execd.JobRef, found: lookup.Found, node: NodeResources | None, path: Path,
-           logger: logging.Logger) -> None:
+           logger: log.Logger) -> None:
     """Journal what the job was granted on this node and where geco read it."""
     rs, source, took = found
     here = node.slots if node is not None else 0
@@ -105,7 +104,7 @@ def _story(job: execd.JobRef, found: lookup.Found, node: NodeResources | None, p
                 extra=log.job_fields(job.job_id, job.task_id, "resources-read", **extra))
 
 
-def _cores_before(job: execd.JobRef, backend: cgroup.Backend, logger: logging.Logger) -> None:
+def _cores_before(job: execd.JobRef, backend: cgroup.Backend, logger: log.Logger) -> None:
     """Debug: the cores geco may hand out and those other jobs hold, before choosing."""
     try:
         taken = {key: backend.read_limits(key).cpus for key in backend.job_keys()
@@ -117,7 +116,7 @@ def _cores_before(job: execd.JobRef, backend: cgroup.Backend, logger: logging.Lo
         logger.debug("job %s: cannot list the cores in use: %s", job.key, exc)
 
 
-def _body(cfg: Config, logger: logging.Logger) -> Exit:
+def _body(cfg: Config, logger: log.Logger) -> Exit:
     job = execd.job_from_hook(sys.argv[1:], os.environ)
     if os.geteuid() != 0:
         raise GecoError("the prolog must run as root: configure it as root@<path> in the queue",

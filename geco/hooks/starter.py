@@ -24,7 +24,8 @@ Steps, in order:
    Grid Engine hands over the job script and leaves ``shell_start_mode`` to us
    (``SGE_STARTER_SHELL_START_MODE``, ``..._SHELL_PATH``, ``..._USE_LOGIN_SHELL``).
    The job's arguments are passed on untouched. A contained job's start is
-   journaled (``GECO_EVENT=job-started``: its cores and the program run).
+   journaled (``GECO_EVENT=job-started``: its cores, the program run, and
+   ``SINCE_EXEC_SEC``, the starter's time from its exec to the job's).
 
 The starter is on every job's critical path: it imports nothing it does not
 need, and it reads the job's resource file (for its trace level) only when
@@ -33,13 +34,12 @@ the job's trace file exists (:func:`geco.hooks.run`).
 
 from __future__ import annotations
 
-import logging
 import os
 import pwd
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from geco import cgroup, log, procfs
 from geco.config import Config
@@ -55,8 +55,7 @@ _FOR_THE_STARTER = ("SGE_STARTER_SHELL_PATH", "SGE_STARTER_SHELL_START_MODE",
                     "SGE_STARTER_USE_LOGIN_SHELL")
 
 
-@dataclass(frozen=True, slots=True)
-class Launch:
+class Launch(NamedTuple):
     """What Grid Engine says about how it would start the job itself, without a starter.
 
     Attributes
@@ -151,7 +150,7 @@ def _facts(limits: cgroup.Limits, ncpus: int) -> dict[str, str]:
 
 
 def _ask_gecod(cfg: Config, job: execd.JobRef, backend: cgroup.Backend,
-               logger: logging.Logger) -> str:
+               logger: log.Logger) -> str:
     """Have gecod move this process into the job's cgroups; return "" or why it did not."""
     # imported only on this rare path: the protocol and socket code are not needed by a
     # starter that is already contained, which is every job on a node with the preload
@@ -175,7 +174,7 @@ def _ask_gecod(cfg: Config, job: execd.JobRef, backend: cgroup.Backend,
     return why
 
 
-def _body(cfg: Config, logger: logging.Logger) -> Exit:
+def _body(cfg: Config, logger: log.Logger) -> Exit:
     argv = sys.argv[1:]
     if not argv:
         print("geco: the starter_method got no job to start", file=sys.stderr)
@@ -216,7 +215,10 @@ def _body(cfg: Config, logger: logging.Logger) -> Exit:
                     f" under {program}" if shell else "",
                     extra=log.job_fields(job.job_id, job.task_id, "job-started",
                                          CPUS=env["GECO_CPUS"], COMMAND=argv[0],
-                                         SHELL=program if shell else None))
+                                         SHELL=program if shell else None,
+                                         # the starter's own figure: it never gets to
+                                         # journal starter-done, the job replaces it
+                                         SINCE_EXEC_SEC=f"{procfs.seconds_since_start():.3f}"))
     try:
         os.execvpe(program, args, env)
     except OSError as exc:

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from geco import procfs
 from geco.errors import GecoError
@@ -29,8 +29,7 @@ __all__ = ["JobRef", "find_shepherd", "find_spool_dir", "is_job_shepherd", "job_
            "parse_key_values", "read_config"]
 
 
-@dataclass(frozen=True, slots=True)
-class JobRef:
+class JobRef(NamedTuple):
     """One task of one job, as a hook sees it."""
 
     job_id: int

@@ -23,7 +23,6 @@ that is a race or a bogus request, not a reason to guess.
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import NamedTuple
 
@@ -32,7 +31,6 @@ from geco.config import Config
 from geco.errors import GecoError, QstatError, TaskNotRunning
 from geco.resourceset import NodeResources, ResourceSet
 from geco.sge import execd, resourcefile
-from geco.sge.pe_hostfile import parse_pe_hostfile
 
 __all__ = ["Found", "find", "from_spool"]
 
@@ -55,6 +53,8 @@ def from_spool(job: execd.JobRef) -> ResourceSet:
     """
     if job.spool_dir is None or job.pe_hostfile is None:
         raise GecoError("the job's execd spool dir is not known", job=job.key)
+    from geco.sge.pe_hostfile import parse_pe_hostfile  # only when qstat cannot answer
+
     conf = execd.read_config(job.spool_dir)
     try:
         hostfile = job.pe_hostfile.read_bytes()
@@ -84,7 +84,7 @@ class Found(NamedTuple):
     seconds: float
 
 
-def find(job: execd.JobRef, cfg: Config, logger: logging.Logger | None = None) -> Found:
+def find(job: execd.JobRef, cfg: Config, logger: log.Logger | None = None) -> Found:
     """Return the job's resource set: the resource file, else qstat (then saved), else (when
     the site allows it) the node's spool; and which of them it came from.
 

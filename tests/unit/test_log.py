@@ -5,10 +5,17 @@ from __future__ import annotations
 import io
 import logging
 import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from geco import log
+from tests.conftest import RecordingHandler  # not "conftest": others exist
+
+REPO = Path(__file__).resolve().parents[2]
 
 LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d{4} "
                   r"\[(\d+)\|(ERROR|WARN |INFO |DEBUG)\]: ")
@@ -62,3 +69,63 @@ def test_the_native_journal_entry_carries_newlines_safely() -> None:
     entry = log._native_entry({"MESSAGE": "a\nJOB_ID=666", "JOB_ID": "42"})
     assert entry == (b"MESSAGE\n" + (12).to_bytes(8, "little") + b"a\nJOB_ID=666\n"
                      b"JOB_ID=42\n")
+
+
+# A hook's logging, in a process of its own as Grid Engine starts one: python -I -S,
+# the checkout first on sys.path, records to stderr and to a journal socket of the test's.
+HOOK_LOGGING = r"""
+import sys
+sys.path.insert(0, sys.argv[1])
+from geco import log
+log._JOURNAL_SOCKET = sys.argv[2]
+logger = log.setup_hook("warn", identifier="geco-prolog")
+log.get("prolog").info("only to the journal")
+log.get("prolog").warning("job %s.%s: %s", 42, 1, "slow qmaster",
+                          extra=log.job_fields(42, 1, "qstat-retried", TRIES=2))
+log.close()
+print(sorted(m for m in ("logging", "socket", "dataclasses") if m in sys.modules))
+"""
+
+
+def test_a_hook_logs_to_stderr_and_the_journal_without_the_standard_librarys_logging(
+        tmp_path: Path) -> None:
+    """Given a hook's logging at level warn, then a warning is one seed line on stderr and
+    one journal entry with the job's fields, priority and identifier; an info record reaches
+    the journal only; and neither logging nor socket was imported (a hook's start-up)."""
+    sock_path = str(tmp_path / "journal.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as journal:
+        journal.bind(sock_path)
+        journal.settimeout(10)
+        out = subprocess.run([sys.executable, "-I", "-S", "-c", HOOK_LOGGING, str(REPO),
+                              sock_path], capture_output=True, text=True, timeout=60)
+        entries = [journal.recv(65536).decode().splitlines() for _ in range(2)]
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+    [line] = out.stderr.splitlines()
+    assert LINE.match(line) and line.endswith("]: job 42.1: slow qmaster"), line
+    info, warning = (dict(f.split("=", 1) for f in e) for e in entries)
+    assert (info["MESSAGE"], info["PRIORITY"]) == ("only to the journal", "6")
+    assert {k: warning[k] for k in ("MESSAGE", "PRIORITY", "SYSLOG_IDENTIFIER", "JOB_ID",
+                                    "SGE_TASK_ID", "GECO_EVENT", "TRIES", "CODE_LINE")} == {
+        "MESSAGE": "job 42.1: slow qmaster", "PRIORITY": "4",
+        "SYSLOG_IDENTIFIER": "geco-prolog", "JOB_ID": "42", "SGE_TASK_ID": "1",
+        "GECO_EVENT": "qstat-retried", "TRIES": "2", "CODE_LINE": "8"}
+    assert warning["CODE_FILE"] == "<string>"
+
+
+def test_records_of_a_hook_reach_a_standard_library_handler_only_when_one_listens(
+        restored_geco_logger: logging.Logger, capsys: pytest.CaptureFixture[str]) -> None:
+    """Given a hook's logging, when a handler is on the stdlib ``geco`` logger (a job's
+    trace, a test), then it gets the records too, with their fields; none before."""
+    log.setup_hook("quiet")
+    try:
+        log.get("x").warning("before")
+        records = RecordingHandler()
+        restored_geco_logger.addHandler(records)
+        restored_geco_logger.setLevel(logging.DEBUG)
+        log.get("x").debug("after %d", 1, extra=log.job_fields(7, 1, "e"))
+    finally:
+        log.close()
+    assert [(r.name, r.getMessage(), r.geco_fields) for r in records.records] == [  # type: ignore[attr-defined]
+        ("geco.x", "after 1", {"JOB_ID": "7", "SGE_TASK_ID": "1", "GECO_EVENT": "e"})]
+    assert capsys.readouterr().err == ""

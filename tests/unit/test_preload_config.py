@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import subprocess
 import sys
@@ -41,7 +40,7 @@ def test_settings_are_rendered_in_the_preloads_units_and_forms() -> None:
     """Given a service name, fractional seconds and several filters, then the socket is
     gecod's privileged one for that port (the preload must not call NSS inside sshd; no
     user can connect there), times are ms and the filters comma-separated."""
-    cfg = dataclasses.replace(config.Config(), gecod_socket="service:http-alt",
+    cfg = config.Config()._replace(gecod_socket="service:http-alt",
                               gecod_request_timeout=2.5, gecod_max_skew=0.25,
                               gecod_unreachable_policy="allow",
                               gecod_exec_filter=("sge_shepherd", "geco-shepherd"),
@@ -76,7 +75,7 @@ def test_settings_are_rendered_in_the_preloads_units_and_forms() -> None:
 ])
 def test_a_value_the_preload_could_not_read_is_refused_by_name(change: dict[str, object],
                                                                 text: str) -> None:
-    cfg = dataclasses.replace(config.Config(), **change)  # type: ignore[arg-type]
+    cfg = config.Config()._replace(**change)  # type: ignore[arg-type]
     with pytest.raises(ConfigError) as info:
         preload_config.render(cfg)
     assert str(info.value).startswith(text)

@@ -230,8 +230,8 @@ class Node:
 
 @pytest.fixture
 def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Node:
-    cfg = dataclasses.replace(
-        Config(), state_dir=tmp_path / "state", execd_spool_dir=tmp_path / "spool",
+    cfg = Config()._replace(
+        state_dir=tmp_path / "state", execd_spool_dir=tmp_path / "spool",
         trace_dir=tmp_path / "trace", gecod_reaper_interval=300.0,
         gecod_walltime_grace=600.0)
     (tmp_path / "spool" / HOST / "active_jobs").mkdir(parents=True)
@@ -433,7 +433,7 @@ def test_given_a_job_back_in_the_spool_by_the_time_qstat_answered_then_it_is_lef
 
 def test_given_the_spool_root_missing_then_a_warning_says_so_and_qstat_decides(
         node: Node, records: list[logging.LogRecord]) -> None:
-    node.cfg = dataclasses.replace(node.cfg, execd_spool_dir=node.cfg.state_dir / "nope")
+    node.cfg = node.cfg._replace(execd_spool_dir=node.cfg.state_dir / "nope")
     node.reaper.reconfigure(node.cfg)
     node.backend.add("16.1")
 
@@ -546,7 +546,7 @@ def test_given_a_job_past_h_rt_plus_grace_then_all_but_the_shepherd_are_killed_a
     with processes 100 (its shepherd) and 101, 102, when a round runs, then kill_except
     spares what is_job_shepherd keeps, 2 are killed, and walltime-kill is journaled at
     warning with KILLED, H_RT, RUNNING_FOR."""
-    node.reaper.reconfigure(dataclasses.replace(node.cfg, gecod_walltime_grace=1.0))
+    node.reaper.reconfigure(node.cfg._replace(gecod_walltime_grace=1.0))
     monkeypatch.setattr(execd, "is_job_shepherd", lambda pid: pid == 100)
     node.backend.add("21.1", pids=(100, 101, 102))
     node.spool("21.1", config_age=700)
@@ -580,7 +580,7 @@ def test_given_a_job_past_h_rt_plus_grace_then_all_but_the_shepherd_are_killed_a
 ], ids=["no-h_rt", "within-h_rt", "within-grace", "backstop-off"])
 def test_given_a_job_within_its_walltime_or_the_backstop_off_then_nothing_is_killed(
         node: Node, h_rt: float, config_age: float, backstop: bool) -> None:
-    node.reaper.reconfigure(dataclasses.replace(node.cfg, gecod_walltime_backstop=backstop))
+    node.reaper.reconfigure(node.cfg._replace(gecod_walltime_backstop=backstop))
     node.backend.add("22.1", pids=(101,))
     node.spool("22.1", config_age=config_age)
     node.resources("22.1", runtime_limit=h_rt)
@@ -702,16 +702,16 @@ def test_start_arms_a_first_round_soon_and_then_one_every_interval(node: Node) -
 
 
 def test_an_interval_shorter_than_the_first_delay_is_the_only_timer(node: Node) -> None:
-    node.reaper.reconfigure(dataclasses.replace(node.cfg, gecod_reaper_interval=1.0))
+    node.reaper.reconfigure(node.cfg._replace(gecod_reaper_interval=1.0))
     node.reaper.start()
     assert node.loop.live() == [(1.0, 1.0)]
 
 
 def test_a_new_interval_from_sighup_re_arms_the_timer_and_close_stops_it(node: Node) -> None:
     node.reaper.start()
-    node.reaper.reconfigure(dataclasses.replace(node.cfg, gecod_reaper_interval=60.0))
+    node.reaper.reconfigure(node.cfg._replace(gecod_reaper_interval=60.0))
     assert node.loop.live() == [(reaper.FIRST_ROUND_DELAY, None), (60.0, 60.0)]
-    node.reaper.reconfigure(dataclasses.replace(node.reaper.cfg, gecod_walltime_grace=5.0))
+    node.reaper.reconfigure(node.reaper.cfg._replace(gecod_walltime_grace=5.0))
     assert len(node.loop.timers) == 3  # nothing re-armed for another setting
     node.reaper.close()
     assert node.loop.live() == []

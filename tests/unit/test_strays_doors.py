@@ -7,7 +7,6 @@ atd looks like from inside a real job is in tests/integration/test_strays_live.p
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from pathlib import Path
 
@@ -87,7 +86,7 @@ def test_an_allow_file_of_exempt_users_only_closes_the_door(node: dict[str, Path
 
 def test_stray_killing_off_is_an_open_door(node: dict[str, Path]) -> None:
     """Given [strays] kill = false, when the doors are looked at, then that is a door."""
-    found = lines(dataclasses.replace(Config(), strays_kill=False), node)
+    found = lines(Config()._replace(strays_kill=False), node)
 
     assert found["strays"] == (True, "stray killing: off ([strays] kill = false): what a job "
                                      "leaves through these doors outlives it")

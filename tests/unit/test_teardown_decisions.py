@@ -120,7 +120,7 @@ def qmod(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def cfg(tmp_path: Path, **changes: Any) -> Config:
-    return dataclasses.replace(Config(), **{"state_dir": tmp_path / "state", "kill_timeout": 2.0,
+    return Config()._replace(**{"state_dir": tmp_path / "state", "kill_timeout": 2.0,
                                             "qstat_timeout": 5.0, **changes})
 
 

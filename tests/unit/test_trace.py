@@ -366,10 +366,10 @@ def test_for_job_restores_the_logger_when_the_block_raises(cfg: Config) -> None:
 def test_a_backlog_replays_what_was_logged_before_the_level_was_known(cfg: Config) -> None:
     """Given records kept before the job's resources were read (the prolog's qstat), then
     the trace starts with those at the job's level, in order."""
-    backlog = trace.Backlog()
-    logging.getLogger("geco").addHandler(backlog)
+    backlog = log.Backlog()
+    log.collect(backlog)
     say_all()
-    logging.getLogger("geco").removeHandler(backlog)
+    log.collect(None)
     with trace.for_job(cfg, job(2), backlog=backlog) as path:
         log.get("x").warning("after")
     assert path is not None
@@ -378,12 +378,14 @@ def test_a_backlog_replays_what_was_logged_before_the_level_was_known(cfg: Confi
 
 
 def test_a_backlog_keeps_only_the_last_records() -> None:
-    backlog = trace.Backlog(maxlen=2)
-    logging.getLogger("geco").addHandler(backlog)
+    backlog = log.Backlog(maxlen=2)
+    log.collect(backlog)
     for n in range(5):
         log.get("x").info("record %d", n)
-    logging.getLogger("geco").removeHandler(backlog)
-    assert [r.getMessage() for r in backlog.records] == ["record 3", "record 4"]
+    log.collect(None)
+    handler = RecordingHandler()
+    backlog.replay(handler)
+    assert [r.getMessage() for r in handler.records] == ["record 3", "record 4"]
 
 
 # ---------------------------------------------------------------------------
@@ -602,7 +604,8 @@ def test_a_body_attaches_the_trace_once_it_knows_the_job(site: Config) -> None:
                      "is not theirs alone; its trace file is readable by root only",
                      "contain failed"]
     assert hooks.attach_trace(site, job(4)) is None
-    assert not any(isinstance(h, (trace.Backlog, trace._TraceFile))
+    assert log._backlog is None  # the hook keeps no records after it ends
+    assert not any(isinstance(h, trace._TraceFile)
                    for h in logging.getLogger("geco").handlers)
 
 

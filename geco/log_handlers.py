@@ -1,0 +1,152 @@
+"""The standard library's handlers for geco's records: gecod, the CLI, tests.
+
+:mod:`geco.log` decides where records go; in every process but a hook they go
+to the standard library's ``geco`` logger, set up here the same way a hook
+writes them itself: seed lines on a stream, entries in journald
+(:func:`geco.log.seed_line`, :func:`geco.log.journal_fields` and
+:class:`geco.log.Journal` are shared). gecod goes further
+(:func:`in_background`): its records are handed to a thread of their own
+through a bounded queue, so a stalled stderr or trace file cannot block its
+event loop either.
+"""
+
+from __future__ import annotations
+
+import logging
+import logging.handlers
+import os
+import queue
+import sys
+from typing import IO
+
+from geco.log import (
+    DEBUG,
+    ERROR,
+    FIELDS_ATTR,
+    INFO,
+    LEVELS,
+    Journal,
+    _count_drop,
+    journal_fields,
+    seed_line,
+)
+
+__all__ = ["JournalHandler", "SeedFormatter", "in_background", "setup", "stop_background"]
+
+# Records gecod's logging thread may have waiting before new ones are dropped.
+_BACKGROUND_QUEUE = 10_000
+
+
+class SeedFormatter(logging.Formatter):
+    """``<ISO time with offset> [<pid>|<LEVEL>]: <message>``, as the original printed."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = seed_line(record.created, record.process or os.getpid(), record.levelno,
+                         record.getMessage(), record.filename, record.lineno)
+        if record.exc_info and record.levelno <= DEBUG:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+class JournalHandler(logging.Handler):
+    """Send each record to journald with geco's structured fields (one datagram each)."""
+
+    def __init__(self, identifier: str, socket_path: str) -> None:
+        super().__init__()
+        self.identifier = identifier
+        self.journal = Journal(socket_path)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.journal.send(journal_fields(
+                record.getMessage(), record.levelno, self.identifier, record.pathname,
+                record.lineno, record.funcName, getattr(record, FIELDS_ATTR, {})))
+        except OSError:
+            # journald gone: the stream handler still has the line
+            self.handleError(record)
+
+    def close(self) -> None:
+        self.journal.close()
+        super().close()
+
+
+def setup(level: str = "error", *, identifier: str = "geco",
+          stream: IO[str] | None = None, journal: bool = True) -> logging.Logger:
+    """Configure the ``geco`` logger tree once per process and return it.
+
+    Parameters
+    ----------
+    level: stderr verbosity: quiet, error, warn, info or debug.
+    identifier: ``SYSLOG_IDENTIFIER`` in the journal (``gecod``, ...).
+    stream: where lines go (default stderr).
+    journal: also send info and above to journald when its socket exists.
+    """
+    root = logging.getLogger("geco")
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+        handler.close()
+    root.setLevel(logging.DEBUG)
+    root.propagate = False
+    out = logging.StreamHandler(stream or sys.stderr)
+    out.setLevel(LEVELS.get(level.lower(), ERROR))
+    out.setFormatter(SeedFormatter())
+    root.addHandler(out)
+    # looked up through geco.log at call time: tests point it elsewhere
+    from geco import log
+
+    sock = log.journal_socket() if journal else None
+    if sock is not None:
+        jh = JournalHandler(identifier, sock)
+        jh.setLevel(min(INFO, out.level))
+        root.addHandler(jh)
+    # a journal hiccup must never print a traceback into a user's job output
+    logging.raiseExceptions = False
+    return root
+
+
+class _DroppingQueueHandler(logging.handlers.QueueHandler):
+    """Hands records to the logging thread; drops (and counts) them when its queue is full."""
+
+    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+        # the message is resolved here (its arguments may change later); the record
+        # keeps its fields and exception for the handlers behind the queue
+        record.msg = record.getMessage()
+        record.args = None
+        return record
+
+    def enqueue(self, record: logging.LogRecord) -> None:
+        try:
+            self.queue.put_nowait(record)
+        except queue.Full:
+            _count_drop()
+
+
+_listener: logging.handlers.QueueListener | None = None
+
+
+def in_background(logger: logging.Logger | None = None) -> None:
+    """Move ``logger``'s handlers (default: geco's) behind a bounded queue and a thread.
+
+    Called again (after :func:`setup` on SIGHUP), it stops the old thread first,
+    writing out what it still holds.
+    """
+    global _listener
+    logger = logger or logging.getLogger("geco")
+    stop_background()
+    handlers = [h for h in logger.handlers if not isinstance(h, _DroppingQueueHandler)]
+    for handler in list(logger.handlers):
+        logger.removeHandler(handler)
+    records: queue.Queue[logging.LogRecord] = queue.Queue(_BACKGROUND_QUEUE)
+    logger.addHandler(_DroppingQueueHandler(records))
+    _listener = logging.handlers.QueueListener(records, *handlers, respect_handler_level=True)
+    _listener.start()
+
+
+def stop_background() -> None:
+    """Write out what the logging thread holds and stop it (gecod's exit)."""
+    global _listener
+    if _listener is not None:
+        _listener.stop()
+        for handler in _listener.handlers:
+            handler.close()
+        _listener = None
