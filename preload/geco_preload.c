@@ -38,7 +38,8 @@
  * Rules this file keeps (DESIGN.md section 6, rule 4):
  *   - all setup happens once, in the constructor (pthread_once as the
  *     fallback when an exec comes first): dlsym(RTLD_NEXT) for every real
- *     function, the config, the key, the filter basenames;
+ *     function, the config, the key, the filter basenames (geco_config.c
+ *     reads the last three);
  *   - the path taken by a non-matching exec is a basename scan and a few
  *     strcmp()s: no malloc, no stdio, no locks, no syscalls (fexecve: one
  *     readlink), the caller's errno restored, argv/envp passed on as the same
@@ -65,7 +66,6 @@
 
 #include <dlfcn.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -73,13 +73,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
-#include <sodium.h>
-
 #include "geco_client.h"
+#include "geco_config.h"
+#include "geco_log.h"
 #include "geco_proto.h"
 
 #define GECO_EXPORT __attribute__((visibility("default")))
@@ -88,15 +87,6 @@
    unavailable, try again later" is what a missing quarantine is. */
 #define GECO_REFUSE_ERRNO EAGAIN
 #define GECO_REFUSE_ERRNO_NAME "EAGAIN"
-
-#define DEFAULT_CONF "/etc/geco/preload.conf"
-#define DEFAULT_SOCKET "path:/run/geco/gecod.sock"
-#define DEFAULT_KEY_FILE "/etc/geco/quarantine.key"
-#define DEFAULT_FILTER "sge_shepherd"
-#define DEFAULT_TIMEOUT_MS 10000
-#define DEFAULT_MAX_SKEW_MS 30000
-#define MAX_FILTERS 16
-#define CONF_MAX 4096
 
 /* ------------------------------------------------------------------------- */
 /* the real functions: one typedef and one pointer each                      */
@@ -120,27 +110,12 @@ static fexecve_fn real_fexecve;
 /* state: written once under pthread_once, read-only afterwards              */
 /* ------------------------------------------------------------------------- */
 
-enum log_to { LOG_STDERR, LOG_SYSLOG, LOG_NONE };
+static geco_config_t cfg; /* geco_config.c fills it */
 
 static struct {
-    int active;           /* 1: quarantine matching execs; 0: inert, pass through */
-    int policy_allow;     /* 1: run anyway when quarantine fails */
-    int log_to;           /* enum log_to */
-    int timeout_ms;
-    int64_t max_skew_ns;
-    geco_address_t addr;
-    char socket_text[256];
-    unsigned nfilters;
-    char filters[MAX_FILTERS][NAME_MAX + 1];
-    char inert_reason[512];
-} cfg;
-
-/* The key gets a page of its own: sodium_mlock() keeps it out of swap and out
-   of core dumps (MADV_DONTDUMP), both of which act on whole pages. */
-static union {
-    uint8_t key[GECO_KEY_BYTES];
-    uint8_t page[4096];
-} secret __attribute__((aligned(4096)));
+    int active;             /* 1: quarantine matching execs; 0: inert, pass through */
+    char inert_reason[512]; /* why inert: said at a matching exec */
+} state;
 
 static pthread_once_t geco_once = PTHREAD_ONCE_INIT;
 
@@ -149,42 +124,8 @@ static pthread_once_t geco_once = PTHREAD_ONCE_INIT;
 static __thread int geco_busy __attribute__((tls_model("initial-exec")));
 
 /* ------------------------------------------------------------------------- */
-/* messages: built on the stack, written with one write()/sendto()           */
+/* messages: built on the stack (geco_log.h), written with one write()     */
 /* ------------------------------------------------------------------------- */
-
-typedef struct {
-    char *buf;
-    size_t cap, len; /* always leaves room for a final '\n' */
-} line_t;
-
-static void put(line_t *l, const char *s)
-{
-    while (s != NULL && *s != '\0' && l->len + 2 < l->cap)
-        l->buf[l->len++] = *s++;
-}
-
-static void put_u64(line_t *l, uint64_t v)
-{
-    char digits[21];
-    int n = 0;
-    do
-        digits[n++] = (char)('0' + v % 10);
-    while ((v /= 10) != 0);
-    while (n > 0 && l->len + 2 < l->cap)
-        l->buf[l->len++] = digits[--n];
-}
-
-static void put_errno(line_t *l, int err)
-{
-    /* strerrorname_np: a static string, no locale lookup, no allocation */
-    const char *name = strerrorname_np(err);
-    if (name != NULL) {
-        put(l, name);
-    } else {
-        put(l, "errno ");
-        put_u64(l, (uint64_t)err);
-    }
-}
 
 /* Write one message to the configured destination. severity: 3 error, 4 warning. */
 static void emit(int severity, const char *text, size_t len)
@@ -233,354 +174,32 @@ static void emit(int severity, const char *text, size_t len)
 /* setup (constructor): config, key, filters                                 */
 /* ------------------------------------------------------------------------- */
 
-static int is_space(char c)
-{
-    return c == ' ' || c == '\t' || c == '\r' || c == '\v' || c == '\f';
-}
-
-static char *trim(char *s, char *end)
-{
-    while (s < end && is_space(*s))
-        s++;
-    while (end > s && is_space(end[-1]))
-        end--;
-    *end = '\0';
-    return s;
-}
-
-static int set_filters(char *value, line_t *err)
-{
-    cfg.nfilters = 0;
-    char *p = value;
-    for (;;) {
-        char *comma = strchr(p, ',');
-        char *end = comma != NULL ? comma : p + strlen(p);
-        char *name = trim(p, end);
-        size_t n = strlen(name);
-        if (n == 0 || n > NAME_MAX || strchr(name, '/') != NULL) {
-            put(err, "exec_filter must be comma-separated program basenames (no '/', "
-                     "none empty), got '");
-            put(err, name);
-            put(err, "'");
-            return -1;
-        }
-        if (cfg.nfilters == MAX_FILTERS) {
-            put(err, "exec_filter names more than 16 programs");
-            return -1;
-        }
-        memcpy(cfg.filters[cfg.nfilters++], name, n + 1);
-        if (comma == NULL)
-            return 0;
-        p = comma + 1;
-    }
-}
-
-/* One `key=value` setting. Returns 0, 1 (unknown key: ignored) or -1 (err filled). */
-static int apply(const char *key, char *value, char *key_file, line_t *err)
-{
-    const char *why = NULL;
-    long v;
-    if (strcmp(key, "socket") == 0) {
-        if (strlen(value) >= sizeof cfg.socket_text
-            || geco_address_parse(value, &cfg.addr, &why) != 0) {
-            put(err, "socket '");
-            put(err, value);
-            put(err, "': ");
-            put(err, why != NULL ? why : "longer than 255 bytes");
-            return -1;
-        }
-        memcpy(cfg.socket_text, value, strlen(value) + 1);
-    } else if (strcmp(key, "key_file") == 0) {
-        if (value[0] != '/' || strlen(value) >= PATH_MAX) {
-            put(err, "key_file must be an absolute path, got '");
-            put(err, value);
-            put(err, "'");
-            return -1;
-        }
-        memcpy(key_file, value, strlen(value) + 1);
-    } else if (strcmp(key, "timeout_ms") == 0 || strcmp(key, "max_skew_ms") == 0) {
-        v = geco_parse_count(value, 3600000);
-        if (v < 0) {
-            put(err, key);
-            put(err, " must be a number of milliseconds in 1..3600000, got '");
-            put(err, value);
-            put(err, "'");
-            return -1;
-        }
-        if (key[0] == 't')
-            cfg.timeout_ms = (int)v;
-        else
-            cfg.max_skew_ns = (int64_t)v * 1000000;
-    } else if (strcmp(key, "policy") == 0) {
-        if (strcmp(value, "refuse") != 0 && strcmp(value, "allow") != 0) {
-            put(err, "policy must be refuse or allow, got '");
-            put(err, value);
-            put(err, "'");
-            return -1;
-        }
-        cfg.policy_allow = value[0] == 'a';
-    } else if (strcmp(key, "exec_filter") == 0) {
-        return set_filters(value, err);
-    } else if (strcmp(key, "log") == 0) {
-        if (strcmp(value, "stderr") == 0) {
-            cfg.log_to = LOG_STDERR;
-        } else if (strcmp(value, "syslog") == 0) {
-            cfg.log_to = LOG_SYSLOG;
-        } else if (strcmp(value, "none") == 0) {
-            cfg.log_to = LOG_NONE;
-        } else {
-            put(err, "log must be stderr, syslog or none, got '");
-            put(err, value);
-            put(err, "'");
-            return -1;
-        }
-    } else {
-        return 1;
-    }
-    return 0;
-}
-
-/* Parse the config text in place. Every line is applied even after an error,
-   so that a `log=` line further down still decides where the error goes; a
-   key given twice takes its last value. Unknown keys are ignored (a newer
-   `geco preload-config` must not switch an older preload off) and named in
-   `note`. Returns 0 or -1 (err names the first problem and its line). */
-static int parse_config(char *text, size_t len, char *key_file, line_t *err, line_t *note)
-{
-    char *p = text, *end = text + len;
-    unsigned lineno = 0, unknown = 0;
-    int rc = 0;
-
-    if (memchr(text, '\0', len) != NULL) {
-        put(err, "it contains a NUL byte");
-        return -1;
-    }
-    while (p < end) {
-        char *eol = memchr(p, '\n', (size_t)(end - p));
-        if (eol == NULL)
-            eol = end;
-        lineno++;
-        /* `#` starts a comment at the start of a line or after a blank, so a
-           socket path may still contain one */
-        for (char *c = p; c < eol; c++) {
-            if (*c == '#' && (c == p || is_space(c[-1]))) {
-                eol = c;
-                break;
-            }
-        }
-        char *next = memchr(p, '\n', (size_t)(end - p));
-        char *line = trim(p, eol);
-        if (*line != '\0') {
-            char *eq = strchr(line, '=');
-            line_t discard = {NULL, 0, 0}; /* only the first error is reported */
-            line_t *target = rc == 0 ? err : &discard;
-            if (eq == NULL) {
-                put(target, "line ");
-                put_u64(target, lineno);
-                put(target, ": expected key=value, got '");
-                put(target, line);
-                put(target, "'");
-                rc = -1;
-            } else {
-                char *key = trim(line, eq);
-                char *value = trim(eq + 1, eq + 1 + strlen(eq + 1));
-                size_t before = target->len;
-                put(target, "line ");
-                put_u64(target, lineno);
-                put(target, ": ");
-                int r = apply(key, value, key_file, target);
-                if (r < 0) {
-                    rc = -1;
-                } else {
-                    target->len = before;
-                    if (r > 0 && unknown++ == 0) {
-                        put(note, "ignored unknown key '");
-                        put(note, key);
-                        put(note, "' on line ");
-                        put_u64(note, lineno);
-                    }
-                }
-            }
-        }
-        p = next == NULL ? end : next + 1;
-    }
-    if (unknown > 1) {
-        put(note, " and ");
-        put_u64(note, unknown - 1);
-        put(note, " more unknown key(s)");
-    }
-    return rc;
-}
-
-/* Read a small file from fd into buf (at most cap bytes); returns the length or -1 (errno). */
-static ssize_t read_small(int fd, char *buf, size_t cap)
-{
-    size_t got = 0;
-    for (;;) {
-        ssize_t n = read(fd, buf + got, cap - got);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0)
-            return -1;
-        if (n == 0)
-            return (ssize_t)got;
-        got += (size_t)n;
-        if (got == cap)
-            return (ssize_t)got;
-    }
-}
-
-/* Read the 32-byte key; returns 0, 1 (unreadable for this unprivileged
-   process: an expected situation, said only at a matching exec) or -1. */
-static int load_key(const char *path, line_t *err)
-{
-    struct stat st;
-    char extra[GECO_KEY_BYTES + 1];
-    int rc = -1, fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
-    ssize_t n;
-
-    put(err, "key file ");
-    put(err, path);
-    if (fd < 0) {
-        int e = errno;
-        put(err, ": ");
-        put_errno(err, e);
-        if ((e == EACCES || e == EPERM) && geteuid() != 0) {
-            put(err, " (the preload reads it as root: load it into sge_execd started by root)");
-            rc = 1;
-        } else if (e == ENOENT) {
-            put(err, " (create it with: geco keygen)");
-        }
-        goto cleanup;
-    }
-    if (fstat(fd, &st) != 0) {
-        put(err, ": ");
-        put_errno(err, errno);
-        goto cleanup;
-    }
-    if (!S_ISREG(st.st_mode) || st.st_uid != 0 || (st.st_mode & 077) != 0) {
-        put(err, " must be a regular file owned by root with mode 0600 or 0400, got uid ");
-        put_u64(err, st.st_uid);
-        put(err, " mode 0");
-        char mode[4] = {(char)('0' + ((st.st_mode >> 6) & 7)), (char)('0' + ((st.st_mode >> 3) & 7)),
-                        (char)('0' + (st.st_mode & 7)), '\0'};
-        put(err, mode);
-        put(err, " (fix: chown root:root ");
-        put(err, path);
-        put(err, "; chmod 600 ");
-        put(err, path);
-        put(err, ")");
-        goto cleanup;
-    }
-    n = read_small(fd, extra, sizeof extra);
-    if (n != GECO_KEY_BYTES) {
-        put(err, " must hold exactly 32 bytes, got ");
-        if (n < 0)
-            put_errno(err, errno);
-        else
-            put_u64(err, (uint64_t)n == sizeof extra ? (uint64_t)st.st_size : (uint64_t)n);
-        put(err, " (regenerate it: geco keygen --force, then restart gecod and sge_execd)");
-        goto cleanup;
-    }
-    memcpy(secret.key, extra, GECO_KEY_BYTES);
-    /* best effort: RLIMIT_MEMLOCK may forbid it */
-    (void)sodium_mlock(secret.page, sizeof secret.page);
-    err->len = 0;
-    rc = 0;
-cleanup:
-    sodium_memzero(extra, sizeof extra);
-    if (fd >= 0)
-        close(fd);
-    return rc;
-}
-
+/* Load config and key (geco_config.c); when they are unusable, stay inert and
+   say so once, where the config's log= line (if it got that far) says. */
 static void load_config(void)
 {
-    static char text[CONF_MAX];
-    static char key_file[PATH_MAX];
     char errbuf[600], notebuf[300];
     line_t err = {errbuf, sizeof errbuf, 0}, note = {notebuf, sizeof notebuf, 0};
-    const char *path = DEFAULT_CONF, *env, *why = NULL;
-    struct stat st;
-    int fd, quiet = 0, r;
-    ssize_t len;
+    int r = geco_config_load(&cfg, &err, &note);
 
-    memcpy(cfg.socket_text, DEFAULT_SOCKET, sizeof DEFAULT_SOCKET);
-    (void)geco_address_parse(DEFAULT_SOCKET, &cfg.addr, &why);
-    memcpy(key_file, DEFAULT_KEY_FILE, sizeof DEFAULT_KEY_FILE);
-    cfg.timeout_ms = DEFAULT_TIMEOUT_MS;
-    cfg.max_skew_ns = (int64_t)DEFAULT_MAX_SKEW_MS * 1000000;
-    cfg.log_to = LOG_STDERR;
-    cfg.nfilters = 1;
-    memcpy(cfg.filters[0], DEFAULT_FILTER, sizeof DEFAULT_FILTER);
-
-    /* $GECO_PRELOAD_CONF (tests, an admin trying a config) only for a process
-       running with its own ids: a setuid/setgid program must not let its
-       caller choose where its exec policy comes from. */
-    env = secure_getenv("GECO_PRELOAD_CONF");
-    if (env != NULL && *env != '\0' && getuid() == geteuid() && getgid() == getegid())
-        path = env;
-
-    put(&err, "config ");
-    put(&err, path);
-    put(&err, ": ");
-    fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
-    if (fd < 0) {
-        int e = errno;
-        put_errno(&err, e);
-        if (e == ENOENT) {
-            /* not configured at all: nothing to say at load (every process
-               that inherits LD_PRELOAD would repeat it); a matching exec says it */
-            put(&err, " (write it with: geco preload-config)");
-            quiet = 1;
-        }
-        goto inert;
-    }
-    /* the policy decides whether jobs may run uncontained: only root may set it */
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != 0 || (st.st_mode & 022) != 0) {
-        put(&err, "must be a regular file owned by root and not writable by group or others");
-        close(fd);
-        goto inert;
-    }
-    len = read_small(fd, text, sizeof text);
-    close(fd);
-    if (len < 0) {
-        put_errno(&err, errno);
-        goto inert;
-    }
-    if ((size_t)len == sizeof text) {
-        put(&err, "larger than 4095 bytes");
-        goto inert;
-    }
-    if (parse_config(text, (size_t)len, key_file, &err, &note) != 0)
-        goto inert;
-    if (note.len > 0) {
-        put(&note, " (in ");
-        put(&note, path);
-        put(&note, ")");
+    if (note.len > 0)
         emit(4, note.buf, note.len);
+    if (r == 0) {
+        state.active = 1;
+        return;
     }
-    err.len = 0;
-    r = load_key(key_file, &err);
-    if (r != 0) {
-        quiet = r > 0;
-        goto inert;
-    }
-    cfg.active = 1;
-    return;
-
-inert:
-    cfg.active = 0;
-    memcpy(cfg.inert_reason, err.buf, err.len < sizeof cfg.inert_reason ? err.len
-                                                                       : sizeof cfg.inert_reason - 1);
-    if (!quiet) {
+    state.active = 0;
+    memcpy(state.inert_reason, err.buf, err.len < sizeof state.inert_reason
+                                            ? err.len : sizeof state.inert_reason - 1);
+    if (r < 0) {
         char buf[700];
         line_t l = {buf, sizeof buf, 0};
         put(&l, "preload inactive, every exec passes through unchecked: ");
-        put(&l, cfg.inert_reason);
+        put(&l, state.inert_reason);
         emit(3, l.buf, l.len);
     }
 }
+
 
 /* The programs the wrapper works in (see the top of this file). */
 static const char *const host_programs[] = {"sge_execd", "sshd", "sshd-session"};
@@ -628,8 +247,8 @@ static void geco_init(void)
         break;
     case -1:
         /* cannot tell: no key either, but a shepherd exec says why it is unchecked */
-        memcpy(cfg.inert_reason, why.buf,
-               why.len < sizeof cfg.inert_reason ? why.len : sizeof cfg.inert_reason - 1);
+        memcpy(state.inert_reason, why.buf,
+               why.len < sizeof state.inert_reason ? why.len : sizeof state.inert_reason - 1);
         cfg.log_to = LOG_STDERR;
         cfg.nfilters = 1;
         memcpy(cfg.filters[0], DEFAULT_FILTER, sizeof DEFAULT_FILTER);
@@ -637,7 +256,7 @@ static void geco_init(void)
     default:
         if (geco_proto_init() != 0) {
             static const char msg[] = "libsodium failed to initialise";
-            memcpy(cfg.inert_reason, msg, sizeof msg);
+            memcpy(state.inert_reason, msg, sizeof msg);
             cfg.log_to = LOG_STDERR;
             emit(3, msg, sizeof msg - 1);
         } else {
@@ -729,7 +348,7 @@ static int quarantine(const char *name)
         }
         return refuse_or_allow(&l);
     }
-    r = geco_client_job_started(&cfg.addr, secret.key, cfg.timeout_ms, cfg.max_skew_ns, job, task,
+    r = geco_client_job_started(&cfg.addr, cfg.secret.key, cfg.timeout_ms, cfg.max_skew_ns, job, task,
                                 pid, &out);
     if (r == GECO_CLIENT_OK)
         return 0;
@@ -798,14 +417,14 @@ static int geco_gate(const char *path)
         return 0; /* the fast path: everything but job starts */
 
     geco_busy = 1;
-    if (cfg.active) {
+    if (state.active) {
         rc = quarantine(name);
     } else {
         char buf[700];
         line_t l = {buf, sizeof buf, 0};
         put_job(&l, name, 0, 0, (uint32_t)getpid());
         put(&l, " starts without quarantine: preload inactive: ");
-        put(&l, cfg.inert_reason);
+        put(&l, state.inert_reason);
         emit(4, l.buf, l.len);
         rc = 0;
     }

@@ -1,0 +1,360 @@
+/*
+ * geco_config.c - read preload.conf and the quarantine key (see geco_config.h).
+ *
+ * The file format: one `key=value` per line; `#` starts a comment at the
+ * start of a line or after a blank; keys socket, key_file, timeout_ms,
+ * max_skew_ms, policy, exec_filter and log (geco/preload_config.py renders
+ * it). Runs once, in the constructor: no fork() between here and the exec.
+ */
+#define _GNU_SOURCE
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <sodium.h>
+
+#include "geco_client.h"
+#include "geco_config.h"
+#include "geco_log.h"
+#include "geco_proto.h"
+
+#define CONF_MAX 4096
+
+static int is_space(char c)
+{
+    return c == ' ' || c == '\t' || c == '\r' || c == '\v' || c == '\f';
+}
+
+static char *trim(char *s, char *end)
+{
+    while (s < end && is_space(*s))
+        s++;
+    while (end > s && is_space(end[-1]))
+        end--;
+    *end = '\0';
+    return s;
+}
+
+static int set_filters(geco_config_t *cfg, char *value, line_t *err)
+{
+    cfg->nfilters = 0;
+    char *p = value;
+    for (;;) {
+        char *comma = strchr(p, ',');
+        char *end = comma != NULL ? comma : p + strlen(p);
+        char *name = trim(p, end);
+        size_t n = strlen(name);
+        if (n == 0 || n > NAME_MAX || strchr(name, '/') != NULL) {
+            put(err, "exec_filter must be comma-separated program basenames (no '/', "
+                     "none empty), got '");
+            put(err, name);
+            put(err, "'");
+            return -1;
+        }
+        if (cfg->nfilters == MAX_FILTERS) {
+            put(err, "exec_filter names more than 16 programs");
+            return -1;
+        }
+        memcpy(cfg->filters[cfg->nfilters++], name, n + 1);
+        if (comma == NULL)
+            return 0;
+        p = comma + 1;
+    }
+}
+
+/* One `key=value` setting. Returns 0, 1 (unknown key: ignored) or -1 (err filled). */
+static int apply(geco_config_t *cfg, const char *key, char *value, char *key_file,
+                 line_t *err)
+{
+    const char *why = NULL;
+    long v;
+    if (strcmp(key, "socket") == 0) {
+        if (strlen(value) >= sizeof cfg->socket_text
+            || geco_address_parse(value, &cfg->addr, &why) != 0) {
+            put(err, "socket '");
+            put(err, value);
+            put(err, "': ");
+            put(err, why != NULL ? why : "longer than 255 bytes");
+            return -1;
+        }
+        memcpy(cfg->socket_text, value, strlen(value) + 1);
+    } else if (strcmp(key, "key_file") == 0) {
+        if (value[0] != '/' || strlen(value) >= PATH_MAX) {
+            put(err, "key_file must be an absolute path, got '");
+            put(err, value);
+            put(err, "'");
+            return -1;
+        }
+        memcpy(key_file, value, strlen(value) + 1);
+    } else if (strcmp(key, "timeout_ms") == 0 || strcmp(key, "max_skew_ms") == 0) {
+        v = geco_parse_count(value, 3600000);
+        if (v < 0) {
+            put(err, key);
+            put(err, " must be a number of milliseconds in 1..3600000, got '");
+            put(err, value);
+            put(err, "'");
+            return -1;
+        }
+        if (key[0] == 't')
+            cfg->timeout_ms = (int)v;
+        else
+            cfg->max_skew_ns = (int64_t)v * 1000000;
+    } else if (strcmp(key, "policy") == 0) {
+        if (strcmp(value, "refuse") != 0 && strcmp(value, "allow") != 0) {
+            put(err, "policy must be refuse or allow, got '");
+            put(err, value);
+            put(err, "'");
+            return -1;
+        }
+        cfg->policy_allow = value[0] == 'a';
+    } else if (strcmp(key, "exec_filter") == 0) {
+        return set_filters(cfg, value, err);
+    } else if (strcmp(key, "log") == 0) {
+        if (strcmp(value, "stderr") == 0) {
+            cfg->log_to = LOG_STDERR;
+        } else if (strcmp(value, "syslog") == 0) {
+            cfg->log_to = LOG_SYSLOG;
+        } else if (strcmp(value, "none") == 0) {
+            cfg->log_to = LOG_NONE;
+        } else {
+            put(err, "log must be stderr, syslog or none, got '");
+            put(err, value);
+            put(err, "'");
+            return -1;
+        }
+    } else {
+        return 1;
+    }
+    return 0;
+}
+
+/* Parse the config text in place. Every line is applied even after an error,
+   so that a `log=` line further down still decides where the error goes; a
+   key given twice takes its last value. Unknown keys are ignored (a newer
+   `geco preload-config` must not switch an older preload off) and named in
+   `note`. Returns 0 or -1 (err names the first problem and its line). */
+static int parse_config(geco_config_t *cfg, char *text, size_t len, char *key_file,
+                        line_t *err, line_t *note)
+{
+    char *p = text, *end = text + len;
+    unsigned lineno = 0, unknown = 0;
+    int rc = 0;
+
+    if (memchr(text, '\0', len) != NULL) {
+        put(err, "it contains a NUL byte");
+        return -1;
+    }
+    while (p < end) {
+        char *eol = memchr(p, '\n', (size_t)(end - p));
+        if (eol == NULL)
+            eol = end;
+        lineno++;
+        /* `#` starts a comment at the start of a line or after a blank, so a
+           socket path may still contain one */
+        for (char *c = p; c < eol; c++) {
+            if (*c == '#' && (c == p || is_space(c[-1]))) {
+                eol = c;
+                break;
+            }
+        }
+        char *next = memchr(p, '\n', (size_t)(end - p));
+        char *line = trim(p, eol);
+        if (*line != '\0') {
+            char *eq = strchr(line, '=');
+            line_t discard = {NULL, 0, 0}; /* only the first error is reported */
+            line_t *target = rc == 0 ? err : &discard;
+            if (eq == NULL) {
+                put(target, "line ");
+                put_u64(target, lineno);
+                put(target, ": expected key=value, got '");
+                put(target, line);
+                put(target, "'");
+                rc = -1;
+            } else {
+                char *key = trim(line, eq);
+                char *value = trim(eq + 1, eq + 1 + strlen(eq + 1));
+                size_t before = target->len;
+                put(target, "line ");
+                put_u64(target, lineno);
+                put(target, ": ");
+                int r = apply(cfg, key, value, key_file, target);
+                if (r < 0) {
+                    rc = -1;
+                } else {
+                    target->len = before;
+                    if (r > 0 && unknown++ == 0) {
+                        put(note, "ignored unknown key '");
+                        put(note, key);
+                        put(note, "' on line ");
+                        put_u64(note, lineno);
+                    }
+                }
+            }
+        }
+        p = next == NULL ? end : next + 1;
+    }
+    if (unknown > 1) {
+        put(note, " and ");
+        put_u64(note, unknown - 1);
+        put(note, " more unknown key(s)");
+    }
+    return rc;
+}
+
+/* Read a small file from fd into buf (at most cap bytes); returns the length or -1 (errno). */
+static ssize_t read_small(int fd, char *buf, size_t cap)
+{
+    size_t got = 0;
+    for (;;) {
+        ssize_t n = read(fd, buf + got, cap - got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return -1;
+        if (n == 0)
+            return (ssize_t)got;
+        got += (size_t)n;
+        if (got == cap)
+            return (ssize_t)got;
+    }
+}
+
+/* Read the 32-byte key; returns 0, 1 (unreadable for this unprivileged
+   process: an expected situation, said only at a matching exec) or -1. */
+static int load_key(geco_config_t *cfg, const char *path, line_t *err)
+{
+    struct stat st;
+    char extra[GECO_KEY_BYTES + 1];
+    int rc = -1, fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    ssize_t n;
+
+    put(err, "key file ");
+    put(err, path);
+    if (fd < 0) {
+        int e = errno;
+        put(err, ": ");
+        put_errno(err, e);
+        if ((e == EACCES || e == EPERM) && geteuid() != 0) {
+            put(err, " (the preload reads it as root: load it into sge_execd started by root)");
+            rc = 1;
+        } else if (e == ENOENT) {
+            put(err, " (create it with: geco keygen)");
+        }
+        goto cleanup;
+    }
+    if (fstat(fd, &st) != 0) {
+        put(err, ": ");
+        put_errno(err, errno);
+        goto cleanup;
+    }
+    if (!S_ISREG(st.st_mode) || st.st_uid != 0 || (st.st_mode & 077) != 0) {
+        put(err, " must be a regular file owned by root with mode 0600 or 0400, got uid ");
+        put_u64(err, st.st_uid);
+        put(err, " mode 0");
+        char mode[4] = {(char)('0' + ((st.st_mode >> 6) & 7)), (char)('0' + ((st.st_mode >> 3) & 7)),
+                        (char)('0' + (st.st_mode & 7)), '\0'};
+        put(err, mode);
+        put(err, " (fix: chown root:root ");
+        put(err, path);
+        put(err, "; chmod 600 ");
+        put(err, path);
+        put(err, ")");
+        goto cleanup;
+    }
+    n = read_small(fd, extra, sizeof extra);
+    if (n != GECO_KEY_BYTES) {
+        put(err, " must hold exactly 32 bytes, got ");
+        if (n < 0)
+            put_errno(err, errno);
+        else
+            put_u64(err, (uint64_t)n == sizeof extra ? (uint64_t)st.st_size : (uint64_t)n);
+        put(err, " (regenerate it: geco keygen --force, then restart gecod and sge_execd)");
+        goto cleanup;
+    }
+    memcpy(cfg->secret.key, extra, GECO_KEY_BYTES);
+    /* best effort: RLIMIT_MEMLOCK may forbid it */
+    (void)sodium_mlock(cfg->secret.page, sizeof cfg->secret.page);
+    err->len = 0;
+    rc = 0;
+cleanup:
+    sodium_memzero(extra, sizeof extra);
+    if (fd >= 0)
+        close(fd);
+    return rc;
+}
+
+int geco_config_load(geco_config_t *cfg, line_t *err, line_t *note)
+{
+    static char text[CONF_MAX];
+    static char key_file[PATH_MAX];
+    const char *path = DEFAULT_CONF, *env, *why = NULL;
+    struct stat st;
+    int fd, r;
+    ssize_t len;
+
+    memcpy(cfg->socket_text, DEFAULT_SOCKET, sizeof DEFAULT_SOCKET);
+    (void)geco_address_parse(DEFAULT_SOCKET, &cfg->addr, &why);
+    memcpy(key_file, DEFAULT_KEY_FILE, sizeof DEFAULT_KEY_FILE);
+    cfg->timeout_ms = DEFAULT_TIMEOUT_MS;
+    cfg->max_skew_ns = (int64_t)DEFAULT_MAX_SKEW_MS * 1000000;
+    cfg->log_to = LOG_STDERR;
+    cfg->nfilters = 1;
+    memcpy(cfg->filters[0], DEFAULT_FILTER, sizeof DEFAULT_FILTER);
+
+    /* $GECO_PRELOAD_CONF (tests, an admin trying a config) only for a process
+       running with its own ids: a setuid/setgid program must not let its
+       caller choose where its exec policy comes from. */
+    env = secure_getenv("GECO_PRELOAD_CONF");
+    if (env != NULL && *env != '\0' && getuid() == geteuid() && getgid() == getegid())
+        path = env;
+
+    put(err, "config ");
+    put(err, path);
+    put(err, ": ");
+    fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0) {
+        int e = errno;
+        put_errno(err, e);
+        if (e == ENOENT) {
+            /* not configured at all: nothing to say at load (every process
+               that inherits LD_PRELOAD would repeat it); a matching exec says it */
+            put(err, " (write it with: geco preload-config)");
+            return 1;
+        }
+        return -1;
+    }
+    /* the policy decides whether jobs may run uncontained: only root may set it */
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != 0 || (st.st_mode & 022) != 0) {
+        put(err, "must be a regular file owned by root and not writable by group or others");
+        close(fd);
+        return -1;
+    }
+    len = read_small(fd, text, sizeof text);
+    close(fd);
+    if (len < 0) {
+        put_errno(err, errno);
+        return -1;
+    }
+    if ((size_t)len == sizeof text) {
+        put(err, "larger than 4095 bytes");
+        return -1;
+    }
+    if (parse_config(cfg, text, (size_t)len, key_file, err, note) != 0) {
+        note->len = 0; /* the error is what counts */
+        return -1;
+    }
+    if (note->len > 0) {
+        put(note, " (in ");
+        put(note, path);
+        put(note, ")");
+    }
+    err->len = 0;
+    r = load_key(cfg, key_file, err);
+    return r > 0 ? 1 : r;
+}

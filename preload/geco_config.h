@@ -1,0 +1,57 @@
+/*
+ * geco_config.h - the preload's configuration: /etc/geco/preload.conf (rendered
+ * by `geco preload-config`) and the quarantine key it names.
+ *
+ * Loaded once, in the library's constructor (geco_address_parse() may consult
+ * NSS, see geco_client.h); read-only afterwards, so the exec path -- in
+ * sge_execd's child between fork() and exec() -- only reads it.
+ */
+#ifndef GECO_CONFIG_H
+#define GECO_CONFIG_H
+
+#include <limits.h>
+#include <stdint.h>
+
+#include "geco_client.h"
+#include "geco_log.h"
+#include "geco_proto.h"
+
+#define DEFAULT_CONF "/etc/geco/preload.conf"
+#define DEFAULT_SOCKET "path:/run/geco/gecod.sock"
+#define DEFAULT_KEY_FILE "/etc/geco/quarantine.key"
+#define DEFAULT_FILTER "sge_shepherd"
+#define DEFAULT_TIMEOUT_MS 10000
+#define DEFAULT_MAX_SKEW_MS 30000
+#define MAX_FILTERS 16
+
+enum log_to { LOG_STDERR, LOG_SYSLOG, LOG_NONE };
+
+typedef struct {
+    int policy_allow;                        /* 1: run anyway when quarantine fails (policy=allow) */
+    int log_to;                              /* enum log_to: where messages go (log=) */
+    int timeout_ms;                          /* deadline of one quarantine request (timeout_ms=) */
+    int64_t max_skew_ns;                     /* accepted clock skew of an ack (max_skew_ms=) */
+    geco_address_t addr;                     /* gecod's address, resolved (socket=) */
+    char socket_text[256];                   /* the same address as written, for messages */
+    unsigned nfilters;                       /* how many of filters[] are set */
+    char filters[MAX_FILTERS][NAME_MAX + 1]; /* program basenames to quarantine (exec_filter=) */
+    /* The key gets a page of its own: sodium_mlock() keeps it out of swap and out
+       of core dumps (MADV_DONTDUMP), both of which act on whole pages. */
+    union {
+        uint8_t key[GECO_KEY_BYTES];         /* the 32-byte MAC key (from key_file=) */
+        uint8_t page[4096];
+    } secret __attribute__((aligned(4096)));
+} geco_config_t;
+
+/*
+ * Fill *cfg with the defaults, then with the config file ($GECO_PRELOAD_CONF
+ * for a process running with its own ids, else DEFAULT_CONF) and the key it
+ * names. geco_proto_init() must have succeeded.
+ * Returns 0 (loaded: quarantine matching execs), 1 (not usable, expectedly:
+ * say so only at a matching exec) or -1 (not usable: say so at load); err
+ * says why. `note` names ignored unknown keys even then: log it as a warning
+ * before err.
+ */
+int geco_config_load(geco_config_t *cfg, line_t *err, line_t *note);
+
+#endif /* GECO_CONFIG_H */
