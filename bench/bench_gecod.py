@@ -9,16 +9,19 @@ own directory under /tmp, a fresh key, the cgroup parent ``geco-test-bench-<pid>
 (cgroup v1 or v2, as this machine has them) and one spooled 2-slot job with a
 resource file, so no qstat is involved. Then:
 
-* **round trip**: client *processes* whose cwd is a PE task dir of the job (as
-  the shepherds of ``qrsh -inherit`` tasks: gecod ends a job when its master
-  shepherd exits, and a client in the job's own dir would be taken for it) send
-  JOB_STARTED for their own pid (the preload's request, on gecod's privileged
-  socket as the preload does) and wait for the ACK,
-  ``--requests`` times each, with 1 and with 64 clients at once. The first
-  request of a client moves it into the job's cgroups; later ones find it there
-  and move it again (the same kernel writes). Time = connect to verified ACK,
-  measured in the client. gecod journals every success, as in production,
-  when journald runs.
+* **round trip**: ``preload/geco_qbench`` (built here from the preload's own
+  client code: the C call the preload makes) forks client *processes* whose cwd
+  is a PE task dir of the job (as the shepherds of ``qrsh -inherit`` tasks:
+  gecod ends a job when its master shepherd exits, and a client in the job's
+  own dir would be taken for it); each sends JOB_STARTED for its own pid on
+  gecod's privileged socket and waits for the verified ACK, ``--requests``
+  times, with 1 and with 64 clients at once. The first request of a client
+  moves it into the job's cgroups; later ones find it there and move it again
+  (the same kernel writes). Time = connect to verified ACK, in the client.
+  gecod journals every success, as in production, when journald runs.
+* **floors**, measured in the same run by the same program: a bare Unix-socket
+  round trip of the same sizes against a server that does no work, and one
+  ``cgroup.procs`` write (a move into the job's cpuset cgroup).
 * **RSS**: ``VmRSS`` of gecod from ``/proc/<pid>/status``, after start-up and
   after the load.
 * **idle wake-ups**: the sum over gecod's threads (``/proc/<pid>/task/*/status``)
@@ -33,12 +36,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import multiprocessing
+import json
 import os
 import shutil
 import signal
-import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -47,9 +48,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from _common import REPO, percentile
+from _common import REPO
 
-from geco import protocol
 from geco.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import resourcefile
 
@@ -57,49 +57,36 @@ JOB, TASK = 77001, 1
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
-def _client(key: bytes, sock_path: str, job_dir: str, requests: int, start: float,
-            out: multiprocessing.queues.Queue[list[float] | str]) -> None:
-    """One client process: JOB_STARTED for itself, ``requests`` times; report latencies."""
-    os.chdir(job_dir)
-    while time.time() < start:  # all clients begin together
-        time.sleep(0.001)
-    times: list[float] = []
+def qbench() -> Path:
+    """Build ``preload/geco_qbench`` (the preload's own client code, timed) once per run."""
+    build = Path(tempfile.mkdtemp(prefix="geco-test-qbench-"))
+    target = build / "geco_qbench"
+    subprocess.run(["make", "-s", "-C", str(REPO / "preload"), f"BUILD={build}", str(target)],
+                   check=True, stdout=subprocess.DEVNULL)
+    return target
+
+
+def run_qbench(binary: Path, *args: str) -> dict[str, float | str]:
+    """One ``geco_qbench`` mode; its JSON line (latencies in microseconds)."""
+    out = subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=600)
     try:
-        for _ in range(requests):
-            t0 = time.perf_counter()
-            frame = protocol.encode(protocol.MsgType.JOB_STARTED,
-                                    protocol.JobStarted(JOB, TASK, os.getpid()), key)
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-                s.connect(sock_path)
-                s.sendall(frame)
-                reply = protocol.read_frame(s, time.monotonic() + 30)
-            ack = protocol.decode_ack(reply, key, frame[12:28])
-            times.append(time.perf_counter() - t0)
-            if ack.status is not protocol.AckStatus.OK:
-                out.put(f"ACK {ack.status.name}")
-                return
-        out.put(times)
-    except Exception as exc:
-        out.put(f"{type(exc).__name__}: {exc}")
+        figures: dict[str, float | str] = json.loads(out.stdout)
+    except json.JSONDecodeError:
+        raise SystemExit(f"bench_gecod: geco_qbench {args[0]} printed no figures: "
+                         f"{out.stderr.strip() or out.stdout.strip()}") from None
+    if out.returncode != 0:
+        raise SystemExit(f"bench_gecod: geco_qbench {args[0]}: {figures['failed']} of "
+                         f"{figures['requests']} requests failed: {figures['first_error']}")
+    return figures
 
 
-def _round_trips(key: bytes, sock_path: str, job_dir: Path, clients: int,
-                 requests: int) -> tuple[list[float], float]:
-    ctx = multiprocessing.get_context("fork")
-    out: multiprocessing.queues.Queue[list[float] | str] = ctx.Queue()
-    start = time.time() + 0.5 + clients * 0.01
-    procs = [ctx.Process(target=_client, args=(key, sock_path, str(job_dir), requests, start,
-                                                out)) for _ in range(clients)]
-    for p in procs:
-        p.start()
-    results = [out.get(timeout=300) for _ in procs]
-    wall = time.time() - start
-    for p in procs:
-        p.join()
-    errors = [r for r in results if isinstance(r, str)]
-    if errors:
-        raise SystemExit(f"bench_gecod: {len(errors)} client(s) failed: {errors[0]}")
-    return [t for r in results if isinstance(r, list) for t in r], wall
+def round_trips(binary: Path, g: BenchGecod, clients: int,
+                requests: int) -> dict[str, float | str]:
+    """``clients`` processes working in the job's PE task dir, ``requests`` JOB_STARTED each
+    for their own pid on the privileged socket, as the preload sends them."""
+    return run_qbench(binary, "rtt", "--address", f"path:{g.root_socket}", "--key-file",
+                      str(g.key_file), "--job", str(JOB), "--task", str(TASK), "--clients",
+                      str(clients), "--requests", str(requests), "--cwd", str(g.job_dir))
 
 
 def _status_field(pid: int, name: str, task: str | None = None) -> int:
@@ -142,12 +129,13 @@ class BenchGecod:
     """A throw-away gecod with one spooled job (see the module docstring)."""
 
     pid: int
-    key: bytes
+    key_file: Path
     public_socket: str  # anyone's
     root_socket: str  # the preload's
     job_dir: Path  # where clients work: a PE task dir of the job
     host: str
     ncpu: int
+    cgroup_name: str  # the parent of the job's cgroups
 
 
 @contextlib.contextmanager
@@ -157,10 +145,9 @@ def bench_gecod() -> Iterator[BenchGecod]:
     base.chmod(0o755)
     name = f"geco-test-bench-{os.getpid()}"
     host = short_hostname()
-    key = os.urandom(32)
     key_file = base / "key"
     fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    os.write(fd, key)
+    os.write(fd, os.urandom(32))
     os.close(fd)
     sock_path = str(base / "gecod.sock")
     job_dir = base / "spool" / host / "active_jobs" / f"{JOB}.{TASK}"
@@ -190,7 +177,8 @@ def bench_gecod() -> Iterator[BenchGecod]:
                                  + (base / "gecod.log").read_text())
             time.sleep(0.05)
         time.sleep(0.2)
-        yield BenchGecod(gecod.pid, key, sock_path, root_path, task_dir, host, ncpu)
+        yield BenchGecod(gecod.pid, key_file, sock_path, root_path, task_dir, host, ncpu,
+                         name)
     finally:
         gecod.send_signal(signal.SIGTERM)
         try:
@@ -202,11 +190,20 @@ def bench_gecod() -> Iterator[BenchGecod]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def round_trip_figures(times: list[float], wall: float) -> str:
+def round_trip_figures(f: dict[str, float | str]) -> str:
     """p50, p99 and rate of a round of requests, as the table shows them."""
-    ms = [t * 1e3 for t in times]
-    return (f"p50 {statistics.median(ms):.2f} ms, p99 {percentile(ms, 0.99):.2f} ms, "
-            f"{len(ms) / wall:.0f} req/s ({len(ms)} requests)")
+    return (f"p50 {f['p50_us']:.0f} us, p99 {f['p99_us']:.0f} us, "
+            f"{f['rate_per_s']:,.0f} req/s ({f['requests']:,} requests)")
+
+
+def cgroup_procs(g: BenchGecod) -> Path:
+    """The job's cgroup.procs in the cpuset hierarchy (v1; the one file on v2): the
+    costliest move, since the kernel re-binds the task's CPUs."""
+    for base in (CGROUP_ROOT / "cpuset", CGROUP_ROOT):
+        path = base / g.cgroup_name / f"{JOB}.{TASK}" / "cgroup.procs"
+        if path.exists():
+            return path
+    raise SystemExit(f"bench_gecod: no cgroup of job {JOB}.{TASK} under {g.cgroup_name}")
 
 
 def main() -> int:
@@ -219,15 +216,21 @@ def main() -> int:
         print("bench_gecod: run as root (gecod creates cgroups)", file=sys.stderr)
         return 2
     rows: list[tuple[str, str]] = []
+    binary = qbench()
     with bench_gecod() as g:
         rss_start = _status_field(g.pid, "VmRSS")
         # the first request builds the job's cgroups; the rounds measure steady state
-        _round_trips(g.key, g.root_socket, g.job_dir, 1, 1)
+        round_trips(binary, g, 1, 1)
         for clients in (1, 64):
-            times, wall = _round_trips(g.key, g.root_socket, g.job_dir, clients, args.requests)
-            rows.append((f"JOB_STARTED round trip, {clients} client(s)",
-                         round_trip_figures(times, wall)))
+            rows.append((f"JOB_STARTED round trip, {clients} client(s) (C, as the preload)",
+                         round_trip_figures(round_trips(binary, g, clients, args.requests))))
         rss_after = _status_field(g.pid, "VmRSS")
+        floor = run_qbench(binary, "floor-socket", "--requests", "2000")
+        rows.append(("floor: bare Unix-socket round trip (same sizes, no work)",
+                     round_trip_figures(floor)))
+        move = run_qbench(binary, "floor-cgroup", "--cgroup-procs", str(cgroup_procs(g)),
+                          "--requests", "500")
+        rows.append(("floor: one cgroup.procs write (cpuset, a move)", round_trip_figures(move)))
         time.sleep(1.0)  # let the last replies and journal writes settle
         before = _switches(g.pid)
         time.sleep(args.idle_seconds)
@@ -239,6 +242,7 @@ def main() -> int:
                      " window)", f"{per_minute:.1f} per minute"))
         journald = Path("/run/systemd/journal/socket").is_socket()
         rows.append(("journald receiving gecod's entries", "yes" if journald else "no"))
+    shutil.rmtree(binary.parent, ignore_errors=True)
     width = max(len(r[0]) for r in rows)
     print(f"gecod on {g.host}, {g.ncpu} cpus, Python {sys.version.split()[0]}")
     for label, value in rows:

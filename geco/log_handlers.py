@@ -107,6 +107,8 @@ def setup(level: str = "error", *, identifier: str = "geco",
 class _DroppingQueueHandler(logging.handlers.QueueHandler):
     """Hands records to the logging thread; drops (and counts) them when its queue is full."""
 
+    queue: queue.SimpleQueue[logging.LogRecord]
+
     def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
         # the message is resolved here (its arguments may change later); the record
         # keeps its fields and exception for the handlers behind the queue
@@ -115,10 +117,11 @@ class _DroppingQueueHandler(logging.handlers.QueueHandler):
         return record
 
     def enqueue(self, record: logging.LogRecord) -> None:
-        try:
-            self.queue.put_nowait(record)
-        except queue.Full:
+        # a SimpleQueue (no lock and condition per record, as Queue has): bounded here
+        if self.queue.qsize() >= _BACKGROUND_QUEUE:
             _count_drop()
+        else:
+            self.queue.put_nowait(record)
 
 
 _listener: logging.handlers.QueueListener | None = None
@@ -136,7 +139,7 @@ def in_background(logger: logging.Logger | None = None) -> None:
     handlers = [h for h in logger.handlers if not isinstance(h, _DroppingQueueHandler)]
     for handler in list(logger.handlers):
         logger.removeHandler(handler)
-    records: queue.Queue[logging.LogRecord] = queue.Queue(_BACKGROUND_QUEUE)
+    records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
     logger.addHandler(_DroppingQueueHandler(records))
     _listener = logging.handlers.QueueListener(records, *handlers, respect_handler_level=True)
     _listener.start()

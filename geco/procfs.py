@@ -26,10 +26,15 @@ __all__ = ["ROOT", "boot_time", "comm", "cwd", "ppid", "read", "real_uid", "seco
 ROOT = Path("/proc")
 
 
+def _path(proc: Path, pid: int | str, name: str) -> str:
+    # a string, not Path arithmetic: gecod reads a few of these per request
+    return f"{proc}/{pid}/{name}"
+
+
 def read(pid: int | str, name: str, proc: Path = ROOT) -> bytes | None:
     """The bytes of ``/proc/<pid>/<name>``; None when it cannot be read (gone, no such file)."""
     try:
-        with open(proc / str(pid) / name, "rb") as f:
+        with open(_path(proc, pid, name), "rb") as f:
             return f.read()
     except OSError:
         return None
@@ -107,7 +112,7 @@ def cwd(pid: int, proc: Path = ROOT) -> str:
     OSError
         when the link cannot be read (another user's process, without privilege).
     """
-    return os.readlink(proc / str(pid) / "cwd")
+    return os.readlink(_path(proc, pid, "cwd"))
 
 
 def wchan(pid: int, proc: Path = ROOT) -> str:

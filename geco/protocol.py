@@ -35,6 +35,7 @@ from __future__ import annotations
 import enum
 import hmac
 import json
+import os
 import socket
 import struct
 import threading
@@ -298,12 +299,18 @@ class Frame:
 
 def _mac(key: bytes, body: bytes) -> bytes:
     # keyed BLAKE2b-256 through libsodium (crypto_generichash), the very primitive the C
-    # side links: one implementation on both ends of the wire. Imported here, so the
-    # starter pays for pynacl (~10 ms) only on its fallback path.
-    from nacl.encoding import RawEncoder
-    from nacl.hash import blake2b
+    # side links: one implementation on both ends of the wire. pynacl is imported on the
+    # first call, so the starter pays for it (~10 ms) only on its fallback path; its
+    # binding, not nacl.hash, as gecod computes two MACs per request.
+    global _blake2b
+    if _blake2b is None:
+        from nacl.bindings import crypto_generichash_blake2b_salt_personal
 
-    return bytes(blake2b(body, digest_size=MAC_BYTES, key=key, encoder=RawEncoder))
+        _blake2b = crypto_generichash_blake2b_salt_personal
+    return _blake2b(body, digest_size=MAC_BYTES, key=key)
+
+
+_blake2b: Callable[..., bytes] | None = None
 
 
 def _mac_key(flags: int, key: bytes) -> bytes:
@@ -364,9 +371,7 @@ def encode(type: MsgType | int, payload: bytes | Message, key: bytes, *,
     if len(payload) > MAX_PAYLOAD:
         raise ValueError(f"a payload must be at most {MAX_PAYLOAD} bytes, got {len(payload)}")
     if nonce is None:
-        from nacl.utils import random as randombytes  # libsodium's randombytes_buf
-
-        nonce = randombytes(NONCE_BYTES)
+        nonce = os.urandom(NONCE_BYTES)  # getrandom(2), as libsodium's randombytes_buf
     elif len(nonce) != NONCE_BYTES:
         raise ValueError(f"a nonce must be {NONCE_BYTES} bytes, got {len(nonce)}")
     if ts_ns is None:

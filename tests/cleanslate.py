@@ -24,7 +24,6 @@ What was done comes back as phrases for one line of pytest's output.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import signal
@@ -323,7 +322,7 @@ def remove_stale_cgroups() -> list[str]:
     if not keys:
         return []
     # the reaper's round, without what only a long-running gecod should do
-    cfg = dataclasses.replace(site, gecod_reaper_interval=REAPER_INTERVAL,
+    cfg = site._replace(gecod_reaper_interval=REAPER_INTERVAL,
                               gecod_walltime_backstop=False, trace_keep_days=0,
                               disable_queue_on_stuck=False, kill_timeout=10.0,
                               qstat_retries=0)

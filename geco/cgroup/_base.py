@@ -357,6 +357,20 @@ class Backend(ABC):
         """
         return any(d.is_dir() for d in self._dirs(check_key(key)))
 
+    def identity(self, key: JobKey) -> int | None:
+        """The inode number of the job's first cgroup directory; None when it is missing.
+
+        Cgroups made again under the same key get another number, so a caller that
+        remembers what it read from a job's cgroups (gecod: their limits) knows by
+        one stat whether that still holds.
+        """
+        for d in self._dirs(check_key(key))[:1]:
+            try:
+                return os.stat(d).st_ino
+            except FileNotFoundError:
+                return None
+        return None
+
     def job_keys(self) -> list[JobKey]:
         """Return the keys of the job cgroups that exist now (in any controller), sorted."""
         found: set[JobKey] = set()

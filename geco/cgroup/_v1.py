@@ -60,6 +60,9 @@ __all__ = ["OPTIONAL", "REQUIRED", "Hierarchy", "V1Backend", "find_hierarchies"]
 _log = log.get("cgroup")
 
 REQUIRED = ("cpuset", "memory")
+# Jobs whose directories a backend remembers (a bound, not a working set: gecod serves
+# a node's running jobs, far fewer).
+_PATHS_KEPT = 4096
 OPTIONAL = ("freezer", "pids", "cpuacct")
 # The kernel shows "no limit" as PAGE_COUNTER_MAX pages in bytes
 # (9223372036854771712 with 4 KiB pages); anything this large is "none".
@@ -152,6 +155,16 @@ class V1Backend(Backend):
                               "mounted; /proc/self/mountinfo lists no such hierarchy")
         self._hier = {c: hierarchies[c] for c in REQUIRED + OPTIONAL if c in hierarchies}
         self.exclusive_cpus = exclusive_cpus
+        # one controller per distinct directory (co-mounted ones share it), cpuset first,
+        # and those of them an older geco may not have made (see add_pid)
+        mounts: dict[Path, str] = {}
+        for c, h in self._hier.items():
+            mounts.setdefault(h.mount_point, c)
+        self._movers = tuple(mounts.values())
+        required = {self._hier[c].mount_point for c in REQUIRED}
+        self._optional = frozenset(c for c in self._movers
+                                   if self._hier[c].mount_point not in required)
+        self._paths: dict[JobKey, dict[str, Path]] = {}
 
     @classmethod
     def from_mounts(cls, mounts: Iterable[Mount], mount: Path = Path("/sys/fs/cgroup"),
@@ -186,15 +199,25 @@ class V1Backend(Backend):
         return {c: h.mount_point / self.name for c, h in self._hier.items()}
 
     def paths(self, key: JobKey) -> dict[str, Path]:
-        check_key(key)
-        return {c: h.mount_point / self.name / key for c, h in self._hier.items()}
+        return dict(self._paths_of(key))
+
+    def _paths_of(self, key: JobKey) -> dict[str, Path]:
+        # gecod asks for the same jobs' paths on every request: built once per job
+        found = self._paths.get(key)
+        if found is None:
+            check_key(key)
+            if len(self._paths) >= _PATHS_KEPT:
+                self._paths.clear()
+            found = {c: h.mount_point / self.name / key for c, h in self._hier.items()}
+            self._paths[key] = found
+        return found
 
     def cgroup_paths(self, key: JobKey) -> dict[str, str]:
         check_key(key)
         return {c: posixpath.join(h.root, self.name, key) for c, h in self._hier.items()}
 
     def _dir(self, ctrl: str, key: JobKey) -> Path:
-        return self._hier[ctrl].mount_point / self.name / key
+        return self._paths_of(key)[ctrl]
 
     def _parent(self, ctrl: str) -> Path:
         return self._hier[ctrl].mount_point / self.name
@@ -347,21 +370,25 @@ class V1Backend(Backend):
                       memory_swap=_read_limit(memsw) if memsw.exists() else 0, pids=pids)
 
     def add_pid(self, key: JobKey, pid: int) -> None:
-        check_key(key)
+        paths = self._paths_of(key)
         hints = {errno.ESRCH: f"process {pid} is gone (it exited before it could be moved)",
                  errno.ENOENT: f"job {key} has no cgroup here (create it first)",
                  errno.ENOSPC: "the job's cpuset has no cpus or no NUMA nodes"}
+        data = str(pid).encode("ascii")
         # cpuset first: it is the one that can refuse (ENOSPC), before memory is touched
-        optional = ({self._dir(c, key) for c in OPTIONAL if c in self._hier}
-                    - {self._dir(c, key) for c in REQUIRED})
-        for d in self._dirs(key):
-            # the job exists (cpuset and memory took the pid), but an older geco, or one
-            # from before this controller was mounted, made no directory here: make it,
-            # so a job that runs across a geco upgrade can still take new processes
-            if d in optional and make_dir(d):
+        for ctrl in self._movers:
+            d = paths[ctrl]
+            try:
+                write_bytes(d / "cgroup.procs", data, hints=hints, key=key, pid=pid)
+            except CgroupError as exc:
+                # the job exists (cpuset and memory took the pid), but an older geco, or
+                # one from before this controller was mounted, made no directory here:
+                # make it, so a job that runs across a geco upgrade still takes processes
+                if ctrl not in self._optional or exc.fields.get("errno") != "ENOENT" \
+                        or not make_dir(d):
+                    raise
                 _log.info("job %s had no %s; created it", key, d)
-            write_bytes(d / "cgroup.procs", str(pid).encode("ascii"), hints=hints,
-                        key=key, pid=pid)
+                write_bytes(d / "cgroup.procs", data, hints=hints, key=key, pid=pid)
 
     def move_to_cgroups_of(self, pid: int, other_pid: int) -> None:
         have = proc_cgroups(self.proc, other_pid)

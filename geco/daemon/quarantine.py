@@ -49,6 +49,7 @@ sentence saying which rule refused and why.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import pwd
 import signal
@@ -67,8 +68,8 @@ from geco.resourceset import short_hostname
 from geco.sge import execd
 from geco.topology import Topology
 
-__all__ = ["Context", "Outcome", "Peer", "Request", "Shepherd", "job_dir_of", "quarantine",
-           "spool_root"]
+__all__ = ["Context", "Outcome", "Peer", "Request", "Shepherd", "WouldWait", "job_dir_of",
+           "quarantine", "spool_root"]
 
 _log = log.get("gecod.quarantine")
 
@@ -135,6 +136,8 @@ class Outcome:
     limits: the job's limits when the pid was quarantined.
     shepherd: set when the pid is the job's master shepherd (JOB_STARTED in the job's
         own spool dir, not a PE task's): gecod ends the job when it exits.
+    first: the first process this gecod put into these cgroups (made now or by a hook):
+        it starts watching the job (OOM kills); later tasks of the job need not.
     """
 
     status: AckStatus
@@ -142,6 +145,7 @@ class Outcome:
     created: bool = False
     limits: Limits | None = None
     shepherd: Shepherd | None = None
+    first: bool = False
 
     @property
     def ok(self) -> bool:
@@ -166,19 +170,27 @@ class Context:
     # called when the node has too few free cores for a job: frees what ended jobs
     # still hold (gecod waits for the teardowns of jobs whose shepherd just exited)
     reclaim: Callable[[], None] | None = None
+    # job -> (identity of its cgroups, their limits), learnt when a process first went in:
+    # later tasks of the job join with one stat and the moves, nothing read again
+    ready: dict[JobKey, tuple[int, Limits]] = field(default_factory=dict)
     _locks: dict[str, _KeyLock] = field(default_factory=dict)
     _locks_guard: threading.Lock = field(default_factory=threading.Lock)
 
     @contextlib.contextmanager
-    def job_lock(self, key: JobKey) -> Iterator[None]:
+    def job_lock(self, key: JobKey, *, wait: bool = True) -> Iterator[None]:
         """Hold the lock of job ``key``: created on first use, forgotten when nobody holds
-        or waits for it, so the table does not grow with every job the node ever ran."""
+        or waits for it, so the table does not grow with every job the node ever ran.
+        ``wait=False``: raise :class:`WouldWait` instead of waiting for it."""
         with self._locks_guard:
             entry = self._locks.setdefault(key, _KeyLock())
             entry.users += 1
         try:
-            with entry.lock:
+            if not entry.lock.acquire(blocking=wait):
+                raise WouldWait(f"job {key}'s lock is held")
+            try:
                 yield
+            finally:
+                entry.lock.release()
         finally:
             with self._locks_guard:
                 entry.users -= 1
@@ -190,6 +202,11 @@ class Context:
 class _KeyLock:
     lock: threading.Lock = field(default_factory=threading.Lock)
     users: int = 0
+
+
+class WouldWait(Exception):
+    """A request asked not to wait (gecod's loop) needs a worker: the job's lock is held, or
+    its cgroups are new to this gecod (their limits must be read, or made)."""
 
 
 class _Refused(Exception):
@@ -208,9 +225,9 @@ def _refuse(reason: str) -> _Refused:
 # -- /proc ---------------------------------------------------------------------
 
 
-def _proc_cwd(proc: Path, pid: int) -> Path:
+def _proc_cwd(proc: Path, pid: int) -> str:
     try:
-        return Path(procfs.cwd(pid, proc))
+        return procfs.cwd(pid, proc)
     except FileNotFoundError:
         raise _refuse(f"process {pid} is gone") from None
     except OSError as exc:
@@ -257,24 +274,34 @@ def job_dir_of(cwd: Path, spool_root: Path, key: JobKey) -> Path | None:
     is not compared with this host's name: Grid Engine may spell it another way
     (host_aliases, a domain), and only the execd user can create it anyway.
     """
-    try:
-        parts = cwd.relative_to(spool_root).parts
-    except ValueError:
-        return None
-    if len(parts) not in (3, 4) or parts[1] != "active_jobs" or parts[2] != key:
-        return None
-    return spool_root.joinpath(*parts[:3])
+    found = _job_dir(str(cwd), str(spool_root), key)
+    return None if found is None else Path(found)
 
 
-def _read_environment(directory: Path) -> dict[bytes, bytes]:
+def _job_dir(cwd: str, spool_root: str, key: JobKey) -> str | None:
+    # job_dir_of on the kernel's own spelling of paths (readlink of /proc/<pid>/cwd: no
+    # "//", ".", ".." or trailing "/"), in strings: gecod does this for every request
+    prefix = spool_root.rstrip("/") + "/"
+    if not cwd.startswith(prefix):
+        return None
+    parts = cwd[len(prefix):].split("/")
+    if len(parts) not in (3, 4) or "" in parts or parts[1] != "active_jobs" \
+            or parts[2] != key:
+        return None
+    return prefix + "/".join(parts[:3])
+
+
+def _read_environment(directory: str | Path) -> dict[bytes, bytes]:
+    path = f"{directory}/environment"
     try:
-        data = (directory / "environment").read_bytes()
+        with open(path, "rb") as f:
+            data = f.read()
     except OSError as exc:
-        raise _refuse(f"cannot read {directory / 'environment'}: {exc.strerror}") from None
+        raise _refuse(f"cannot read {path}: {exc.strerror}") from None
     return execd.parse_key_values(data)
 
 
-def _check_environment(directory: Path, key: JobKey) -> None:
+def _check_environment(directory: str | Path, key: JobKey) -> None:
     """The ``environment`` file in ``directory`` must name the same job and task."""
     env = _read_environment(directory)
     job = env.get(b"JOB_ID", b"")
@@ -282,19 +309,25 @@ def _check_environment(directory: Path, key: JobKey) -> None:
     # non-array jobs say "undefined" and are task 1 everywhere geco names them
     task_ok = task == str(key.task).encode() or (key.task == 1 and task in (b"undefined", b""))
     if job != str(key.job).encode() or not task_ok:
-        raise _refuse(f"{directory / 'environment'} names job {job.decode(errors='replace')}"
+        raise _refuse(f"{directory}/environment names job {job.decode(errors='replace')}"
                       f" task {task.decode(errors='replace') or '?'}, not {key}")
 
 
 def spool_root(cfg: Config) -> Path:
     """The execd spool dir as the kernel names it (what ``/proc/<pid>/cwd`` shows)."""
-    return Path(os.path.realpath(cfg.execd_spool_dir))
+    return _real_path(cfg.execd_spool_dir)
+
+
+@functools.lru_cache(maxsize=8)
+def _real_path(path: Path) -> Path:
+    # every request asks; symlinks on the spool's path change only with the site's layout
+    return Path(os.path.realpath(path))
 
 
 # -- the rules -------------------------------------------------------------------
 
 
-def _check_job_started(req: Request, key: JobKey, ctx: Context) -> tuple[Path, bool]:
+def _check_job_started(req: Request, key: JobKey, ctx: Context) -> tuple[str, bool]:
     """Steps 1 and 2 for JOB_STARTED; return the job's spool dir, and whether the pid works
     in it (the job's master shepherd) rather than in a PE task dir below it."""
     cfg = ctx.config
@@ -314,7 +347,7 @@ def _check_job_started(req: Request, key: JobKey, ctx: Context) -> tuple[Path, b
                           f"effective) and [gecod] execd_uids "
                           f"({', '.join(map(str, allowed))}) start jobs")
     cwd = _proc_cwd(ctx.proc, req.pid)
-    job_dir = job_dir_of(cwd, spool_root(cfg), key)
+    job_dir = _job_dir(cwd, str(spool_root(cfg)), key)
     if job_dir is None:
         raise _refuse(f"process {req.pid} works in {cwd}, not in the spool dir of job "
                       f"{key} ({cfg.execd_spool_dir}/<host>/active_jobs/{key})")
@@ -371,7 +404,7 @@ def _shepherd_job_dir(req: Request, key: JobKey, ctx: Context) -> Path:
         # a shepherd of another job, or one gone meanwhile: keep looking upwards
         with contextlib.suppress(_Refused):
             cwd = _proc_cwd(ctx.proc, pid)
-            job_dir = job_dir_of(cwd, root, key)
+            job_dir = job_dir_of(Path(cwd), root, key)
             if job_dir is None:
                 continue
             # anyone can call a program sge_shepherd and chdir into a readable spool
@@ -391,27 +424,43 @@ def _shepherd_job_dir(req: Request, key: JobKey, ctx: Context) -> Path:
                   f"{key}{why}")
 
 
-def _contain(key: JobKey, req: Request, job_dir: Path, ctx: Context) -> tuple[Limits, bool]:
+def _contain(key: JobKey, req: Request, job_dir: str | Path, ctx: Context,
+             wait: bool) -> tuple[Limits, bool, bool]:
     """Steps 3 and 4 under the job's lock: the job's cgroups, reused or built, and the pid
-    moved in; return their limits and whether we built them.
+    moved in; return their limits, whether we built them, and whether they are new to
+    this gecod. ``wait=False``: raise :class:`WouldWait` unless that takes no waiting
+    (the lock is free, and the cgroups are ones this gecod has seen).
 
     Holding the lock until the pid is in keeps gecod's end of the job's previous
     run (:mod:`geco.daemon.jobend`) from removing the cgroups in between.
     """
-    with ctx.job_lock(key):
+    with ctx.job_lock(key, wait=wait):
+        known = ctx.ready.get(key)
+        if known is not None and known[0] == ctx.backend.identity(key):
+            # a later task of a job whose cgroups this gecod has seen: the same
+            # cgroups (same identity), so their limits still hold
+            ctx.backend.add_pid(key, req.pid)
+            return known[1], False, False
+        if not wait:
+            raise WouldWait(f"job {key}'s cgroups are new to gecod")
         done = containment.contain_job(
-            execd.JobRef(req.job_id, req.task_id, job_dir), ctx.config, ctx.backend,
+            execd.JobRef(req.job_id, req.task_id, Path(job_dir)), ctx.config, ctx.backend,
             pid=req.pid, hostname=ctx.hostname, topology=ctx.topology, reclaim=ctx.reclaim)
-    return done.limits, done.created
+        identity = ctx.backend.identity(key)
+        if identity is not None:
+            ctx.ready[key] = (identity, done.limits)
+    return done.limits, done.created, True
 
 
-def quarantine(req: Request, ctx: Context) -> Outcome:
+def quarantine(req: Request, ctx: Context, *, wait: bool = True) -> Outcome:
     """Decide on a request and, when it passes, put the pid into its job's cgroups.
 
     Parameters
     ----------
     req: the request (its frame already verified by the protocol layer).
     ctx: settings, cgroup backend, topology.
+    wait: False in gecod's loop: raise :class:`WouldWait` when the request needs a
+        worker (nothing was changed then; the worker runs it again from the start).
 
     Returns
     -------
@@ -432,13 +481,14 @@ def quarantine(req: Request, ctx: Context) -> Outcome:
                           "when it connected), so it cannot tell it from a process that "
                           "reuses its pid; refused")
         master = False
+        job_dir: str | Path
         if req.type is MsgType.QUARANTINE_SELF:
             job_dir = _check_quarantine_self(req, key, ctx)
         else:
             job_dir, master = _check_job_started(req, key, ctx)
         if req.pidfd >= 0 and not _alive(req.pidfd):
             raise _refuse(f"process {req.pid} exited before it could be quarantined")
-        limits, created = _contain(key, req, job_dir, ctx)
+        limits, created, first = _contain(key, req, job_dir, ctx, wait)
         # the pidfd pins the peer: alive now means the pid we wrote was still the peer's
         if req.pidfd >= 0 and not _alive(req.pidfd):
             _log.warning("process %d exited while being quarantined; its pid may have been "
@@ -452,6 +502,6 @@ def quarantine(req: Request, ctx: Context) -> Outcome:
         return Outcome(AckStatus.NO_SUCH_JOB, f"Grid Engine does not run this task: {exc}")
     except GecoError as exc:  # qstat, a resource file, cores, the kernel refusing a cgroup
         return Outcome(AckStatus.FAILED, str(exc))
-    shepherd = Shepherd(key, req.pid, execd.queue_instance(job_dir)) if master else None
+    shepherd = Shepherd(key, req.pid, execd.queue_instance(Path(job_dir))) if master else None
     return Outcome(AckStatus.OK, f"process {req.pid} is in job {key}'s cgroups",
-                   created=created, limits=limits, shepherd=shepherd)
+                   created=created, limits=limits, shepherd=shepherd, first=first)

@@ -73,7 +73,15 @@ from dataclasses import dataclass, field
 from geco import __version__, log
 from geco.address import Address
 from geco.daemon import status
-from geco.daemon.quarantine import Context, Outcome, Peer, Request, Shepherd, quarantine
+from geco.daemon.quarantine import (
+    Context,
+    Outcome,
+    Peer,
+    Request,
+    Shepherd,
+    WouldWait,
+    quarantine,
+)
 from geco.daemon.ratelimit import RefusalBudget
 from geco.daemon.runloop import RunLoop, Timer
 from geco.errors import ProtocolError
@@ -156,6 +164,8 @@ class Lane:
     address: where it listens (for messages).
     executor: this lane's worker threads.
     budget: what its clients may hold at once.
+    inline: JOB_STARTED for a job gecod has seen is served in the loop, not a worker
+        (root's lane: its clients are trusted; the public lane's could queue the loop).
     """
 
     name: str
@@ -163,6 +173,7 @@ class Lane:
     address: Address
     executor: concurrent.futures.ThreadPoolExecutor
     budget: Budget
+    inline: bool = False
     connections: set[_Connection] = field(default_factory=set)
     working: int = 0
     open_by_uid: Counter[int | None] = field(default_factory=Counter)
@@ -230,8 +241,9 @@ class Server:
     key: the 32-byte quarantine key.
     ctx: the policy's context (settings, cgroup backend, topology).
     on_change: called in the loop after a request changed the node's jobs.
-    on_contained: called in the loop with ``<job>.<task>`` once a process of that job
-        is in its cgroups (gecod starts watching the job, e.g. for OOM kills).
+    on_contained: called in the loop with ``<job>.<task>`` once the first process of that
+        job is in its cgroups, once per incarnation of them (gecod starts watching the
+        job, e.g. for OOM kills).
     on_shepherd: called in the loop with a job's master shepherd, once it is in the
         job's cgroups, and a pidfd of it the callee owns (gecod ends the job when it
         exits: :mod:`geco.daemon.jobend`).
@@ -411,6 +423,19 @@ class Server:
             msg = got.message
             assert isinstance(msg, JobStarted)
             req = Request(got.type, msg.job_id, msg.task_id, msg.pid, conn.peer, conn.pidfd)
+            if conn.lane.inline and got.type is MsgType.JOB_STARTED:
+                # a later task of a job gecod has seen is a few /proc reads and cgroup
+                # writes: done here, without the round trip through a worker thread
+                try:
+                    outcome = quarantine(req, self.ctx, wait=False)
+                except WouldWait:
+                    pass
+                except Exception as exc:  # a bug must not end the loop
+                    self._answer(conn, got, self._internal_error(conn, got, exc))
+                    return
+                else:
+                    self._answer(conn, got, outcome)
+                    return
             self._submit(conn, got, lambda: quarantine(req, self.ctx))
         elif got.type is MsgType.ADOPT:
             self._answer(conn, got, Outcome(AckStatus.REFUSED, "ADOPT (ssh adoption) is not "
@@ -444,9 +469,7 @@ class Server:
         try:
             result = future.result()
         except Exception as exc:
-            _log.error("internal error handling %s from %s: %s", got.type.name,
-                       conn.describe(), exc, exc_info=exc)
-            result = Outcome(AckStatus.FAILED, f"internal error: {type(exc).__name__}: {exc}")
+            result = self._internal_error(conn, got, exc)
         if isinstance(result, bytes):
             self.served += 1
             self._send(conn, encode(MsgType.STATUS_REPLY, result, self.key, flags=got.flags))
@@ -454,6 +477,11 @@ class Server:
             assert isinstance(result, Outcome)
             self._answer(conn, got, result)
         self._maybe_idle()
+
+    def _internal_error(self, conn: _Connection, got: Frame, exc: Exception) -> Outcome:
+        _log.error("internal error handling %s from %s: %s", got.type.name, conn.describe(),
+                   exc, exc_info=exc)
+        return Outcome(AckStatus.FAILED, f"internal error: {type(exc).__name__}: {exc}")
 
     def _status(self) -> bytes:
         """Worker: the STATUS reply, read from the cgroup tree."""
@@ -481,7 +509,8 @@ class Server:
                           MEMS=limits.mems if limits else None,
                           MEMORY_LIMIT=limits.memory if limits else None,
                           MEMSW_LIMIT=limits.memory_swap if limits else None))
-            if self.on_contained is not None and job is not None and task is not None:
+            if self.on_contained is not None and outcome.first and job is not None \
+                    and task is not None:
                 self.on_contained(JobKey(job, task))
             if outcome.shepherd is not None and self.on_shepherd is not None \
                     and conn.pidfd >= 0:

@@ -73,6 +73,8 @@ _PUBLIC_WORKERS = 2
 _LOG_DROP_REPORT = 10.0
 # A job start short of cores waits this much beyond kill_timeout for ended jobs' teardowns.
 _RECLAIM_SLACK = 5.0
+# Seconds between status lines to systemd while requests keep coming.
+_STATUS_EVERY = 1.0
 # Held back from the first line until the loop handles them: a SIGTERM between
 # listen() and the handlers would otherwise kill gecod the default way, leaving
 # its socket file behind and its workers unjoined.
@@ -183,11 +185,11 @@ class Daemon:
                                before_end=self.oom.check, on_ended=self._job_reaped)
         self.ctx.reclaim = self._reclaim
         lanes = [Lane("root", self.root_listener, self.root_address, self.executor,
-                      root_budget(cfg.gecod_workers)),
+                      root_budget(cfg.gecod_workers), inline=True),
                  Lane("public", self.listener, self.address, self.public_executor,
                       PUBLIC_BUDGET)]
         self.server = Server(self.loop, lanes, self.key, self.ctx,
-                             on_change=self._report_status, on_contained=self._watch_job,
+                             on_change=self._report_status_soon, on_contained=self._watch_job,
                              on_shepherd=self.jobends.watch)
         # leftovers of ended jobs, and jobs past h_rt + grace: rounds in a thread of
         # their own, so a teardown waiting out kill_timeout never holds a worker a
@@ -198,6 +200,7 @@ class Daemon:
                              on_reaped=self._job_reaped, job_lock=self.ctx.job_lock)
         self._stopping = False
         self._log_drops = 0
+        self._status_due = False
 
     def _warn_outside_units(self) -> None:
         """Warn when systemd runs this node but the v2 job cgroups are in no delegated unit."""
@@ -245,13 +248,21 @@ class Daemon:
 
     def _job_reaped(self, key: JobKey) -> None:
         # in the loop; a job re-created under the same key meanwhile keeps its watch
+        self.ctx.ready.pop(key, None)
         if not self.backend.exists(key):
             self.oom.unwatch(key)
         self._report_status()
 
     # -- systemd ----------------------------------------------------------------
 
+    def _report_status_soon(self) -> None:
+        # after a request: at most one status line a second however many requests come
+        if not self._status_due:
+            self._status_due = True
+            self.loop.add_timer(_STATUS_EVERY, self._report_status)
+
     def _report_status(self) -> None:
+        self._status_due = False
         try:
             jobs = len(self.backend.job_keys())
         except GecoError as exc:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import errno
 import itertools
 import json
@@ -99,7 +98,7 @@ if mode == "peercred":  # the starter's fallback: no key, the kernel vouches
         sys.exit("nobody can read the key file")
     except PermissionError:
         pass
-    cfg = dataclasses.replace(config.Config(), gecod_socket=where)
+    cfg = config.Config()._replace(gecod_socket=where)
     try:
         status = client.quarantine_self(cfg, int(job), int(task), timeout=30).status.name
     except client.GecodRefused as exc:
@@ -200,7 +199,7 @@ class Node:
 
     def client_config(self, sock: str) -> config.Config:
         """The configuration a client of the gecod at ``sock`` uses (geco.client)."""
-        return dataclasses.replace(config.Config(), gecod_socket=sock)
+        return config.Config()._replace(gecod_socket=sock)
 
     def cgroup(self, controller: str, key: str = "") -> Path:
         return CGROUP_ROOT / controller / self.name / key if key else \

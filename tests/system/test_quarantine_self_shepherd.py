@@ -40,7 +40,7 @@ SELF = r"""
 import dataclasses, os, sys
 from geco import client, config
 where, job = sys.argv[1:3]
-cfg = dataclasses.replace(config.Config(), gecod_socket=where)
+cfg = config.Config()._replace(gecod_socket=where)
 try:
     status = client.quarantine_self(cfg, int(job), 1, timeout=30).status.name
 except client.GecodRefused as exc:

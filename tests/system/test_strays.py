@@ -18,7 +18,6 @@ parent exits comes back to it: its end (SIGTERM or SIGKILL) can be read.
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import itertools
 import os
 import signal
@@ -83,7 +82,7 @@ def backend(children: list[int]) -> Iterator[V1Backend]:
 
 @pytest.fixture
 def cfg(tmp_path: Path) -> Config:
-    return dataclasses.replace(Config(), state_dir=tmp_path / "state",
+    return Config()._replace(state_dir=tmp_path / "state",
                                execd_spool_dir=tmp_path / "spool", strays_grace=1.0)
 
 
@@ -325,7 +324,7 @@ def test_exempt_users_service_accounts_and_kill_off_keep_them(
     name, has a uid below min_uid, or [strays] kill is off, then the process is kept."""
     daemon = detached(user, children)
 
-    result = strays.after_job(dataclasses.replace(cfg, **settings), backend,
+    result = strays.after_job(cfg._replace(**settings), backend,
                               JobKey(unique_job(), 1), user.name, cleaned_by="epilog")
 
     assert result.outcome is outcome

@@ -15,7 +15,6 @@ the cgroups, and gets the queue instance disabled through qmod.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import os
 import signal
@@ -89,7 +88,7 @@ def qmod(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def config(tmp_path: Path, kill_timeout: float) -> Config:
-    return dataclasses.replace(Config(), kill_timeout=kill_timeout, state_dir=tmp_path / "state",
+    return Config()._replace(kill_timeout=kill_timeout, state_dir=tmp_path / "state",
                                qstat_timeout=10.0, disable_queue_on_stuck=True)
 
 

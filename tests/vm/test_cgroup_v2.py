@@ -18,7 +18,6 @@ time ``cpu.stat`` charges, and a teardown through a frozen sub-cgroup.
 
 from __future__ import annotations
 
-import dataclasses
 import mmap
 import os
 import signal
@@ -360,7 +359,7 @@ def test_given_a_process_in_a_frozen_sub_cgroup_when_torn_down_then_v2_still_kil
     (inner / "cgroup.procs").write_text(str(child.pid))
     (inner / "cgroup.freeze").write_text("1")
     assert eventually(lambda: "frozen 1" in read(inner / "cgroup.events").splitlines())
-    cfg = dataclasses.replace(Config(), kill_timeout=30.0, state_dir=tmp_path)
+    cfg = Config()._replace(kill_timeout=30.0, state_dir=tmp_path)
     result = tear_down("18.1", backend, cfg, queue_instance=None, cleaned_by="epilog",
                        qmod="/bin/false")
     assert (result.clean, result.killed, result.stuck, result.queue_disabled) == \
