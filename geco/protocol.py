@@ -43,7 +43,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from geco.errors import ProtocolError
 
@@ -63,12 +63,15 @@ __all__ = [
     "AckStatus",
     "Adopt",
     "Frame",
+    "Header",
     "JobStarted",
     "Message",
     "MsgType",
     "ReplayCache",
     "StatusReply",
     "ack_for_error",
+    "claimed",
+    "claims_peercred",
     "decode",
     "decode_ack",
     "encode",
@@ -412,6 +415,61 @@ def expected_length(prefix: bytes) -> int | None:
     return HEADER_BYTES + n + MAC_BYTES
 
 
+class Header(NamedTuple):
+    """A frame's header as it arrived, parsed once (shape checked, nothing trusted yet).
+
+    A receiver reading a frame parses this from its first 36 bytes
+    (:meth:`parse`), reads ``frame_bytes`` in all, and passes it to
+    :func:`decode`, which checks the rest.
+    """
+
+    type: int
+    flags: int
+    length: int  # of the payload
+    nonce: bytes
+    timestamp_ns: int
+
+    @classmethod
+    def parse(cls, prefix: bytes) -> Header:
+        """The header at the start of ``prefix`` (at least :data:`HEADER_BYTES` long).
+
+        Raises
+        ------
+        ProtocolError
+            as :func:`expected_length` does (magic, version, flags, length).
+        """
+        expected_length(prefix)
+        _, _, type_, flags, n, nonce, ts_ns = _HEADER.unpack_from(prefix)
+        return cls(type_, flags, n, nonce, ts_ns)
+
+    @property
+    def peercred(self) -> bool:
+        """The PEERCRED flag (the MAC is keyed with the public key)."""
+        return bool(self.flags & PEERCRED)
+
+    @property
+    def frame_bytes(self) -> int:
+        """The whole frame's length: header, payload, MAC."""
+        return HEADER_BYTES + self.length + MAC_BYTES
+
+
+def claims_peercred(prefix: bytes | bytearray) -> bool:
+    """The PEERCRED bit of a header, even a partial or refused one (not trusted: to answer
+    a refused frame in kind)."""
+    return len(prefix) >= 8 and prefix[4] == VERSION and bool(
+        int.from_bytes(prefix[6:8], "little") & PEERCRED)
+
+
+def claimed(frame: bytes | bytearray) -> tuple[int | None, int | None, int | None]:
+    """Job, task and pid a JOB_STARTED or QUARANTINE_SELF frame claims, read without
+    trusting it (for the journal of a refusal); Nones for other or short frames."""
+    if len(frame) >= HEADER_BYTES + 24 and frame[5] in (MsgType.JOB_STARTED,
+                                                         MsgType.QUARANTINE_SELF):
+        job, task, pid, _ = JobStarted._S.unpack_from(frame, HEADER_BYTES)
+        return job, task, pid
+    return None, None, None
+
+
 def _shape_error(reason: str, frame: bytes) -> ProtocolError:
     if reason == "magic":
         return ProtocolError(f"a frame must start with {MAGIC!r}, got {bytes(frame[:4])!r}",
@@ -475,7 +533,8 @@ def _check_skew(ts_ns: int, now_ns: int | None, max_skew: float) -> None:
 
 
 def decode(frame: bytes, key: bytes, *, now_ns: int | None = None, max_skew: float = 30.0,
-           replay: ReplayCache | None = None, peercred: bool | None = None) -> Frame:
+           replay: ReplayCache | None = None, peercred: bool | None = None,
+           header: Header | None = None) -> Frame:
     """Verify one frame and return it; the checks run in the documented order.
 
     Parameters
@@ -499,6 +558,8 @@ def decode(frame: bytes, key: bytes, *, now_ns: int | None = None, max_skew: flo
         :data:`PEERCRED_TYPES`. True / False (a client reading its reply): the
         flag must be / must not be set, as it was on the request, so a reply
         MAC'd with the public key never answers a request MAC'd with the secret.
+    header:
+        ``Header.parse(frame)`` when the receiver has it already (read once per frame).
 
     Returns
     -------
@@ -523,7 +584,9 @@ def decode(frame: bytes, key: bytes, *, now_ns: int | None = None, max_skew: flo
     if frame[4] != VERSION:
         raise _shape_error("version", frame)
     _check_flags_and_length(frame, peercred)
-    _, _, type_, flags, n, nonce, ts_ns = _HEADER.unpack_from(frame)
+    if header is None:
+        header = Header.parse(frame)
+    type_, flags, n, nonce, ts_ns = header
     if len(frame) != HEADER_BYTES + n + MAC_BYTES:
         raise ProtocolError(f"a frame with a {n}-byte payload must be "
                             f"{HEADER_BYTES + n + MAC_BYTES} bytes, got {len(frame)}",

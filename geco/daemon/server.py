@@ -89,15 +89,16 @@ from geco.jobkey import JobKey
 from geco.protocol import (
     HEADER_BYTES,
     MAX_FRAME,
-    PEERCRED,
-    VERSION,
     Ack,
     AckStatus,
     Frame,
+    Header,
     JobStarted,
     MsgType,
     ReplayCache,
     ack_for_error,
+    claimed,
+    claims_peercred,
     decode,
     encode,
     expected_length,
@@ -189,7 +190,7 @@ class _Connection:
     pidfd: int = -1
     phase: _Phase = _Phase.READING
     buf: bytearray = field(default_factory=bytearray)
-    want: int | None = None
+    header: Header | None = None  # parsed once, when its 36 bytes are in
     out: bytes = b""
     deadline: Timer | None = None
     accepted: float = field(default_factory=time.monotonic)
@@ -214,21 +215,6 @@ def _peer_of(sock: socket.socket) -> Peer | None:
     pid, uid, gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                                                   _UCRED.size))
     return Peer(pid, uid, gid)
-
-
-def _has_peercred(frame: bytes | bytearray) -> bool:
-    """The PEERCRED bit of a (protocol 1) header, read without trusting the frame."""
-    return len(frame) >= 8 and frame[4] == VERSION and bool(
-        int.from_bytes(frame[6:8], "little") & PEERCRED)
-
-
-def _claimed(frame: bytes) -> tuple[int | None, int | None, int | None]:
-    """Job, task and pid a frame claims, read without trusting it (for the journal)."""
-    if len(frame) >= HEADER_BYTES + 24 and frame[5] in (MsgType.JOB_STARTED,
-                                                         MsgType.QUARANTINE_SELF):
-        job, task, pid, _ = struct.unpack_from("<QQII", frame, HEADER_BYTES)
-        return job, task, pid
-    return None, None, None
 
 
 class Server:
@@ -354,7 +340,8 @@ class Server:
     def _on_readable(self, conn: _Connection) -> None:
         # the whole header first (every frame has one): a frame refused for its length
         # field is then answered with its own nonce, which binds the ACK to it
-        need = (HEADER_BYTES if conn.want is None else conn.want) - len(conn.buf)
+        want = HEADER_BYTES if conn.header is None else conn.header.frame_bytes
+        need = want - len(conn.buf)
         try:
             chunk = conn.sock.recv(need)
         except (BlockingIOError, InterruptedError):
@@ -373,20 +360,23 @@ class Server:
                 self._close(conn)
             return
         conn.buf += chunk
-        if conn.want is None:
+        if conn.header is None:
             try:
-                conn.want = expected_length(bytes(conn.buf))
-                if conn.want is not None:
-                    self._check_transport(conn)
+                if len(conn.buf) < HEADER_BYTES:
+                    expected_length(bytes(conn.buf))  # garbage is answered at once
+                    return
+                conn.header = Header.parse(bytes(conn.buf))
+                self._check_transport(conn)
             except ProtocolError as exc:
                 self._reject(conn, exc)
                 return
-        if conn.want is not None and len(conn.buf) >= conn.want:
+        if len(conn.buf) >= conn.header.frame_bytes:
             self._received(conn)
 
     def _check_transport(self, conn: _Connection) -> None:
         """A PEERCRED frame is believed only where the kernel names its sender."""
-        conn.peercred = _has_peercred(conn.buf)
+        assert conn.header is not None
+        conn.peercred = conn.header.peercred
         if conn.peercred and conn.peer is None:
             raise ProtocolError("the PEERCRED flag needs gecod's Unix socket: over TCP the "
                                 "kernel cannot name the sender, so only frames MAC'd with the "
@@ -406,14 +396,15 @@ class Server:
 
     def _received(self, conn: _Connection) -> None:
         frame = bytes(conn.buf)
-        conn.claimed = _claimed(frame)
+        conn.claimed = claimed(frame)
         self.loop.remove_source(conn.sock)
         if conn.deadline is not None:
             conn.deadline.cancel()
         conn.phase = _Phase.WORKING
         try:
             got = decode(frame, self.key, max_skew=self.ctx.config.gecod_max_skew,
-                         replay=self.replay_peercred if conn.peercred else self.replay)
+                         replay=self.replay_peercred if conn.peercred else self.replay,
+                         header=conn.header)
         except ProtocolError as exc:
             self._reject(conn, exc)
             return
@@ -545,8 +536,8 @@ class Server:
         """A frame failed a protocol check: journal it, answer why (no job), close."""
         data = bytes(conn.buf)
         if conn.claimed == (None, None, None):
-            conn.claimed = _claimed(data)
-        conn.peercred = _has_peercred(data)
+            conn.claimed = claimed(data)
+        conn.peercred = claims_peercred(data)
         reply = ack_for_error(data, exc, self.key)
         status = AckStatus.VERSION if exc.reason == "version" else AckStatus.BAD_REQUEST
         self._journal_refusal(conn, exc.reason, exc.msg, status)
@@ -567,8 +558,8 @@ class Server:
 
     def _refuse_unanswered(self, conn: _Connection, reason: str, text: str) -> None:
         """A client that never completed a frame: journal it and close without a reply."""
-        conn.claimed = _claimed(bytes(conn.buf))
-        conn.peercred = _has_peercred(conn.buf)
+        conn.claimed = claimed(conn.buf)
+        conn.peercred = claims_peercred(conn.buf)
         self._journal_refusal(conn, reason, text, None)
         self._close(conn)
 

@@ -792,3 +792,21 @@ def test_a_refused_request_is_answered_with_a_bound_ack(received: bytes, status:
     version, else BAD_REQUEST, bound to the request's nonce (zeros if it never arrived)."""
     answer = P.ack_for_error(received, refused(received, now_ns=TS), KEY)
     assert P.decode_ack(answer, KEY, nonce) == P.Ack(0, 0, status, nonce)
+
+
+def test_a_receiver_parses_a_frames_header_once_and_decode_agrees_with_it() -> None:
+    """Given a JOB_STARTED frame, then its header view (what gecod reads first) names its
+    type, flags, size, nonce and time as decode does; the claim and the PEERCRED bit read
+    without trusting the frame agree too, and a partial header claims nothing."""
+    frame = P.encode(P.MsgType.QUARANTINE_SELF, P.JobStarted(42, 7, 4242), P.PUBLIC_KEY,
+                     flags=P.PEERCRED)
+    header = P.Header.parse(frame[:P.HEADER_BYTES])
+    got = P.decode(frame, KEY, header=header)
+    assert (header.type, header.flags, header.nonce, header.timestamp_ns) == (
+        got.type, got.flags, got.nonce, got.timestamp_ns)
+    assert (header.frame_bytes, header.peercred) == (len(frame), True)
+    assert P.claimed(frame) == (42, 7, 4242) and P.claims_peercred(frame[:8])
+    assert P.claimed(frame[:40]) == (None, None, None) and not P.claims_peercred(frame[:7])
+    with pytest.raises(ProtocolError) as err:
+        P.Header.parse(b"GECQ\x02" + bytes(31))
+    assert err.value.reason == "version"
