@@ -300,7 +300,7 @@ class Frame:
         return None if unpack is None else unpack(self.payload)
 
 
-def _mac(key: bytes, body: bytes) -> bytes:
+def _mac(secret: bytes, body: bytes) -> bytes:
     # keyed BLAKE2b-256 through libsodium (crypto_generichash), the very primitive the C
     # side links: one implementation on both ends of the wire. pynacl is imported on the
     # first call, so the starter pays for it (~10 ms) only on its fallback path; its
@@ -310,23 +310,23 @@ def _mac(key: bytes, body: bytes) -> bytes:
         from nacl.bindings import crypto_generichash_blake2b_salt_personal
 
         _blake2b = crypto_generichash_blake2b_salt_personal
-    return _blake2b(body, digest_size=MAC_BYTES, key=key)
+    return _blake2b(body, digest_size=MAC_BYTES, key=secret)
 
 
 _blake2b: Callable[..., bytes] | None = None
 
 
-def _mac_key(flags: int, key: bytes) -> bytes:
+def _mac_key(flags: int, secret: bytes) -> bytes:
     """The flag, not the caller, picks the key: PEERCRED frames use the public one."""
-    return PUBLIC_KEY if flags & PEERCRED else key
+    return PUBLIC_KEY if flags & PEERCRED else secret
 
 
-def _check_key(key: bytes) -> None:
-    if len(key) != KEY_BYTES:
-        raise ValueError(f"the key must be {KEY_BYTES} bytes, got {len(key)}")
+def _check_secret(secret: bytes) -> None:
+    if len(secret) != KEY_BYTES:
+        raise ValueError(f"the quarantine key must be {KEY_BYTES} bytes, got {len(secret)}")
 
 
-def encode(type: MsgType | int, payload: bytes | Message, key: bytes, *,
+def encode(type: MsgType | int, payload: bytes | Message, secret: bytes, *,
            nonce: bytes | None = None, ts_ns: int | None = None,
            version: int = VERSION, flags: int = 0) -> bytes:
     """Build one MAC'd frame.
@@ -337,8 +337,8 @@ def encode(type: MsgType | int, payload: bytes | Message, key: bytes, *,
         The message type.
     payload:
         A message (its type must match ``type``) or raw payload bytes.
-    key:
-        The 32-byte secret key; ignored when ``flags`` has :data:`PEERCRED` (the MAC
+    secret:
+        The quarantine key's 32 bytes; ignored when ``flags`` has :data:`PEERCRED` (the MAC
         is then keyed with :data:`PUBLIC_KEY`, as the receiver expects).
     nonce:
         16 bytes; default random (never reuse one: receivers refuse repeats).
@@ -361,7 +361,7 @@ def encode(type: MsgType | int, payload: bytes | Message, key: bytes, *,
         for a wrong-sized key or nonce, a payload over 4096 bytes, a message of
         another type, or a field that does not fit its integer.
     """
-    _check_key(key)
+    _check_secret(secret)
     if not isinstance(payload, bytes):
         if int(type) not in payload.TYPES:
             raise ValueError(f"a {payload.__class__.__name__} cannot be sent as type "
@@ -384,7 +384,7 @@ def encode(type: MsgType | int, payload: bytes | Message, key: bytes, *,
     except struct.error as exc:
         raise ValueError(f"a header field does not fit: {exc}") from None
     body = header + payload
-    return body + _mac(_mac_key(flags, key), body)
+    return body + _mac(_mac_key(flags, secret), body)
 
 
 def expected_length(prefix: bytes) -> int | None:
@@ -532,7 +532,7 @@ def _check_skew(ts_ns: int, now_ns: int | None, max_skew: float) -> None:
             f"step: check NTP)", reason="stale")
 
 
-def decode(frame: bytes, key: bytes, *, now_ns: int | None = None, max_skew: float = 30.0,
+def decode(frame: bytes, secret: bytes, *, now_ns: int | None = None, max_skew: float = 30.0,
            replay: ReplayCache | None = None, peercred: bool | None = None,
            header: Header | None = None) -> Frame:
     """Verify one frame and return it; the checks run in the documented order.
@@ -541,8 +541,8 @@ def decode(frame: bytes, key: bytes, *, now_ns: int | None = None, max_skew: flo
     ----------
     frame:
         Exactly one frame (:func:`read_frame` delivers that).
-    key:
-        The 32-byte secret key. A frame with the :data:`PEERCRED` flag is checked
+    secret:
+        The quarantine key's 32 bytes. A frame with the :data:`PEERCRED` flag is checked
         with :data:`PUBLIC_KEY` instead (a client without the secret passes
         PUBLIC_KEY here).
     now_ns:
@@ -575,7 +575,7 @@ def decode(frame: bytes, key: bytes, *, now_ns: int | None = None, max_skew: flo
         or content for the type), ``stale`` (timestamp outside ±max_skew),
         ``nonce`` (seen before within the replay window).
     """
-    _check_key(key)
+    _check_secret(secret)
     if len(frame) < HEADER_BYTES + MAC_BYTES:
         raise ProtocolError(f"a frame must be at least {HEADER_BYTES + MAC_BYTES} bytes "
                             f"(header and MAC), got {len(frame)}", reason="short")
@@ -593,7 +593,7 @@ def decode(frame: bytes, key: bytes, *, now_ns: int | None = None, max_skew: flo
                             reason="length")
     body = frame[:HEADER_BYTES + n]
     # constant time: a byte-by-byte compare would tell a forger how much is right
-    if not hmac.compare_digest(_mac(_mac_key(flags, key), body), frame[HEADER_BYTES + n:]):
+    if not hmac.compare_digest(_mac(_mac_key(flags, secret), body), frame[HEADER_BYTES + n:]):
         if flags:
             raise ProtocolError("the MAC of a PEERCRED frame does not match: it must be "
                                 "keyed with the public key (32 zero bytes); the frame is "
@@ -620,13 +620,13 @@ def decode(frame: bytes, key: bytes, *, now_ns: int | None = None, max_skew: flo
     return Frame(mtype, nonce, ts_ns, payload, flags)
 
 
-def decode_ack(frame: bytes, key: bytes, request_nonce: bytes, *, now_ns: int | None = None,
+def decode_ack(frame: bytes, secret: bytes, request_nonce: bytes, *, now_ns: int | None = None,
                max_skew: float = 30.0, peercred: bool = False) -> Ack:
     """Verify the reply to a request and return its ACK (the C ``geco_decode_ack``).
 
     Parameters
     ----------
-    frame, key, now_ns, max_skew:
+    frame, secret, now_ns, max_skew:
         As for :func:`decode`.
     request_nonce:
         The nonce of the request this reply must answer.
@@ -645,7 +645,7 @@ def decode_ack(frame: bytes, key: bytes, request_nonce: bytes, *, now_ns: int | 
         as :func:`decode`; also ``type`` when the frame is not an ACK, and
         ``nonce`` when it answers another request.
     """
-    got = decode(frame, key, now_ns=now_ns, max_skew=max_skew, peercred=peercred)
+    got = decode(frame, secret, now_ns=now_ns, max_skew=max_skew, peercred=peercred)
     if got.type is not MsgType.ACK:
         raise ProtocolError(f"the reply must be an ACK, got {got.type.name}", reason="type")
     ack = Ack.unpack(got.payload)
@@ -655,7 +655,7 @@ def decode_ack(frame: bytes, key: bytes, request_nonce: bytes, *, now_ns: int | 
     return ack
 
 
-def ack_for_error(received: bytes, error: ProtocolError, key: bytes) -> bytes:
+def ack_for_error(received: bytes, error: ProtocolError, secret: bytes) -> bytes:
     """Return the ACK a server sends for a refused frame, before it closes.
 
     The status is VERSION for a protocol version it does not speak, else
@@ -674,7 +674,7 @@ def ack_for_error(received: bytes, error: ProtocolError, key: bytes) -> bytes:
     flags = 0
     if error.reason != "version" and len(received) >= 8:
         flags = int.from_bytes(received[6:8], "little") & PEERCRED
-    return encode(MsgType.ACK, Ack(0, 0, status, nonce), key, flags=flags)
+    return encode(MsgType.ACK, Ack(0, 0, status, nonce), secret, flags=flags)
 
 
 class ReplayCache:

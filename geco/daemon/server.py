@@ -224,7 +224,7 @@ class Server:
     ----------
     loop: the runloop to serve on.
     lanes: the listening sockets, each with its workers and budget.
-    key: the 32-byte quarantine key.
+    secret: the quarantine key's 32 bytes.
     ctx: the policy's context (settings, cgroup backend, topology).
     on_change: called in the loop after a request changed the node's jobs.
     on_contained: called in the loop with ``<job>.<task>`` once the first process of that
@@ -235,13 +235,13 @@ class Server:
         exits: :mod:`geco.daemon.jobend`).
     """
 
-    def __init__(self, loop: RunLoop, lanes: Sequence[Lane], key: bytes, ctx: Context, *,
+    def __init__(self, loop: RunLoop, lanes: Sequence[Lane], secret: bytes, ctx: Context, *,
                  on_change: Callable[[], None] | None = None,
                  on_contained: Callable[[JobKey], None] | None = None,
                  on_shepherd: Callable[[Shepherd, int], None] | None = None) -> None:
         self.loop = loop
         self.lanes = list(lanes)
-        self.key = key
+        self.secret = secret
         self.ctx = ctx
         self.on_change = on_change
         self.on_contained = on_contained
@@ -402,7 +402,7 @@ class Server:
             conn.deadline.cancel()
         conn.phase = _Phase.WORKING
         try:
-            got = decode(frame, self.key, max_skew=self.ctx.config.gecod_max_skew,
+            got = decode(frame, self.secret, max_skew=self.ctx.config.gecod_max_skew,
                          replay=self.replay_peercred if conn.peercred else self.replay,
                          header=conn.header)
         except ProtocolError as exc:
@@ -463,7 +463,7 @@ class Server:
             result = self._internal_error(conn, got, exc)
         if isinstance(result, bytes):
             self.served += 1
-            self._send(conn, encode(MsgType.STATUS_REPLY, result, self.key, flags=got.flags))
+            self._send(conn, encode(MsgType.STATUS_REPLY, result, self.secret, flags=got.flags))
         else:
             assert isinstance(result, Outcome)
             self._answer(conn, got, result)
@@ -513,7 +513,7 @@ class Server:
                                   outcome.status, got.type.name)
         ack = Ack(job or 0, task or 0, outcome.status, got.nonce)
         # in kind: a PEERCRED asker has no secret key to check any other MAC
-        self._send(conn, encode(MsgType.ACK, ack, self.key, flags=got.flags))
+        self._send(conn, encode(MsgType.ACK, ack, self.secret, flags=got.flags))
 
     # -- refusals -------------------------------------------------------------
 
@@ -538,7 +538,7 @@ class Server:
         if conn.claimed == (None, None, None):
             conn.claimed = claimed(data)
         conn.peercred = claims_peercred(data)
-        reply = ack_for_error(data, exc, self.key)
+        reply = ack_for_error(data, exc, self.secret)
         status = AckStatus.VERSION if exc.reason == "version" else AckStatus.BAD_REQUEST
         self._journal_refusal(conn, exc.reason, exc.msg, status)
         self.loop.remove_source(conn.sock)
@@ -614,9 +614,9 @@ class Server:
 
     # -- lifecycle ------------------------------------------------------------
 
-    def replace_key(self, key: bytes) -> None:
-        """Use ``key`` for requests from now on (after ``geco keygen --force`` and SIGHUP)."""
-        self.key = key
+    def replace_secret(self, secret: bytes) -> None:
+        """Use ``secret`` for requests from now on (after ``geco keygen --force`` and SIGHUP)."""
+        self.secret = secret
 
     def shutdown(self, on_idle: Callable[[], None]) -> None:
         """Stop accepting; drop half-sent requests; call ``on_idle`` once every answer is out.

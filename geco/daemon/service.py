@@ -135,7 +135,7 @@ class Daemon:
             self.address = address.parse(cfg.gecod_socket)
             self.root_address = address.privileged(cfg.gecod_privileged_socket, self.address)
             self.root_group = _group(cfg.gecod_privileged_group)
-            self.key = keys.load_key(cfg.gecod_key_file)
+            self.secret = keys.load_key(cfg.gecod_key_file)
         except GecoError as exc:
             raise _StartupError(str(exc)) from exc
         self._refuse_second_gecod()
@@ -188,7 +188,7 @@ class Daemon:
                       root_budget(cfg.gecod_workers), inline=True),
                  Lane("public", self.listener, self.address, self.public_executor,
                       PUBLIC_BUDGET)]
-        self.server = Server(self.loop, lanes, self.key, self.ctx,
+        self.server = Server(self.loop, lanes, self.secret, self.ctx,
                              on_change=self._report_status_soon, on_contained=self._watch_job,
                              on_shepherd=self.jobends.watch)
         # leftovers of ended jobs, and jobs past h_rt + grace: rounds in a thread of
@@ -311,18 +311,18 @@ class Daemon:
                              name, getattr(new, name))
         new = new._replace(**{n: getattr(self.cfg, n) for n in _RESTART_ONLY})
         try:
-            key = keys.load_key(new.gecod_key_file)
+            secret = keys.load_key(new.gecod_key_file)
         except GecoError as exc:
             _log.error("SIGHUP: keeping the running key: %s", exc)
-            key = self.key
+            secret = self.secret
         try:
             self.oom.policy = oom.check_policy(new.gecod_oom)
         except GecoError as exc:
             _log.error("SIGHUP: keeping OOM policy %s: %s", self.oom.policy, exc)
         self.cfg = self.ctx.config = new
         self.reaper.reconfigure(new)
-        self.key = key
-        self.server.replace_key(key)
+        self.secret = secret
+        self.server.replace_secret(secret)
         log.setup(_stderr_level(self.log_level, new), identifier="gecod")
         _route_traces(new)
         log.in_background()
