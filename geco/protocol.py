@@ -323,7 +323,7 @@ def _mac_key(flags: int, secret: bytes) -> bytes:
 
 def _check_secret(secret: bytes) -> None:
     if len(secret) != KEY_BYTES:
-        raise ValueError(f"the quarantine key must be {KEY_BYTES} bytes, got {len(secret)}")
+        raise ValueError(f"the key must be {KEY_BYTES} bytes, got {len(secret)}")
 
 
 def encode(type: MsgType | int, payload: bytes | Message, secret: bytes, *,
