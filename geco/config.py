@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
-from geco import log
+from geco import configcache, log
 from geco.errors import ConfigError
 
 __all__ = ["DEFAULT_PATH", "Config", "load"]
@@ -201,6 +201,15 @@ def _coerce(name: str, value: Any, default: Any) -> Any:
     return value.lower() if choices else value
 
 
+def _parse(f: BinaryIO, path: Path) -> dict[str, Any]:
+    import tomllib  # here: an unchanged file is read from the cache (geco.configcache)
+
+    try:
+        return tomllib.load(f)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"the configuration is not valid TOML: {exc}", path=path) from exc
+
+
 def load(path: Path | str | None = None) -> Config:
     """Read the configuration file and return the settings.
 
@@ -215,18 +224,21 @@ def load(path: Path | str | None = None) -> Config:
     ConfigError
         if the file exists but cannot be read or is not valid TOML.
     """
-    import tomllib
-
     path = Path(path or os.environ.get("GECO_CONFIG") or DEFAULT_PATH)
     try:
         with path.open("rb") as f:
-            doc = tomllib.load(f)
+            # the site's file only: the one every hook reads (tests' files stay uncached)
+            cached = path == DEFAULT_PATH
+            st = os.fstat(f.fileno())
+            doc = configcache.read(path, st) if cached else None
+            if doc is None:
+                doc = _parse(f, path)
+                if cached:
+                    configcache.write(path, st, doc)
     except FileNotFoundError:
         return Config()
     except OSError as exc:
         raise ConfigError.from_oserror("cannot read the configuration", exc, path=path) from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"the configuration is not valid TOML: {exc}", path=path) from exc
 
     defaults = Config()
     values: dict[str, Any] = {}

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import pytest
 
-from geco import config
+from geco import config, configcache
 from geco.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -67,3 +69,29 @@ def test_a_file_that_is_not_toml_is_an_error_naming_it(tmp_path: Path) -> None:
         config.load(path)
     assert str(info.value).startswith("the configuration is not valid TOML: ")
     assert str(info.value).endswith(f"(path={path})")
+
+
+def test_the_site_file_is_parsed_once_and_read_again_from_roots_cache(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given the site's geco.toml, when it is loaded twice, then the second load takes
+    root's parsed copy (no TOML parsing) and gives the same settings; a changed file is
+    parsed anew; a copy not owned by root is never used."""
+    site = tmp_path / "geco.toml"
+    site.write_text('[cgroup]\nname = "JOBS"\n')
+    monkeypatch.setattr(config, "DEFAULT_PATH", site)
+    monkeypatch.setattr(configcache, "DIR", tmp_path / "run")
+    parsed: list[Path] = []
+    real_parse = config._parse
+
+    def counting(f: BinaryIO, path: Path) -> dict[str, Any]:
+        parsed.append(path)
+        return real_parse(f, path)
+    monkeypatch.setattr(config, "_parse", counting)
+    first, second = config.load(site), config.load(site)
+    assert (first.cgroup_name, second, len(parsed)) == ("JOBS", first, 1)
+    [kept] = (tmp_path / "run").iterdir()
+    assert kept.stat().st_mode & 0o777 == 0o644
+    site.write_text('[cgroup]\nname = "OTHER"\n')
+    assert (config.load(site).cgroup_name, len(parsed)) == ("OTHER", 2)
+    os.chown(kept, 65534, 65534)  # a copy root did not write (or a user replaced)
+    assert (config.load(site).cgroup_name, len(parsed)) == ("OTHER", 3)
