@@ -20,6 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _table import Row, add_json_option, write_rows
+
 from geco.cores import allocate
 from geco.errors import CoresUnavailable
 from geco.topology import Topology
@@ -41,13 +43,18 @@ def _p99(values: list[float]) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[98]
 
 
+_ROWS: list[Row] = []
+
+
 def _row(label: str, values: list[float], note: str = "") -> None:
     print(f"{label:<44} {statistics.median(values):>9.3f} {_p99(values):>9.3f}  {note}")
+    _ROWS.append(Row(f"cores: {label}, p50", statistics.median(values), "ms"))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=2000, help="allocations per row")
+    add_json_option(parser)
     args = parser.parse_args()
     rng = random.Random(42)
 
@@ -77,6 +84,7 @@ def main() -> None:
             unit = "threads" if threads else "cores"
             _row(f"allocate 1..64 {unit}, {busy_pct:>2} % busy", times,
                  f"refused {refused}/{args.runs}" if refused else "")
+    write_rows(args.json, _ROWS)
 
 
 if __name__ == "__main__":

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from _common import REPO
+from _table import Row, add_json_option, write_rows
 
 from geco.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import resourcefile
@@ -211,6 +212,7 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=100, help="requests per client")
     parser.add_argument("--idle-seconds", type=float, default=60.0,
                         help="window for counting idle wake-ups (scaled to a minute)")
+    add_json_option(parser)
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("bench_gecod: run as root (gecod creates cgroups)", file=sys.stderr)
@@ -221,15 +223,16 @@ def main() -> int:
         rss_start = _status_field(g.pid, "VmRSS")
         # the first request builds the job's cgroups; the rounds measure steady state
         round_trips(binary, g, 1, 1)
-        for clients in (1, 64):
-            rows.append((f"JOB_STARTED round trip, {clients} client(s) (C, as the preload)",
-                         round_trip_figures(round_trips(binary, g, clients, args.requests))))
+        one, many = (round_trips(binary, g, clients, args.requests) for clients in (1, 64))
         rss_after = _status_field(g.pid, "VmRSS")
         floor = run_qbench(binary, "floor-socket", "--requests", "2000")
-        rows.append(("floor: bare Unix-socket round trip (same sizes, no work)",
-                     round_trip_figures(floor)))
         move = run_qbench(binary, "floor-cgroup", "--cgroup-procs", str(cgroup_procs(g)),
                           "--requests", "500")
+        for clients, got in ((1, one), (64, many)):
+            rows.append((f"JOB_STARTED round trip, {clients} client(s) (C, as the preload)",
+                         round_trip_figures(got)))
+        rows.append(("floor: bare Unix-socket round trip (same sizes, no work)",
+                     round_trip_figures(floor)))
         rows.append(("floor: one cgroup.procs write (cpuset, a move)", round_trip_figures(move)))
         time.sleep(1.0)  # let the last replies and journal writes settle
         before = _switches(g.pid)
@@ -242,6 +245,20 @@ def main() -> int:
                      " window)", f"{per_minute:.1f} per minute"))
         journald = Path("/run/systemd/journal/socket").is_socket()
         rows.append(("journald receiving gecod's entries", "yes" if journald else "no"))
+    rtt = float(floor["p50_us"])
+    write_rows(args.json, [
+        Row("quarantine round trip, 1 client, p50", float(one["p50_us"]), "us", "<= 200",
+            rtt, "bare Unix-socket round trip"),
+        Row("quarantine round trip, 64 clients, p99", float(many["p99_us"]) / 1e3, "ms",
+            "<= 10", float(floor["p99_us"]) / 1e3, "bare Unix-socket round trip, p99"),
+        Row("quarantine requests per second, 64 clients", float(many["rate_per_s"]), "/s",
+            ">= 10,000", float(floor["rate_per_s"]), "bare round trips per second"),
+        Row("one cgroup.procs move (the kernel's part of a quarantine), p50",
+            float(move["p50_us"]), "us"),
+        Row("gecod RSS after start-up", rss_start / 1024, "MiB"),
+        Row(f"gecod RSS after {int(many['requests']) + int(one['requests']):,} requests",
+            rss_after / 1024, "MiB"),
+        Row("gecod idle wake-ups", per_minute, "/min")])
     shutil.rmtree(binary.parent, ignore_errors=True)
     width = max(len(r[0]) for r in rows)
     print(f"gecod on {g.host}, {g.ncpu} cpus, Python {sys.version.split()[0]}")

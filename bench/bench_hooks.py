@@ -1,33 +1,47 @@
-"""Time geco's prolog and epilog on real Grid Engine jobs.
+"""Time geco's hooks on real Grid Engine jobs, with and without gecod.
 
 Run as root from the repo root (after scripts/install.sh):
 
-    /opt/geco/venv/bin/python bench/bench_hooks.py [--jobs 20]
+    /opt/geco/venv/bin/python bench/bench_hooks.py [--jobs 20] [--json PATH]
     /opt/geco/venv/bin/python bench/bench_hooks.py --since EPOCH
 
-Brings up journald and the single-host Grid Engine with geco's hooks (the same
-way the test fixtures do), submits N one-slot ``-b y /bin/true`` jobs as the
-test user, and reads each hook's own timing from the journal
-(``GECO_EVENT=prolog-done`` / ``epilog-done``). With ``--since`` it submits
-nothing and reports every hook journaled since then (the jobs of a test run):
+Brings up journald and the single-host Grid Engine with geco's prolog, epilog and
+starter (the same way the test fixtures do) and submits N one-slot ``-b y /bin/true``
+jobs as the test user, twice:
 
-* ``in hook``     time spent in geco's code (configuration, qstat, cgroups),
-* ``since exec``  from the hook process's exec (the /bin/sh wrapper) to the end,
-                  Python start-up included; /proc start times have 10 ms steps.
+1. **hooks alone**: the prolog asks qstat for the job's resources itself;
+2. **with gecod**: gecod runs and sge_execd has the exec() preload, so gecod has
+   read the job's resources and made its cgroups before the prolog starts.
 
-Prints the median and p90 of each, in milliseconds.
+Each hook's own figures come from the journal (``GECO_EVENT=prolog-done`` and
+``epilog-done``: ``ELAPSED_SEC`` in geco's code, ``SINCE_EXEC_SEC`` since the
+process started; the starter's ``job-started`` carries its ``SINCE_EXEC_SEC``, as
+the job replaces it). The kernel counts a process's start from its fork, in 10 ms
+ticks rounded down, so "since exec" also holds what Grid Engine's shepherd does in
+the child before the exec, and up to one tick more: an upper bound. For a prolog
+that asked qstat, ``RESOURCES_SEC`` (qstat's time) is also shown. Printed beside:
+``-X importtime`` totals per hook (the sum of its modules' own import times) and the
+floor measured in the same run, a bare ``python -I -S -c pass``.
+
+With ``--since`` it submits nothing and reports every hook journaled since then
+(the jobs of a test run).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import socket
 import statistics
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 from _common import journald, percentile
+from _table import Row, add_json_option, write_rows
 
 from tests import conftest as harness  # the test fixtures' service helpers
 
@@ -62,9 +76,10 @@ def report(title: str, times: dict[str, list[dict[str, str]]]) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=20)
+    parser.add_argument("--jobs", type=int, default=20, help="jobs in each of the two rounds")
     parser.add_argument("--since", type=float, metavar="EPOCH",
                         help="submit nothing: report the hooks journaled since then")
+    add_json_option(parser)
     args = parser.parse_args()
     if args.since is not None:
         report(f"geco hooks journaled since {time.ctime(args.since)}, ms",
@@ -74,16 +89,37 @@ def main() -> int:
         print("bench_hooks: run as root (it starts Grid Engine)", file=sys.stderr)
         return 2
     with journald():
-        return _run(args.jobs)
+        return _run(args.jobs, args.json)
 
 
-def _run(count: int) -> int:
-    owner = harness.ensure_user(harness.TEST_USER)
-    env = dict(harness.CLEAN_ENV, SGE_TEST_USER=owner.name,
-               GECO_PROLOG=harness.HOOK_LINES["prolog"], GECO_EPILOG=harness.HOOK_LINES["epilog"],
-               GECO_STARTER=harness.HOOK_LINES["starter"])
-    harness.run(["bash", str(harness.SGE_SETUP)], env=env, timeout=600)
-    workdir = owner.make_dir("bench-hooks")
+PYTHON = "/opt/geco/venv/bin/python"
+GECO = "/opt/geco/venv/bin/geco"
+PRELOAD = "/opt/geco/lib/libgeco_preload.so"
+GECOD_SOCKET = Path("/run/geco/gecod.sock")
+
+
+def bare_start_ms(runs: int = 20) -> float:
+    """The floor: median wall time of ``python -I -S -c pass``, in ms."""
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        subprocess.run([PYTHON, "-I", "-S", "-c", "pass"], check=True)
+        times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times)
+
+
+def import_ms(hook: str) -> float:
+    """``-X importtime`` total of ``geco.hooks.<hook>`` as the installed hook imports it, ms."""
+    code = ("import sys; v = sys.executable.rpartition('/bin/')[0]; "
+            "sys.path.append('%s/lib/python%d.%d/site-packages' % (v, *sys.version_info[:2]));"
+            f" import geco.hooks.{hook}")
+    err = subprocess.run([PYTHON, "-I", "-S", "-X", "importtime", "-c", code], check=True,
+                         capture_output=True, text=True).stderr
+    return sum(int(line.split("|")[0].split(":")[1]) for line in err.splitlines()
+               if line.startswith("import time:") and "self [us]" not in line) / 1000
+
+
+def _round(owner: harness.JobOwner, workdir: Path, count: int) -> tuple[list[int], float]:
     started = time.time()
     jobs = []
     for _ in range(count):
@@ -98,8 +134,100 @@ def _run(count: int) -> int:
                    if harness.run(["qstat", "-j", str(j)], check=False).returncode == 0}
         time.sleep(0.5)
     harness.run(["journalctl", "--sync"], check=False)
-    report(f"geco hooks on {len(jobs)} real Grid Engine jobs (-b y /bin/true, one slot), ms",
-           hook_times(started, set(jobs)))
+    return jobs, started
+
+
+def _entries(since: float, jobs: list[int], event: str) -> list[dict[str, str]]:
+    out = harness.run(["journalctl", "-o", "json", "--no-pager", f"--since=@{int(since)}",
+                       f"GECO_EVENT={event}"], check=False).stdout
+    wanted = set(jobs)
+    return [e for e in (json.loads(line) for line in out.splitlines() if line)
+            if e.get("JOB_ID", "").isdigit() and int(e["JOB_ID"]) in wanted]
+
+
+def _ms(entries: list[dict[str, str]], field: str) -> list[float]:
+    return [float(e[field]) * 1000 for e in entries if field in e]
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def _gecod_started() -> subprocess.Popen[bytes]:
+    gecod = subprocess.Popen([GECO, "daemon"], cwd="/", stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+                             start_new_session=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if gecod.poll() is not None:
+            raise SystemExit("bench_hooks: gecod exited at start (another one serving?)")
+        with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as s:
+            s.connect(str(GECOD_SOCKET))
+            return gecod
+        time.sleep(0.1)
+    gecod.terminate()
+    raise SystemExit("bench_hooks: gecod did not start serving within 30 s")
+
+
+def _run(count: int, json_path: Path | None) -> int:
+    owner = harness.ensure_user(harness.TEST_USER)
+    env = dict(harness.CLEAN_ENV, SGE_TEST_USER=owner.name,
+               GECO_PROLOG=harness.HOOK_LINES["prolog"], GECO_EPILOG=harness.HOOK_LINES["epilog"],
+               GECO_STARTER=harness.HOOK_LINES["starter"])
+    harness.run(["bash", str(harness.SGE_SETUP)], env=dict(env, GECO_EXECD_PRELOAD=""),
+                timeout=600)
+    workdir = owner.make_dir("bench-hooks")
+    alone, since_alone = _round(owner, workdir, count)
+    gecod = _gecod_started()
+    try:
+        harness.run(["bash", str(harness.SGE_SETUP)], env=dict(env, GECO_EXECD_PRELOAD=PRELOAD),
+                    timeout=600)
+        served, since_served = _round(owner, workdir, count)
+    finally:
+        gecod.terminate()
+        gecod.wait(30)
+        harness.run(["bash", str(harness.SGE_SETUP)], env=dict(env, GECO_EXECD_PRELOAD=""),
+                    timeout=600)
+    floor = bare_start_ms()
+    imports = {hook: import_ms(hook) for hook in ("prolog", "epilog", "starter")}
+    rows: list[Row] = []
+    print(f"geco hooks on 2 x {count} real Grid Engine jobs (-b y /bin/true, one slot), ms")
+    print(f"  floor: python -I -S -c pass                     {floor:7.1f}")
+    for hook, ms in imports.items():
+        print(f"  -X importtime total, geco.hooks.{hook:8}         {ms:7.1f}")
+        rows.append(Row(f"{hook}: -X importtime total", ms, "ms"))
+    for title, jobs, since in (("hooks alone (the prolog asks qstat)", alone, since_alone),
+                               ("with gecod and the preload", served, since_served)):
+        print(f"{title}:")
+        prolog = _entries(since, jobs, "prolog-done")
+        read = {e["JOB_ID"]: e for e in _entries(since, jobs, "resources-read")}
+        beyond_qstat = [float(e["SINCE_EXEC_SEC"]) * 1000
+                        - float(read.get(e["JOB_ID"], {}).get("RESOURCES_SEC", "0")) * 1000
+                        for e in prolog]
+        figures = {
+            "prolog since exec": _ms(prolog, "SINCE_EXEC_SEC"),
+            "prolog in geco's code": _ms(prolog, "ELAPSED_SEC"),
+            "prolog since exec, qstat's own time taken out": beyond_qstat,
+            "epilog since exec": _ms(_entries(since, jobs, "epilog-done"), "SINCE_EXEC_SEC"),
+            "starter since exec": _ms(_entries(since, jobs, "job-started"), "SINCE_EXEC_SEC"),
+        }
+        for label, values in figures.items():
+            if values:
+                print(f"  {label:46} p50 {_median(values):7.1f}  p90 "
+                      f"{percentile(values, .9):7.1f}  ({len(values)} jobs)")
+            else:
+                print(f"  {label:46} none journaled")
+        qstat = title.startswith("hooks alone")
+        goals = {"prolog since exec": None if qstat else "<= 40",
+                 "prolog since exec, qstat's own time taken out": "<= 40" if qstat else None,
+                 "epilog since exec": "<= 40", "starter since exec": "<= 25"}
+        for label, goal in goals.items():
+            if goal is not None and figures[label]:
+                rows.append(Row(f"{label} ({'hooks alone' if qstat else 'gecod knew the job'}),"
+                                " p50", _median(figures[label]), "ms", goal, floor,
+                                "python -I -S -c pass"))
+    write_rows(json_path, rows)
     return 0
 
 

@@ -59,6 +59,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from _common import journald, percentile, run_in_cgroups, sigterm_exits, v1_backend
+from _table import Row, add_json_option, write_rows
 
 from geco import log, oom
 from geco.cgroup import Limits, V1Backend
@@ -344,9 +345,13 @@ def print_journal_figures(fig: JournalFigures, kills: int, pace: float) -> None:
             print(f"  {label:<42} median {statistics.median(values):7.2f} ms   p90 "
                   f"{percentile(values, 0.9):7.2f}   max {max(values):7.2f}   "
                   f"(n={len(values)})")
+            _ROWS.append(Row(f"OOM relay: {label}, p50", statistics.median(values), "ms"))
     if fig.no_kernel_line or fig.no_entry:
         print(f"  left out: {fig.no_kernel_line} kill(s) without an oom-kill line (rate limit: "
               f"another OOM on this node?), {fig.no_entry} without a journal entry")
+
+
+_ROWS: list[Row] = []
 
 
 def row(label: str, values: list[float]) -> None:
@@ -378,6 +383,7 @@ def main() -> int:
                         help="kills timed from the kernel to the journal (0 = skip)")
     parser.add_argument("--pace", type=float, default=RATE_WINDOW / RATE_BURST + 0.05,
                         help="seconds between those kills (the kernel's log rate limit)")
+    add_json_option(parser)
     args = parser.parse_args()
     # the monitor's journal records would only add noise (and journald load) here
     log.setup("quiet", journal=False)
@@ -386,7 +392,9 @@ def main() -> int:
         return 1
     sigterm_exits()
     backend = v1_backend(f"geco-test-bench-{os.getpid()}", V1Backend)
-    return run_in_cgroups("bench_oom", backend, lambda: measure(backend, args))
+    code = run_in_cgroups("bench_oom", backend, lambda: measure(backend, args))
+    write_rows(args.json, _ROWS)
+    return code
 
 
 if __name__ == "__main__":

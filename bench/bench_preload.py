@@ -37,6 +37,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from _table import Row, add_json_option, write_rows
+
 REPO = Path(__file__).resolve().parent.parent
 PRELOAD = REPO / "preload"
 LIB = PRELOAD / "build" / "libgeco_preload.so"
@@ -145,6 +147,7 @@ def main() -> int:
     parser.add_argument("--forks", type=int, default=2000, help="fork+execs per mode")
     parser.add_argument("--batches", type=int, default=10, help="interleaved batches")
     parser.add_argument("--calls", type=int, default=200_000, help="failing execve() calls")
+    add_json_option(parser)
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("bench_preload: run as root (the preload reads a root-only key)", file=sys.stderr)
@@ -176,11 +179,15 @@ def main() -> int:
                 calls[name].append(total / per_call_batch)
 
     base = statistics.median(samples["without preload"]) / 1000
+    rows = []
     print(f"fork+exec+wait of /bin/true, {per_batch * args.batches} per mode in "
           f"{args.batches} interleaved batches (median µs):")
     for name, values in samples.items():
         median = statistics.median(values) / 1000
         print(f"  {name:32s} {median:8.1f} µs   ratio {median / base:.3f}")
+        if name.startswith("geco"):
+            rows.append(Row(f"fork+exec of /bin/true, {name}, p50", median, "us", "-", base,
+                            "without the preload"))
     base_call = statistics.median(calls["without preload"])
     print(f"execve() of a missing path, {per_call_batch * args.batches} calls per mode "
           f"(median of the batch means, ns per call):")
@@ -188,6 +195,10 @@ def main() -> int:
         median = statistics.median(means)
         print(f"  {name:32s} {median:8.0f} ns   difference {median - base_call:+5.0f} ns, "
               f"ratio {median / base_call:.3f}")
+        if name.startswith("geco"):
+            rows.append(Row("execve() of a missing path, geco preload (fast path)", median,
+                            "ns", "-", base_call, "without the preload"))
+    write_rows(args.json, rows)
     return 0
 
 

@@ -43,11 +43,12 @@ import tempfile
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
 from _common import remove_test_cgroups, run_in_cgroups, sigterm_exits, v1_backend
+from _table import Row, add_json_option, write_rows
 
 from geco import containment, log
 from geco.cgroup import Hierarchy, Limits, V1Backend
@@ -278,7 +279,7 @@ def measure(backend: TimedV1Backend, args: argparse.Namespace,
             results: dict[str, list[Run]], reads: list[float]) -> None:
     """``args.runs`` teardowns per variant, alternating; note each and the pids() reads."""
     with tempfile.TemporaryDirectory(prefix="geco-bench-teardown-") as state:
-        cfg = replace(Config(), cgroup_name=backend.name, state_dir=Path(state),
+        cfg = Config()._replace(cgroup_name=backend.name, state_dir=Path(state),
                       trace_dir=Path(state) / "trace", kill_timeout=30.0,
                       disable_queue_on_stuck=False)
         for _ in range(args.runs):
@@ -303,6 +304,7 @@ def main() -> int:
     parser.add_argument("--daemons", type=int, default=10,
                         help="double-forked setsid daemons among them")
     parser.add_argument("--busy", type=int, default=2, help="cpu-bound ones among them")
+    add_json_option(parser)
     args = parser.parse_args()
     if args.processes < 1 + args.daemons + args.busy:
         parser.error("--processes must leave room for the forker, --daemons and --busy")
@@ -333,6 +335,9 @@ def main() -> int:
           f"median {statistics.median(reads) * 1e3:.1f} ms")
     for variant in variants:
         report(variant, results[variant])
+    write_rows(args.json, [
+        Row(f"teardown ({v}) of a job with {args.processes:,} processes, p50",
+            statistics.median(r.total for r in results[v]) * 1e3, "ms") for v in variants])
     if not HAVE_TEAR_DOWN:
         print("  tear_down: not timed (this checkout has no geco/teardown.py)")
     return 0
