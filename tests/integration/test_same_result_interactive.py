@@ -29,8 +29,10 @@ from typing import Any
 import pytest
 from livekit import job_cgroups
 from samekit import (
+    CLIENT_RACE,
     GECO,
     QUEUES,
+    RACE_TRIES,
     Same,
     on_terminal,
     run,
@@ -80,8 +82,22 @@ def inside(text: str) -> dict[str, Any]:
 
 
 def check(same: Same, kind: str, index: int) -> str | None:
-    """One try of ``kind``; None when all is well, else what went wrong (with the output)."""
-    name = f"i{TOKEN}-{kind}-{index}"
+    """One try of ``kind``; None when all is well, else what went wrong (with the output).
+
+    A try whose client met Grid Engine's end-of-session race (its client says
+    ``CLIENT_RACE`` though the job ran and was accounted as it should) is made
+    again, up to ``RACE_TRIES`` times, as the comparisons with Grid Engine alone do:
+    Grid Engine alone shows the same race, so it says nothing about geco.
+    """
+    for attempt in range(RACE_TRIES):
+        problems, raced = _one_try(same, kind, index, attempt)
+        if not raced:
+            break
+    return problems
+
+
+def _one_try(same: Same, kind: str, index: int, attempt: int) -> tuple[str | None, bool]:
+    name = f"i{TOKEN}-{kind}-{index}" + (f"-again{attempt}" if attempt else "")
     queue = QUEUES[GECO]
     base = ["-q", queue, "-N", name, "-l", "m_mem_free=300M"]
     code: int | None
@@ -126,8 +142,11 @@ def check(same: Same, kind: str, index: int) -> str | None:
         if seen.get("JOB_ID") != wanted_id:
             problems.append(f"JOB_ID {seen.get('JOB_ID')!r}, not {wanted_id}")
     if not problems:
-        return None
-    return f"try {index} (job {job}): {'; '.join(problems)}\n    output: {transcript!r}"
+        return None, False
+    raced = (problems == [f"client exit code {code}, not {expected}"]
+             and CLIENT_RACE in transcript)
+    return (f"try {index} (job {job}): {'; '.join(problems)}\n    output: {transcript!r}",
+            raced)
 
 
 @pytest.mark.parametrize("kind", ["qrsh-command", "qrsh-login", "qlogin"])
