@@ -302,35 +302,30 @@ def _unit_value(text: str, parse: Callable[[str], int | float | None], what: str
         raise QstatParseError(f"{what}: {exc}", element=element) from None
 
 
-def _request_bytes(req: etree._Element, name: str) -> int:
-    """A memory request in bytes per slot; 0 for INFINITY."""
+def _request_value(req: etree._Element, name: str,
+                   parse: Callable[[str], int | float | None], unit: str) -> Decimal | float:
+    """A memory (bytes per slot) or time (seconds) request; 0 for INFINITY."""
+    value: Decimal | float
     if _is_infinity(_text(req, "CE_stringval")):
         return 0
     if _text(req, "CE_doubleval") is None:
-        # Only a CE_stringval: parse the way Grid Engine documents memory values.
-        memory = _unit_value(_text(req, "CE_stringval") or "", parse_memory,
-                             f"request {name}", "CE_stringval")
-        return 0 if memory >= _NO_LIMIT else int(memory)
-    value = _request_number(req, name)
-    if value < 0:
-        raise QstatParseError(f"request {name}: CE_doubleval must be >= 0 bytes, got {value}",
-                              element="CE_doubleval")
-    return 0 if value >= _NO_LIMIT else int(value)
+        # Only a CE_stringval: parse the way Grid Engine documents such values.
+        value = _unit_value(_text(req, "CE_stringval") or "", parse, f"request {name}",
+                            "CE_stringval")
+    else:
+        value = _request_number(req, name)
+        if value < 0:
+            raise QstatParseError(f"request {name}: CE_doubleval must be >= 0 {unit}, got "
+                                  f"{value}", element="CE_doubleval")
+    return 0 if value >= _NO_LIMIT else value
+
+
+def _request_bytes(req: etree._Element, name: str) -> int:
+    return int(_request_value(req, name, parse_memory, "bytes"))
 
 
 def _request_seconds(req: etree._Element, name: str) -> float:
-    """A time request in seconds; 0 for INFINITY."""
-    if _is_infinity(_text(req, "CE_stringval")):
-        return 0.0
-    if _text(req, "CE_doubleval") is None:
-        seconds = _unit_value(_text(req, "CE_stringval") or "", parse_time,
-                              f"request {name}", "CE_stringval")
-        return 0.0 if seconds >= _NO_LIMIT else float(seconds)
-    value = _request_number(req, name)
-    if value < 0:
-        raise QstatParseError(f"request {name}: CE_doubleval must be >= 0 seconds, got {value}",
-                              element="CE_doubleval")
-    return 0.0 if value >= _NO_LIMIT else float(value)
+    return float(_request_value(req, name, parse_time, "seconds"))
 
 
 def _requests(job: etree._Element) -> _Requests:
