@@ -5,9 +5,10 @@ to the standard library's ``geco`` logger, set up here the same way a hook
 writes them itself: seed lines on a stream, entries in journald
 (:func:`geco.log.seed_line`, :func:`geco.log.journal_fields` and
 :class:`geco.log.Journal` are shared). gecod goes further
-(:func:`in_background`): its records are handed to a thread of their own
-through a bounded queue, so a stalled stderr or trace file cannot block its
-event loop either.
+(:func:`in_background`): its records for a stream are handed to a thread of
+their own through a bounded queue, so a stalled stderr or trace file cannot
+block its event loop either (journal datagrams never wait, so they are sent
+at once).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import logging.handlers
 import os
 import queue
 import sys
-from typing import IO
+from collections.abc import Callable
+from typing import IO, TypeAlias
 
 from geco.log import (
     DEBUG,
@@ -33,6 +35,7 @@ from geco.log import (
 
 __all__ = ["JournalHandler", "SeedFormatter", "in_background", "setup", "stop_background"]
 
+_Records: TypeAlias = "queue.SimpleQueue[logging.LogRecord]"
 # Records gecod's logging thread may have waiting before new ones are dropped.
 _BACKGROUND_QUEUE = 10_000
 
@@ -109,6 +112,19 @@ class _DroppingQueueHandler(logging.handlers.QueueHandler):
 
     queue: queue.SimpleQueue[logging.LogRecord]
 
+    def __init__(self, records: _Records, behind: list[logging.Handler]) -> None:
+        super().__init__(records)
+        # a handler that takes only some records at its level (a job's trace router: its
+        # traced jobs') says which with wants(record)
+        self.behind: list[tuple[logging.Handler, Callable[[logging.LogRecord], bool] | None]] \
+            = [(h, getattr(h, "wants", None)) for h in behind]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        # only what a handler behind the queue takes crosses to the thread: each record
+        # that does costs the loop a thread hand-over
+        return any(record.levelno >= h.level and (wants is None or wants(record))
+                   for h, wants in self.behind)
+
     def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
         # the message is resolved here (its arguments may change later); the record
         # keeps its fields and exception for the handlers behind the queue
@@ -128,7 +144,8 @@ _listener: logging.handlers.QueueListener | None = None
 
 
 def in_background(logger: logging.Logger | None = None) -> None:
-    """Move ``logger``'s handlers (default: geco's) behind a bounded queue and a thread.
+    """Move ``logger``'s handlers (default: geco's) behind a bounded queue and a thread;
+    a :class:`JournalHandler` stays where it is (it never waits).
 
     Called again (after :func:`setup` on SIGHUP), it stops the old thread first,
     writing out what it still holds.
@@ -136,12 +153,18 @@ def in_background(logger: logging.Logger | None = None) -> None:
     global _listener
     logger = logger or logging.getLogger("geco")
     stop_background()
+    # no geco format shows a record's thread or process name: gecod makes a record per
+    # request, and these lookups were a good part of its cost
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     handlers = [h for h in logger.handlers if not isinstance(h, _DroppingQueueHandler)]
-    for handler in list(logger.handlers):
+    # the journal's datagrams never wait (a full journald drops them): they stay in the
+    # caller's thread, which spares gecod a thread hand-over per record (GIL, futexes)
+    queued = [h for h in handlers if not isinstance(h, JournalHandler)]
+    for handler in queued:
         logger.removeHandler(handler)
     records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
-    logger.addHandler(_DroppingQueueHandler(records))
-    _listener = logging.handlers.QueueListener(records, *handlers, respect_handler_level=True)
+    logger.addHandler(_DroppingQueueHandler(records, queued))
+    _listener = logging.handlers.QueueListener(records, *queued, respect_handler_level=True)
     _listener.start()
 
 

@@ -424,24 +424,36 @@ class TraceRouter(logging.Handler):
         self._write_lock = threading.Lock()
         self._local = _Busy()
 
-    def handle(self, record: logging.LogRecord) -> bool:
-        # the common case (no job fields, or a job without tracing) is decided here,
-        # without a lock; only a record that is written takes one
+    def _traced(self, record: logging.LogRecord) -> _Job | None:
+        """The job whose trace file wants ``record``, if any."""
         fields = getattr(record, _FIELDS_ATTR, None)
         if not fields:
-            return False
+            return None
         job_text, task_text = fields.get("JOB_ID"), fields.get("SGE_TASK_ID")
         # they name files: digits only, so a record cannot point outside the directories
         if not (job_text and task_text and job_text.isdigit() and task_text.isdigit()):
-            return False
-        if self._local.busy:
-            return False
+            return None
         try:
             key = JobKey(int(job_text), int(task_text))
         except JobKeyError:  # no job has such ids (20 digits): nothing to trace into
-            return False
+            return None
         entry = self._lookup(key)
         if entry is None or entry.level is None or record.levelno < entry.level:
+            return None
+        return entry
+
+    def wants(self, record: logging.LogRecord) -> bool:
+        """True when ``record`` goes to a trace file (gecod asks before handing a record
+        to its logging thread: most records go to no trace)."""
+        return self._traced(record) is not None
+
+    def handle(self, record: logging.LogRecord) -> bool:
+        # the common case (no job fields, or a job without tracing) is decided here,
+        # without a lock; only a record that is written takes one
+        if self._local.busy:
+            return False
+        entry = self._traced(record)
+        if entry is None:
             return False
         if not self.filter(record):
             return False

@@ -43,6 +43,8 @@ _LIST_RE = re.compile(r"[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*")
 # kill() repeats its sweep while new pids keep appearing (a forking job); a
 # SIGKILLed process cannot fork again, so this bound is never reached in practice.
 _KILL_ROUNDS = 100
+# identity()'s cache of job -> first cgroup dir: forgotten whole when this full
+_FIRST_DIRS_KEPT = 4096
 
 _warned: set[str] = set()
 
@@ -177,6 +179,7 @@ class Backend(ABC):
     def __init__(self, name: str, proc: Path) -> None:
         self.name = check_name(name)
         self.proc = proc
+        self._first_dirs: dict[JobKey, str] = {}  # identity()'s: the job's first cgroup dir
 
     # -- layout (per version) -------------------------------------------------
 
@@ -364,12 +367,15 @@ class Backend(ABC):
         remembers what it read from a job's cgroups (gecod: their limits) knows by
         one stat whether that still holds.
         """
-        for d in self._dirs(check_key(key))[:1]:
-            try:
-                return os.stat(d).st_ino
-            except FileNotFoundError:
-                return None
-        return None
+        first = self._first_dirs.get(key)
+        if first is None:  # gecod asks per request: the path is worked out once per job
+            if len(self._first_dirs) >= _FIRST_DIRS_KEPT:
+                self._first_dirs.clear()
+            first = self._first_dirs[key] = str(self._dirs(check_key(key))[0])
+        try:
+            return os.stat(first).st_ino
+        except FileNotFoundError:
+            return None
 
     def job_keys(self) -> list[JobKey]:
         """Return the keys of the job cgroups that exist now (in any controller), sorted."""

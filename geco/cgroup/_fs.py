@@ -187,7 +187,7 @@ def read_xattr(path: Path, name: str) -> bytes | None:
         raise cgroup_error(f"cannot read the attribute {name}", exc, path=path) from exc
 
 
-def write_bytes(path: Path, data: bytes, *, hints: Mapping[int, str] | None = None,
+def write_bytes(path: Path | str, data: bytes, *, hints: Mapping[int, str] | None = None,
                 **fields: object) -> None:
     """Write ``data`` to a cgroup file with exactly one ``write(2)``.
 
@@ -204,7 +204,6 @@ def write_bytes(path: Path, data: bytes, *, hints: Mapping[int, str] | None = No
     CgroupError
         with ``path``, ``errno`` and the value when the kernel refuses the write.
     """
-    shown = data.decode("ascii", "backslashreplace").strip() or "(empty)"
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
         try:
@@ -213,11 +212,15 @@ def write_bytes(path: Path, data: bytes, *, hints: Mapping[int, str] | None = No
             os.close(fd)
     except OSError as exc:
         hint = (hints or {}).get(exc.errno or 0, "")
-        raise cgroup_error(f"cannot write {shown} to {path.name}", exc, hint=hint,
-                           path=path, **fields) from exc
+        raise cgroup_error(f"cannot write {_shown(data)} to {os.path.basename(path)}", exc,
+                           hint=hint, path=Path(path), **fields) from exc
     if written != len(data):
-        raise CgroupError(f"short write of {shown} to {path.name}: {written} of "
-                          f"{len(data)} bytes", path=path, **fields)
+        raise CgroupError(f"short write of {_shown(data)} to {os.path.basename(path)}: "
+                          f"{written} of {len(data)} bytes", path=Path(path), **fields)
+
+
+def _shown(data: bytes) -> str:
+    return data.decode("ascii", "backslashreplace").strip() or "(empty)"
 
 
 def read_int(path: Path) -> int:

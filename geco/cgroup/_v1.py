@@ -379,7 +379,7 @@ class V1Backend(Backend):
         for ctrl in self._movers:
             d = paths[ctrl]
             try:
-                write_bytes(d / "cgroup.procs", data, hints=hints, key=key, pid=pid)
+                write_bytes(f"{d}/cgroup.procs", data, hints=hints, key=key, pid=pid)
             except CgroupError as exc:
                 # the job exists (cpuset and memory took the pid), but an older geco, or
                 # one from before this controller was mounted, made no directory here:

@@ -196,6 +196,7 @@ class _Connection:
     accepted: float = field(default_factory=time.monotonic)
     claimed: tuple[int | None, int | None, int | None] = (None, None, None)
     peercred: bool = False  # the header has the PEERCRED flag (answer in kind)
+    watched: bool = False  # registered with the loop (it had to wait for bytes or room)
 
     @property
     def uid(self) -> int | None:
@@ -330,26 +331,37 @@ class Server:
                 conn.pidfd = os.pidfd_open(peer.pid)
         lane.connections.add(conn)
         lane.open_by_uid[conn.uid] += 1
-        conn.deadline = self.loop.add_timer(self.ctx.config.gecod_connection_deadline,
-                                            lambda: self._expired(conn))
-        self.loop.add_source(sock, selectors.EVENT_READ,
-                             lambda s, ev: self._on_readable(conn))
+        # a client sends its frame right after connecting: mostly it is here already,
+        # and is served without a deadline timer or a turn through epoll
+        self._on_readable(conn)
+        if conn.phase is _Phase.READING:
+            conn.deadline = self.loop.add_timer(self.ctx.config.gecod_connection_deadline,
+                                                lambda: self._expired(conn))
+            self.loop.add_source(sock, selectors.EVENT_READ,
+                                 lambda s, ev: self._on_readable(conn))
+            conn.watched = True
 
     # -- reading --------------------------------------------------------------
 
     def _on_readable(self, conn: _Connection) -> None:
         # the whole header first (every frame has one): a frame refused for its length
         # field is then answered with its own nonce, which binds the ACK to it
+        while conn.phase is _Phase.READING and self._read_some(conn):
+            pass
+
+    def _read_some(self, conn: _Connection) -> bool:
+        """One recv of what the frame still lacks, and what follows from it; False when
+        nothing more can be read now."""
         want = HEADER_BYTES if conn.header is None else conn.header.frame_bytes
         need = want - len(conn.buf)
         try:
             chunk = conn.sock.recv(need)
         except (BlockingIOError, InterruptedError):
-            return
+            return False
         except OSError as exc:
             self._refuse_unanswered(conn, "closed", f"connection error after {len(conn.buf)} "
                                                     f"bytes: {exc.strerror}")
-            return
+            return False
         if not chunk:
             if conn.buf:
                 self._refuse_unanswered(conn, "closed", f"the client closed the connection "
@@ -358,20 +370,22 @@ class Server:
             else:
                 _log.debug("%s connected and closed without a request", conn.describe())
                 self._close(conn)
-            return
+            return False
         conn.buf += chunk
         if conn.header is None:
             try:
                 if len(conn.buf) < HEADER_BYTES:
                     expected_length(bytes(conn.buf))  # garbage is answered at once
-                    return
+                    return False
                 conn.header = Header.parse(bytes(conn.buf))
                 self._check_transport(conn)
             except ProtocolError as exc:
                 self._reject(conn, exc)
-                return
+                return False
         if len(conn.buf) >= conn.header.frame_bytes:
             self._received(conn)
+            return False
+        return len(chunk) == need  # short read: the rest is not here yet
 
     def _check_transport(self, conn: _Connection) -> None:
         """A PEERCRED frame is believed only where the kernel names its sender."""
@@ -397,7 +411,7 @@ class Server:
     def _received(self, conn: _Connection) -> None:
         frame = bytes(conn.buf)
         conn.claimed = claimed(frame)
-        self.loop.remove_source(conn.sock)
+        self._unwatch(conn)
         if conn.deadline is not None:
             conn.deadline.cancel()
         conn.phase = _Phase.WORKING
@@ -541,7 +555,7 @@ class Server:
         reply = ack_for_error(data, exc, self.secret)
         status = AckStatus.VERSION if exc.reason == "version" else AckStatus.BAD_REQUEST
         self._journal_refusal(conn, exc.reason, exc.msg, status)
-        self.loop.remove_source(conn.sock)
+        self._unwatch(conn)
         if conn.deadline is not None:
             conn.deadline.cancel()
         self._send(conn, reply)
@@ -575,6 +589,7 @@ class Server:
         if conn.phase is _Phase.WRITING:  # the socket buffer was full: wait for room
             self.loop.add_source(conn.sock, selectors.EVENT_WRITE,
                                  lambda s, ev: self._write(conn))
+            conn.watched = True
             conn.deadline = self.loop.add_timer(self.ctx.config.gecod_connection_deadline,
                                                 lambda: self._expired(conn))
 
@@ -593,6 +608,11 @@ class Server:
                 conn.sock.shutdown(socket.SHUT_WR)
             self._close(conn)
 
+    def _unwatch(self, conn: _Connection) -> None:
+        if conn.watched:
+            self.loop.remove_source(conn.sock)
+            conn.watched = False
+
     def _close(self, conn: _Connection) -> None:
         # never called while WORKING: a worker still uses the pidfd; _done answers first
         if conn.phase is _Phase.CLOSED:
@@ -602,7 +622,7 @@ class Server:
         if conn in lane.connections:
             lane.connections.discard(conn)
             _uncount(lane.open_by_uid, conn.uid)
-        self.loop.remove_source(conn.sock)
+        self._unwatch(conn)
         if conn.deadline is not None:
             conn.deadline.cancel()
         _discard_unread(conn.sock)
