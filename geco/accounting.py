@@ -18,8 +18,8 @@ job runs and by ``geco journal`` after it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import NamedTuple
 
+from geco._tuple import NamedTuple
 from geco.units import format_memory
 
 __all__ = ["Accounting"]

@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, BinaryIO, NamedTuple
 
 from geco import configcache, log
+from geco._tuple import NamedTuple
 from geco.errors import ConfigError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, BinaryIO
 
 __all__ = ["DEFAULT_PATH", "Config", "load"]
 

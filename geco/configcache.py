@@ -20,7 +20,10 @@ import marshal
 import os
 import stat
 from pathlib import Path
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["DIR", "read", "write"]
 

@@ -21,9 +21,9 @@ import fcntl
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import NamedTuple
 
 from geco import log
+from geco._tuple import NamedTuple
 from geco.cgroup import Backend, Limits
 from geco.config import Config
 from geco.errors import CoresUnavailable, GecoError

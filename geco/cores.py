@@ -44,8 +44,8 @@ total, step 1 finds a ``k`` and steps 2-4 always have room.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import NamedTuple
 
+from geco._tuple import NamedTuple
 from geco.errors import CoresUnavailable
 from geco.topology import Topology, format_cpulist, parse_cpulist
 

@@ -15,8 +15,8 @@ so any byte of a job name round-trips through the file.
 from __future__ import annotations
 
 import os
-from typing import NamedTuple
 
+from geco._tuple import NamedTuple
 from geco.jobkey import JobKey
 
 __all__ = ["NodeResources", "ResourceSet", "short_hostname"]

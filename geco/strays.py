@@ -51,9 +51,9 @@ import select
 import signal
 import time
 from pathlib import Path
-from typing import NamedTuple
 
 from geco import log, procfs
+from geco._tuple import NamedTuple
 from geco.cgroup import Backend, check_key
 from geco.cgroup._base import is_under
 from geco.cgroup._fs import proc_cgroups

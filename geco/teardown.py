@@ -36,9 +36,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import NamedTuple
 
 from geco import containment, log, procfs
+from geco._tuple import NamedTuple
 from geco.accounting import Accounting
 from geco.cgroup import Backend, check_key
 from geco.config import Config

@@ -19,7 +19,10 @@ functions only for values Grid Engine printed itself, which are decimal.
 from __future__ import annotations
 
 import re
-from decimal import Decimal, InvalidOperation
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from decimal import Decimal
 
 __all__ = ["decimal_value", "format_memory", "parse_memory", "parse_time"]
 
@@ -63,6 +66,8 @@ def parse_memory(text: str) -> int | None:
     if match is None:
         raise ValueError("memory size must be a number with an optional K/M/G/T or k/m/g/t "
                          f"suffix, got {text!r}")
+    from decimal import Decimal  # here, not above: hooks import this module, rarely use it
+
     return int(Decimal(match["number"]) * _FACTOR[match["suffix"]])
 
 
@@ -79,15 +84,22 @@ def format_memory(n: int) -> str:
     """
     if n < 0:
         raise ValueError(f"memory size must be >= 0 bytes, got {n}")
-    unit, value = "", Decimal(n)
+    unit, hundredths = "", n * 100
     for candidate in _UNITS:
-        scaled = Decimal(n) / _FACTOR[candidate]
+        scaled = _hundredths(n, _FACTOR[candidate])
         # compare the *rounded* value, so 1 GiB - 1 byte prints "1G", not "1024M"
-        if round(scaled, 2) < 1:
+        if scaled < 100:
             break
-        unit, value = candidate, scaled
-    text = f"{round(value, 2):.2f}".rstrip("0").rstrip(".")
+        unit, hundredths = candidate, scaled
+    whole, fraction = divmod(hundredths, 100)
+    text = f"{whole}.{fraction:02d}".rstrip("0").rstrip(".")
     return f"{text}{unit}"
+
+
+def _hundredths(n: int, factor: int) -> int:
+    """``n / factor`` in hundredths, rounded half to even (exact: whole numbers only)."""
+    q, r = divmod(n * 100, factor)
+    return q + (2 * r > factor or (2 * r == factor and q % 2 == 1))
 
 
 def parse_time(text: str) -> float | None:
@@ -113,6 +125,8 @@ def parse_time(text: str) -> float | None:
         return None
     stripped = text.strip()
     if _SECONDS_RE.fullmatch(stripped):
+        from decimal import Decimal
+
         return float(Decimal(stripped))
     parts = stripped.split(":")
     if len(parts) == 3 and all(_TIME_PART_RE.fullmatch(p) for p in parts):
@@ -129,6 +143,8 @@ def decimal_value(text: str) -> Decimal:
     ValueError
         naming the text when it is not a plain decimal number.
     """
+    from decimal import Decimal, InvalidOperation
+
     try:
         value = Decimal(text.strip())
     except InvalidOperation:

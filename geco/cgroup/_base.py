@@ -16,9 +16,9 @@ import signal
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
 
 from geco import log
+from geco._tuple import NamedTuple
 from geco.cgroup._fs import (
     cgroup_error,
     poll_until,

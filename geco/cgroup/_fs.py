@@ -15,9 +15,9 @@ import signal
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import NamedTuple
 
 from geco import log
+from geco._tuple import NamedTuple
 from geco.errors import CgroupError
 
 __all__ = [

@@ -35,9 +35,9 @@ import os
 import posixpath
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import NamedTuple
 
 from geco import log, procfs
+from geco._tuple import NamedTuple
 from geco.cgroup._base import Backend, Limits, check_key, is_under, pids_usage, warn_once
 from geco.cgroup._fs import (
     Mount,

@@ -39,9 +39,9 @@ import pwd
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import NamedTuple
 
 from geco import cgroup, log, procfs
+from geco._tuple import NamedTuple
 from geco.config import Config
 from geco.errors import GecoError, NotContained
 from geco.hooks import Exit, run

@@ -19,9 +19,9 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import NamedTuple
 
 from geco import procfs
+from geco._tuple import NamedTuple
 from geco.errors import GecoError
 from geco.jobkey import JobKey
 

@@ -24,9 +24,9 @@ that is a race or a bogus request, not a reason to guess.
 from __future__ import annotations
 
 import time
-from typing import NamedTuple
 
 from geco import log
+from geco._tuple import NamedTuple
 from geco.config import Config
 from geco.errors import GecoError, QstatError, TaskNotRunning
 from geco.resourceset import NodeResources, ResourceSet
