@@ -2,7 +2,7 @@
 
 Run as root from the repo root:
 
-    /opt/geco/venv/bin/python bench/bench_flood.py [--requests 200] [--hold 2000]
+    /opt/geco/venv/bin/python bench/bench_flood.py [--requests 200] [--hold 2000] [--json PATH]
 
 Starts a throw-away gecod with one spooled job (``bench_gecod.bench_gecod``).
 Then, as root on gecod's privileged socket (where the preload asks), client
@@ -21,19 +21,77 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import multiprocessing.queues
 import os
 import socket
+import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from _common import percentile
-from bench_gecod import _round_trips, bench_gecod, round_trip_figures
+from _table import Row, add_json_option, write_rows
+from bench_gecod import JOB, TASK, bench_gecod
 
+from geco import protocol
 from tests.flood import flooding
 
 CLIENTS = 20
+
+
+def _client(key: bytes, sock_path: str, job_dir: str, requests: int, start: float,
+            out: multiprocessing.queues.Queue[list[float] | str]) -> None:
+    """One client process: JOB_STARTED for itself, ``requests`` times; report latencies."""
+    os.chdir(job_dir)
+    while time.time() < start:  # all clients begin together
+        time.sleep(0.001)
+    times: list[float] = []
+    try:
+        for _ in range(requests):
+            t0 = time.perf_counter()
+            frame = protocol.encode(protocol.MsgType.JOB_STARTED,
+                                    protocol.JobStarted(JOB, TASK, os.getpid()), key)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.connect(sock_path)
+                s.sendall(frame)
+                reply = protocol.read_frame(s, time.monotonic() + 30)
+            ack = protocol.decode_ack(reply, key, frame[12:28])
+            times.append(time.perf_counter() - t0)
+            if ack.status is not protocol.AckStatus.OK:
+                out.put(f"ACK {ack.status.name}")
+                return
+        out.put(times)
+    except Exception as exc:
+        out.put(f"{type(exc).__name__}: {exc}")
+
+
+def _round_trips(key: bytes, sock_path: str, job_dir: Path, clients: int,
+                 requests: int) -> tuple[list[float], float]:
+    """``clients`` processes (Python, geco.protocol) in the job's PE task dir, each sending
+    ``requests`` JOB_STARTED for its own pid; their latencies (s) and the wall time."""
+    ctx = multiprocessing.get_context("fork")
+    out: multiprocessing.queues.Queue[list[float] | str] = ctx.Queue()
+    start = time.time() + 0.5 + clients * 0.01
+    procs = [ctx.Process(target=_client, args=(key, sock_path, str(job_dir), requests, start,
+                                                out)) for _ in range(clients)]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=300) for _ in procs]
+    wall = time.time() - start
+    for p in procs:
+        p.join()
+    errors = [r for r in results if isinstance(r, str)]
+    if errors:
+        raise SystemExit(f"bench_flood: {len(errors)} client(s) failed: {errors[0]}")
+    return [t for r in results if isinstance(r, list) for t in r], wall
+
+
+def round_trip_figures(times: list[float], wall: float) -> str:
+    """p50, p99 and rate of a round of requests, as the table shows them."""
+    ms = [t * 1e3 for t in times]
+    return (f"p50 {statistics.median(ms):.2f} ms, p99 {percentile(ms, 0.99):.2f} ms, "
+            f"{len(ms) / wall:.0f} req/s ({len(ms)} requests)")
 
 
 def _echo(path: str) -> None:
@@ -75,6 +133,7 @@ def main() -> int:
                         help="JOB_STARTED requests per client process")
     parser.add_argument("--hold", type=int, default=2000,
                         help="connections the flooding user holds")
+    add_json_option(parser)
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("bench_flood: run as root (gecod creates cgroups)", file=sys.stderr)
@@ -84,20 +143,28 @@ def main() -> int:
     floor = socket_floor(args.requests)
     rows.append(("floor: bare Unix socket round trip", round_trip_figures(floor, sum(floor))))
     figures["floor_p99_ms"] = round(percentile(floor, 0.99) * 1e3, 3)
+    table: list[Row] = []
     with bench_gecod() as g:
-        _round_trips(g.key, g.root_socket, g.job_dir, 1, 1)  # builds the job's cgroups
+        key = g.key_file.read_bytes()
+        _round_trips(key, g.root_socket, g.job_dir, 1, 1)  # builds the job's cgroups
         for label, flood in (("quiet", False), ("flooded", True)):
             hold, status = (args.hold, 4) if flood else (0, 0)
             with flooding(g.public_socket, hold=hold, status=status) as attack:
                 if flood:
                     time.sleep(2)  # at full strength before the first request
                 for clients in (1, CLIENTS):
-                    times, wall = _round_trips(g.key, g.root_socket, g.job_dir, clients,
+                    times, wall = _round_trips(key, g.root_socket, g.job_dir, clients,
                                                args.requests // clients or 1)
                     rows.append((f"JOB_STARTED, {clients} client(s), {label}",
                                  round_trip_figures(times, wall)))
                     figures[f"job_started_{label}_{clients}_p99_ms"] = round(
                         percentile(times, 0.99) * 1e3, 3)
+                    p, name = (0.5, "p50") if clients == 1 else (0.99, "p99")
+                    table.append(Row(f"JOB_STARTED (Python client), {clients} client(s), "
+                                     f"{'public socket flooded' if flood else 'quiet'}, {name}",
+                                     percentile(times, p) * 1e3, "ms", "-",
+                                     percentile(floor, p) * 1e3,
+                                     f"bare Unix socket round trip, {name}"))
             if flood:
                 stats = attack.stats
                 asked = sum(n for k, n in stats.items() if k.startswith("status "))
@@ -113,6 +180,7 @@ def main() -> int:
     out = os.environ.get("GECO_FIGURES_DIR")
     if out:
         Path(out, "flood.json").write_text(json.dumps(figures, indent=1))
+    write_rows(args.json, table)
     return 0
 
 

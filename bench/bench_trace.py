@@ -2,7 +2,7 @@
 
 Run from the repo root (root, for the traced case: trace files are chown'd):
 
-    /opt/geco/venv/bin/python bench/bench_trace.py [--records 100000]
+    /opt/geco/venv/bin/python bench/bench_trace.py [--records 100000] [--json PATH]
 
 gecod's ``geco`` logger gets its usual stderr handler (seed format, level
 error, writing to /dev/null) and, in all but the first row, a
@@ -34,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _table import Row, add_json_option, write_rows
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
@@ -62,7 +64,9 @@ def _handle_alone(router: trace.TraceRouter, n: int) -> list[tuple[str, float]]:
     out = []
     for name, job_id in (("no job", None), ("no file", 1), ("level 0", 2)):
         extra = log.job_fields(job_id, 1, "bench") if job_id is not None else {}
-        record = lg.makeRecord(lg.name, logging.INFO, __file__, 1, "x", (), None, extra=extra)
+        # geco.log's loggers hand records to the standard library's logger of their name
+        record = logging.getLogger(lg.name).makeRecord(lg.name, logging.INFO, __file__, 1, "x",
+                                                       (), None, extra=extra)
         best = float("inf")
         for _ in range(5):
             started = time.perf_counter()
@@ -88,7 +92,7 @@ print((time.perf_counter() - started) * 1e6)
 """
 
 
-def _import_time(pycache: Path) -> str:
+def _import_time(pycache: Path) -> int:
     """geco.trace's own import time in a fresh process, with its byte code compiled
     (as an installed package has it), after the modules every hook imports anyway."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
@@ -100,25 +104,24 @@ def _import_time(pycache: Path) -> str:
                              env=env).stderr
         own = [line for line in io.StringIO(out) if line.rstrip().endswith(" geco.trace")]
         runs.append(int(own[-1].split(":")[1].split("|")[1]))
-    return (f"import geco.trace (+ geco.resourceset) in a hook: median {sorted(runs[1:])[2]} us "
-            "of 5 runs; only the prolog, the epilog and a traced job's starter import it")
+    return sorted(runs[1:])[2]
 
 
-def _job_started() -> str:
+def _job_started() -> float | None:
     if log.journal_socket() is None:
-        return "starter, job-started record: no journald here"
+        return None
     runs = []
     for _ in range(5):
         out = subprocess.run([sys.executable, "-c", _JOB_STARTED], capture_output=True,
                              text=True, check=True, cwd=REPO).stdout
         runs.append(float(out))
-    return (f"starter, job-started record to journald (fresh process, socket included): "
-            f"median {sorted(runs)[2]:.0f} us of 5 runs")
+    return sorted(runs)[2]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=100_000)
+    add_json_option(parser)
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="geco-bench-trace-"))
     cfg = Config(state_dir=base / "state", trace_dir=base / "trace")
@@ -164,8 +167,22 @@ def main() -> int:
             path.exists()
         stat_us = (time.perf_counter() - started) / n * 1e6
         print(f"starter, untraced job: trace file stat {stat_us:.2f} us")
-        print(_job_started())
-        print(_import_time(base / "pycache"))
+        job_started = _job_started()
+        print("starter, job-started record: no journald here" if job_started is None else
+              f"starter, job-started record to journald (fresh process, socket included): "
+              f"median {job_started:.0f} us of 5 runs")
+        import_us = _import_time(base / "pycache")
+        print(f"import geco.trace (+ geco.resourceset) in a hook: median {import_us} us "
+              "of 5 runs; only the prolog, the epilog and a traced job's starter import it")
+        table = [Row(f"log record in gecod, trace router, {name.removeprefix('router, ')}",
+                     seconds * 1e6, "us", "-", baseline * 1e6, "no router")
+                 for name, seconds in rows[1:]]
+        table.append(Row("starter, untraced job: trace file stat", stat_us, "us"))
+        if job_started is not None:
+            table.append(Row("starter, job-started record to journald (fresh process)",
+                             job_started, "us"))
+        table.append(Row("import geco.trace (+ geco.resourceset), cumulative", import_us, "us"))
+        write_rows(args.json, table)
     finally:
         log.setup("error", journal=False)
         devnull.close()
