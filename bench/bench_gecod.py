@@ -21,7 +21,9 @@ resource file, so no qstat is involved. Then:
   gecod journals every success, as in production, when journald runs.
 * **floors**, measured in the same run by the same program: a bare Unix-socket
   round trip of the same sizes against a server that does no work, and one
-  ``cgroup.procs`` write (a move into the job's cpuset cgroup).
+  ``cgroup.procs`` write (a move into the job's cpuset cgroup); beside them, one
+  such write 0.2 s after the last (what a quiet node's first job start pays: the
+  kernel's cgroup lock waits for an RCU grace period when it was not taken lately).
 * **RSS**: ``VmRSS`` of gecod from ``/proc/<pid>/status``, after start-up and
   after the load.
 * **idle wake-ups**: the sum over gecod's threads (``/proc/<pid>/task/*/status``)
@@ -40,6 +42,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -207,6 +210,27 @@ def cgroup_procs(g: BenchGecod) -> Path:
     raise SystemExit(f"bench_gecod: no cgroup of job {JOB}.{TASK} under {g.cgroup_name}")
 
 
+def idle_move_ms(procs: Path, runs: int = 10, gap: float = 0.2) -> float:
+    """Median time of one ``cgroup.procs`` write ``gap`` s after the last one, ms.
+
+    The kernel serializes moves with a lock whose first taker after a quiet spell
+    waits for an RCU grace period; moves back to back (the floor above, a loaded
+    gecod) skip that wait, a node's first job start after a quiet spell does not.
+    """
+    sleeper = subprocess.Popen(["sleep", "600"])
+    times = []
+    try:
+        for _ in range(runs):
+            time.sleep(gap)
+            started = time.perf_counter()
+            procs.write_text(str(sleeper.pid))
+            times.append((time.perf_counter() - started) * 1000)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    return statistics.median(times)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=100, help="requests per client")
@@ -228,12 +252,14 @@ def main() -> int:
         floor = run_qbench(binary, "floor-socket", "--requests", "2000")
         move = run_qbench(binary, "floor-cgroup", "--cgroup-procs", str(cgroup_procs(g)),
                           "--requests", "500")
+        quiet_move = idle_move_ms(cgroup_procs(g))
         for clients, got in ((1, one), (64, many)):
             rows.append((f"JOB_STARTED round trip, {clients} client(s) (C, as the preload)",
                          round_trip_figures(got)))
         rows.append(("floor: bare Unix-socket round trip (same sizes, no work)",
                      round_trip_figures(floor)))
         rows.append(("floor: one cgroup.procs write (cpuset, a move)", round_trip_figures(move)))
+        rows.append(("one cgroup.procs write 0.2 s after the last", f"p50 {quiet_move:.2f} ms"))
         time.sleep(1.0)  # let the last replies and journal writes settle
         before = _switches(g.pid)
         time.sleep(args.idle_seconds)
@@ -255,6 +281,8 @@ def main() -> int:
             ">= 10,000", float(floor["rate_per_s"]), "bare round trips per second"),
         Row("one cgroup.procs move (the kernel's part of a quarantine), p50",
             float(move["p50_us"]), "us"),
+        Row("one cgroup.procs move 0.2 s after the last (a quiet node's first job), p50",
+            quiet_move, "ms"),
         Row("gecod RSS after start-up", rss_start / 1024, "MiB"),
         Row(f"gecod RSS after {int(many['requests']) + int(one['requests']):,} requests",
             rss_after / 1024, "MiB"),

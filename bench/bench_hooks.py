@@ -7,11 +7,16 @@ Run as root from the repo root (after scripts/install.sh):
 
 Brings up journald and the single-host Grid Engine with geco's prolog, epilog and
 starter (the same way the test fixtures do) and submits N one-slot ``-b y /bin/true``
-jobs as the test user, twice:
+jobs as the test user, in two configurations:
 
 1. **hooks alone**: the prolog asks qstat for the job's resources itself;
 2. **with gecod**: gecod runs and sge_execd has the exec() preload, so gecod has
    read the job's resources and made its cgroups before the prolog starts.
+
+Each configuration also runs the same jobs with a hook that does nothing
+(``bench/nohook.c``, compiled here, as prolog, epilog and starter of the same
+queue): its "since exec" is the floor of each hook's figure, what Grid Engine and
+the kernel's tick take before any code of the hook runs.
 
 Each hook's own figures come from the journal (``GECO_EVENT=prolog-done`` and
 ``epilog-done``: ``ELAPSED_SEC`` in geco's code, ``SINCE_EXEC_SEC`` since the
@@ -20,8 +25,8 @@ the job replaces it). The kernel counts a process's start from its fork, in 10 m
 ticks rounded down, so "since exec" also holds what Grid Engine's shepherd does in
 the child before the exec, and up to one tick more: an upper bound. For a prolog
 that asked qstat, ``RESOURCES_SEC`` (qstat's time) is also shown. Printed beside:
-``-X importtime`` totals per hook (the sum of its modules' own import times) and the
-floor measured in the same run, a bare ``python -I -S -c pass``.
+``-X importtime`` totals per hook (the sum of its modules' own import times) and a
+bare ``python -I -S -c pass``, measured in the same run.
 
 With ``--since`` it submits nothing and reports every hook journaled since then
 (the jobs of a test run).
@@ -37,6 +42,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -119,6 +125,36 @@ def import_ms(hook: str) -> float:
                if line.startswith("import time:") and "self [us]" not in line) / 1000
 
 
+NOHOOK = Path(__file__).resolve().parent / "nohook.c"
+NOHOOKS = ("prolog", "epilog", "starter")
+
+
+def nohooks_built(where: Path) -> dict[str, str]:
+    """Build ``bench/nohook.c`` as ``where``'s prolog, epilog and starter (with a
+    ``times.log`` that the job owner's starter may append to); return the queue's
+    hook settings for them, as ``setup.sh`` takes them."""
+    where.mkdir(mode=0o755)
+    harness.run(["cc", "-O2", "-o", str(where / "nohook"), str(NOHOOK)])
+    for hook in NOHOOKS:
+        os.link(where / "nohook", where / hook)
+    (where / "times.log").touch()
+    (where / "times.log").chmod(0o666)  # bench_hooks' own file, in its own directory
+    return {"GECO_PROLOG": f"root@{where}/prolog", "GECO_EPILOG": f"root@{where}/epilog",
+            "GECO_STARTER": f"{where}/starter"}
+
+
+def nohook_times(where: Path) -> dict[str, list[float]]:
+    """``{hook: [since exec, ms]}`` the do-nothing hooks in ``where`` wrote; read once, then
+    emptied for the next round."""
+    times: dict[str, list[float]] = {hook: [] for hook in NOHOOKS}
+    log = where / "times.log"
+    for line in log.read_text().splitlines():
+        hook, _, ms = line.partition(" ")
+        times[hook].append(float(ms))
+    log.write_text("")
+    return times
+
+
 def _round(owner: harness.JobOwner, workdir: Path, count: int) -> tuple[list[int], float]:
     started = time.time()
     jobs = []
@@ -170,35 +206,49 @@ def _gecod_started() -> subprocess.Popen[bytes]:
     raise SystemExit("bench_hooks: gecod did not start serving within 30 s")
 
 
+def _setup(env: dict[str, str], preload: str) -> None:
+    harness.run(["bash", str(harness.SGE_SETUP)], env=dict(env, GECO_EXECD_PRELOAD=preload),
+                timeout=600)
+
+
 def _run(count: int, json_path: Path | None) -> int:
     owner = harness.ensure_user(harness.TEST_USER)
     env = dict(harness.CLEAN_ENV, SGE_TEST_USER=owner.name,
                GECO_PROLOG=harness.HOOK_LINES["prolog"], GECO_EPILOG=harness.HOOK_LINES["epilog"],
                GECO_STARTER=harness.HOOK_LINES["starter"])
-    harness.run(["bash", str(harness.SGE_SETUP)], env=dict(env, GECO_EXECD_PRELOAD=""),
-                timeout=600)
     workdir = owner.make_dir("bench-hooks")
-    alone, since_alone = _round(owner, workdir, count)
-    gecod = _gecod_started()
-    try:
-        harness.run(["bash", str(harness.SGE_SETUP)], env=dict(env, GECO_EXECD_PRELOAD=PRELOAD),
-                    timeout=600)
-        served, since_served = _round(owner, workdir, count)
-    finally:
-        gecod.terminate()
-        gecod.wait(30)
-        harness.run(["bash", str(harness.SGE_SETUP)], env=dict(env, GECO_EXECD_PRELOAD=""),
-                    timeout=600)
-    floor = bare_start_ms()
+    with tempfile.TemporaryDirectory(prefix="geco-bench-hooks-") as tmp:
+        os.chmod(tmp, 0o755)  # the job owner runs the starter from it
+        where = Path(tmp) / "nohooks"
+        nohooks = dict(env, **nohooks_built(where))
+        _setup(env, "")
+        alone, since_alone = _round(owner, workdir, count)
+        _setup(nohooks, "")
+        _round(owner, workdir, count)
+        floors_alone = nohook_times(where)
+        gecod = _gecod_started()
+        try:
+            _setup(env, PRELOAD)
+            served, since_served = _round(owner, workdir, count)
+            _setup(nohooks, PRELOAD)
+            _round(owner, workdir, count)
+            floors_served = nohook_times(where)
+        finally:
+            gecod.terminate()
+            gecod.wait(30)
+            _setup(env, "")
+    python = bare_start_ms()
     imports = {hook: import_ms(hook) for hook in ("prolog", "epilog", "starter")}
     rows: list[Row] = []
-    print(f"geco hooks on 2 x {count} real Grid Engine jobs (-b y /bin/true, one slot), ms")
-    print(f"  floor: python -I -S -c pass                     {floor:7.1f}")
+    print(f"geco hooks on 4 x {count} real Grid Engine jobs (-b y /bin/true, one slot), ms")
+    print(f"  python -I -S -c pass, wall time                  {python:7.1f}")
+    rows.append(Row("python -I -S -c pass (start to exit, wall time)", python, "ms"))
     for hook, ms in imports.items():
         print(f"  -X importtime total, geco.hooks.{hook:8}         {ms:7.1f}")
         rows.append(Row(f"{hook}: -X importtime total", ms, "ms"))
-    for title, jobs, since in (("hooks alone (the prolog asks qstat)", alone, since_alone),
-                               ("with gecod and the preload", served, since_served)):
+    for title, jobs, since, floors in (
+            ("hooks alone (the prolog asks qstat)", alone, since_alone, floors_alone),
+            ("with gecod and the preload", served, since_served, floors_served)):
         print(f"{title}:")
         prolog = _entries(since, jobs, "prolog-done")
         read = {e["JOB_ID"]: e for e in _entries(since, jobs, "resources-read")}
@@ -212,6 +262,8 @@ def _run(count: int, json_path: Path | None) -> int:
             "epilog since exec": _ms(_entries(since, jobs, "epilog-done"), "SINCE_EXEC_SEC"),
             "starter since exec": _ms(_entries(since, jobs, "job-started"), "SINCE_EXEC_SEC"),
         }
+        for hook in NOHOOKS:
+            figures[f"{hook} that does nothing, since exec (floor)"] = floors[hook]
         for label, values in figures.items():
             if values:
                 print(f"  {label:46} p50 {_median(values):7.1f}  p90 "
@@ -224,9 +276,10 @@ def _run(count: int, json_path: Path | None) -> int:
                  "epilog since exec": "<= 40", "starter since exec": "<= 25"}
         for label, goal in goals.items():
             if goal is not None and figures[label]:
+                floor = _median(floors[label.partition(" ")[0]])
                 rows.append(Row(f"{label} ({'hooks alone' if qstat else 'gecod knew the job'}),"
                                 " p50", _median(figures[label]), "ms", goal, floor,
-                                "python -I -S -c pass"))
+                                "a hook that does nothing"))
     write_rows(json_path, rows)
     return 0
 

@@ -165,9 +165,11 @@ def _drop_stale(backend: Backend, active_jobs: Path | None, keep: str, *,
     return removed
 
 
-def join(key: JobKey, backend: Backend, pid: int, *, state_dir: Path) -> Limits | None:
-    """Move ``pid`` into the job's existing cgroups and return their limits; None when the
-    job has no (usable) cgroups on this node yet (then :func:`contain` makes them).
+def join(key: JobKey, backend: Backend, pid: int | None, *,
+         state_dir: Path) -> Limits | None:
+    """Move ``pid`` (when not None) into the job's existing cgroups and return their limits;
+    None when the job has no (usable) cgroups on this node yet (then :func:`contain`
+    makes them).
 
     Under the node lock: an allocation short of cores never removes the cgroups
     in between, as it may remove empty ones.
@@ -291,7 +293,7 @@ class Contained(NamedTuple):
     found: Found | None
 
 
-def contain_job(job: JobRef, cfg: Config, backend: Backend, *, pid: int,
+def contain_job(job: JobRef, cfg: Config, backend: Backend, *, pid: int | None,
                 found: Found | None = None, hostname: str | None = None,
                 topology: Topology | None = None, reclaim: Callable[[], None] | None = None,
                 logger: log.Logger | None = None) -> Contained:
@@ -308,7 +310,8 @@ def contain_job(job: JobRef, cfg: Config, backend: Backend, *, pid: int,
     job: the job task, with its execd spool dir (stale cgroups, the pe_hostfile).
     cfg: settings (state dir, task limit, hardware threads, qstat).
     backend: this node's cgroup backend.
-    pid: the job's first process here (a shepherd), moved in under the node lock.
+    pid: the job's first process here (a shepherd), moved in under the node lock; None
+        when it is already inside the job's existing cgroups (nothing to move).
     found: the resource set when the caller already has it (the prolog journals it).
     hostname: this node's name as the resource set spells it (default: this host).
     topology, reclaim: as :func:`contain`.

@@ -139,12 +139,19 @@ def _body(cfg: Config, logger: log.Logger) -> Exit:
     if rs.trace_level >= 4 or cfg.log_level == "debug":
         _cores_before(job, backend, logger)
     started = time.monotonic()
-    done = containment.contain_job(job, cfg, backend, pid=shepherd, found=found, logger=logger)
+    # with the preload, gecod moved the shepherd in at its exec. Moving it again is not
+    # free: the kernel's cgroup lock makes its first taker after a quiet spell wait for an
+    # RCU grace period (milliseconds), even for a process already in place
+    inside = backend.contains(job.key, shepherd)
+    done = containment.contain_job(job, cfg, backend, pid=None if inside else shepherd,
+                                   found=found, logger=logger)
     limits = done.limits
     logger.debug("job %s: %s cgroups in %.3f s: %s", job.key,
                  "made" if done.created else "reused the existing", time.monotonic() - started,
                  ", ".join(str(p) for p in backend.paths(job.key).values()))
-    logger.debug("job %s: moved the shepherd %d into the job's cgroups", job.key, shepherd)
+    logger.debug("job %s: %s", job.key,
+                 f"the shepherd {shepherd} was already inside the job's cgroups" if inside
+                 else f"moved the shepherd {shepherd} into the job's cgroups")
     here = node.name if node is not None else os.uname().nodename
     slots = node.slots if node is not None else 0
     logger.info(

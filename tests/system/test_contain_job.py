@@ -69,6 +69,24 @@ def test_the_first_process_makes_the_cgroups_and_the_next_joins_them(
     assert sorted(backend.pids(job.key)) == sorted([first.pid, second.pid])
 
 
+def test_a_shepherd_already_inside_is_joined_without_a_move(
+        backend: V1Backend, children: list[int], tmp_path: Path) -> None:
+    """Given a job whose cgroups gecod made with its shepherd inside (the preload), when the
+    prolog finds it there (backend.contains) and passes no pid, then contain_job joins the
+    cgroups with the same limits and the shepherd is still the job's one process."""
+    job, cfg = spooled(tmp_path, 33, NodeResources(short_hostname(), slots=1,
+                                                   memory_limit=64 * MiB))
+    shepherd = Child(lambda _: None, children).pid
+    made = contain_job(job, cfg, backend, pid=shepherd)
+
+    assert backend.contains(job.key, shepherd)
+    joined = contain_job(job, cfg, backend, pid=None)
+
+    assert (joined.created, joined.limits) == (False, made.limits)
+    assert backend.pids(job.key) == [shepherd]
+    assert not backend.contains(job.key, Child(lambda _: None, children).pid)
+
+
 def test_given_the_resources_then_none_are_read_and_the_source_is_kept(
         backend: V1Backend, children: list[int], tmp_path: Path) -> None:
     """Given resources the caller already has (the prolog journals them first), then

@@ -630,6 +630,9 @@ class FakeBackend:
     def exists(self, key: str) -> bool:
         return False
 
+    def contains(self, key: str, pid: int) -> bool:
+        return pid in self.pids
+
     def job_keys(self) -> list[JobKey]:
         return [JobKey(7, 1)]
 
