@@ -91,6 +91,12 @@ class Config(NamedTuple):
     strays_exempt_users: tuple[str, ...] = ("nobody",)
     strays_grace: float = 2.0
     strays_delay: float = 10.0
+    # [ssh]
+    ssh_admins: tuple[str, ...] = ()
+    ssh_admin_groups: tuple[str, ...] = ()
+    ssh_several_jobs: str = "newest"
+    ssh_adopt_failure: str = "refuse"
+    ssh_bypass_file: Path = Path("/etc/geco/ssh-bypass")
 
     @property
     def resources_dir(self) -> Path:
@@ -111,6 +117,8 @@ _SECTIONS: dict[str, tuple[str, ...]] = {
     "epilog": ("kill_timeout", "disable_queue_on_stuck"),
     "strays": ("strays_kill", "strays_min_uid", "strays_exempt_users", "strays_grace",
                "strays_delay"),
+    "ssh": ("ssh_admins", "ssh_admin_groups", "ssh_several_jobs", "ssh_adopt_failure",
+            "ssh_bypass_file"),
     "gecod": ("gecod_socket", "gecod_privileged_socket", "gecod_privileged_group",
               "gecod_key_file", "gecod_request_timeout",
               "gecod_unreachable_policy", "gecod_exec_filter", "gecod_max_skew",
@@ -126,6 +134,8 @@ _TOML_NAME = {"cgroup_mount": "mount", "cgroup_name": "name", "cgroup_version": 
               "sge_cluster_name": "cluster_name",
               "log_level": "level",
               **{f"strays_{n}": n for n in ("kill", "min_uid", "exempt_users", "grace", "delay")},
+              **{f"ssh_{n}": n for n in ("admins", "admin_groups", "several_jobs",
+                                         "adopt_failure", "bypass_file")},
               **{f"gecod_{n}": n for n in (
                   "socket", "privileged_socket", "privileged_group", "key_file",
                   "request_timeout", "unreachable_policy", "exec_filter",
@@ -136,7 +146,9 @@ _CHOICES = {"cgroup_version": ("auto", "1", "2"),
             "log_level": ("quiet", "error", "warn", "info", "debug"),
             "gecod_unreachable_policy": ("refuse", "allow"),
             "gecod_preload_log": ("syslog", "stderr", "none"),
-            "gecod_oom": ("kernel", "kill-job")}
+            "gecod_oom": ("kernel", "kill-job"),
+            "ssh_several_jobs": ("newest", "refuse"),
+            "ssh_adopt_failure": ("refuse", "allow")}
 # Whole-number settings whose smallest sensible value is above 0.
 _MINIMUM = {"gecod_workers": 1}
 # Path settings where "" means "the built-in choice" (not a path).
@@ -148,7 +160,9 @@ _OPTIONAL_STRINGS = ("sge_cell", "sge_cluster_name", "gecod_privileged_socket",
 # List settings: the type of their items, and whether an empty list is allowed.
 _LISTS: dict[str, tuple[type, bool]] = {"gecod_exec_filter": (str, False),
                                         "gecod_execd_uids": (int, True),
-                                        "strays_exempt_users": (str, True)}
+                                        "strays_exempt_users": (str, True),
+                                        "ssh_admins": (str, True),
+                                        "ssh_admin_groups": (str, True)}
 
 
 def _coerce_list(name: str, value: Any) -> tuple[Any, ...]:

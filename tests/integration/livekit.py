@@ -35,6 +35,8 @@ def toml_value(value: object) -> str:
         return "true" if value else "false"
     if isinstance(value, int | float):
         return repr(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(toml_value(item) for item in value) + "]"
     return json.dumps(str(value))
 
 

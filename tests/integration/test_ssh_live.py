@@ -1,0 +1,339 @@
+"""ssh into a node running real Grid Engine jobs: only job owners get in, into their job.
+
+A real OpenSSH ``sshd`` listens on 127.0.0.1 (its own port, host key and key-based
+logins) with geco's PAM lines (``geco-pam`` through ``pam_exec``, as the README
+shows) in a PAM service of its own: sshd names its PAM service after its program
+name, so it runs as a link ``geco-test-sshd`` and reads ``/etc/pam.d/geco-test-sshd``.
+The node's own sshd and its PAM files are not touched.
+
+Seen from the user: who is let in (root, an admin group's member, a job owner) and
+who is refused with geco's one line before any command or forwarding runs; where
+the session runs (``/proc/self/cgroup``, the cores it may use, the memory limit it
+is under, ``~/.ssh/rc`` and scp included); which job a session joins when the user
+has two (ssh from inside one of them, else the newest, or refused); and that the
+session ends with its job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+from cleanslate import alive
+from livekit import CGROUP_ROOT, sh, site_settings, wait_for_cgroups, wait_until
+
+from tests.conftest import JobOwner, ensure_user  # not "conftest": this directory has one too
+
+pytestmark = pytest.mark.sge
+
+SSHD = Path("/usr/sbin/sshd")
+SERVICE = "geco-test-sshd"  # sshd's program name, so its PAM service
+PAM_FILE = Path("/etc/pam.d") / SERVICE
+PIDFILE = Path(f"/run/{SERVICE}.pid")
+PAM_HELPER = "/opt/geco/libexec/geco-pam"
+# geco's lines around Debian's own, in the order the README gives
+PAM_STACK = f"""\
+@include common-auth
+account required pam_exec.so quiet stdout {PAM_HELPER}
+@include common-account
+@include common-session-noninteractive
+session required pam_exec.so quiet {PAM_HELPER}
+"""
+OUTSIDER = "gecotest-ssh"  # a user with no job
+ADMIN, ADMIN_GROUP = "gecotest-sshadm", "geco-test-admins"
+REFUSED = "geco: you have no job running on {node}; ssh to compute nodes is for your running jobs"
+CLIENT_OPTIONS = ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+                  "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=20"]
+
+
+class Sshd(NamedTuple):
+    port: int
+    key: Path  # a client key every test user's authorized keys hold (root reads it)
+    dir: Path
+    node: str
+
+    def ssh(self, user: str, *command: str, options: tuple[str, ...] = (),
+            timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """ssh ``user@127.0.0.1 command`` as root's client; the completed process."""
+        argv = ["ssh", "-i", str(self.key), "-p", str(self.port), *CLIENT_OPTIONS, *options,
+                f"{user}@127.0.0.1", *command]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL, check=False)
+
+    def command_line(self, user: str, key: Path) -> str:
+        """The ssh command a job of ``user`` runs, with a key it can read."""
+        return (f"ssh -i {key} -p {self.port} {' '.join(CLIENT_OPTIONS)} "
+                f"{user}@127.0.0.1")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _stop_leftover() -> None:
+    """An sshd of an interrupted earlier run (by the pid it wrote, and only if it is ours)."""
+    with contextlib.suppress(OSError, ValueError):
+        pid = int(PIDFILE.read_text().split()[0])
+        if SERVICE in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
+            os.kill(pid, signal.SIGTERM)
+            wait_until(lambda: not alive(pid), 20, "the leftover test sshd stopped")
+
+
+@pytest.fixture(scope="module")
+def sshd(sge: Any) -> Iterator[Sshd]:
+    """A real sshd on 127.0.0.1 with geco's PAM lines; stopped (by its pid) afterwards."""
+    sge.require_hooks()
+    _stop_leftover()
+    # not under pytest's 0700 tmp: sshd reads each user's authorized keys as that user
+    base = Path(tempfile.mkdtemp(prefix=f"{SERVICE}-", dir="/run"))
+    base.chmod(0o755)
+    keys = base / "keys"
+    keys.mkdir(mode=0o755)
+    sh(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(base / "host_key")])
+    sh(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(base / "client_key")])
+    ensure_user(OUTSIDER)
+    if subprocess.run(["getent", "group", ADMIN_GROUP], capture_output=True).returncode:
+        sh(["groupadd", "-f", ADMIN_GROUP])
+    ensure_user(ADMIN)
+    sh(["usermod", "-a", "-G", ADMIN_GROUP, ADMIN])
+    public = (base / "client_key.pub").read_text()
+    for user in ("root", sge.owner.name, OUTSIDER, ADMIN):
+        (keys / user).write_text(public)
+    port = _free_port()
+    (base / "sshd_config").write_text(f"""\
+Port {port}
+ListenAddress 127.0.0.1
+HostKey {base}/host_key
+PidFile {PIDFILE}
+AuthorizedKeysFile {keys}/%u
+StrictModes no
+UsePAM yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin prohibit-password
+Subsystem sftp internal-sftp
+LogLevel VERBOSE
+""")
+    link = base / SERVICE
+    link.symlink_to(SSHD)
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation dir
+    PAM_FILE.write_text(PAM_STACK)
+    proc = subprocess.Popen([str(link), "-D", "-f", str(base / "sshd_config"),
+                             "-E", str(base / "sshd.log")])
+    try:
+        def listening() -> bool:
+            with socket.socket() as s:
+                return s.connect_ex(("127.0.0.1", port)) == 0
+        wait_until(listening, 20, "the test sshd listening")
+        yield Sshd(port, base / "client_key", base, os.uname().nodename.partition(".")[0])
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        PAM_FILE.unlink(missing_ok=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def running_job(sge: Any, *qsub_args: str, script: str | None = None,
+                cwd: Path | None = None) -> Iterator[str]:
+    """A job of the test user, running with its cgroups made; its key. Deleted after."""
+    if script is not None:
+        assert cwd is not None
+        path = cwd / "job.sh"
+        path.write_text(script)
+        os.chown(path, sge.owner.uid, sge.owner.gid)
+        job = sge.submit("-cwd", "-o", str(cwd), "-e", str(cwd), *qsub_args, str(path),
+                         cwd=cwd)
+    else:
+        job = sge.submit("-b", "y", "-o", "/dev/null", "-e", "/dev/null", *qsub_args,
+                         "sleep", "600")
+    key = f"{job}.1"
+    try:
+        wait_for_cgroups(key, timeout=120)
+        yield key
+    finally:
+        subprocess.run(["qdel", "-f", str(job)], capture_output=True, check=False)
+        sge.wait_finished(job, timeout=120, accounting=False)
+
+
+def cgroup_lines(text: str) -> dict[str, str]:
+    """``/proc/<pid>/cgroup`` text as ``{controller: path}`` (v1 hierarchies by name)."""
+    found = {}
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3 and parts[1]:
+            for controller in parts[1].split(","):
+                found[controller] = parts[2]
+    return found
+
+
+def test_root_and_an_admin_group_member_get_in_without_a_job(sshd: Sshd,
+                                                              journal: Any) -> None:
+    """Given no job of theirs on the node, then root gets in, and a member of the
+    configured admin group gets in, both outside every job; each admission is journaled."""
+    out = sshd.ssh("root", "cat /proc/self/cgroup")
+    assert out.returncode == 0, out.stderr
+    assert "/GECO/" not in out.stdout
+    with site_settings({("ssh", "admin_groups"): [ADMIN_GROUP]}):
+        out = sshd.ssh(ADMIN, "cat /proc/self/cgroup")
+    assert out.returncode == 0, out.stderr
+    assert "/GECO/" not in out.stdout
+    entry = journal.wait_for(GECO_EVENT="ssh-admitted", SSH_USER=ADMIN)[-1]
+    assert entry["REASON"] == "admin" and entry["RHOST"] == "127.0.0.1"
+    assert journal.wait_for(GECO_EVENT="ssh-admitted", SSH_USER="root")[-1]["REASON"] == "root"
+
+
+def test_a_user_without_a_job_is_refused_before_anything_runs(sshd: Sshd,
+                                                               journal: Any) -> None:
+    """Given a user with no job on the node (an admin group that is not theirs configured),
+    when they ssh in to run a command, or only to forward a port, then both are refused
+    with geco's one line, the command never ran, and the refusal is journaled."""
+    home = Path(pwd.getpwnam(OUTSIDER).pw_dir)
+    marker = home / "geco-ssh-ran"
+    marker.unlink(missing_ok=True)
+    with site_settings({("ssh", "admin_groups"): [ADMIN_GROUP]}):
+        out = sshd.ssh(OUTSIDER, f"touch {marker}")
+        forward = sshd.ssh(OUTSIDER, options=("-N", "-L", f"{_free_port()}:127.0.0.1:"
+                                              f"{sshd.port}"), timeout=60)
+    message = REFUSED.format(node=sshd.node)
+    assert out.returncode == 255 and message in out.stderr, out.stderr
+    assert forward.returncode == 255 and message in forward.stderr, forward.stderr
+    assert not marker.exists()
+    entry = journal.wait_for(GECO_EVENT="ssh-refused", SSH_USER=OUTSIDER)[-1]
+    assert entry["REASON"] == "no-job" and entry["PRIORITY"] == "6"
+
+
+def test_a_job_owners_session_runs_inside_their_job(sshd: Sshd, sge: Any,
+                                                    journal: Any) -> None:
+    """Given a running job of the user, when they ssh in, then the command, its sshd
+    parent and ``~/.ssh/rc`` run in the job's cgroups, on the job's cores, under its
+    memory limit; scp works; the adoption is journaled with the job's id."""
+    owner: JobOwner = sge.owner
+    ssh_dir = owner.home / ".ssh"
+    ssh_dir.mkdir(mode=0o700, exist_ok=True)
+    os.chown(ssh_dir, owner.uid, owner.gid)
+    rc_seen = owner.home / "geco-ssh-rc-cgroup"
+    rc_seen.unlink(missing_ok=True)
+    rc = ssh_dir / "rc"
+    rc.write_text(f"cat /proc/self/cgroup > {rc_seen}\n")
+    os.chown(rc, owner.uid, owner.gid)
+    try:
+        with running_job(sge, "-l", "m_mem_free=300M") as key:
+            out = sshd.ssh(owner.name, "cat /proc/self/cgroup; echo ==; cat /proc/$PPID/cgroup;"
+                           " echo ==; grep Cpus_allowed_list /proc/self/status")
+            assert out.returncode == 0, out.stderr
+            mine, parent, cores = out.stdout.split("==\n")
+            job_cpus = (CGROUP_ROOT / "cpuset" / "GECO" / key / "cpuset.cpus").read_text()
+            for text in (mine, parent, rc_seen.read_text()):
+                where = cgroup_lines(text)
+                assert where["cpuset"] == where["memory"] == f"/GECO/{key}", text
+            assert cores.split()[-1] == job_cpus.strip()
+            limit = int((CGROUP_ROOT / "memory" / "GECO" / key /
+                         "memory.limit_in_bytes").read_text())
+            assert limit == 300 * 2**20
+            seen = sshd.ssh(owner.name, "cat /sys/fs/cgroup/memory$(grep :memory: "
+                            "/proc/self/cgroup | cut -d: -f3)/memory.limit_in_bytes")
+            assert int(seen.stdout) == limit
+            sent = sshd.dir / "payload"
+            sent.write_text("geco scp test\n")
+            copied = owner.home / "geco-ssh-payload"
+            copied.unlink(missing_ok=True)
+            scp = subprocess.run(["scp", "-i", str(sshd.key), "-P", str(sshd.port),
+                                  *[o for o in ("-o", "BatchMode=yes", "-o",
+                                                "StrictHostKeyChecking=no", "-o",
+                                                "UserKnownHostsFile=/dev/null")],
+                                  str(sent), f"{owner.name}@127.0.0.1:{copied}"],
+                                 capture_output=True, text=True, timeout=60, check=False)
+            assert scp.returncode == 0, scp.stderr
+            assert copied.read_text() == "geco scp test\n"
+            entry = journal.wait_for(GECO_EVENT="ssh-adopted", SSH_USER=owner.name)[-1]
+            assert (entry["JOB_ID"], entry["SGE_TASK_ID"]) == tuple(key.split("."))
+            assert entry["REASON"] == "only-job"
+    finally:
+        rc.unlink(missing_ok=True)
+
+
+def test_with_two_jobs_a_session_joins_the_one_it_comes_from_else_the_newest(
+        sshd: Sshd, sge: Any, journal: Any) -> None:
+    """Given two running jobs of the user, when job A's own process sshs to the node, then
+    that session lands in A (the callerid rule); a session from outside lands in B (the
+    newest); under ``several_jobs = "refuse"`` it is refused, naming both jobs."""
+    owner: JobOwner = sge.owner
+    work = owner.make_dir("ssh")
+    key_copy = work / "key"
+    shutil.copy(sshd.key, key_copy)
+    os.chown(key_copy, owner.uid, owner.gid)
+    key_copy.chmod(0o600)
+    go, seen = work / "go", work / "seen"
+    script = (f"#!/bin/sh\nwhile [ ! -e {go} ]; do sleep 0.2; done\n"
+              f"{sshd.command_line(owner.name, key_copy)} cat /proc/self/cgroup > {seen}.tmp"
+              f" 2>{work}/ssh.err\nmv {seen}.tmp {seen}\nsleep 600\n")
+    with running_job(sge, script=script, cwd=work) as first:
+        time.sleep(1.1)  # cgroup times have 1 s steps here: B must be the newer one
+        with running_job(sge) as second:
+            go.write_text("")
+            go.chmod(0o644)
+            wait_until(seen.exists, 60, "job A's ssh to the node")
+            assert cgroup_lines(seen.read_text())["cpuset"] == f"/GECO/{first}", (
+                (work / "ssh.err").read_text())
+            entry = journal.wait_for(GECO_EVENT="ssh-adopted", JOB_ID=first.split(".")[0])
+            assert entry[-1]["REASON"] == "caller"
+            out = sshd.ssh(owner.name, "cat /proc/self/cgroup")
+            assert out.returncode == 0, out.stderr
+            assert cgroup_lines(out.stdout)["cpuset"] == f"/GECO/{second}"
+            with site_settings({("ssh", "several_jobs"): "refuse"}):
+                refused = sshd.ssh(owner.name, "true")
+            assert refused.returncode == 255
+            assert (f"geco: you have 2 jobs running on {sshd.node} ({first}, {second}); "
+                    "ssh from inside the one your session should join") in refused.stderr
+
+
+def test_a_session_ends_with_its_job_and_the_next_login_is_refused(sshd: Sshd,
+                                                                   sge: Any) -> None:
+    """Given a session running in a job, when the job is deleted, then within 10 s no
+    process of the session is left, and a new ssh of the user is refused."""
+    owner: JobOwner = sge.owner
+    with running_job(sge) as key:
+        session = subprocess.Popen(
+            ["ssh", "-i", str(sshd.key), "-p", str(sshd.port), *CLIENT_OPTIONS,
+             f"{owner.name}@127.0.0.1", "echo $PPID; exec sleep 611"],
+            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+        try:
+            assert session.stdout is not None
+            user_side = int(session.stdout.readline())
+            monitor = int(Path(f"/proc/{user_side}/stat").read_text().rsplit(")", 1)[1]
+                          .split()[1])
+            job = key.split(".")[0]
+            subprocess.run(["qdel", "-f", job], capture_output=True, check=False)
+            gone = [user_side, monitor]
+            wait_until(lambda: not any(alive(pid) for pid in gone), 10,
+                       "the session's sshd processes gone after qdel")
+            assert session.wait(timeout=10) is not None
+            assert not [p for p in Path("/proc").glob("[0-9]*")
+                        if b"sleep\x00611" in _cmdline(p)]
+        finally:
+            if session.poll() is None:
+                session.kill()
+                session.wait()
+    out = sshd.ssh(owner.name, "true")
+    assert out.returncode == 255 and REFUSED.format(node=sshd.node) in out.stderr
+
+
+def _cmdline(proc_dir: Path) -> bytes:
+    try:
+        return (proc_dir / "cmdline").read_bytes()
+    except OSError:
+        return b""

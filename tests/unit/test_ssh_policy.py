@@ -1,0 +1,67 @@
+"""The ssh policy's inputs: [ssh] settings and the connection a login names.
+
+The decisions themselves are tried on a real sshd with real jobs
+(tests/integration/test_ssh_live.py); these are the edges no login reaches.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from geco import config
+from geco.ssh import _from_this_node
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(("connection", "local"), [
+    ("127.0.0.1 40000 127.0.0.1 22", True),
+    ("::1 40000 ::1 22", True),
+    ("10.1.2.3 40000 10.1.2.3 22", True),  # this node to its own address
+    ("10.1.2.4 40000 10.1.2.3 22", False),  # another host
+    ("", False),
+    ("127.0.0.1 x 127.0.0.1 22", False),
+    ("not-an-address 1 127.0.0.1 22", False),
+    ("127.0.0.1 1 127.0.0.1 22 extra", False),
+])
+def test_only_a_well_formed_connection_from_this_node_is_traced_to_a_process(
+        connection: str, local: bool) -> None:
+    """Given SSH_CONNECTION as sshd sets it, or mangled, then only a connection from this
+    node to itself is looked up (the callerid rule), and a mangled one is not an error."""
+    assert (_from_this_node(connection) is not None) is local
+
+
+def test_bad_ssh_settings_fall_back_to_their_defaults(tmp_path: Path) -> None:
+    """Given [ssh] values of the wrong kind, then each keeps its default (fail closed:
+    several_jobs and adopt_failure stay on their documented choices)."""
+    path = tmp_path / "geco.toml"
+    path.write_text('[ssh]\nadmins = "alice"\nadmin_groups = ["a/b"]\n'
+                    'several_jobs = "oldest"\nadopt_failure = "maybe"\nbypass_file = "x"\n')
+    cfg = config.load(path)
+    defaults = config.Config()
+    assert (cfg.ssh_admins, cfg.ssh_admin_groups, cfg.ssh_several_jobs,
+            cfg.ssh_adopt_failure, cfg.ssh_bypass_file) == (
+        defaults.ssh_admins, defaults.ssh_admin_groups, "newest", "refuse",
+        Path("/etc/geco/ssh-bypass"))
+
+
+def _helper(env: dict[str, str], user: int | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-I", "-S", str(REPO / "sge_hooks" / "geco-pam")],
+                          env=env, capture_output=True, text=True, timeout=60, check=False,
+                          user=user)
+
+
+def test_the_pam_helper_ignores_other_pam_stages_and_refuses_to_run_unprivileged() -> None:
+    """Given the helper run for close_session, then it succeeds and does nothing; run by a
+    user for account, then it fails with one line saying where it belongs."""
+    assert _helper({"PAM_TYPE": "close_session", "PAM_USER": "nobody"}).returncode == 0
+    if os.geteuid() != 0:
+        pytest.skip("needs root to drop to another uid")
+    out = _helper({"PAM_TYPE": "account", "PAM_USER": "nobody"}, user=65534)
+    assert out.returncode == 1
+    assert out.stderr == "geco-pam: run it from sshd's PAM stack (pam_exec), as root\n"
