@@ -20,130 +20,38 @@ import contextlib
 import os
 import pwd
 import shutil
-import signal
-import socket
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import pytest
 from cleanslate import alive
 from livekit import CGROUP_ROOT, sh, site_settings, wait_for_cgroups, wait_until
+from sshkit import CLIENT_OPTIONS, GECO_PAM_STACK, Sshd, free_port, running_sshd
 
 from tests.conftest import JobOwner, ensure_user  # not "conftest": this directory has one too
 
 pytestmark = pytest.mark.sge
 
-SSHD = Path("/usr/sbin/sshd")
-SERVICE = "geco-test-sshd"  # sshd's program name, so its PAM service
-PAM_FILE = Path("/etc/pam.d") / SERVICE
-PIDFILE = Path(f"/run/{SERVICE}.pid")
-PAM_HELPER = "/opt/geco/libexec/geco-pam"
-# geco's lines around Debian's own, in the order the README gives
-PAM_STACK = f"""\
-@include common-auth
-account required pam_exec.so quiet stdout {PAM_HELPER}
-@include common-account
-@include common-session-noninteractive
-session required pam_exec.so quiet {PAM_HELPER}
-"""
 OUTSIDER = "gecotest-ssh"  # a user with no job
 ADMIN, ADMIN_GROUP = "gecotest-sshadm", "geco-test-admins"
 REFUSED = "geco: you have no job running on {node}; ssh to compute nodes is for your running jobs"
-CLIENT_OPTIONS = ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
-                  "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=20"]
-
-
-class Sshd(NamedTuple):
-    port: int
-    key: Path  # a client key every test user's authorized keys hold (root reads it)
-    dir: Path
-    node: str
-
-    def ssh(self, user: str, *command: str, options: tuple[str, ...] = (),
-            timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        """ssh ``user@127.0.0.1 command`` as root's client; the completed process."""
-        argv = ["ssh", "-i", str(self.key), "-p", str(self.port), *CLIENT_OPTIONS, *options,
-                f"{user}@127.0.0.1", *command]
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL, check=False)
-
-    def command_line(self, user: str, key: Path) -> str:
-        """The ssh command a job of ``user`` runs, with a key it can read."""
-        return (f"ssh -i {key} -p {self.port} {' '.join(CLIENT_OPTIONS)} "
-                f"{user}@127.0.0.1")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _stop_leftover() -> None:
-    """An sshd of an interrupted earlier run (by the pid it wrote, and only if it is ours)."""
-    with contextlib.suppress(OSError, ValueError):
-        pid = int(PIDFILE.read_text().split()[0])
-        if SERVICE in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
-            os.kill(pid, signal.SIGTERM)
-            wait_until(lambda: not alive(pid), 20, "the leftover test sshd stopped")
 
 
 @pytest.fixture(scope="module")
 def sshd(sge: Any) -> Iterator[Sshd]:
     """A real sshd on 127.0.0.1 with geco's PAM lines; stopped (by its pid) afterwards."""
     sge.require_hooks()
-    _stop_leftover()
-    # not under pytest's 0700 tmp: sshd reads each user's authorized keys as that user
-    base = Path(tempfile.mkdtemp(prefix=f"{SERVICE}-", dir="/run"))
-    base.chmod(0o755)
-    keys = base / "keys"
-    keys.mkdir(mode=0o755)
-    sh(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(base / "host_key")])
-    sh(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(base / "client_key")])
     ensure_user(OUTSIDER)
     if subprocess.run(["getent", "group", ADMIN_GROUP], capture_output=True).returncode:
         sh(["groupadd", "-f", ADMIN_GROUP])
     ensure_user(ADMIN)
     sh(["usermod", "-a", "-G", ADMIN_GROUP, ADMIN])
-    public = (base / "client_key.pub").read_text()
-    for user in ("root", sge.owner.name, OUTSIDER, ADMIN):
-        (keys / user).write_text(public)
-    port = _free_port()
-    (base / "sshd_config").write_text(f"""\
-Port {port}
-ListenAddress 127.0.0.1
-HostKey {base}/host_key
-PidFile {PIDFILE}
-AuthorizedKeysFile {keys}/%u
-StrictModes no
-UsePAM yes
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-PermitRootLogin prohibit-password
-Subsystem sftp internal-sftp
-LogLevel VERBOSE
-""")
-    link = base / SERVICE
-    link.symlink_to(SSHD)
-    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation dir
-    PAM_FILE.write_text(PAM_STACK)
-    proc = subprocess.Popen([str(link), "-D", "-f", str(base / "sshd_config"),
-                             "-E", str(base / "sshd.log")])
-    try:
-        def listening() -> bool:
-            with socket.socket() as s:
-                return s.connect_ex(("127.0.0.1", port)) == 0
-        wait_until(listening, 20, "the test sshd listening")
-        yield Sshd(port, base / "client_key", base, os.uname().nodename.partition(".")[0])
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
-        PAM_FILE.unlink(missing_ok=True)
-        shutil.rmtree(base, ignore_errors=True)
+    with running_sshd("geco-test-sshd", GECO_PAM_STACK,
+                      ("root", sge.owner.name, OUTSIDER, ADMIN)) as server:
+        yield server
 
 
 @contextlib.contextmanager
@@ -206,7 +114,7 @@ def test_a_user_without_a_job_is_refused_before_anything_runs(sshd: Sshd,
     marker.unlink(missing_ok=True)
     with site_settings({("ssh", "admin_groups"): [ADMIN_GROUP]}):
         out = sshd.ssh(OUTSIDER, f"touch {marker}")
-        forward = sshd.ssh(OUTSIDER, options=("-N", "-L", f"{_free_port()}:127.0.0.1:"
+        forward = sshd.ssh(OUTSIDER, options=("-N", "-L", f"{free_port()}:127.0.0.1:"
                                               f"{sshd.port}"), timeout=60)
     message = REFUSED.format(node=sshd.node)
     assert out.returncode == 255 and message in out.stderr, out.stderr
@@ -252,10 +160,8 @@ def test_a_job_owners_session_runs_inside_their_job(sshd: Sshd, sge: Any,
             copied = owner.home / "geco-ssh-payload"
             copied.unlink(missing_ok=True)
             scp = subprocess.run(["scp", "-i", str(sshd.key), "-P", str(sshd.port),
-                                  *[o for o in ("-o", "BatchMode=yes", "-o",
-                                                "StrictHostKeyChecking=no", "-o",
-                                                "UserKnownHostsFile=/dev/null")],
-                                  str(sent), f"{owner.name}@127.0.0.1:{copied}"],
+                                  *CLIENT_OPTIONS, str(sent),
+                                  f"{owner.name}@127.0.0.1:{copied}"],
                                  capture_output=True, text=True, timeout=60, check=False)
             assert scp.returncode == 0, scp.stderr
             assert copied.read_text() == "geco scp test\n"
@@ -308,8 +214,7 @@ def test_a_session_ends_with_its_job_and_the_next_login_is_refused(sshd: Sshd,
     owner: JobOwner = sge.owner
     with running_job(sge) as key:
         session = subprocess.Popen(
-            ["ssh", "-i", str(sshd.key), "-p", str(sshd.port), *CLIENT_OPTIONS,
-             f"{owner.name}@127.0.0.1", "echo $PPID; exec sleep 611"],
+            sshd.argv(owner.name, "echo $PPID; exec sleep 611"),
             stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
         try:
             assert session.stdout is not None

@@ -1,0 +1,145 @@
+"""A real OpenSSH sshd on 127.0.0.1 with a PAM stack of the caller's, for tests and benches.
+
+sshd names its PAM service after its program name, so each one runs as a link
+``/usr/sbin/sshd`` -> ``<dir>/<service>`` and reads ``/etc/pam.d/<service>``: the
+node's own sshd and PAM files are never touched. Key-based logins only (one client
+key in every listed user's authorized keys, which live in the sshd's own dir).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+SSHD = Path("/usr/sbin/sshd")
+PAM_HELPER = "/opt/geco/libexec/geco-pam"
+# geco's two lines around Debian's own, in the order the README gives
+GECO_PAM_STACK = f"""\
+@include common-auth
+account required pam_exec.so quiet stdout {PAM_HELPER}
+@include common-account
+@include common-session-noninteractive
+session required pam_exec.so quiet {PAM_HELPER}
+"""
+PLAIN_PAM_STACK = """\
+@include common-auth
+@include common-account
+@include common-session-noninteractive
+"""
+CLIENT_OPTIONS = ("-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+                  "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=20")
+
+
+class Sshd(NamedTuple):
+    port: int
+    key: Path  # the client key every listed user's authorized keys hold (root reads it)
+    dir: Path
+    node: str
+
+    def argv(self, user: str, *command: str, options: Sequence[str] = ()) -> list[str]:
+        """``ssh user@127.0.0.1 command`` with this sshd's port and key."""
+        return ["ssh", "-i", str(self.key), "-p", str(self.port), *CLIENT_OPTIONS, *options,
+                f"{user}@127.0.0.1", *command]
+
+    def ssh(self, user: str, *command: str, options: Sequence[str] = (),
+            timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """Run :meth:`argv` as root's client; the completed process."""
+        return subprocess.run(self.argv(user, *command, options=options), capture_output=True,
+                              text=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False)
+
+    def command_line(self, user: str, key: Path) -> str:
+        """The ssh command a job of ``user`` runs, with a key it can read."""
+        return (f"ssh -i {key} -p {self.port} {' '.join(CLIENT_OPTIONS)} "
+                f"{user}@127.0.0.1")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _stop_leftover(service: str, pidfile: Path) -> None:
+    """An sshd of an interrupted earlier run (by the pid it wrote, and only if it is ours)."""
+    with contextlib.suppress(OSError, ValueError):
+        pid = int(pidfile.read_text().split()[0])
+        if service in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 20
+            while _alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def running_sshd(service: str, pam_stack: str, users: Sequence[str]) -> Iterator[Sshd]:
+    """An sshd as ``service`` with ``pam_stack``, letting ``users`` log in with one key;
+    stopped (by its pid), its PAM file and dir removed afterwards."""
+    pidfile = Path(f"/run/{service}.pid")
+    pam_file = Path("/etc/pam.d") / service
+    _stop_leftover(service, pidfile)
+    # not under pytest's 0700 tmp: sshd reads each user's authorized keys as that user
+    base = Path(tempfile.mkdtemp(prefix=f"{service}-", dir="/run"))
+    proc = None
+    try:
+        base.chmod(0o755)
+        keys = base / "keys"
+        keys.mkdir(mode=0o755)
+        for name in ("host_key", "client_key"):
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f",
+                            str(base / name)], check=True, capture_output=True)
+        public = (base / "client_key.pub").read_text()
+        for user in users:
+            (keys / user).write_text(public)
+        port = free_port()
+        (base / "sshd_config").write_text(f"""\
+Port {port}
+ListenAddress 127.0.0.1
+HostKey {base}/host_key
+PidFile {pidfile}
+AuthorizedKeysFile {keys}/%u
+StrictModes no
+UsePAM yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin prohibit-password
+Subsystem sftp internal-sftp
+LogLevel VERBOSE
+""")
+        link = base / service
+        link.symlink_to(SSHD)
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation dir
+        pam_file.write_text(pam_stack)
+        proc = subprocess.Popen([str(link), "-D", "-f", str(base / "sshd_config"),
+                                 "-E", str(base / "sshd.log")])
+        deadline = time.monotonic() + 20
+        while True:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the test sshd did not listen: {(base / 'sshd.log')}")
+            time.sleep(0.05)
+        yield Sshd(port, base / "client_key", base, os.uname().nodename.partition(".")[0])
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=20)
+        pam_file.unlink(missing_ok=True)
+        shutil.rmtree(base, ignore_errors=True)
