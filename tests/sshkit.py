@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -19,6 +18,8 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
+
+from cleanslate import stop_process  # tests/ is on sys.path (tests/conftest.py)
 
 SSHD = Path("/usr/sbin/sshd")
 PAM_HELPER = "/opt/geco/libexec/geco-pam"
@@ -68,23 +69,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def _stop_leftover(service: str, pidfile: Path) -> None:
     """An sshd of an interrupted earlier run (by the pid it wrote, and only if it is ours)."""
     with contextlib.suppress(OSError, ValueError):
         pid = int(pidfile.read_text().split()[0])
         if service in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
-            os.kill(pid, signal.SIGTERM)
-            deadline = time.monotonic() + 20
-            while _alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.1)
+            stop_process(pid)
 
 
 @contextlib.contextmanager
