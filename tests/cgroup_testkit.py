@@ -122,11 +122,21 @@ class Child:
         os.close(self._out)
         return data
 
-    def wait(self) -> int:
-        """The child's exit code (``-9`` for SIGKILL, 70 when its body raised)."""
-        if self._status is None:
-            _, status = os.waitpid(self.pid, 0)
-            self._status = os.waitstatus_to_exitcode(status)
+    def wait(self, timeout: float = 120.0) -> int:
+        """The child's exit code (``-9`` for SIGKILL, 70 when its body raised).
+
+        A child still there after ``timeout`` fails the test (the kill or the OOM kill it
+        waits for did not come) instead of hanging the run.
+        """
+        deadline = time.monotonic() + timeout
+        while self._status is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self._status = os.waitstatus_to_exitcode(status)
+            elif time.monotonic() > deadline:
+                raise AssertionError(f"child {self.pid} still running after {timeout:.0f} s")
+            else:
+                time.sleep(0.01)
         return self._status
 
 

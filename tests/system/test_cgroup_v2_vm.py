@@ -21,14 +21,14 @@ import vmrun
 
 # --noconftest: tests/conftest.py serves the host suite (Grid Engine, journald)
 # and may import what the guest's bare python3 lacks; tests/vm needs none of it
-GUEST_COMMAND = ("PYTHONDONTWRITEBYTECODE=1 python3 -m pytest -q -p no:cacheprovider "
-                 "--noconftest -o addopts= -rfEs tests/vm")
+GUEST_COMMAND = vmrun.guest_pytest("tests/vm")
 
 pytestmark = pytest.mark.vm
 
 
 def test_given_the_qemu_machine_when_tests_vm_run_inside_then_all_of_them_pass(
         figures: list[str]) -> None:
-    result = vmrun.run(GUEST_COMMAND)
+    # ~16 s of tests here; a stuck one shows its traceback after 4 min (vmrun.guest_pytest)
+    result = vmrun.run(GUEST_COMMAND, timeout=600)
     vmrun.assert_all_passed(result)
     figures.append(result.figure("tests/vm (the v2 backend)"))

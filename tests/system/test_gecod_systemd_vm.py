@@ -21,8 +21,7 @@ import vmrun
 # --noconftest: tests/conftest.py serves the host suite (Grid Engine, journald)
 GUEST_COMMAND = (f"set -e; {vmrun.COPY_TO_GUEST}; cd /root/geco; "
                  "python3 -m geco._hwloc_build >/dev/null; "
-                 "python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts= -rfEs "
-                 "tests/vm_systemd")
+                 f"{vmrun.guest_pytest('tests/vm_systemd')}")
 
 pytestmark = pytest.mark.vm
 

@@ -28,9 +28,8 @@ BENCH = "bench/bench_hooks.py"
 GUEST_COMMAND = (
     f"set -e; {vmrun.COPY_TO_GUEST}; cd /root/geco; since=$(date +%s); "
     "GECO_SYSTEM_PACKAGES=1 scripts/install.sh; rc=0; "
-    "GECO_KEEP_SGE=1 GECO_TEST_HOOKS=starter PYTHONDONTWRITEBYTECODE=1 "
-    "/opt/geco/venv/bin/python -m pytest -q "
-    "-p no:cacheprovider -o addopts= -rfEs tests/vm_sge || rc=$?; "
+    "GECO_KEEP_SGE=1 GECO_TEST_HOOKS=starter "
+    f"{vmrun.guest_pytest('tests/vm_sge', '/opt/geco/venv/bin/python', '')} || rc=$?; "
     f"/opt/geco/venv/bin/python {BENCH} --since \"$since\" | sed 's/^/guest: /'; exit $rc")
 
 pytestmark = pytest.mark.vm
@@ -39,7 +38,7 @@ pytestmark = pytest.mark.vm
 def test_given_the_qemu_machine_when_grid_engine_runs_geco_under_systemd_then_jobs_are_contained(
         journal: Any, figures: list[str]) -> None:
     # 6 GiB: Grid Engine's h_vmem default (2G a slot) must fit twice in the host's capacity
-    result = vmrun.run(GUEST_COMMAND, mem_mib=6144)
+    result = vmrun.run(GUEST_COMMAND, mem_mib=6144, timeout=1500)
     vmrun.assert_all_passed(result)
     figures.append(result.figure("tests/vm_sge (Grid Engine with geco's systemd units)"))
     figures.extend(f"in the VM: {line.removeprefix('guest: ')}"

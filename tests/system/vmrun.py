@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["COPY_TO_GUEST", "MASK", "PRESEED", "REPO", "RUNNER", "TIMEOUT", "VmRun",
-           "assert_all_passed", "packages", "run", "summary"]
+           "assert_all_passed", "guest_pytest", "packages", "run", "summary"]
 
 REPO = Path(__file__).resolve().parents[2]
 RUNNER = REPO / "integration" / "vm" / "run-in-vm.sh"
@@ -45,9 +45,26 @@ COPY_TO_GUEST = ("rm -rf /root/geco && mkdir /root/geco && tar -C \"$RUNINVM_MOU
                  "--exclude=./.git --exclude=__pycache__ --exclude='*.so' --exclude='*.o' "
                  "--exclude=./.mypy_cache --exclude=./.ruff_cache --exclude=./.hypothesis "
                  "--exclude=./.pytest_cache -cf - . | tar -C /root/geco -xf -")
-# image build (~3 min) + boot (~25 s, more on a busy host) + the tests at ~8x
-# emulation slowdown, with room
-TIMEOUT = 1800
+# the VM's own time limit (run-in-vm's VM_TIMEOUT, from qemu's start): boot (~25 s, ~45 s
+# on a slower host) + the tests at ~8x emulation slowdown, with room. When it runs out,
+# run-in-vm stops qemu and prints the console's last lines; what the guest printed so far
+# is in the result, so a stuck guest test shows where it stuck.
+TIMEOUT = 900
+# the image build (~3 min here, once) comes before qemu starts: the host-side backstop
+# allows for it on top of the VM's limit
+IMAGE_BUILD_ALLOWANCE = 900
+
+
+def guest_pytest(target: str, python: str = "python3", options: str = "--noconftest") -> str:
+    """pytest as every guest runs it, for one ``bash -c`` string.
+
+    Nothing is written to the share (no bytecode, no cache); output is unbuffered, so a run
+    cut off by the time limit shows how far it got; a test stuck for 4 minutes dumps every
+    thread's traceback (pytest's faulthandler_timeout) instead of hanging silently.
+    """
+    return (f"PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 {python} -m pytest -q "
+            f"-p no:cacheprovider {options} -o addopts= -o faulthandler_timeout=240 "
+            f"-rfEs {target}")
 
 
 def packages() -> list[str]:
@@ -113,15 +130,27 @@ def run(command: str, *, timeout: float = TIMEOUT, mem_mib: int = 2048) -> VmRun
     """
     assert os.geteuid() == 0, "run-in-vm.sh needs root (debootstrap, chroot, 9p passthrough)"
     env = dict(os.environ, VM_EXTRA_PACKAGES=" ".join(packages()), VM_PRESEED=PRESEED,
-               VM_MASK=MASK, VM_MEM=str(mem_mib))
+               VM_MASK=MASK, VM_MEM=str(mem_mib), VM_TIMEOUT=str(int(timeout)))
     env.setdefault("VM_VERBOSE", "1")
     started = time.monotonic()
-    proc = subprocess.run([str(RUNNER), str(REPO), command], env=env, text=True,
-                          capture_output=True, timeout=timeout, check=False)
-    result = VmRun(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - started)
+    try:
+        proc = subprocess.run([str(RUNNER), str(REPO), command], env=env, text=True,
+                              capture_output=True, timeout=timeout + IMAGE_BUILD_ALLOWANCE,
+                              check=False)
+        result = VmRun(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - started)
+    except subprocess.TimeoutExpired as late:  # run-in-vm itself stuck: keep what it said
+        result = VmRun(124, _text(late.stdout), _text(late.stderr) + "\nvmrun: run-in-vm.sh "
+                       f"still running after {late.timeout:.0f} s, killed", late.timeout)
     # shown with -rP or -s: the figures the VM README asks CI to watch
     print(f"run-in-vm: {result.seconds:.1f} s in all; {result.timings or 'no timings'}")
     return result
+
+
+def _text(partial: bytes | str | None) -> str:
+    """What a timed-out subprocess had printed (bytes even in text mode)."""
+    if isinstance(partial, bytes):
+        return partial.decode(errors="replace")
+    return partial or ""
 
 
 def assert_all_passed(result: VmRun) -> dict[str, int]:
