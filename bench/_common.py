@@ -16,7 +16,10 @@ from __future__ import annotations
 import contextlib
 import shutil
 import signal
+import socket
+import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
@@ -30,7 +33,7 @@ from geco.cgroup import V1Backend, find_hierarchies, parse_mountinfo  # noqa: E4
 from geco.errors import GecoError  # noqa: E402
 from tests.cgroup_testkit import raw_cleanup, usable_v1_hierarchies  # noqa: E402
 
-__all__ = ["REPO", "journald", "percentile", "remove_test_cgroups", "run_in_cgroups",
+__all__ = ["REPO", "gecod", "journald", "percentile", "remove_test_cgroups", "run_in_cgroups",
            "sigterm_exits", "v1_backend"]
 
 CGROUP_MOUNT = Path("/sys/fs/cgroup")
@@ -127,3 +130,29 @@ def journald() -> Iterator[None]:
                 # its socket files outlive it and would look like a journal refusing all
                 if not run_dir_existed:
                     shutil.rmtree(harness.JOURNAL_SOCKET.parent, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def gecod() -> Iterator[None]:
+    """The installed gecod serving the site configuration for the block (started here,
+    ended by its pid afterwards); SystemExit when another one serves already."""
+    proc = subprocess.Popen(["/opt/geco/venv/bin/geco", "daemon"], cwd="/",
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL,
+                            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            if proc.poll() is not None:
+                raise SystemExit("gecod exited at start (another one serving?)")
+            with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as s:
+                s.connect("/run/geco/gecod.sock")
+                break
+            if time.monotonic() > deadline:
+                raise SystemExit("gecod did not start serving within 30 s")
+            time.sleep(0.1)
+        yield
+    finally:
+        proc.terminate()
+        proc.wait(30)

@@ -35,10 +35,8 @@ With ``--since`` it submits nothing and reports every hook journaled since then
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -46,7 +44,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import journald, percentile
+from _common import gecod, journald, percentile
 from _table import Row, add_json_option, write_rows
 
 from tests import conftest as harness  # the test fixtures' service helpers
@@ -99,9 +97,7 @@ def main() -> int:
 
 
 PYTHON = "/opt/geco/venv/bin/python"
-GECO = "/opt/geco/venv/bin/geco"
 PRELOAD = "/opt/geco/lib/libgeco_preload.so"
-GECOD_SOCKET = Path("/run/geco/gecod.sock")
 
 
 def bare_start_ms(runs: int = 20) -> float:
@@ -189,23 +185,6 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def _gecod_started() -> subprocess.Popen[bytes]:
-    gecod = subprocess.Popen([GECO, "daemon"], cwd="/", stdin=subprocess.DEVNULL,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
-                             start_new_session=True)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if gecod.poll() is not None:
-            raise SystemExit("bench_hooks: gecod exited at start (another one serving?)")
-        with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as s:
-            s.connect(str(GECOD_SOCKET))
-            return gecod
-        time.sleep(0.1)
-    gecod.terminate()
-    raise SystemExit("bench_hooks: gecod did not start serving within 30 s")
-
-
 def _setup(env: dict[str, str], preload: str) -> None:
     harness.run(["bash", str(harness.SGE_SETUP)], env=dict(env, GECO_EXECD_PRELOAD=preload),
                 timeout=600)
@@ -226,16 +205,14 @@ def _run(count: int, json_path: Path | None) -> int:
         _setup(nohooks, "")
         _round(owner, workdir, count)
         floors_alone = nohook_times(where)
-        gecod = _gecod_started()
         try:
-            _setup(env, PRELOAD)
-            served, since_served = _round(owner, workdir, count)
-            _setup(nohooks, PRELOAD)
-            _round(owner, workdir, count)
-            floors_served = nohook_times(where)
+            with gecod():
+                _setup(env, PRELOAD)
+                served, since_served = _round(owner, workdir, count)
+                _setup(nohooks, PRELOAD)
+                _round(owner, workdir, count)
+                floors_served = nohook_times(where)
         finally:
-            gecod.terminate()
-            gecod.wait(30)
             _setup(env, "")
     python = bare_start_ms()
     imports = {hook: import_ms(hook) for hook in ("prolog", "epilog", "starter")}

@@ -5,9 +5,10 @@ Run as root from the repo root (after scripts/install.sh):
     /opt/geco/venv/bin/python bench/bench_ssh.py [--logins 20] [--json PATH]
 
 Brings up journald and the single-host Grid Engine with geco's hooks (as the test
-fixtures do), starts one ``sleep`` job of the test user, and two real sshds on
+fixtures do), starts gecod and one ``sleep`` job of the test user, and two real sshds on
 127.0.0.1 (tests/sshkit.py): one with Debian's PAM stack alone, one with geco's
-two lines added (the user is let in, and the session moved into the job). Logins
+two lines added (``pam_geco.so``: gecod lets the user in, and moves the session
+into the job). Logins
 ``ssh user@127.0.0.1 true`` alternate between the two; each figure is the client's
 wall time from start to exit. The sshd without geco's lines is the floor.
 """
@@ -21,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import journald, percentile
+from _common import gecod, journald, percentile
 from _table import Row, add_json_option, write_rows
 
 from tests import conftest as harness  # the test fixtures' service helpers
@@ -94,7 +95,7 @@ def main() -> int:
     if os.geteuid() != 0:
         print("bench_ssh: run as root (it starts Grid Engine and sshd)", file=sys.stderr)
         return 2
-    with journald():
+    with journald(), gecod():
         return _run(args.logins, args.json)
 
 

@@ -96,6 +96,7 @@ class Config(NamedTuple):
     ssh_admin_groups: tuple[str, ...] = ()
     ssh_several_jobs: str = "newest"
     ssh_adopt_failure: str = "refuse"
+    ssh_gecod_unreachable: str = "decide-here"
     ssh_bypass_file: Path = Path("/etc/geco/ssh-bypass")
 
     @property
@@ -118,7 +119,7 @@ _SECTIONS: dict[str, tuple[str, ...]] = {
     "strays": ("strays_kill", "strays_min_uid", "strays_exempt_users", "strays_grace",
                "strays_delay"),
     "ssh": ("ssh_admins", "ssh_admin_groups", "ssh_several_jobs", "ssh_adopt_failure",
-            "ssh_bypass_file"),
+            "ssh_gecod_unreachable", "ssh_bypass_file"),
     "gecod": ("gecod_socket", "gecod_privileged_socket", "gecod_privileged_group",
               "gecod_key_file", "gecod_request_timeout",
               "gecod_unreachable_policy", "gecod_exec_filter", "gecod_max_skew",
@@ -135,7 +136,8 @@ _TOML_NAME = {"cgroup_mount": "mount", "cgroup_name": "name", "cgroup_version": 
               "log_level": "level",
               **{f"strays_{n}": n for n in ("kill", "min_uid", "exempt_users", "grace", "delay")},
               **{f"ssh_{n}": n for n in ("admins", "admin_groups", "several_jobs",
-                                         "adopt_failure", "bypass_file")},
+                                         "adopt_failure", "gecod_unreachable",
+                                         "bypass_file")},
               **{f"gecod_{n}": n for n in (
                   "socket", "privileged_socket", "privileged_group", "key_file",
                   "request_timeout", "unreachable_policy", "exec_filter",
@@ -148,7 +150,8 @@ _CHOICES = {"cgroup_version": ("auto", "1", "2"),
             "gecod_preload_log": ("syslog", "stderr", "none"),
             "gecod_oom": ("kernel", "kill-job"),
             "ssh_several_jobs": ("newest", "refuse"),
-            "ssh_adopt_failure": ("refuse", "allow")}
+            "ssh_adopt_failure": ("refuse", "allow"),
+            "ssh_gecod_unreachable": ("decide-here", "refuse", "allow")}
 # Whole-number settings whose smallest sensible value is above 0.
 _MINIMUM = {"gecod_workers": 1}
 # Path settings where "" means "the built-in choice" (not a path).

@@ -62,6 +62,8 @@ __all__ = [
     "Ack",
     "AckStatus",
     "Adopt",
+    "AdoptReply",
+    "AdoptStage",
     "Frame",
     "Header",
     "JobStarted",
@@ -106,6 +108,7 @@ class MsgType(enum.IntEnum):
     STATUS_REPLY = 4
     ADOPT = 5
     QUARANTINE_SELF = 6
+    ADOPT_REPLY = 7
 
 
 # What may carry PEERCRED: the two requests any local user may make, and gecod's replies.
@@ -195,32 +198,96 @@ class Ack:
         return cls(job_id, task_id, status, nonce)
 
 
+class AdoptStage(enum.IntEnum):
+    """What an ADOPT asks for: PAM's account check, or the session's move as well."""
+
+    ACCOUNT = 1  # may this uid log in here, and into which job
+    SESSION = 2  # the same, and move the sender into that job
+
+
+ADOPT_MAX_CONNECTION = 255
+REPLY_MAX_TEXT = 2048
+
+
 @dataclass(frozen=True, slots=True)
 class Adopt:
-    """Payload of ADOPT (ssh adoption): "put ``pid`` of ``uid`` into a job of theirs".
+    """Payload of ADOPT (sshd's PAM module): "may ``uid`` log in, into which job".
 
-    Wire: u64 job_id (0 = any job of the uid), u32 pid, u32 uid, u64 reserved (0);
-    24 bytes.
+    Wire: u64 job_id, u64 task_id (0, 0: gecod chooses), u32 pid (the sender, sshd's root
+    process for the connection), u32 uid, u32 stage (:class:`AdoptStage`), u32 reserved
+    (0), then the connection's ``SSH_CONNECTION`` text (printable ASCII, at most 255
+    bytes); 32 to 287 bytes.
     """
 
     job_id: int
+    task_id: int
     pid: int
     uid: int
+    stage: AdoptStage
+    connection: str = ""
 
     TYPES: ClassVar[tuple[MsgType, ...]] = (MsgType.ADOPT,)
-    _S: ClassVar[struct.Struct] = struct.Struct("<QIIQ")
+    _S: ClassVar[struct.Struct] = struct.Struct("<QQIIII")
 
     def pack(self) -> bytes:
-        """Return the 24 payload bytes."""
-        return self._S.pack(self.job_id, self.pid, self.uid, 0)
+        """Return the payload bytes (ValueError when the connection is not short ASCII)."""
+        text = self.connection.encode("ascii")
+        if len(text) > ADOPT_MAX_CONNECTION:
+            raise ValueError(f"an ADOPT connection is at most {ADOPT_MAX_CONNECTION} bytes")
+        return self._S.pack(self.job_id, self.task_id, self.pid, self.uid, self.stage, 0) + text
 
     @classmethod
     def unpack(cls, payload: bytes) -> Adopt:
         """Parse a payload; raise ProtocolError (reason ``payload``) when it is malformed."""
-        _check_size("ADOPT", payload, cls._S.size)
-        job_id, pid, uid, reserved = cls._S.unpack(payload)
+        fixed = cls._S.size
+        if not fixed <= len(payload) <= fixed + ADOPT_MAX_CONNECTION:
+            raise _payload_error(f"the ADOPT payload must be {fixed} to "
+                                 f"{fixed + ADOPT_MAX_CONNECTION} bytes, got {len(payload)}")
+        job_id, task_id, pid, uid, stage, reserved = cls._S.unpack_from(payload)
         _check_reserved("ADOPT", reserved)
-        return cls(job_id, pid, uid)
+        if stage not in (AdoptStage.ACCOUNT, AdoptStage.SESSION):
+            raise _payload_error(f"an ADOPT stage must be 1 or 2, got {stage}")
+        text = payload[fixed:]
+        if not all(0x20 <= c < 0x7F for c in text):
+            raise _payload_error("an ADOPT connection must be printable ASCII")
+        return cls(job_id, task_id, pid, uid, AdoptStage(stage), text.decode("ascii"))
+
+
+@dataclass(frozen=True, slots=True)
+class AdoptReply:
+    """Payload of ADOPT_REPLY: an ACK's 40 bytes, then UTF-8 text (at most 2048 bytes, no
+    NUL): a line for the user (may be empty), then the session's ``NAME=value`` lines."""
+
+    job_id: int
+    task_id: int
+    status: AckStatus
+    request_nonce: bytes
+    text: str = ""
+
+    TYPES: ClassVar[tuple[MsgType, ...]] = (MsgType.ADOPT_REPLY,)
+
+    def pack(self) -> bytes:
+        """Return the payload bytes (ValueError when the text is too long or has a NUL)."""
+        text = self.text.encode()
+        if len(text) > REPLY_MAX_TEXT or b"\0" in text:
+            raise ValueError(f"an ADOPT_REPLY text is at most {REPLY_MAX_TEXT} bytes, no NUL")
+        return Ack(self.job_id, self.task_id, self.status, self.request_nonce).pack() + text
+
+    @classmethod
+    def unpack(cls, payload: bytes) -> AdoptReply:
+        """Parse a payload; raise ProtocolError (reason ``payload``) when it is malformed."""
+        fixed = Ack._S.size
+        if not fixed <= len(payload) <= fixed + REPLY_MAX_TEXT:
+            raise _payload_error(f"the ADOPT_REPLY payload must be {fixed} to "
+                                 f"{fixed + REPLY_MAX_TEXT} bytes, got {len(payload)}")
+        ack = Ack.unpack(payload[:fixed])
+        try:
+            text = payload[fixed:].decode()
+        except UnicodeDecodeError:
+            raise _payload_error("an ADOPT_REPLY text must be UTF-8") from None
+        if "\0" in text:
+            raise _payload_error("an ADOPT_REPLY text must not hold a NUL")
+        return cls(ack.job_id, ack.task_id, ack.status, ack.request_nonce, text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,7 +316,7 @@ class StatusReply:
         return cls(doc)
 
 
-Message = JobStarted | Ack | Adopt | StatusReply
+Message = JobStarted | Ack | Adopt | AdoptReply | StatusReply
 
 
 def _check_size(name: str, payload: bytes, size: int) -> None:
@@ -265,12 +332,13 @@ def _check_reserved(name: str, value: int) -> None:
 # Payload size per type; None = any size up to MAX_PAYLOAD.
 _SIZES: dict[MsgType, int | None] = {
     MsgType.JOB_STARTED: 24, MsgType.ACK: 40, MsgType.STATUS: 0,
-    MsgType.STATUS_REPLY: None, MsgType.ADOPT: 24, MsgType.QUARANTINE_SELF: 24,
+    MsgType.STATUS_REPLY: None, MsgType.ADOPT: None, MsgType.QUARANTINE_SELF: 24,
+    MsgType.ADOPT_REPLY: None,
 }
 _UNPACK: dict[MsgType, Callable[[bytes], Message]] = {
     MsgType.JOB_STARTED: JobStarted.unpack, MsgType.QUARANTINE_SELF: JobStarted.unpack,
     MsgType.ACK: Ack.unpack, MsgType.ADOPT: Adopt.unpack,
-    MsgType.STATUS_REPLY: StatusReply.unpack,
+    MsgType.STATUS_REPLY: StatusReply.unpack, MsgType.ADOPT_REPLY: AdoptReply.unpack,
 }
 
 

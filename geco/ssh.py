@@ -14,9 +14,12 @@ The rules are pam_slurm_adopt's, in Grid Engine's terms:
   4-tuple as Slurm's callerid does), else the user's only job, else the newest
   one (``several_jobs = "newest"``) or none (``"refuse"``).
 
-:func:`login_verdict` is the one decision; the PAM helper (:mod:`geco.hooks.pam`)
-calls it at account time (to refuse before anything of the user's runs) and
-again at session time (to pick the job it moves the connection into).
+:func:`login_verdict` is the one decision and :func:`serve_login` carries it
+out: at PAM's account stage (refuse before anything of the user's runs) and
+again at its session stage (move the connection's root sshd process into the
+chosen job, and name the job's variables for the session). gecod serves it for
+sshd's PAM module (``pam_geco.so``, one round trip); the helper
+(:mod:`geco.hooks.pam`) when gecod cannot be reached.
 """
 
 from __future__ import annotations
@@ -26,8 +29,10 @@ import ipaddress
 import os
 import pwd
 from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-from geco import containment
+from geco import containment, log, procfs
 from geco._tuple import NamedTuple
 from geco.cgroup import Backend
 from geco.config import Config
@@ -35,7 +40,16 @@ from geco.errors import GecoError
 from geco.jobkey import JobKey
 from geco.sge import execd
 
-__all__ = ["Login", "NodeJob", "Verdict", "caller_job", "login_verdict", "running_jobs"]
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Protocol
+
+    class _Logger(Protocol):
+        def info(self, msg: object, *args: object,
+                 extra: Mapping[str, object] | None = ...) -> None: ...
+
+__all__ = ["Answer", "Login", "NodeJob", "Verdict", "caller_job", "is_admin", "login_verdict",
+           "running_jobs", "serve_login"]
 
 
 class Login(NamedTuple):
@@ -78,11 +92,13 @@ class Login(NamedTuple):
 
 
 class NodeJob(NamedTuple):
-    """A job running on this node: its key, owner and when its cgroups were made."""
+    """A job running on this node: its key, owner, when its cgroups were made, and
+    sge_execd's spool dir for it."""
 
     key: JobKey
     owner: str
     started: float
+    spool: Path
 
 
 class Verdict(NamedTuple):
@@ -120,7 +136,7 @@ def running_jobs(cfg: Config, backend: Backend, node: str) -> list[NodeJob]:
             continue
         started = containment.last_changed(key, backend)
         if owner and started is not None:
-            jobs.append(NodeJob(key, owner, started))
+            jobs.append(NodeJob(key, owner, started, spool))
     return sorted(jobs, key=lambda j: (j.started, j.key.order()))
 
 
@@ -135,34 +151,68 @@ def _from_this_node(connection: str) -> tuple[str, int, str, int] | None:
     return ends if source.is_loopback or src == dst else None
 
 
-def caller_job(connection: str, uid: int, keys: Sequence[JobKey],
-               backend: Backend) -> JobKey | None:
+def _tcp_address(ip: str, port: int) -> str:
+    """An address as /proc/net/tcp{,6} writes it: the address's 32-bit words in the
+    kernel's (little-endian) order, in hex, then the port."""
+    packed = ipaddress.ip_address(ip).packed
+    words = (packed[i:i + 4][::-1] for i in range(0, len(packed), 4))
+    return f"{b''.join(words).hex().upper()}:{port:04X}"
+
+
+def _client_socket(ends: tuple[str, int, str, int], proc: Path) -> str | None:
+    """``socket:[<inode>]`` of the connection's client end on this node, else None."""
+    src, sport, dst, dport = ends
+    local, remote = _tcp_address(src, sport), _tcp_address(dst, dport)
+    table = "tcp" if ipaddress.ip_address(src).version == 4 else "tcp6"
+    try:
+        lines = (proc / "net" / table).read_text().splitlines()[1:]
+    except OSError:
+        return None
+    for line in lines:
+        fields = line.split()
+        if len(fields) > 9 and fields[1] == local and fields[2] == remote:
+            return f"socket:[{fields[9]}]"
+    return None
+
+
+def _holds(pid: int, target: str, proc: Path) -> bool:
+    try:
+        fds = os.listdir(proc / str(pid) / "fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(proc / str(pid) / "fd" / fd) == target:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def caller_job(connection: str, uid: int, keys: Sequence[JobKey], backend: Backend,
+               proc: Path = procfs.ROOT) -> JobKey | None:
     """The job of the process that made this connection, when it is one of ``keys``.
 
-    Only for a connection from this node to itself: its client socket is found
-    by the 4-tuple (``psutil.net_connections``, the kernel's socket tables), and
-    the process holding it must run as the user and sit in the job's cgroups.
+    Only for a connection from this node to itself: its client socket is found by the
+    4-tuple in the kernel's TCP table, and must be held by a process of the user's that
+    sits in the job's cgroups (only those processes are looked at: a login costs a few
+    /proc reads, whatever else runs on the node).
     """
     ends = _from_this_node(connection)
     if ends is None or not keys:
         return None
-    import psutil  # only here: a login from another host never needs it
-
-    for conn in psutil.net_connections(kind="tcp"):
-        if conn.pid is None or (*conn.laddr, *conn.raddr) != ends:
-            continue
-        try:
-            if psutil.Process(conn.pid).uids().real != uid:
-                continue
-        except psutil.Error:
-            continue
-        for key in keys:
-            if backend.contains(key, conn.pid):
+    target = _client_socket(ends, proc)
+    if target is None:
+        return None
+    for key in keys:
+        for pid in backend.pids(key):
+            if procfs.real_uid(pid, proc) == uid and _holds(pid, target, proc):
                 return key
     return None
 
 
-def _is_admin(login: Login, cfg: Config) -> bool:
+def is_admin(login: Login, cfg: Config) -> bool:
+    """One of the configured admins: by name, or by a group."""
     return login.user in cfg.ssh_admins or not login.groups.isdisjoint(cfg.ssh_admin_groups)
 
 
@@ -170,7 +220,7 @@ def login_verdict(login: Login, cfg: Config, backend: Backend, node: str) -> Ver
     """Decide whether ``login`` gets in, and which job its session joins."""
     if login.uid == 0:
         return Verdict(True, "root")
-    if _is_admin(login, cfg):
+    if is_admin(login, cfg):
         return Verdict(True, "admin")
     if cfg.ssh_bypass_file.exists():
         return Verdict(True, "bypass")
@@ -189,3 +239,93 @@ def login_verdict(login: Login, cfg: Config, backend: Backend, node: str) -> Ver
     return Verdict(False, "several-jobs",
                    f"geco: you have {len(mine)} jobs running on {node} ({names}); ssh from "
                    "inside the one your session should join")
+
+
+class Answer(NamedTuple):
+    """What one stage of a login comes to.
+
+    Attributes
+    ----------
+    admit: let it go on.
+    message: one line for the user ("" for none).
+    job: the job the session joined (session stage), or will join (account stage).
+    env: the session's variables: ``JOB_ID``, ``SGE_TASK_ID`` and the ``GECO_*`` of
+        its job, as its job's own processes see them (session stage only).
+    """
+
+    admit: bool
+    message: str = ""
+    job: NodeJob | None = None
+    env: tuple[tuple[str, str], ...] = ()
+
+
+def _journal(logger: _Logger, event: str, login: Login, verdict: Verdict, text: str,
+             **more: object) -> None:
+    job = verdict.job
+    logger.info("%s", text, extra=log.job_fields(
+        job.key.job if job else None, job.key.task if job else None, event,
+        SSH_USER=login.user, RHOST=login.rhost or None, REASON=verdict.why, **more))
+
+
+def _task_variable(job: NodeJob) -> str:
+    """SGE_TASK_ID as the job has it: ``undefined`` unless an array job's task."""
+    try:
+        env = execd.parse_key_values((job.spool / "environment").read_bytes())
+    except OSError:
+        return str(job.key.task)
+    return env.get(b"SGE_TASK_ID", str(job.key.task).encode()).decode(errors="replace")
+
+
+def _adopt(login: Login, verdict: Verdict, cfg: Config, backend: Backend, node: str,
+           pid: int, logger: _Logger) -> Answer:
+    """The session stage: move ``pid`` (sshd's root process for the connection, which
+    forks the user's side afterwards) into the job."""
+    job = verdict.job
+    assert job is not None
+    try:
+        backend.add_pid(job.key, pid)
+        if not backend.contains(job.key, pid):
+            raise GecoError("the session's process is still outside the job's cgroups",
+                            pid=pid)
+        env = {"JOB_ID": str(job.key.job), "SGE_TASK_ID": _task_variable(job),
+               **backend.read_limits(job.key).environment(len(os.sched_getaffinity(pid)),
+                                                           os.uname().nodename)}.items()
+    except (GecoError, OSError) as exc:
+        allow = cfg.ssh_adopt_failure == "allow"
+        _journal(logger, "ssh-not-adopted", login, verdict,
+                 f"ssh session of {login.user} not moved into job {job.key}: {exc}"
+                 f"{'; let in outside the job (adopt_failure = allow)' if allow else ''}",
+                 PID=pid)
+        if allow:
+            return Answer(True)
+        return Answer(False, f"geco: your session cannot be put into job {job.key} on {node}; "
+                             "try again, or ask your admin")
+    _journal(logger, "ssh-adopted", login, verdict,
+             f"ssh session of {login.user} from {login.rhost or '?'} joined job {job.key} "
+             f"({verdict.why})", PID=pid)
+    return Answer(True, job=job, env=tuple(env))
+
+
+def serve_login(session: bool, login: Login, cfg: Config, backend: Backend, node: str,
+                pid: int, logger: _Logger) -> Answer:
+    """Decide one stage of a login (:func:`login_verdict`), journal it, and at the
+    session stage move ``pid`` into the chosen job.
+
+    Every decision is journaled (``GECO_EVENT`` ``ssh-admitted``, ``ssh-refused``,
+    ``ssh-bypassed``, ``ssh-adopted``, ``ssh-not-adopted``; ``SSH_USER``, ``RHOST``,
+    ``REASON``, ``JOB_ID``).
+    """
+    verdict = login_verdict(login, cfg, backend, node)
+    if not verdict.admit:
+        _journal(logger, "ssh-refused", login, verdict,
+                 f"ssh login of {login.user} from {login.rhost or '?'} refused ({verdict.why})")
+        return Answer(False, verdict.message)
+    if session and verdict.job is not None:
+        return _adopt(login, verdict, cfg, backend, node, pid, logger)
+    if not session:
+        event = "ssh-bypassed" if verdict.why == "bypass" else "ssh-admitted"
+        where = f", to job {verdict.job.key}" if verdict.job else ""
+        _journal(logger, event, login, verdict,
+                 f"ssh login of {login.user} from {login.rhost or '?'} to {node} admitted "
+                 f"({verdict.why}{where})")
+    return Answer(True, job=verdict.job)

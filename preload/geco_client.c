@@ -32,7 +32,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define JOB_STARTED_FRAME (GECO_HEADER_BYTES + 24 + GECO_MAC_BYTES)
 #define NS_PER_MS 1000000LL
 /* Pause between retries of a refused, closed or reset connection or a BUSY answer: doubling
    from 50 ms to at most 1 s, always within the request's deadline. */
@@ -435,12 +434,22 @@ static int recv_frame(int fd, uint8_t *buf, size_t *len, int64_t deadline,
     return GECO_CLIENT_OK;
 }
 
+/* One request: JOB_STARTED, answered by an ACK for exactly its job and task, or ADOPT,
+   answered by an ADOPT_REPLY whose text lands in text[cap]. */
+typedef struct {
+    const geco_job_started_t *job_started;
+    const geco_adopt_t *adopt;
+    char *text;
+    size_t cap;
+} request_t;
+
 /* One connection: request, verified reply, close. */
 static int attempt(const geco_address_t *addr, const uint8_t key[GECO_KEY_BYTES],
-                   int64_t deadline, int64_t max_skew_ns, const geco_job_started_t *msg,
+                   int64_t deadline, int64_t max_skew_ns, const request_t *req,
                    geco_client_outcome_t *out)
 {
-    uint8_t request[JOB_STARTED_FRAME];
+    uint8_t request[GECO_HEADER_BYTES + GECO_ADOPT_FIXED_BYTES + GECO_ADOPT_MAX_CONNECTION
+                    + GECO_MAC_BYTES];
     uint8_t reply[GECO_MAX_FRAME];
     size_t reply_len = 0;
     int fd = -1, rc, err;
@@ -451,8 +460,11 @@ static int attempt(const geco_address_t *addr, const uint8_t key[GECO_KEY_BYTES]
     out->status = 0;
     /* a fresh nonce and timestamp per attempt: gecod's replay cache would
        refuse a resent frame */
-    n = geco_encode_job_started(request, sizeof request, GECO_JOB_STARTED, key, NULL, 0, msg);
-    if (n != (long)sizeof request) {
+    n = req->adopt != NULL
+            ? geco_encode_adopt(request, sizeof request, key, NULL, 0, req->adopt)
+            : geco_encode_job_started(request, sizeof request, GECO_JOB_STARTED, key, NULL, 0,
+                                      req->job_started);
+    if (n <= 0) {
         rc = fail(out, GECO_CLIENT_E_ENCODE, "send", 0);
         goto cleanup;
     }
@@ -464,14 +476,17 @@ static int attempt(const geco_address_t *addr, const uint8_t key[GECO_KEY_BYTES]
     rc = connect_deadline(fd, addr, deadline, out);
     if (rc != GECO_CLIENT_OK)
         goto cleanup;
-    rc = send_all(fd, request, sizeof request, deadline, out);
+    rc = send_all(fd, request, (size_t)n, deadline, out);
     if (rc != GECO_CLIENT_OK)
         goto cleanup;
     rc = recv_frame(fd, reply, &reply_len, deadline, out);
     if (rc != GECO_CLIENT_OK)
         goto cleanup;
-    err = geco_decode_ack(reply, reply_len, key, geco_frame_nonce(request), 0, max_skew_ns,
-                          &out->ack);
+    err = req->adopt != NULL
+              ? geco_decode_adopt_reply(reply, reply_len, key, geco_frame_nonce(request), 0,
+                                        max_skew_ns, &out->ack, req->text, req->cap)
+              : geco_decode_ack(reply, reply_len, key, geco_frame_nonce(request), 0,
+                                max_skew_ns, &out->ack);
     if (err != 0) {
         out->proto_err = err;
         rc = fail(out, GECO_CLIENT_E_FRAME, "reply", 0);
@@ -479,7 +494,8 @@ static int attempt(const geco_address_t *addr, const uint8_t key[GECO_KEY_BYTES]
         /* before the job check: gecod answers a frame it refused unread with job 0.0 */
         out->status = out->ack.status;
         rc = fail(out, GECO_CLIENT_E_STATUS, "reply", 0);
-    } else if (out->ack.job_id != msg->job_id || out->ack.task_id != msg->task_id) {
+    } else if (req->job_started != NULL && (out->ack.job_id != req->job_started->job_id
+                                            || out->ack.task_id != req->job_started->task_id)) {
         rc = fail(out, GECO_CLIENT_E_MISMATCH, "reply", 0);
     } else {
         rc = fail(out, GECO_CLIENT_OK, "reply", 0);
@@ -511,18 +527,18 @@ static int retryable(const geco_client_outcome_t *out)
     }
 }
 
-int geco_client_job_started(const geco_address_t *addr, const uint8_t key[GECO_KEY_BYTES],
-                            int timeout_ms, int64_t max_skew_ns, uint64_t job, uint64_t task,
-                            uint32_t pid, geco_client_outcome_t *out)
+/* attempt() until an answer that is not worth retrying, or the deadline */
+static int request(const geco_address_t *addr, const uint8_t key[GECO_KEY_BYTES],
+                   int timeout_ms, int64_t max_skew_ns, const request_t *req,
+                   geco_client_outcome_t *out)
 {
-    const geco_job_started_t msg = {.job_id = job, .task_id = task, .pid = pid};
     int64_t deadline = mono_ns() + (int64_t)timeout_ms * NS_PER_MS;
     int64_t pause = RETRY_FIRST_NS;
 
     memset(out, 0, sizeof *out);
     for (;;) {
         out->attempts++;
-        attempt(addr, key, deadline, max_skew_ns, &msg, out);
+        attempt(addr, key, deadline, max_skew_ns, req, out);
         if (!retryable(out))
             break;
         int64_t now = mono_ns();
@@ -537,6 +553,25 @@ int geco_client_job_started(const geco_address_t *addr, const uint8_t key[GECO_K
         pause = pause * 2 > RETRY_MAX_NS ? RETRY_MAX_NS : pause * 2;
     }
     return out->result;
+}
+
+int geco_client_job_started(const geco_address_t *addr, const uint8_t key[GECO_KEY_BYTES],
+                            int timeout_ms, int64_t max_skew_ns, uint64_t job, uint64_t task,
+                            uint32_t pid, geco_client_outcome_t *out)
+{
+    const geco_job_started_t msg = {.job_id = job, .task_id = task, .pid = pid};
+    const request_t req = {.job_started = &msg};
+    return request(addr, key, timeout_ms, max_skew_ns, &req, out);
+}
+
+int geco_client_adopt(const geco_address_t *addr, const uint8_t key[GECO_KEY_BYTES],
+                      int timeout_ms, int64_t max_skew_ns, const geco_adopt_t *msg, char *text,
+                      size_t cap, geco_client_outcome_t *out)
+{
+    const request_t req = {.adopt = msg, .text = text, .cap = cap};
+    if (cap > 0)
+        text[0] = '\0';
+    return request(addr, key, timeout_ms, max_skew_ns, &req, out);
 }
 
 const char *geco_client_strresult(int result)

@@ -93,6 +93,15 @@ typedef struct {
 int geco_client_job_started(const geco_address_t *addr, const uint8_t key[GECO_KEY_BYTES],
                             int timeout_ms, int64_t max_skew_ns, uint64_t job, uint64_t task,
                             uint32_t pid, geco_client_outcome_t *out);
+/*
+ * Send ADOPT(msg) to gecod and wait for its verified ADOPT_REPLY within timeout_ms
+ * (retries as above). The reply's text (a line for the user, then NAME=value lines of
+ * the session's environment) goes to text[cap], NUL-terminated. A refusal is result
+ * GECO_CLIENT_E_STATUS with status GECO_REFUSED, and its text says why.
+ */
+int geco_client_adopt(const geco_address_t *addr, const uint8_t key[GECO_KEY_BYTES],
+                      int timeout_ms, int64_t max_skew_ns, const geco_adopt_t *msg, char *text,
+                      size_t cap, geco_client_outcome_t *out);
 const char *geco_client_strresult(int result);
 const char *geco_status_name(uint32_t status);
 

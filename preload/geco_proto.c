@@ -11,7 +11,7 @@
  *   - integers are written and read byte by byte as little-endian, never by
  *     casting the buffer to a struct: the wire layout is independent of the
  *     compiler's padding, alignment and the host's byte order;
- *   - only memcpy/memset, clock_gettime and libsodium are called.
+ *   - only mem*(), strlen, clock_gettime and libsodium are called.
  */
 /* clock_gettime() under -std=c11 */
 #define _POSIX_C_SOURCE 200809L
@@ -124,6 +124,26 @@ long geco_encode_job_started(uint8_t *buf, size_t cap, int type, const uint8_t k
     return seal(buf, type, key, nonce, ts_ns, JOB_STARTED_BYTES);
 }
 
+long geco_encode_adopt(uint8_t *buf, size_t cap, const uint8_t key[GECO_KEY_BYTES],
+                       const uint8_t *nonce, int64_t ts_ns, const geco_adopt_t *msg)
+{
+    size_t n = msg->connection != NULL ? strlen(msg->connection) : 0;
+    if (n > GECO_ADOPT_MAX_CONNECTION)
+        return GECO_E_PAYLOAD;
+    if (cap < GECO_HEADER_BYTES + GECO_ADOPT_FIXED_BYTES + n + GECO_MAC_BYTES)
+        return GECO_E_SHORT;
+    uint8_t *p = buf + GECO_HEADER_BYTES;
+    store64(p, msg->job_id);
+    store64(p + 8, msg->task_id);
+    store32(p + 16, msg->pid);
+    store32(p + 20, msg->uid);
+    store32(p + 24, msg->stage);
+    store32(p + 28, 0); /* reserved */
+    if (n > 0)
+        memcpy(p + GECO_ADOPT_FIXED_BYTES, msg->connection, n);
+    return seal(buf, GECO_ADOPT, key, nonce, ts_ns, (uint32_t)(GECO_ADOPT_FIXED_BYTES + n));
+}
+
 long geco_encode_ack(uint8_t *buf, size_t cap, const uint8_t key[GECO_KEY_BYTES],
                      const uint8_t *nonce, int64_t ts_ns, const geco_ack_t *msg)
 {
@@ -144,9 +164,10 @@ static uint64_t distance(int64_t a, int64_t b)
     return a > b ? (uint64_t)a - (uint64_t)b : (uint64_t)b - (uint64_t)a;
 }
 
-int geco_decode_ack(const uint8_t *buf, size_t len, const uint8_t key[GECO_KEY_BYTES],
-                    const uint8_t request_nonce[GECO_NONCE_BYTES], int64_t now,
-                    int64_t max_skew_ns, geco_ack_t *out)
+/* An ACK or an ADOPT_REPLY (its ack part, then text), checked in the protocol's order. */
+static int decode_reply(const uint8_t *buf, size_t len, const uint8_t key[GECO_KEY_BYTES],
+                        const uint8_t request_nonce[GECO_NONCE_BYTES], int64_t now,
+                        int64_t max_skew_ns, int want, geco_ack_t *out, char *text, size_t cap)
 {
     /* The order of these checks is part of the protocol (docs/wire-format.md,
        "Receiving"): everything up to the MAC is about the frame's shape, so an
@@ -172,12 +193,15 @@ int geco_decode_ack(const uint8_t *buf, size_t len, const uint8_t key[GECO_KEY_B
         return GECO_E_MAC;
 
     int type = buf[OFF_TYPE];
-    if (type < GECO_JOB_STARTED || type > GECO_QUARANTINE_SELF)
+    if (type < GECO_JOB_STARTED || type > GECO_ADOPT_REPLY)
         return GECO_E_TYPE;
-    if (type != GECO_ACK)
+    if (type != want)
         return GECO_E_TYPE; /* a known type, but not the answer we wait for */
     const uint8_t *p = buf + GECO_HEADER_BYTES;
-    if (n != ACK_BYTES || load32(p + 20) != 0 || load32(p + 16) > GECO_BUSY)
+    uint32_t extra = n >= ACK_BYTES ? n - ACK_BYTES : 0;
+    if (n < ACK_BYTES || (want == GECO_ACK && extra != 0) || extra > GECO_REPLY_MAX_TEXT
+        || load32(p + 20) != 0 || load32(p + 16) > GECO_BUSY
+        || memchr(p + ACK_BYTES, '\0', extra) != NULL)
         return GECO_E_PAYLOAD;
 
     int64_t ts = (int64_t)load64(buf + OFF_TIMESTAMP);
@@ -185,7 +209,7 @@ int geco_decode_ack(const uint8_t *buf, size_t len, const uint8_t key[GECO_KEY_B
         now = now_ns();
     if (distance(ts, now) > (uint64_t)(max_skew_ns > 0 ? max_skew_ns : 0))
         return GECO_E_STALE;
-    /* binds this ack to our request: an ack recorded for another request (a
+    /* binds this reply to our request: one recorded for another request (a
        replay, or a confused server) does not answer this one */
     if (sodium_memcmp(p + 24, request_nonce, GECO_NONCE_BYTES) != 0)
         return GECO_E_NONCE;
@@ -196,7 +220,27 @@ int geco_decode_ack(const uint8_t *buf, size_t len, const uint8_t key[GECO_KEY_B
         out->status = load32(p + 16);
         memcpy(out->request_nonce, p + 24, GECO_NONCE_BYTES);
     }
+    if (text != NULL && cap > 0) {
+        size_t keep = extra < cap - 1 ? extra : cap - 1;
+        memcpy(text, p + ACK_BYTES, keep);
+        text[keep] = '\0';
+    }
     return 0;
+}
+
+int geco_decode_ack(const uint8_t *buf, size_t len, const uint8_t key[GECO_KEY_BYTES],
+                    const uint8_t request_nonce[GECO_NONCE_BYTES], int64_t now,
+                    int64_t max_skew_ns, geco_ack_t *out)
+{
+    return decode_reply(buf, len, key, request_nonce, now, max_skew_ns, GECO_ACK, out, NULL, 0);
+}
+
+int geco_decode_adopt_reply(const uint8_t *buf, size_t len, const uint8_t key[GECO_KEY_BYTES],
+                            const uint8_t request_nonce[GECO_NONCE_BYTES], int64_t now,
+                            int64_t max_skew_ns, geco_ack_t *out, char *text, size_t cap)
+{
+    return decode_reply(buf, len, key, request_nonce, now, max_skew_ns, GECO_ADOPT_REPLY, out,
+                        text, cap);
 }
 
 const uint8_t *geco_frame_nonce(const uint8_t *frame)

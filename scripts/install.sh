@@ -46,6 +46,7 @@ PACKAGES=(
   python3-venv python3-dev gcc pkg-config  # venv + C builds (systemd-python, cffi extension)
   libhwloc-dev hwloc                       # topology (geco._hwloc_cffi, lstopo)
   libsodium-dev make                        # signed quarantine messages (preload, gecod)
+  libpam0g-dev                              # pam_geco.so, sshd's gate into jobs
   libsystemd-dev systemd                   # systemd-python build; journald + journalctl
   netbase procps psmisc util-linux         # /etc/services, ps/pkill, fuser, runuser/setsid
   ca-certificates                          # pip over https

@@ -22,14 +22,14 @@ from typing import NamedTuple
 from cleanslate import stop_process  # tests/ is on sys.path (tests/conftest.py)
 
 SSHD = Path("/usr/sbin/sshd")
-PAM_HELPER = "/opt/geco/libexec/geco-pam"
+PAM_MODULE = "/opt/geco/lib/security/pam_geco.so"
 # geco's two lines around Debian's own, in the order the README gives
 GECO_PAM_STACK = f"""\
 @include common-auth
-account required pam_exec.so quiet stdout {PAM_HELPER}
+account required {PAM_MODULE}
 @include common-account
 @include common-session-noninteractive
-session required pam_exec.so quiet {PAM_HELPER}
+session required {PAM_MODULE}
 """
 PLAIN_PAM_STACK = """\
 @include common-auth

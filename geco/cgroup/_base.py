@@ -134,6 +134,13 @@ class Limits(_LimitValues):
                                   f"(0 = no limit), got {number!r}")
         return super().__new__(cls, cpus, mems, memory, memory_swap, pids)
 
+    def environment(self, ncpus: int, node: str) -> dict[str, str]:
+        """What a process of the job is told about them: the ``GECO_*`` variables (the
+        starter's job environment, an adopted ssh session's), ``ncpus`` as it sees them."""
+        return {"GECO_CPUS": self.cpus, "GECO_NCPUS": str(ncpus), "GECO_MEMS": self.mems,
+                "GECO_MEMORY_LIMIT": str(self.memory), "GECO_VMEM_LIMIT": str(self.memory_swap),
+                "GECO_NODE": node}
+
     @property
     def ram(self) -> int:
         """The RAM limit the kernel gets: the smaller of ``memory`` and ``memory_swap``.

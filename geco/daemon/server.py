@@ -72,7 +72,7 @@ from dataclasses import dataclass, field
 
 from geco import __version__, log
 from geco.address import Address
-from geco.daemon import status
+from geco.daemon import sshlogin, status
 from geco.daemon.quarantine import (
     Context,
     Outcome,
@@ -91,6 +91,8 @@ from geco.protocol import (
     MAX_FRAME,
     Ack,
     AckStatus,
+    Adopt,
+    AdoptReply,
     Frame,
     Header,
     JobStarted,
@@ -443,8 +445,13 @@ class Server:
                     return
             self._submit(conn, got, lambda: quarantine(req, self.ctx))
         elif got.type is MsgType.ADOPT:
-            self._answer(conn, got, Outcome(AckStatus.REFUSED, "ADOPT (ssh adoption) is not "
-                                                               "implemented in this gecod"))
+            msg = got.message
+            assert isinstance(msg, Adopt)
+            why = sshlogin.refusal(msg, conn.peer, conn.lane.name)
+            if why:
+                self._answer(conn, got, Outcome(AckStatus.REFUSED, why))
+                return
+            self._submit(conn, got, lambda: sshlogin.serve(msg, got.nonce, self.ctx))
         else:
             self._answer(conn, got, Outcome(AckStatus.BAD_REQUEST,
                                             f"{got.type.name} is a reply, not a request"))
@@ -478,6 +485,9 @@ class Server:
         if isinstance(result, bytes):
             self.served += 1
             self._send(conn, encode(MsgType.STATUS_REPLY, result, self.secret, flags=got.flags))
+        elif isinstance(result, AdoptReply):  # journaled by the worker (ssh-* events)
+            self.served += 1
+            self._send(conn, encode(MsgType.ADOPT_REPLY, result, self.secret))
         else:
             assert isinstance(result, Outcome)
             self._answer(conn, got, result)
@@ -525,6 +535,10 @@ class Server:
         else:
             self._journal_refusal(conn, outcome.status.name.lower(), outcome.reason,
                                   outcome.status, got.type.name)
+        if got.type is MsgType.ADOPT:  # refused before the decision, busy, or a bug
+            reply = AdoptReply(0, 0, outcome.status, got.nonce)
+            self._send(conn, encode(MsgType.ADOPT_REPLY, reply, self.secret))
+            return
         ack = Ack(job or 0, task or 0, outcome.status, got.nonce)
         # in kind: a PEERCRED asker has no secret key to check any other MAC
         self._send(conn, encode(MsgType.ACK, ack, self.secret, flags=got.flags))

@@ -143,11 +143,6 @@ def _launch(env: Mapping[str, str], argv: Sequence[str]) -> Launch:
                   no_shell=config.get("no_shell") == "1")
 
 
-def _facts(limits: cgroup.Limits, ncpus: int) -> dict[str, str]:
-    return {"GECO_CPUS": limits.cpus, "GECO_NCPUS": str(ncpus), "GECO_MEMS": limits.mems,
-            "GECO_MEMORY_LIMIT": str(limits.memory), "GECO_VMEM_LIMIT": str(limits.memory_swap),
-            "GECO_NODE": os.uname().nodename}
-
 
 def _ask_gecod(cfg: Config, job: execd.JobRef, backend: cgroup.Backend,
                logger: log.Logger) -> str:
@@ -189,7 +184,7 @@ def _body(cfg: Config, logger: log.Logger) -> Exit:
     qrsh = os.environ.get("JOB_SCRIPT") == "QRSH"
     if not why:
         limits = backend.read_limits(job.key)
-        env.update(_facts(limits, len(os.sched_getaffinity(0))))
+        env.update(limits.environment(len(os.sched_getaffinity(0)), node))
     elif qrsh and cfg.gecod_unreachable_policy == "allow":
         logger.warning("qrsh -inherit task of job %s started outside the job's cgroups on %s "
                        "([gecod] unreachable_policy = allow): %s", job.key, node, why,

@@ -70,7 +70,7 @@ from test_gecod import (
 )
 
 from geco import protocol
-from geco.protocol import PEERCRED, PUBLIC_KEY, Ack, Adopt, JobStarted, MsgType
+from geco.protocol import PEERCRED, PUBLIC_KEY, Ack, Adopt, AdoptStage, JobStarted, MsgType
 
 pytestmark = [pytest.mark.root, pytest.mark.skipif(bool(_why_not()), reason=_why_not())]
 
@@ -190,10 +190,10 @@ def exchange(sock: socket.socket | None, data: bytes, *, half_close: bool = True
 
 def authentic(reply: bytes, key: bytes) -> None:
     """A reply is nothing (gecod may close a flood's connections unanswered) or one frame
-    gecod made: an ACK or a STATUS_REPLY with a good MAC."""
+    gecod made: an ACK, a STATUS_REPLY or an ADOPT_REPLY with a good MAC."""
     if reply:
         got = protocol.decode(reply, key, max_skew=3600)
-        assert got.type in (MsgType.ACK, MsgType.STATUS_REPLY), got
+        assert got.type in (MsgType.ACK, MsgType.STATUS_REPLY, MsgType.ADOPT_REPLY), got
 
 
 # -- gecod, its checks, the prober --------------------------------------------------------
@@ -277,7 +277,7 @@ def _frames(key: bytes) -> list[bytes]:
         protocol.encode(MsgType.STATUS, b"", PUBLIC_KEY, flags=PEERCRED),
         protocol.encode(MsgType.QUARANTINE_SELF, JobStarted(1, 1, pid), PUBLIC_KEY,
                         flags=PEERCRED),
-        protocol.encode(MsgType.ADOPT, Adopt(0, pid, NOBODY), key),
+        protocol.encode(MsgType.ADOPT, Adopt(0, 0, pid, NOBODY, AdoptStage.ACCOUNT), key),
         protocol.encode(MsgType.ACK, Ack(1, 1, protocol.AckStatus.OK, bytes(16)), key),
     ]
 
@@ -351,8 +351,9 @@ def _boundary_frames(key: bytes) -> Iterator[tuple[str, bytes]]:
             MsgType.QUARANTINE_SELF, payload.pack(job, task, pid, 0), PUBLIC_KEY,
             flags=PEERCRED)
     for job, pid, uid in itertools.product(u64[::2], u32[::2], (0, NOBODY, 2**32 - 1)):
-        yield "adopt", protocol.encode(MsgType.ADOPT, struct.pack("<QIIQ", job, pid, uid, 0),
-                                       key)
+        for stage in (0, 1, 2, 2**32 - 1):
+            yield "adopt", protocol.encode(
+                MsgType.ADOPT, struct.pack("<QQIIII", job, job, pid, uid, stage, 0), key)
     for size in (0, 1, 23, 25, 40, 4096):
         yield "payload_size", protocol.encode(MsgType.JOB_STARTED, bytes(size), key)
     for doc in (b"", b"{", b"[]", b"\xff\xfe", b"{}" + b" " * 4000):

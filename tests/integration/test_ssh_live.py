@@ -1,8 +1,8 @@
 """ssh into a node running real Grid Engine jobs: only job owners get in, into their job.
 
 A real OpenSSH ``sshd`` listens on 127.0.0.1 (its own port, host key and key-based
-logins) with geco's PAM lines (``geco-pam`` through ``pam_exec``, as the README
-shows) in a PAM service of its own: sshd names its PAM service after its program
+logins) with geco's PAM lines (``pam_geco.so``, which asks a real gecod, as the
+README shows) in a PAM service of its own: sshd names its PAM service after its program
 name, so it runs as a link ``geco-test-sshd`` and reads ``/etc/pam.d/geco-test-sshd``.
 The node's own sshd and its PAM files are not touched.
 
@@ -10,8 +10,9 @@ Seen from the user: who is let in (root, an admin group's member, a job owner) a
 who is refused with geco's one line before any command or forwarding runs; where
 the session runs (``/proc/self/cgroup``, the cores it may use, the memory limit it
 is under, ``~/.ssh/rc`` and scp included); which job a session joins when the user
-has two (ssh from inside one of them, else the newest, or refused); and that the
-session ends with its job.
+has two (ssh from inside one of them, else the newest, or refused); the job's
+variables in the session; what happens while gecod is down; and that the session
+ends with its job.
 """
 
 from __future__ import annotations
@@ -41,8 +42,9 @@ REFUSED = "geco: you have no job running on {node}; ssh to compute nodes is for 
 
 
 @pytest.fixture(scope="module")
-def sshd(sge: Any) -> Iterator[Sshd]:
-    """A real sshd on 127.0.0.1 with geco's PAM lines; stopped (by its pid) afterwards."""
+def sshd(sge: Any, gecod_service: Any) -> Iterator[Sshd]:
+    """A real sshd on 127.0.0.1 with geco's PAM lines, gecod answering them; stopped (by
+    its pid) afterwards."""
     sge.require_hooks()
     ensure_user(OUTSIDER)
     if subprocess.run(["getent", "group", ADMIN_GROUP], capture_output=True).returncode:
@@ -88,14 +90,14 @@ def cgroup_lines(text: str) -> dict[str, str]:
     return found
 
 
-def test_root_and_an_admin_group_member_get_in_without_a_job(sshd: Sshd,
+def test_root_and_an_admin_group_member_get_in_without_a_job(sshd: Sshd, gecod_service: Any,
                                                               journal: Any) -> None:
     """Given no job of theirs on the node, then root gets in, and a member of the
     configured admin group gets in, both outside every job; each admission is journaled."""
     out = sshd.ssh("root", "cat /proc/self/cgroup")
     assert out.returncode == 0, out.stderr
     assert "/GECO/" not in out.stdout
-    with site_settings({("ssh", "admin_groups"): [ADMIN_GROUP]}):
+    with site_settings({("ssh", "admin_groups"): [ADMIN_GROUP]}, gecod_service):
         out = sshd.ssh(ADMIN, "cat /proc/self/cgroup")
     assert out.returncode == 0, out.stderr
     assert "/GECO/" not in out.stdout
@@ -104,7 +106,7 @@ def test_root_and_an_admin_group_member_get_in_without_a_job(sshd: Sshd,
     assert journal.wait_for(GECO_EVENT="ssh-admitted", SSH_USER="root")[-1]["REASON"] == "root"
 
 
-def test_a_user_without_a_job_is_refused_before_anything_runs(sshd: Sshd,
+def test_a_user_without_a_job_is_refused_before_anything_runs(sshd: Sshd, gecod_service: Any,
                                                                journal: Any) -> None:
     """Given a user with no job on the node (an admin group that is not theirs configured),
     when they ssh in to run a command, or only to forward a port, then both are refused
@@ -112,7 +114,7 @@ def test_a_user_without_a_job_is_refused_before_anything_runs(sshd: Sshd,
     home = Path(pwd.getpwnam(OUTSIDER).pw_dir)
     marker = home / "geco-ssh-ran"
     marker.unlink(missing_ok=True)
-    with site_settings({("ssh", "admin_groups"): [ADMIN_GROUP]}):
+    with site_settings({("ssh", "admin_groups"): [ADMIN_GROUP]}, gecod_service):
         out = sshd.ssh(OUTSIDER, f"touch {marker}")
         forward = sshd.ssh(OUTSIDER, options=("-N", "-L", f"{free_port()}:127.0.0.1:"
                                               f"{sshd.port}"), timeout=60)
@@ -128,7 +130,8 @@ def test_a_job_owners_session_runs_inside_their_job(sshd: Sshd, sge: Any,
                                                     journal: Any) -> None:
     """Given a running job of the user, when they ssh in, then the command, its sshd
     parent and ``~/.ssh/rc`` run in the job's cgroups, on the job's cores, under its
-    memory limit; scp works; the adoption is journaled with the job's id."""
+    memory limit, with the job's JOB_ID, SGE_TASK_ID and GECO_* variables; scp works; the
+    adoption is journaled with the job's id."""
     owner: JobOwner = sge.owner
     ssh_dir = owner.home / ".ssh"
     ssh_dir.mkdir(mode=0o700, exist_ok=True)
@@ -141,9 +144,10 @@ def test_a_job_owners_session_runs_inside_their_job(sshd: Sshd, sge: Any,
     try:
         with running_job(sge, "-l", "m_mem_free=300M") as key:
             out = sshd.ssh(owner.name, "cat /proc/self/cgroup; echo ==; cat /proc/$PPID/cgroup;"
-                           " echo ==; grep Cpus_allowed_list /proc/self/status")
+                           " echo ==; grep Cpus_allowed_list /proc/self/status; echo ==; "
+                           "echo $JOB_ID $SGE_TASK_ID $GECO_CPUS $GECO_NCPUS $GECO_MEMORY_LIMIT")
             assert out.returncode == 0, out.stderr
-            mine, parent, cores = out.stdout.split("==\n")
+            mine, parent, cores, variables = out.stdout.split("==\n")
             job_cpus = (CGROUP_ROOT / "cpuset" / "GECO" / key / "cpuset.cpus").read_text()
             for text in (mine, parent, rc_seen.read_text()):
                 where = cgroup_lines(text)
@@ -152,6 +156,8 @@ def test_a_job_owners_session_runs_inside_their_job(sshd: Sshd, sge: Any,
             limit = int((CGROUP_ROOT / "memory" / "GECO" / key /
                          "memory.limit_in_bytes").read_text())
             assert limit == 300 * 2**20
+            assert variables.split() == [key.split(".")[0], "undefined", job_cpus.strip(),
+                                         str(len(parse_cpus(job_cpus))), str(limit)]
             seen = sshd.ssh(owner.name, "cat /sys/fs/cgroup/memory$(grep :memory: "
                             "/proc/self/cgroup | cut -d: -f3)/memory.limit_in_bytes")
             assert int(seen.stdout) == limit
@@ -173,7 +179,7 @@ def test_a_job_owners_session_runs_inside_their_job(sshd: Sshd, sge: Any,
 
 
 def test_with_two_jobs_a_session_joins_the_one_it_comes_from_else_the_newest(
-        sshd: Sshd, sge: Any, journal: Any) -> None:
+        sshd: Sshd, sge: Any, gecod_service: Any, journal: Any) -> None:
     """Given two running jobs of the user, when job A's own process sshs to the node, then
     that session lands in A (the callerid rule); a session from outside lands in B (the
     newest); under ``several_jobs = "refuse"`` it is refused, naming both jobs."""
@@ -200,7 +206,7 @@ def test_with_two_jobs_a_session_joins_the_one_it_comes_from_else_the_newest(
             out = sshd.ssh(owner.name, "cat /proc/self/cgroup")
             assert out.returncode == 0, out.stderr
             assert cgroup_lines(out.stdout)["cpuset"] == f"/GECO/{second}"
-            with site_settings({("ssh", "several_jobs"): "refuse"}):
+            with site_settings({("ssh", "several_jobs"): "refuse"}, gecod_service):
                 refused = sshd.ssh(owner.name, "true")
             assert refused.returncode == 255
             assert (f"geco: you have 2 jobs running on {sshd.node} ({first}, {second}); "
@@ -235,6 +241,42 @@ def test_a_session_ends_with_its_job_and_the_next_login_is_refused(sshd: Sshd,
                 session.wait()
     out = sshd.ssh(owner.name, "true")
     assert out.returncode == 255 and REFUSED.format(node=sshd.node) in out.stderr
+
+
+def test_while_gecod_is_down_the_helper_decides_as_configured(sshd: Sshd, sge: Any,
+                                                              gecod_service: Any) -> None:
+    """Given gecod stopped, then the PAM module falls back to the helper: by default it
+    decides the same way (the job owner lands in their job, a user without a job is
+    refused); under ``gecod_unreachable = "refuse"`` the owner is refused with geco's line
+    while root still gets in."""
+    owner: JobOwner = sge.owner
+    with running_job(sge) as key:
+        gecod_service.stop()
+        try:
+            out = sshd.ssh(owner.name, "cat /proc/self/cgroup")
+            assert out.returncode == 0, out.stderr
+            assert cgroup_lines(out.stdout)["cpuset"] == f"/GECO/{key}"
+            outsider = sshd.ssh(OUTSIDER, "true")
+            assert outsider.returncode == 255
+            assert REFUSED.format(node=sshd.node) in outsider.stderr
+            with site_settings({("ssh", "gecod_unreachable"): "refuse"}):
+                refused = sshd.ssh(owner.name, "true")
+                root = sshd.ssh("root", "true")
+            assert refused.returncode == 255
+            assert (f"geco: logins to {sshd.node} are closed while its geco daemon is down; "
+                    "ask your admin") in refused.stderr
+            assert root.returncode == 0, root.stderr
+        finally:
+            gecod_service.start()
+
+
+def parse_cpus(text: str) -> list[int]:
+    """A kernel cpu list (``0-1,4``) as its cpu numbers."""
+    cpus: list[int] = []
+    for part in text.strip().split(","):
+        first, _, last = part.partition("-")
+        cpus.extend(range(int(first), int(last or first) + 1))
+    return cpus
 
 
 def _cmdline(proc_dir: Path) -> bytes:

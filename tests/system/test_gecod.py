@@ -1037,10 +1037,36 @@ def test_over_tcp_the_processs_own_uid_and_cwd_decide(node: Node, journal: Any) 
         assert g.stop() == 0, g.output()
 
 
-def test_adopt_is_refused_as_not_implemented(node: Node, gecod: Gecod) -> None:
-    frame = protocol.encode(MsgType.ADOPT, protocol.Adopt(0, os.getpid(), 0), node.key)
-    ack = protocol.decode_ack(exchange(gecod.sock, frame), node.key, frame[12:28])
-    assert ack.status is AckStatus.REFUSED
+def _adopt(sock: str, key: bytes, pid: int, uid: int,
+           stage: protocol.AdoptStage = protocol.AdoptStage.ACCOUNT) -> protocol.AdoptReply:
+    """Send one ADOPT and return gecod's verified ADOPT_REPLY."""
+    frame = protocol.encode(MsgType.ADOPT, protocol.Adopt(0, 0, pid, uid, stage,
+                                                          "127.0.0.1 40000 127.0.0.1 22"), key)
+    got = protocol.decode(exchange(sock, frame), key)
+    assert got.type is MsgType.ADOPT_REPLY
+    reply = got.message
+    assert isinstance(reply, protocol.AdoptReply) and reply.request_nonce == frame[12:28]
+    return reply
+
+
+def test_adopt_is_served_for_its_root_sender_on_the_privileged_socket_only(
+        node: Node, gecod: Gecod, journal: Any) -> None:
+    """Given ADOPT (sshd's PAM module asking for a login), then gecod answers it on its
+    privileged socket for the sender itself (root's login: admitted, journaled as
+    ssh-admitted), and refuses it naming another pid, or on the public socket: a root
+    process can only hand itself to a job, and only root's socket serves it."""
+    since = time.time()
+    me = os.getpid()
+    root_sock = _root_socket(gecod)
+    assert _adopt(root_sock, node.key, me, 0).status is AckStatus.OK
+    assert journal.wait_for(GECO_EVENT="ssh-admitted", _PID=str(gecod.pid))[-1]["REASON"] == \
+        "root"
+    assert _adopt(root_sock, node.key, me + 1, 0).status is AckStatus.REFUSED
+    assert _adopt(gecod.sock, node.key, me, 0).status is AckStatus.REFUSED
+    refusals = logged(journal, since, GECO_EVENT="quarantine-refused", _PID=str(gecod.pid))
+    assert [e["MESSAGE"].split(": ", 1)[1] for e in refusals[-2:]] == [
+        f"ADOPT must name its sender (pid {me}), not pid {me + 1}",
+        "ADOPT is sshd's (root's) request, on gecod's privileged socket"]
 
 
 # -- peer-credentialed requests: users without the key ------------------------------

@@ -47,7 +47,7 @@ CDEF = """
 #define GECO_MAX_PAYLOAD 4096
 #define GECO_MAX_FRAME ...
 enum geco_type { GECO_JOB_STARTED = 1, GECO_ACK = 2, GECO_STATUS = 3, GECO_STATUS_REPLY = 4,
-                 GECO_ADOPT = 5, GECO_QUARANTINE_SELF = 6 };
+                 GECO_ADOPT = 5, GECO_QUARANTINE_SELF = 6, GECO_ADOPT_REPLY = 7 };
 enum geco_status { GECO_OK = 0, GECO_REFUSED = 1, GECO_NO_SUCH_JOB = 2, GECO_FAILED = 3,
                    GECO_BAD_REQUEST = 4, GECO_VERSION = 5, GECO_BUSY = 6 };
 enum geco_err { GECO_E_SHORT = -1, GECO_E_MAGIC = -2, GECO_E_VERSION = -3, GECO_E_FLAGS = -4,
@@ -55,7 +55,14 @@ enum geco_err { GECO_E_SHORT = -1, GECO_E_MAGIC = -2, GECO_E_VERSION = -3, GECO_
                 GECO_E_STALE = -9, GECO_E_NONCE = -10 };
 typedef struct { uint64_t job_id, task_id; uint32_t pid; } geco_job_started_t;
 typedef struct { uint64_t job_id, task_id; uint32_t status; uint8_t request_nonce[16]; } geco_ack_t;
+typedef struct { uint64_t job_id, task_id; uint32_t pid, uid, stage; const char *connection; }
+    geco_adopt_t;
 int geco_proto_init(void);
+long geco_encode_adopt(uint8_t *buf, size_t cap, const uint8_t key[32],
+                       const uint8_t *nonce, int64_t ts_ns, const geco_adopt_t *msg);
+int geco_decode_adopt_reply(const uint8_t *buf, size_t len, const uint8_t key[32],
+                            const uint8_t request_nonce[16], int64_t now_ns,
+                            int64_t max_skew_ns, geco_ack_t *out, char *text, size_t cap);
 long geco_encode_job_started(uint8_t *buf, size_t cap, int type, const uint8_t key[32],
                              const uint8_t *nonce, int64_t ts_ns, const geco_job_started_t *msg);
 long geco_encode_ack(uint8_t *buf, size_t cap, const uint8_t key[32],
@@ -106,6 +113,27 @@ class C:
         return rc, P.Ack(out.job_id, out.task_id, P.AckStatus(out.status),
                          bytes(out.request_nonce))
 
+    def encode_adopt(self, adopt: P.Adopt, *, nonce: bytes | None, ts: int) -> bytes | int:
+        buf = self.ffi.new("uint8_t[]", self.lib.GECO_MAX_FRAME)
+        connection = self.ffi.new("char[]", adopt.connection.encode())
+        msg = self.ffi.new("geco_adopt_t *", {
+            "job_id": adopt.job_id, "task_id": adopt.task_id, "pid": adopt.pid,
+            "uid": adopt.uid, "stage": adopt.stage, "connection": connection})
+        n = self.lib.geco_encode_adopt(buf, len(buf), self._in(KEY), self._in(nonce), ts, msg)
+        return n if n < 0 else bytes(self.ffi.buffer(buf, n))
+
+    def decode_adopt_reply(self, frame: bytes, request: bytes, *,
+                           now: int) -> tuple[int, P.AdoptReply | None]:
+        out = self.ffi.new("geco_ack_t *")
+        text = self.ffi.new("char[]", P.REPLY_MAX_TEXT + 1)
+        rc = self.lib.geco_decode_adopt_reply(self._in(frame or b"\0"), len(frame),
+                                              self._in(KEY), self._in(request), now, SKEW_NS,
+                                              out, text, len(text))
+        if rc != 0:
+            return rc, None
+        return rc, P.AdoptReply(out.job_id, out.task_id, P.AckStatus(out.status),
+                                bytes(out.request_nonce), self.ffi.string(text).decode())
+
     def strerror(self, err: int) -> str:
         return str(self.ffi.string(self.lib.geco_strerror(err)).decode())
 
@@ -139,8 +167,9 @@ def test_the_c_compiles_warning_free_and_calls_only_memcpy_clock_and_libsodium(
         tmp_path: Path) -> None:
     """Given geco_proto.c, when compiled with strict warnings (-Wconversion ... -Werror)
     at -O0 and -O2, then it builds, and its object refers to no allocator, no stdio and no
-    lock: only mem*, clock_gettime and libsodium (the header's post-fork promise)."""
-    allowed = {"memcpy", "memcmp", "memset", "clock_gettime", "sodium_init", "randombytes_buf",
+    lock: only mem*, strlen, clock_gettime and libsodium (the header's post-fork promise)."""
+    allowed = {"memcpy", "memcmp", "memchr", "memset", "strlen", "clock_gettime", "sodium_init",
+               "randombytes_buf",
                "crypto_generichash", "sodium_memcmp", "__stack_chk_fail"}
     for opt in ("-O0", "-O2"):
         obj = tmp_path / f"geco_proto{opt}.o"
@@ -193,6 +222,26 @@ def test_c_decodes_the_ack_vector_as_the_answer_to_the_job_started_vector(c: C) 
     assert (rc, ack) == (0, P.Ack(366474, 27, P.AckStatus.OK, request))
 
 
+def test_c_encodes_the_adopt_vector_and_decodes_its_reply_vector(c: C) -> None:
+    v, r = BY_NAME["adopt"], BY_NAME["adopt_reply"]
+    f = v["fields"]
+    adopt = P.Adopt(f["job_id"], f["task_id"], f["pid"], f["uid"], P.AdoptStage(f["stage"]),
+                    f["connection"])
+    frame = c.encode_adopt(adopt, nonce=bytes.fromhex(v["nonce"]), ts=v["timestamp_ns"])
+    assert isinstance(frame, bytes) and frame.hex() == v["frame"]
+    rc, reply = c.decode_adopt_reply(bytes.fromhex(r["frame"]), bytes.fromhex(v["nonce"]),
+                                     now=r["timestamp_ns"])
+    assert (rc, reply) == (0, P.AdoptReply(366474, 1, P.AckStatus.OK, bytes.fromhex(v["nonce"]),
+                                           r["fields"]["text"]))
+    # an ADOPT_REPLY is not the ACK a JOB_STARTED waits for, nor the reverse
+    assert c.decode_ack(bytes.fromhex(r["frame"]), bytes.fromhex(v["nonce"]),
+                        now=r["timestamp_ns"])[0] == c.lib.GECO_E_TYPE
+    ack = BY_NAME["ack"]
+    assert c.decode_adopt_reply(bytes.fromhex(ack["frame"]),
+                                bytes.fromhex(BY_NAME["job_started"]["nonce"]),
+                                now=ack["timestamp_ns"])[0] == c.lib.GECO_E_TYPE
+
+
 @pytest.mark.parametrize("neg", VECTORS["negative"], ids=lambda n: n["name"])
 def test_c_refuses_a_negative_vector_with_its_error_code(c: C, neg: dict[str, Any]) -> None:
     """Given a negative vector, when C decodes it as the awaited ack, then it returns the
@@ -233,6 +282,22 @@ def test_python_decodes_what_c_encodes(c: C, job: int, task: int, pid: int, nonc
     got = P.decode(frame, KEY, now_ns=ts)
     assert (got.type, got.nonce, got.timestamp_ns) == (type_, nonce, ts)
     assert got.message == P.JobStarted(job, task, pid)
+
+
+@given(u64, u64, u32, u32, st.sampled_from(list(P.AdoptStage)),
+       st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=255),
+       st.sampled_from(list(P.AckStatus)), st.text(max_size=600).filter(lambda t: "\0" not in t),
+       nonces, int64)
+def test_adopt_and_its_reply_cross_between_c_and_python(
+        c: C, job: int, task: int, pid: int, uid: int, stage: P.AdoptStage, connection: str,
+        status: P.AckStatus, text: str, nonce: bytes, ts: int) -> None:
+    adopt = P.Adopt(job, task, pid, uid, stage, connection)
+    frame = c.encode_adopt(adopt, nonce=nonce, ts=ts)
+    assert isinstance(frame, bytes)
+    assert P.decode(frame, KEY, now_ns=ts).message == adopt
+    reply = P.AdoptReply(job, task, status, nonce, text)
+    assert c.decode_adopt_reply(P.encode(P.MsgType.ADOPT_REPLY, reply, KEY, ts_ns=ts), nonce,
+                                now=ts) == (0, reply)
 
 
 @given(u64, u64, st.sampled_from(list(P.AckStatus)), nonces, nonces, int64)

@@ -63,7 +63,11 @@ def message_of(vector: dict[str, Any]) -> P.Message | None:
             return P.Ack(f["job_id"], f["task_id"], P.AckStatus(f["status"]),
                          bytes.fromhex(f["request_nonce"]))
         case P.MsgType.ADOPT:
-            return P.Adopt(f["job_id"], f["pid"], f["uid"])
+            return P.Adopt(f["job_id"], f["task_id"], f["pid"], f["uid"],
+                           P.AdoptStage(f["stage"]), f["connection"])
+        case P.MsgType.ADOPT_REPLY:
+            return P.AdoptReply(f["job_id"], f["task_id"], P.AckStatus(f["status"]),
+                                bytes.fromhex(f["request_nonce"]), f["text"])
         case P.MsgType.STATUS_REPLY:
             return P.StatusReply(f["document"])
         case _:
@@ -252,10 +256,13 @@ def test_ack_round_trips(job: int, task: int, status: P.AckStatus, request: byte
     assert P.decode_ack(frame, KEY, request, now_ns=ts) == P.Ack(job, task, status, request)
 
 
-@given(u64, u32, u32, int64)
-def test_adopt_round_trips(job: int, pid: int, uid: int, ts: int) -> None:
-    frame = P.encode(P.MsgType.ADOPT, P.Adopt(job, pid, uid), KEY, ts_ns=ts)
-    assert P.decode(frame, KEY, now_ns=ts).message == P.Adopt(job, pid, uid)
+@given(u64, u64, u32, u32, st.sampled_from(list(P.AdoptStage)),
+       st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=255), int64)
+def test_adopt_round_trips(job: int, task: int, pid: int, uid: int, stage: P.AdoptStage,
+                           connection: str, ts: int) -> None:
+    adopt = P.Adopt(job, task, pid, uid, stage, connection)
+    frame = P.encode(P.MsgType.ADOPT, adopt, KEY, ts_ns=ts)
+    assert P.decode(frame, KEY, now_ns=ts).message == adopt
 
 
 json_values = st.recursive(
@@ -328,8 +335,14 @@ def test_payload_content_is_checked_before_the_clock() -> None:
     (1, bytes(23), "the JOB_STARTED payload must be 24 bytes, got 23"),
     (6, bytes(25), "the QUARANTINE_SELF payload must be 24 bytes, got 25"),
     (3, b"x", "the STATUS payload must be 0 bytes, got 1"),
-    (5, struct.pack("<QIIQ", 1, 2, 3, 4), "the reserved field of the ADOPT payload must be 0, "
-                                          "got 4"),
+    (5, struct.pack("<QQIIII", 1, 1, 2, 3, 2, 4), "the reserved field of the ADOPT payload "
+                                                 "must be 0, got 4"),
+    (5, struct.pack("<QQIIII", 1, 1, 2, 3, 3, 0), "an ADOPT stage must be 1 or 2, got 3"),
+    (5, struct.pack("<QQIIII", 1, 1, 2, 3, 1, 0) + b"a\nb", "an ADOPT connection must be "
+                                                            "printable ASCII"),
+    (5, bytes(31), "the ADOPT payload must be 32 to 287 bytes, got 31"),
+    (7, bytes(40) + b"\xff", "an ADOPT_REPLY text must be UTF-8"),
+    (7, bytes(40) + b"a\0", "an ADOPT_REPLY text must not hold a NUL"),
     (4, b"[1, 2]", "a STATUS_REPLY must be a JSON object, got list"),
     (4, b"\xff{}", "a STATUS_REPLY must be UTF-8 JSON: 'utf-8' codec can't decode byte 0xff "
                    "in position 0: invalid start byte"),
@@ -502,7 +515,7 @@ def test_a_peercred_frame_round_trips_under_any_key_the_caller_holds(
     assert P.decode(frame, P.PUBLIC_KEY, now_ns=ts, peercred=True).payload == payload
 
 
-@pytest.mark.parametrize(("type_", "name"), [(1, "JOB_STARTED"), (5, "ADOPT"), (7, "type 7"),
+@pytest.mark.parametrize(("type_", "name"), [(1, "JOB_STARTED"), (5, "ADOPT"), (8, "type 8"),
                                              (255, "type 255")])
 def test_the_peercred_flag_on_any_other_type_is_refused_as_flags_before_the_mac(
         type_: int, name: str) -> None:

@@ -6,6 +6,8 @@ The decisions themselves are tried on a real sshd with real jobs
 
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from geco import config
-from geco.ssh import _from_this_node
+from geco.ssh import _client_socket, _from_this_node, _holds
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,6 +35,31 @@ def test_only_a_well_formed_connection_from_this_node_is_traced_to_a_process(
     """Given SSH_CONNECTION as sshd sets it, or mangled, then only a connection from this
     node to itself is looked up (the callerid rule), and a mangled one is not an error."""
     assert (_from_this_node(connection) is not None) is local
+
+
+@pytest.mark.parametrize("family", [socket.AF_INET, socket.AF_INET6])
+def test_a_loopback_connections_client_socket_is_found_in_the_kernels_table(
+        family: socket.AddressFamily) -> None:
+    """Given a real TCP connection on this node (what ``ssh`` from a job makes), when its
+    SSH_CONNECTION 4-tuple is looked up, then the kernel's table names the client's socket,
+    which this process holds; the server's end, or a tuple of no connection, is not it."""
+    host = "127.0.0.1" if family == socket.AF_INET else "::1"
+    try:
+        server = socket.socket(family)
+        server.bind((host, 0))
+    except OSError as exc:  # no ::1 on this machine
+        pytest.skip(f"cannot listen on {host}: {exc}")
+    with server, socket.socket(family) as client:
+        server.listen()
+        client.connect(server.getsockname()[:2])
+        accepted, _ = server.accept()
+        with accepted:
+            sport, dport = client.getsockname()[1], server.getsockname()[1]
+            found = _client_socket((host, sport, host, dport), Path("/proc"))
+            assert found == f"socket:[{os.fstat(client.fileno()).st_ino}]"
+            assert _holds(os.getpid(), found, Path("/proc"))
+            assert _client_socket((host, dport, host, sport), Path("/proc")) != found
+            assert _client_socket((host, 1, host, dport), Path("/proc")) is None
 
 
 def test_bad_ssh_settings_fall_back_to_their_defaults(tmp_path: Path) -> None:
@@ -61,4 +88,4 @@ def test_the_pam_helper_ignores_other_pam_stages_and_refuses_to_run_unprivileged
     assert _helper({"PAM_TYPE": "close_session", "PAM_USER": "nobody"}).returncode == 0
     out = _helper({"PAM_TYPE": "account", "PAM_USER": "nobody"}, user=65534)
     assert out.returncode == 1
-    assert out.stderr == "geco-pam: run it from sshd's PAM stack (pam_exec), as root\n"
+    assert out.stderr == "geco-pam: sshd's PAM module (pam_geco.so) runs it, as root\n"

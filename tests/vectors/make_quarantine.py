@@ -37,7 +37,7 @@ TS = 1_700_000_000_123_456_789
 TS_ACK = TS + 1_500_000
 SKEW_NS = 30_000_000_000
 TYPE_NAMES = {1: "JOB_STARTED", 2: "ACK", 3: "STATUS", 4: "STATUS_REPLY", 5: "ADOPT",
-              6: "QUARANTINE_SELF"}
+              6: "QUARANTINE_SELF", 7: "ADOPT_REPLY"}
 
 
 def nonce(first: int) -> bytes:
@@ -46,7 +46,9 @@ def nonce(first: int) -> bytes:
 
 
 N_JS, N_ACK, N_ST, N_SR, N_AD, N_QS = (nonce(b) for b in (0xA0, 0xB0, 0xC0, 0xD0, 0xE0, 0xF0))
-N_PQS, N_PST, N_PACK = nonce(0x10), nonce(0x20), nonce(0x30)
+N_PQS, N_PST, N_PACK, N_AR = nonce(0x10), nonce(0x20), nonce(0x30), nonce(0x40)
+ADOPT_CONNECTION = "127.0.0.1 40022 127.0.0.1 22"
+ADOPT_TEXT = "\nJOB_ID=366474\nSGE_TASK_ID=undefined"
 
 
 def frame(type_: int, payload: bytes, nonce_: bytes, ts: int, *, version: int = 1,
@@ -83,9 +85,18 @@ POSITIVE: list[tuple[str, int, int, bytes, int, dict[str, Any], bytes, str]] = [
     ("status_reply", 4, 0, N_SR, TS + 2_000_250_000, {"document": STATUS_DOC},
      json.dumps(STATUS_DOC, separators=(",", ":"), sort_keys=True).encode(),
      "STATUS_REPLY: a (minimal) JSON document, compact, keys sorted."),
-    ("adopt", 5, 0, N_AD, TS + 3_000_000_000, {"job_id": 0, "pid": 4242, "uid": 1001},
-     struct.pack("<QIIQ", 0, 4242, 1001, 0),
-     "ADOPT: pid 4242 of uid 1001, any of the uid's jobs (job_id 0)."),
+    ("adopt", 5, 0, N_AD, TS + 3_000_000_000,
+     {"job_id": 0, "task_id": 0, "pid": 4242, "uid": 1001, "stage": 2,
+      "connection": ADOPT_CONNECTION},
+     struct.pack("<QQIIII", 0, 0, 4242, 1001, 2, 0) + ADOPT_CONNECTION.encode(),
+     "ADOPT: sshd's root process 4242 opens the session of uid 1001 (stage 2) and asks to "
+     "join a job of theirs (job_id 0: gecod chooses), for a connection from this node."),
+    ("adopt_reply", 7, 0, N_AR, TS + 3_002_000_000,
+     {"job_id": 366474, "task_id": 1, "status": 0, "request_nonce": N_AD.hex(),
+      "text": ADOPT_TEXT},
+     ack(366474, 1, 0, N_AD) + ADOPT_TEXT.encode(),
+     "ADOPT_REPLY: gecod's answer to the ADOPT vector (OK: moved into job 366474.1), with "
+     "no line for the user and the session's environment."),
     ("quarantine_self", 6, 0, N_QS, TS + 4_000_000_000,
      {"job_id": 366474, "task_id": 27, "pid": 28160}, job_started(366474, 27, 28160),
      "QUARANTINE_SELF: the starter (pid 28160) of job 366474.27 asks to be moved."),
@@ -171,8 +182,8 @@ def negative_vectors(vectors: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "the ack vector without its last byte"),
         neg("oversized_length", frame(2, b"", N_ACK, TS_ACK, length=4097), "length",
             "GECO_E_LENGTH", "a header announcing a 4097-byte payload, followed by a MAC"),
-        neg("unknown_type", frame(7, ack_payload, N_ACK, TS_ACK), "type", "GECO_E_TYPE",
-            "the ack payload sent as type 7 (MAC good)"),
+        neg("unknown_type", frame(8, ack_payload, N_ACK, TS_ACK), "type", "GECO_E_TYPE",
+            "the ack payload sent as type 8 (MAC good)"),
         neg("not_an_ack", bytes.fromhex(by_name["job_started"]["frame"]), "type",
             "GECO_E_TYPE", "the job_started vector where an ack is awaited", now=TS,
             decode_reason=None),
