@@ -302,7 +302,9 @@ def _add_check_command(sub: Any) -> None:
                    description="Name the ways a job can leave processes outside its cgroups "
                                "on this node, one line each, 'ok' or 'open': atd and cron "
                                "running (unless at.allow/cron.allow admit only exempt users), "
-                               "users with systemd linger, and whether [strays] kill is on. "
+                               "users with systemd linger, sshd's PAM stack without geco's "
+                               "gate or with a module after it that moves sessions out of "
+                               "their job, and whether [strays] kill is on. "
                                "Exit 0 when every door is closed, 1 when one is open, 2 when "
                                "geco.toml is not valid TOML.")
 

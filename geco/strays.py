@@ -60,6 +60,7 @@ from geco.cgroup._fs import proc_cgroups
 from geco.config import Config
 from geco.errors import GecoError
 from geco.jobkey import JobKey
+from geco.pamstack import sshd_gate
 from geco.resourceset import short_hostname
 from geco.sge import execd, resourcefile
 
@@ -439,7 +440,7 @@ class Door(NamedTuple):
 
     Attributes
     ----------
-    name: ``atd``, ``cron``, ``linger`` or ``strays`` (the stray killing itself).
+    name: ``atd``, ``cron``, ``linger``, ``sshd`` or ``strays`` (the stray killing itself).
     open: True when a job's owner can use it to leave processes behind.
     text: one sentence for the admin.
     """
@@ -482,7 +483,8 @@ def _allow_list(path: Path) -> list[str] | None:
 
 def doors(cfg: Config, *, proc: Path = procfs.ROOT, etc: Path = Path("/etc"),
           linger: Path = Path("/var/lib/systemd/linger")) -> list[Door]:
-    """The doors out of a job on this node: atd, cron, systemd linger, and the stray killing.
+    """The doors out of a job on this node: atd, cron, systemd linger, sshd's PAM stack
+    (:func:`geco.pamstack.sshd_gate`), and the stray killing.
 
     A daemon is a root process of that command name; its door is closed when its
     allow file (``/etc/at.allow``, ``/etc/cron.allow``) names only exempt users. Linger
@@ -515,6 +517,7 @@ def doors(cfg: Config, *, proc: Path = procfs.ROOT, etc: Path = Path("/etc"),
                                           f"outside every job (loginctl disable-linger USER)"))
     else:
         found.append(Door("linger", False, "systemd linger: no user but exempt ones has it"))
+    found.append(Door("sshd", *sshd_gate(etc)))
     if cfg.strays_kill:
         found.append(Door("strays", False, "stray killing: on (a user's processes outside every "
                                            "job die when their last job on this node ends; "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -21,21 +22,24 @@ from typing import NamedTuple
 
 from cleanslate import stop_process  # tests/ is on sys.path (tests/conftest.py)
 
+REPO = Path(__file__).resolve().parents[1]
 SSHD = Path("/usr/sbin/sshd")
 PAM_MODULE = "/opt/geco/lib/security/pam_geco.so"
-# geco's two lines around Debian's own, in the order the README gives
-GECO_PAM_STACK = f"""\
-@include common-auth
-account required {PAM_MODULE}
-@include common-account
-@include common-session-noninteractive
-session required {PAM_MODULE}
-"""
-PLAIN_PAM_STACK = """\
-@include common-auth
-@include common-account
-@include common-session-noninteractive
-"""
+
+
+def readme_pam_stack() -> str:
+    """The /etc/pam.d/sshd of the README's "ssh into compute nodes" section: geco's two
+    lines around Debian's own (so the tests run what the admins are told to write)."""
+    section = (REPO / "README.md").read_text().split("## ssh into compute nodes", 1)[1]
+    found = re.search(r"```\n(.*?)```", section, re.S)
+    if found is None:
+        raise AssertionError("the README's ssh section has no PAM stack")
+    return found.group(1)
+
+
+GECO_PAM_STACK = readme_pam_stack()
+PLAIN_PAM_STACK = "\n".join(line for line in GECO_PAM_STACK.splitlines()
+                            if PAM_MODULE not in line) + "\n"
 CLIENT_OPTIONS = ("-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
                   "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=20")
 

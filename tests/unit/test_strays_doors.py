@@ -1,4 +1,5 @@
-"""`geco check`'s view of the doors out of a job: atd, cron, systemd linger, the stray killing.
+"""`geco check`'s view of the doors out of a job: atd, cron, systemd linger, sshd, the stray
+killing (sshd's PAM stacks in detail: tests/unit/test_ssh_pamstack.py).
 
 The node is a fixture tree: ``proc/<pid>/{comm,status}`` for the daemons, an
 ``etc`` with ``at.allow``/``cron.allow``, and a linger directory. What a live
@@ -41,7 +42,7 @@ def test_a_quiet_node_with_stray_killing_on_has_every_door_closed(node: dict[str
     found = lines(Config(), node)
 
     assert {name: is_open for name, (is_open, _) in found.items()} == {
-        "atd": False, "cron": False, "linger": False, "strays": False}
+        "atd": False, "cron": False, "linger": False, "sshd": False, "strays": False}
     assert found["strays"][1] == ("stray killing: on (a user's processes outside every job "
                                   "die when their last job on this node ends; exempt: root, "
                                   "uid < 1000, nobody)")
@@ -106,7 +107,7 @@ def test_geco_check_prints_a_line_per_door_and_exits_1_when_one_is_open(
     out, err = capsys.readouterr()
     assert code == 1
     assert "open  stray killing: off ([strays] kill = false)" in out
-    assert len(out.splitlines()) == 4
+    assert len(out.splitlines()) == 5
     # atd or cron may run on this machine too: only the stray killing's line is known
     assert re.fullmatch(r"geco check: \d door\(s\) out of a job open on \S+: (.+, )?strays\n",
                         err), err
