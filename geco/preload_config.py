@@ -11,6 +11,8 @@ instead. Those lines are generated from ``/etc/geco/geco.toml`` by
     max_skew_ms=30000
     policy=refuse
     exec_filter=sge_shepherd
+    session_socket=path:/run/geco/gecod.sock
+    session_policy=allow
 
 Every value is validated here against what the C parser (``preload/geco_preload.c``)
 accepts, so a config that renders is one the preload reads: values on one line,
@@ -84,8 +86,10 @@ def render(cfg: Config, *, source: Path | str | None = None) -> str:
     ``key=value`` lines: ``socket`` (gecod's privileged socket, in canonical
     ``path:`` form: :func:`geco.address.privileged`),
     ``key_file``, ``timeout_ms`` (request_timeout), ``max_skew_ms`` (the ack's
-    clock check), ``policy``, ``exec_filter`` (comma-separated), after one
-    ``#`` comment line.
+    clock check), ``policy``, ``exec_filter`` (comma-separated), and for the
+    preload in sshd ``session_socket`` (everyone's socket: a session's process asks
+    as the user) and ``session_policy`` (``refuse`` when ``[ssh] gecod_unreachable``
+    says so, else ``allow``: PAM's helper has decided), after one ``#`` comment line.
 
     Raises
     ------
@@ -106,6 +110,8 @@ def render(cfg: Config, *, source: Path | str | None = None) -> str:
     if policy not in _POLICIES:
         raise ConfigError(f"gecod.unreachable_policy must be one of {', '.join(_POLICIES)}, "
                           f"got {policy!r}")
+    session_sock = _value("session_socket", str(public))
+    session_policy = "refuse" if cfg.ssh_gecod_unreachable == "refuse" else "allow"
     origin = f" from {source}" if source is not None else ""
     return (f"# written by `geco preload-config`{origin}; edit geco.toml and re-run it\n"
             f"socket={sock}\n"
@@ -114,7 +120,9 @@ def render(cfg: Config, *, source: Path | str | None = None) -> str:
             f"timeout_ms={timeout_ms}\n"
             f"max_skew_ms={skew_ms}\n"
             f"policy={policy}\n"
-            f"exec_filter={_exec_filter(cfg.gecod_exec_filter)}\n")
+            f"exec_filter={_exec_filter(cfg.gecod_exec_filter)}\n"
+            f"session_socket={session_sock}\n"
+            f"session_policy={session_policy}\n")
 
 
 def write(cfg: Config, path: Path | str = DEFAULT_PATH, *,

@@ -111,11 +111,12 @@ class MsgType(enum.IntEnum):
     ADOPT_REPLY = 7
 
 
-# What may carry PEERCRED: the two requests any local user may make, and gecod's replies.
-# JOB_STARTED and ADOPT never: they are the privileged path, MAC'd with the secret key.
-PEERCRED_TYPES = frozenset({MsgType.STATUS, MsgType.QUARANTINE_SELF, MsgType.ACK,
-                            MsgType.STATUS_REPLY})
-_PEERCRED_REQUESTS = "STATUS and QUARANTINE_SELF"
+# What may carry PEERCRED: the requests any local user may make (ADOPT only at its EXEC
+# stage, gecod checks), and gecod's replies. JOB_STARTED never: it is the privileged path,
+# MAC'd with the secret key.
+PEERCRED_TYPES = frozenset({MsgType.STATUS, MsgType.QUARANTINE_SELF, MsgType.ADOPT,
+                            MsgType.ACK, MsgType.STATUS_REPLY, MsgType.ADOPT_REPLY})
+_PEERCRED_REQUESTS = "STATUS, QUARANTINE_SELF and ADOPT"
 
 
 class AckStatus(enum.IntEnum):
@@ -199,10 +200,12 @@ class Ack:
 
 
 class AdoptStage(enum.IntEnum):
-    """What an ADOPT asks for: PAM's account check, or the session's move as well."""
+    """What an ADOPT asks for: PAM's account check, the session's move as well, or (from
+    an ssh session's own process, peer-credentialed) its move before it runs anything."""
 
     ACCOUNT = 1  # may this uid log in here, and into which job
     SESSION = 2  # the same, and move the sender into that job
+    EXEC = 3  # the preload in sshd: move the sender (its JOB_ID's job, or gecod's choice)
 
 
 ADOPT_MAX_CONNECTION = 255
@@ -245,8 +248,8 @@ class Adopt:
                                  f"{fixed + ADOPT_MAX_CONNECTION} bytes, got {len(payload)}")
         job_id, task_id, pid, uid, stage, reserved = cls._S.unpack_from(payload)
         _check_reserved("ADOPT", reserved)
-        if stage not in (AdoptStage.ACCOUNT, AdoptStage.SESSION):
-            raise _payload_error(f"an ADOPT stage must be 1 or 2, got {stage}")
+        if stage not in tuple(AdoptStage):
+            raise _payload_error(f"an ADOPT stage must be 1, 2 or 3, got {stage}")
         text = payload[fixed:]
         if not all(0x20 <= c < 0x7F for c in text):
             raise _payload_error("an ADOPT connection must be printable ASCII")

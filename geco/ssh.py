@@ -49,7 +49,7 @@ if TYPE_CHECKING:
                  extra: Mapping[str, object] | None = ...) -> None: ...
 
 __all__ = ["Answer", "Login", "NodeJob", "Verdict", "caller_job", "is_admin", "login_verdict",
-           "running_jobs", "serve_login"]
+           "running_jobs", "serve_exec", "serve_login"]
 
 
 class Login(NamedTuple):
@@ -276,10 +276,17 @@ def _task_variable(job: NodeJob) -> str:
     return env.get(b"SGE_TASK_ID", str(job.key.task).encode()).decode(errors="replace")
 
 
+def _session_env(job: NodeJob, backend: Backend, pid: int) -> tuple[tuple[str, str], ...]:
+    """The job's variables as a process of it sees them: JOB_ID, SGE_TASK_ID, GECO_*."""
+    limits = backend.read_limits(job.key)
+    return (("JOB_ID", str(job.key.job)), ("SGE_TASK_ID", _task_variable(job)),
+            *limits.environment(len(os.sched_getaffinity(pid)), os.uname().nodename).items())
+
+
 def _adopt(login: Login, verdict: Verdict, cfg: Config, backend: Backend, node: str,
            pid: int, logger: _Logger) -> Answer:
-    """The session stage: move ``pid`` (sshd's root process for the connection, which
-    forks the user's side afterwards) into the job."""
+    """Move ``pid`` (sshd's root process for the connection, which forks the user's side
+    afterwards, or a session's own process) into the job."""
     job = verdict.job
     assert job is not None
     try:
@@ -287,9 +294,7 @@ def _adopt(login: Login, verdict: Verdict, cfg: Config, backend: Backend, node: 
         if not backend.contains(job.key, pid):
             raise GecoError("the session's process is still outside the job's cgroups",
                             pid=pid)
-        env = {"JOB_ID": str(job.key.job), "SGE_TASK_ID": _task_variable(job),
-               **backend.read_limits(job.key).environment(len(os.sched_getaffinity(pid)),
-                                                           os.uname().nodename)}.items()
+        env = _session_env(job, backend, pid)
     except (GecoError, OSError) as exc:
         allow = cfg.ssh_adopt_failure == "allow"
         _journal(logger, "ssh-not-adopted", login, verdict,
@@ -303,7 +308,7 @@ def _adopt(login: Login, verdict: Verdict, cfg: Config, backend: Backend, node: 
     _journal(logger, "ssh-adopted", login, verdict,
              f"ssh session of {login.user} from {login.rhost or '?'} joined job {job.key} "
              f"({verdict.why})", PID=pid)
-    return Answer(True, job=job, env=tuple(env))
+    return Answer(True, job=job, env=env)
 
 
 def serve_login(session: bool, login: Login, cfg: Config, backend: Backend, node: str,
@@ -329,3 +334,42 @@ def serve_login(session: bool, login: Login, cfg: Config, backend: Backend, node
                  f"ssh login of {login.user} from {login.rhost or '?'} to {node} admitted "
                  f"({verdict.why}{where})")
     return Answer(True, job=verdict.job)
+
+
+def serve_exec(login: Login, wanted: JobKey | None, cfg: Config, backend: Backend, node: str,
+               pid: int, logger: _Logger) -> Answer:
+    """An ssh session's own process (``pid``, running as the user) is about to run the
+    user's shell, command, rc or xauth: put it into its job and name the job's variables.
+
+    The job is ``wanted`` (the session's ``JOB_ID``/``SGE_TASK_ID``, sent by the client)
+    when it is the user's and runs here, else refused; without one, the job the process is
+    in already (sshd's PAM module adopted the connection), else the login's rules
+    (:func:`login_verdict`: a node whose PAM stack lacks geco's lines).
+    """
+    mine = [job for job in running_jobs(cfg, backend, node) if job.owner == login.user]
+    if wanted is not None:
+        job = next((j for j in mine if j.key == wanted), None)
+        if job is None:
+            verdict = Verdict(False, "job-id", f"geco: job {wanted} is not a job of yours "
+                                               f"running on {node}")
+            _journal(logger, "ssh-refused", login, verdict,
+                     f"ssh session of {login.user} from {login.rhost or '?'} refused: "
+                     f"JOB_ID names {wanted}, not a job of theirs here", PID=pid)
+            return Answer(False, verdict.message)
+        verdict = Verdict(True, "job-id", job=job)
+    else:
+        inside = next((j for j in mine if backend.contains(j.key, pid)), None)
+        if inside is not None:  # adopted at login: nothing new to journal
+            return Answer(True, job=inside, env=_session_env(inside, backend, pid))
+        verdict = login_verdict(login, cfg, backend, node)
+        if not verdict.admit:
+            _journal(logger, "ssh-refused", login, verdict,
+                     f"ssh session of {login.user} from {login.rhost or '?'} refused "
+                     f"({verdict.why}; sshd's PAM stack let it in)", PID=pid)
+            return Answer(False, verdict.message)
+        if verdict.job is None:  # root, admins, bypass: outside every job
+            return Answer(True)
+    assert verdict.job is not None
+    if backend.contains(verdict.job.key, pid):
+        return Answer(True, job=verdict.job, env=_session_env(verdict.job, backend, pid))
+    return _adopt(login, verdict, cfg, backend, node, pid, logger)

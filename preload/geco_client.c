@@ -484,7 +484,8 @@ static int attempt(const geco_address_t *addr, const uint8_t key[GECO_KEY_BYTES]
         goto cleanup;
     err = req->adopt != NULL
               ? geco_decode_adopt_reply(reply, reply_len, key, geco_frame_nonce(request), 0,
-                                        max_skew_ns, &out->ack, req->text, req->cap)
+                                        max_skew_ns, req->adopt->peercred, &out->ack,
+                                        req->text, req->cap)
               : geco_decode_ack(reply, reply_len, key, geco_frame_nonce(request), 0,
                                 max_skew_ns, &out->ack);
     if (err != 0) {

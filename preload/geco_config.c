@@ -74,16 +74,19 @@ static int apply(geco_config_t *cfg, const char *key, char *value, char *key_fil
 {
     const char *why = NULL;
     long v;
-    if (strcmp(key, "socket") == 0) {
+    if (strcmp(key, "socket") == 0 || strcmp(key, "session_socket") == 0) {
+        int session = key[1] == 'e';
+        char *text = session ? cfg->session_socket_text : cfg->socket_text;
         if (strlen(value) >= sizeof cfg->socket_text
-            || geco_address_parse(value, &cfg->addr, &why) != 0) {
-            put(err, "socket '");
+            || geco_address_parse(value, session ? &cfg->session_addr : &cfg->addr, &why) != 0) {
+            put(err, key);
+            put(err, " '");
             put(err, value);
             put(err, "': ");
             put(err, why != NULL ? why : "longer than 255 bytes");
             return -1;
         }
-        memcpy(cfg->socket_text, value, strlen(value) + 1);
+        memcpy(text, value, strlen(value) + 1);
     } else if (strcmp(key, "key_file") == 0) {
         if (value[0] != '/' || strlen(value) >= PATH_MAX) {
             put(err, "key_file must be an absolute path, got '");
@@ -105,14 +108,15 @@ static int apply(geco_config_t *cfg, const char *key, char *value, char *key_fil
             cfg->timeout_ms = (int)v;
         else
             cfg->max_skew_ns = (int64_t)v * 1000000;
-    } else if (strcmp(key, "policy") == 0) {
+    } else if (strcmp(key, "policy") == 0 || strcmp(key, "session_policy") == 0) {
         if (strcmp(value, "refuse") != 0 && strcmp(value, "allow") != 0) {
-            put(err, "policy must be refuse or allow, got '");
+            put(err, key);
+            put(err, " must be refuse or allow, got '");
             put(err, value);
             put(err, "'");
             return -1;
         }
-        cfg->policy_allow = value[0] == 'a';
+        *(key[0] == 'p' ? &cfg->policy_allow : &cfg->session_allow) = value[0] == 'a';
     } else if (strcmp(key, "exec_filter") == 0) {
         return set_filters(cfg, value, err);
     } else if (strcmp(key, "log") == 0) {
@@ -289,7 +293,7 @@ cleanup:
     return rc;
 }
 
-int geco_config_load(geco_config_t *cfg, line_t *err, line_t *note)
+int geco_config_load(geco_config_t *cfg, int want_key, line_t *err, line_t *note)
 {
     static char text[CONF_MAX];
     static char key_file[PATH_MAX];
@@ -300,6 +304,9 @@ int geco_config_load(geco_config_t *cfg, line_t *err, line_t *note)
 
     memcpy(cfg->socket_text, DEFAULT_SOCKET, sizeof DEFAULT_SOCKET);
     (void)geco_address_parse(DEFAULT_SOCKET, &cfg->addr, &why);
+    memcpy(cfg->session_socket_text, DEFAULT_SESSION_SOCKET, sizeof DEFAULT_SESSION_SOCKET);
+    (void)geco_address_parse(DEFAULT_SESSION_SOCKET, &cfg->session_addr, &why);
+    cfg->session_allow = 0;
     memcpy(key_file, DEFAULT_KEY_FILE, sizeof DEFAULT_KEY_FILE);
     cfg->timeout_ms = DEFAULT_TIMEOUT_MS;
     cfg->max_skew_ns = (int64_t)DEFAULT_MAX_SKEW_MS * 1000000;
@@ -355,6 +362,8 @@ int geco_config_load(geco_config_t *cfg, line_t *err, line_t *note)
         put(note, ")");
     }
     err->len = 0;
+    if (!want_key)
+        return 0;
     r = load_key(cfg, key_file, err);
     return r > 0 ? 1 : r;
 }

@@ -18,6 +18,7 @@
 
 #define DEFAULT_CONF "/etc/geco/preload.conf"
 #define DEFAULT_SOCKET "path:/run/geco/gecod.sock"
+#define DEFAULT_SESSION_SOCKET "path:/run/geco/gecod.sock"
 #define DEFAULT_KEY_FILE "/etc/geco/quarantine.key"
 #define DEFAULT_FILTER "sge_shepherd"
 #define DEFAULT_TIMEOUT_MS 10000
@@ -33,6 +34,11 @@ typedef struct {
     int64_t max_skew_ns;                     /* accepted clock skew of an ack (max_skew_ms=) */
     geco_address_t addr;                     /* gecod's address, resolved (socket=) */
     char socket_text[256];                   /* the same address as written, for messages */
+    geco_address_t session_addr;             /* where an ssh session's process asks, as the
+                                                user (session_socket=, everyone's socket) */
+    char session_socket_text[256];
+    int session_allow;                       /* 1: a session's exec runs when gecod cannot be
+                                                asked (session_policy=allow) */
     unsigned nfilters;                       /* how many of filters[] are set */
     char filters[MAX_FILTERS][NAME_MAX + 1]; /* program basenames to quarantine (exec_filter=) */
     /* The key gets a page of its own: sodium_mlock() keeps it out of swap and out
@@ -45,13 +51,14 @@ typedef struct {
 
 /*
  * Fill *cfg with the defaults, then with the config file ($GECO_PRELOAD_CONF
- * for a process running with its own ids, else DEFAULT_CONF) and the key it
- * names. geco_proto_init() must have succeeded.
+ * for a process running with its own ids, else DEFAULT_CONF) and, with want_key,
+ * the key it names (sshd's processes ask as the user, peer-credentialed: no key in
+ * them). geco_proto_init() must have succeeded.
  * Returns 0 (loaded: quarantine matching execs), 1 (not usable, expectedly:
  * say so only at a matching exec) or -1 (not usable: say so at load); err
  * says why. `note` names ignored unknown keys even then: log it as a warning
  * before err.
  */
-int geco_config_load(geco_config_t *cfg, line_t *err, line_t *note);
+int geco_config_load(geco_config_t *cfg, int want_key, line_t *err, line_t *note);
 
 #endif /* GECO_CONFIG_H */

@@ -91,13 +91,13 @@ int geco_proto_init(void)
 }
 
 /* Write header + payload (already at buf + GECO_HEADER_BYTES) + MAC; return the length. */
-static long seal(uint8_t *buf, int type, const uint8_t key[GECO_KEY_BYTES],
+static long seal(uint8_t *buf, int type, uint16_t flags, const uint8_t key[GECO_KEY_BYTES],
                  const uint8_t *nonce, int64_t ts_ns, uint32_t payload_len)
 {
     memcpy(buf + OFF_MAGIC, MAGIC, sizeof MAGIC);
     buf[OFF_VERSION] = GECO_PROTO_VERSION;
     buf[OFF_TYPE] = (uint8_t)type;
-    store16(buf + OFF_FLAGS, 0);
+    store16(buf + OFF_FLAGS, flags);
     store32(buf + OFF_LENGTH, payload_len);
     if (nonce != NULL)
         memcpy(buf + OFF_NONCE, nonce, GECO_NONCE_BYTES);
@@ -121,7 +121,7 @@ long geco_encode_job_started(uint8_t *buf, size_t cap, int type, const uint8_t k
     store64(p + 8, msg->task_id);
     store32(p + 16, msg->pid);
     store32(p + 20, 0); /* reserved */
-    return seal(buf, type, key, nonce, ts_ns, JOB_STARTED_BYTES);
+    return seal(buf, type, 0, key, nonce, ts_ns, JOB_STARTED_BYTES);
 }
 
 long geco_encode_adopt(uint8_t *buf, size_t cap, const uint8_t key[GECO_KEY_BYTES],
@@ -141,7 +141,8 @@ long geco_encode_adopt(uint8_t *buf, size_t cap, const uint8_t key[GECO_KEY_BYTE
     store32(p + 28, 0); /* reserved */
     if (n > 0)
         memcpy(p + GECO_ADOPT_FIXED_BYTES, msg->connection, n);
-    return seal(buf, GECO_ADOPT, key, nonce, ts_ns, (uint32_t)(GECO_ADOPT_FIXED_BYTES + n));
+    return seal(buf, GECO_ADOPT, msg->peercred ? GECO_PEERCRED : 0, key, nonce, ts_ns,
+                (uint32_t)(GECO_ADOPT_FIXED_BYTES + n));
 }
 
 long geco_encode_ack(uint8_t *buf, size_t cap, const uint8_t key[GECO_KEY_BYTES],
@@ -155,7 +156,7 @@ long geco_encode_ack(uint8_t *buf, size_t cap, const uint8_t key[GECO_KEY_BYTES]
     store32(p + 16, msg->status);
     store32(p + 20, 0); /* reserved */
     memcpy(p + 24, msg->request_nonce, GECO_NONCE_BYTES);
-    return seal(buf, GECO_ACK, key, nonce, ts_ns, ACK_BYTES);
+    return seal(buf, GECO_ACK, 0, key, nonce, ts_ns, ACK_BYTES);
 }
 
 /* |a - b| without signed overflow, for any two int64 values. */
@@ -167,7 +168,8 @@ static uint64_t distance(int64_t a, int64_t b)
 /* An ACK or an ADOPT_REPLY (its ack part, then text), checked in the protocol's order. */
 static int decode_reply(const uint8_t *buf, size_t len, const uint8_t key[GECO_KEY_BYTES],
                         const uint8_t request_nonce[GECO_NONCE_BYTES], int64_t now,
-                        int64_t max_skew_ns, int want, geco_ack_t *out, char *text, size_t cap)
+                        int64_t max_skew_ns, int want, uint16_t flags, geco_ack_t *out,
+                        char *text, size_t cap)
 {
     /* The order of these checks is part of the protocol (docs/wire-format.md,
        "Receiving"): everything up to the MAC is about the frame's shape, so an
@@ -179,7 +181,8 @@ static int decode_reply(const uint8_t *buf, size_t len, const uint8_t key[GECO_K
         return GECO_E_MAGIC;
     if (buf[OFF_VERSION] != GECO_PROTO_VERSION)
         return GECO_E_VERSION;
-    if (load16(buf + OFF_FLAGS) != 0)
+    /* a reply has the flag its request had */
+    if (load16(buf + OFF_FLAGS) != flags)
         return GECO_E_FLAGS;
     uint32_t n = load32(buf + OFF_LENGTH);
     if (n > GECO_MAX_PAYLOAD || len != GECO_HEADER_BYTES + (size_t)n + GECO_MAC_BYTES)
@@ -232,15 +235,17 @@ int geco_decode_ack(const uint8_t *buf, size_t len, const uint8_t key[GECO_KEY_B
                     const uint8_t request_nonce[GECO_NONCE_BYTES], int64_t now,
                     int64_t max_skew_ns, geco_ack_t *out)
 {
-    return decode_reply(buf, len, key, request_nonce, now, max_skew_ns, GECO_ACK, out, NULL, 0);
+    return decode_reply(buf, len, key, request_nonce, now, max_skew_ns, GECO_ACK, 0, out, NULL,
+                        0);
 }
 
 int geco_decode_adopt_reply(const uint8_t *buf, size_t len, const uint8_t key[GECO_KEY_BYTES],
                             const uint8_t request_nonce[GECO_NONCE_BYTES], int64_t now,
-                            int64_t max_skew_ns, geco_ack_t *out, char *text, size_t cap)
+                            int64_t max_skew_ns, int peercred, geco_ack_t *out, char *text,
+                            size_t cap)
 {
-    return decode_reply(buf, len, key, request_nonce, now, max_skew_ns, GECO_ADOPT_REPLY, out,
-                        text, cap);
+    return decode_reply(buf, len, key, request_nonce, now, max_skew_ns, GECO_ADOPT_REPLY,
+                        peercred ? GECO_PEERCRED : 0, out, text, cap);
 }
 
 const uint8_t *geco_frame_nonce(const uint8_t *frame)

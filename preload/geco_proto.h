@@ -28,8 +28,11 @@ extern "C" {
 
 enum geco_type { GECO_JOB_STARTED = 1, GECO_ACK = 2, GECO_STATUS = 3, GECO_STATUS_REPLY = 4,
                  GECO_ADOPT = 5, GECO_QUARANTINE_SELF = 6, GECO_ADOPT_REPLY = 7 };
-/* ADOPT's stages: decide only (PAM account), decide and move the sender (PAM session) */
-enum geco_adopt_stage { GECO_ADOPT_ACCOUNT = 1, GECO_ADOPT_SESSION = 2 };
+/* ADOPT's stages: decide only (PAM account), decide and move the sender (PAM session),
+   move the sender, an ssh session's process about to run something (the preload in sshd;
+   peer-credentialed: it runs as the user and holds no key) */
+enum geco_adopt_stage { GECO_ADOPT_ACCOUNT = 1, GECO_ADOPT_SESSION = 2, GECO_ADOPT_EXEC = 3 };
+#define GECO_PEERCRED 0x0001
 #define GECO_ADOPT_FIXED_BYTES 32
 #define GECO_ADOPT_MAX_CONNECTION 255
 #define GECO_REPLY_MAX_TEXT 2048
@@ -43,11 +46,13 @@ enum geco_err { GECO_E_SHORT = -1, GECO_E_MAGIC = -2, GECO_E_VERSION = -3, GECO_
 typedef struct { uint64_t job_id, task_id; uint32_t pid; } geco_job_started_t;
 typedef struct { uint64_t job_id, task_id; uint32_t status; uint8_t request_nonce[16]; } geco_ack_t;
 /* ADOPT: "may uid log in here, and into which job" (stage ACCOUNT), "and move pid there"
-   (stage SESSION). job_id 0: gecod chooses. connection: SSH_CONNECTION, NUL-terminated. */
+   (stage SESSION, EXEC). job_id 0: gecod chooses. connection: SSH_CONNECTION,
+   NUL-terminated. peercred: a PEERCRED frame (stage EXEC), MAC'd with the public key. */
 typedef struct {
     uint64_t job_id, task_id;
     uint32_t pid, uid, stage;
     const char *connection;
+    int peercred;
 } geco_adopt_t;
 
 int geco_proto_init(void);  /* sodium_init(); 0 ok */
@@ -73,10 +78,13 @@ int geco_decode_ack(const uint8_t *buf, size_t len, const uint8_t key[GECO_KEY_B
 
 /* Verify and decode an ADOPT_REPLY frame answering `request_nonce`: its ack part into
    *out, its text (at most GECO_REPLY_MAX_TEXT bytes) into text[cap], NUL-terminated
-   (cap > GECO_REPLY_MAX_TEXT never truncates). Returns 0 or a negative enum geco_err. */
+   (cap > GECO_REPLY_MAX_TEXT never truncates). peercred: the request was a PEERCRED
+   frame, so the reply must be one (and key the public one). Returns 0 or a negative
+   enum geco_err. */
 int geco_decode_adopt_reply(const uint8_t *buf, size_t len, const uint8_t key[GECO_KEY_BYTES],
                             const uint8_t request_nonce[GECO_NONCE_BYTES], int64_t now_ns,
-                            int64_t max_skew_ns, geco_ack_t *out, char *text, size_t cap);
+                            int64_t max_skew_ns, int peercred, geco_ack_t *out, char *text,
+                            size_t cap);
 /* Nonce of an encoded frame (bytes 12..27), for the client to remember. */
 const uint8_t *geco_frame_nonce(const uint8_t *frame);
 

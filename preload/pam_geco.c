@@ -10,7 +10,9 @@
  * session: asks gecod (stage SESSION) to move this process -- sshd's root process
  *   for the connection, which forks the user's side afterwards -- into the job
  *   gecod chose, and puts the job's JOB_ID, SGE_TASK_ID and GECO_* variables
- *   into the session's environment (sshd hands PAM's environment to the shell).
+ *   into the session's environment (sshd hands PAM's environment to the shell;
+ *   with geco's preload in sshd, JOB_ID and SGE_TASK_ID are the preload's to
+ *   set, so that a JOB_ID the client sends can choose the job).
  *
  * The decision is gecod's (geco.ssh.login_verdict): it has the config, the
  * cgroups and the spool at hand, so a login costs one round trip on its
@@ -83,10 +85,20 @@ static int parse_args(pam_handle_t *pamh, int argc, const char **argv, args_t *a
     return 0;
 }
 
+/* Is geco's preload in this sshd? Then it sets JOB_ID and SGE_TASK_ID when the session
+   runs something: sshd puts PAM's variables over the client's, and a JOB_ID the client
+   sent (AcceptEnv) must reach the preload to choose the job. */
+static int preload_in_sshd(void)
+{
+    const char *p = getenv("LD_PRELOAD");
+    return p != NULL && strstr(p, "libgeco_preload.so") != NULL;
+}
+
 /* The reply's first line to the user; the NAME=value lines after it into the session's
    environment (session stage only). */
 static int relay(pam_handle_t *pamh, char *text, int session)
 {
+    int leave_job_id = session && preload_in_sshd();
     char *rest = strchr(text, '\n');
     if (rest != NULL)
         *rest++ = '\0';
@@ -97,6 +109,9 @@ static int relay(pam_handle_t *pamh, char *text, int session)
         rest = strchr(line, '\n');
         if (rest != NULL)
             *rest++ = '\0';
+        if (leave_job_id && (strncmp(line, "JOB_ID=", 7) == 0
+                             || strncmp(line, "SGE_TASK_ID=", 12) == 0))
+            continue;
         if (strchr(line, '=') != NULL && pam_putenv(pamh, line) != PAM_SUCCESS) {
             pam_syslog(pamh, LOG_ERR, "cannot set %s in the session's environment", line);
             return -1;
@@ -188,7 +203,7 @@ static int decide(pam_handle_t *pamh, int argc, const char **argv, int stage)
     if (pw->pw_uid == 0) {
         /* never locked out, whatever gecod's state: asked only so that the login is
            journaled, briefly, and its answer does not count */
-        if (geco_proto_init() == 0 && geco_config_load(&cfg, &err, &note) == 0) {
+        if (geco_proto_init() == 0 && geco_config_load(&cfg, 1, &err, &note) == 0) {
             const geco_adopt_t msg = {.pid = (uint32_t)getpid(), .uid = 0,
                                       .stage = (uint32_t)stage, .connection = connection};
             (void)geco_client_adopt(&cfg.addr, cfg.secret.key, ROOT_TIMEOUT_MS,
@@ -196,7 +211,7 @@ static int decide(pam_handle_t *pamh, int argc, const char **argv, int stage)
         }
         return PAM_SUCCESS;
     }
-    if (geco_proto_init() != 0 || geco_config_load(&cfg, &err, &note) != 0) {
+    if (geco_proto_init() != 0 || geco_config_load(&cfg, 1, &err, &note) != 0) {
         ebuf[err.len < sizeof ebuf ? err.len : sizeof ebuf - 1] = '\0';
         pam_syslog(pamh, LOG_WARNING, "gecod cannot be asked (%s); the helper decides", ebuf);
     } else {

@@ -16,7 +16,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -25,6 +25,7 @@ from cleanslate import stop_process  # tests/ is on sys.path (tests/conftest.py)
 REPO = Path(__file__).resolve().parents[1]
 SSHD = Path("/usr/sbin/sshd")
 PAM_MODULE = "/opt/geco/lib/security/pam_geco.so"
+PRELOAD = "/opt/geco/lib/libgeco_preload.so"
 
 
 def readme_pam_stack() -> str:
@@ -56,10 +57,15 @@ class Sshd(NamedTuple):
                 f"{user}@127.0.0.1", *command]
 
     def ssh(self, user: str, *command: str, options: Sequence[str] = (),
-            timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        """Run :meth:`argv` as root's client; the completed process."""
+            timeout: float = 60, send: Mapping[str, str] | None = None
+            ) -> subprocess.CompletedProcess[str]:
+        """Run :meth:`argv` as root's client; the completed process. ``send``: variables
+        the client sends with the session (SendEnv), as a job's ssh would its JOB_ID."""
+        sent = dict(send or {})
+        options = (*options, *(f"-oSendEnv={name}" for name in sent))
         return subprocess.run(self.argv(user, *command, options=options), capture_output=True,
-                              text=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False)
+                              text=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False,
+                              env={**os.environ, **sent})
 
     def command_line(self, user: str, key: Path) -> str:
         """The ssh command a job of ``user`` runs, with a key it can read."""
@@ -82,9 +88,12 @@ def _stop_leftover(service: str, pidfile: Path) -> None:
 
 
 @contextlib.contextmanager
-def running_sshd(service: str, pam_stack: str, users: Sequence[str]) -> Iterator[Sshd]:
-    """An sshd as ``service`` with ``pam_stack``, letting ``users`` log in with one key;
-    stopped (by its pid), its PAM file and dir removed afterwards."""
+def running_sshd(service: str, pam_stack: str, users: Sequence[str], *,
+                 preload: bool = False) -> Iterator[Sshd]:
+    """An sshd as ``service`` with ``pam_stack``, letting ``users`` log in with one key and
+    send ``JOB_ID``/``SGE_TASK_ID`` (AcceptEnv, as the README advises); with ``preload``,
+    geco's exec() preload loaded into it (as ``LD_PRELOAD`` in its unit's environment
+    would). Stopped (by its pid), its PAM file and dir removed afterwards."""
     pidfile = Path(f"/run/{service}.pid")
     pam_file = Path("/etc/pam.d") / service
     _stop_leftover(service, pidfile)
@@ -114,14 +123,18 @@ PasswordAuthentication no
 KbdInteractiveAuthentication no
 PermitRootLogin prohibit-password
 Subsystem sftp internal-sftp
+AcceptEnv JOB_ID SGE_TASK_ID
 LogLevel VERBOSE
 """)
         link = base / service
         link.symlink_to(SSHD)
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation dir
         pam_file.write_text(pam_stack)
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+        if preload:
+            env["LD_PRELOAD"] = PRELOAD
         proc = subprocess.Popen([str(link), "-D", "-f", str(base / "sshd_config"),
-                                 "-E", str(base / "sshd.log")])
+                                 "-E", str(base / "sshd.log")], env=env)
         deadline = time.monotonic() + 20
         while True:
             with socket.socket() as s:

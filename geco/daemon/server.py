@@ -447,7 +447,7 @@ class Server:
         elif got.type is MsgType.ADOPT:
             msg = got.message
             assert isinstance(msg, Adopt)
-            why = sshlogin.refusal(msg, conn.peer, conn.lane.name)
+            why = sshlogin.refusal(msg, conn.peer, conn.lane.name, got.peercred)
             if why:
                 self._answer(conn, got, Outcome(AckStatus.REFUSED, why))
                 return
@@ -487,7 +487,7 @@ class Server:
             self._send(conn, encode(MsgType.STATUS_REPLY, result, self.secret, flags=got.flags))
         elif isinstance(result, AdoptReply):  # journaled by the worker (ssh-* events)
             self.served += 1
-            self._send(conn, encode(MsgType.ADOPT_REPLY, result, self.secret))
+            self._send(conn, encode(MsgType.ADOPT_REPLY, result, self.secret, flags=got.flags))
         else:
             assert isinstance(result, Outcome)
             self._answer(conn, got, result)
@@ -537,7 +537,7 @@ class Server:
                                   outcome.status, got.type.name)
         if got.type is MsgType.ADOPT:  # refused before the decision, busy, or a bug
             reply = AdoptReply(0, 0, outcome.status, got.nonce)
-            self._send(conn, encode(MsgType.ADOPT_REPLY, reply, self.secret))
+            self._send(conn, encode(MsgType.ADOPT_REPLY, reply, self.secret, flags=got.flags))
             return
         ack = Ack(job or 0, task or 0, outcome.status, got.nonce)
         # in kind: a PEERCRED asker has no secret key to check any other MAC

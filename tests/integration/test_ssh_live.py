@@ -213,14 +213,17 @@ def test_with_two_jobs_a_session_joins_the_one_it_comes_from_else_the_newest(
                     "ssh from inside the one your session should join") in refused.stderr
 
 
-def test_a_session_ends_with_its_job_and_the_next_login_is_refused(sshd: Sshd,
-                                                                   sge: Any) -> None:
-    """Given a session running in a job, when the job is deleted, then within 10 s no
-    process of the session is left, and a new ssh of the user is refused."""
+def test_a_session_ends_with_its_job_counts_in_its_accounting_and_the_next_login_is_refused(
+        sshd: Sshd, sge: Any, journal: Any) -> None:
+    """Given a session running in a job (a ``sleep``, which burns no CPU) that spins for a
+    second, when the job is deleted, then within 10 s no process of the session is left,
+    the job's accounting (job-end) has the session's CPU time, and a new ssh of the user is
+    refused."""
     owner: JobOwner = sge.owner
     with running_job(sge) as key:
         session = subprocess.Popen(
-            sshd.argv(owner.name, "echo $PPID; exec sleep 611"),
+            sshd.argv(owner.name, "timeout 1 sh -c 'while :; do :; done'; echo $PPID; "
+                      "exec sleep 611"),
             stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
         try:
             assert session.stdout is not None
@@ -241,6 +244,8 @@ def test_a_session_ends_with_its_job_and_the_next_login_is_refused(sshd: Sshd,
                 session.wait()
     out = sshd.ssh(owner.name, "true")
     assert out.returncode == 255 and REFUSED.format(node=sshd.node) in out.stderr
+    [end] = journal.wait_for(GECO_EVENT="job-end", JOB_ID=key.split(".")[0])
+    assert float(end["CPU_USER_SEC"]) + float(end["CPU_SYSTEM_SEC"]) >= 0.5, end
 
 
 def test_while_gecod_is_down_the_helper_decides_as_configured(sshd: Sshd, sge: Any,

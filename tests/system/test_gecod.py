@@ -1040,8 +1040,12 @@ def test_over_tcp_the_processs_own_uid_and_cwd_decide(node: Node, journal: Any) 
 def _adopt(sock: str, key: bytes, pid: int, uid: int,
            stage: protocol.AdoptStage = protocol.AdoptStage.ACCOUNT) -> protocol.AdoptReply:
     """Send one ADOPT and return gecod's verified ADOPT_REPLY."""
-    frame = protocol.encode(MsgType.ADOPT, protocol.Adopt(0, 0, pid, uid, stage,
-                                                          "127.0.0.1 40000 127.0.0.1 22"), key)
+    return _adopt_frame(sock, key, protocol.Adopt(0, 0, pid, uid, stage,
+                                                  "127.0.0.1 40000 127.0.0.1 22"))
+
+
+def _adopt_frame(sock: str, key: bytes, adopt: protocol.Adopt) -> protocol.AdoptReply:
+    frame = protocol.encode(MsgType.ADOPT, adopt, key)
     got = protocol.decode(exchange(sock, frame), key)
     assert got.type is MsgType.ADOPT_REPLY
     reply = got.message
@@ -1067,6 +1071,43 @@ def test_adopt_is_served_for_its_root_sender_on_the_privileged_socket_only(
     assert [e["MESSAGE"].split(": ", 1)[1] for e in refusals[-2:]] == [
         f"ADOPT must name its sender (pid {me}), not pid {me + 1}",
         "ADOPT is sshd's (root's) request, on gecod's privileged socket"]
+
+
+def test_adopts_exec_stage_is_refused_to_a_user_process_that_is_no_ssh_session(
+        node: Node, gecod: Gecod) -> None:
+    """Given a user's own process (not sshd's) that sends ADOPT's EXEC stage, peer-
+    credentialed, for itself, then gecod refuses it: that stage is only for a process the
+    kernel names sshd, under root's sshd (a user cannot hand a process of theirs to a job
+    that way); the same stage MAC'd with the secret key is refused too."""
+    ours, theirs = os.pipe()
+    child = os.fork()
+    if child == 0:
+        code = 1
+        try:
+            os.close(ours)
+            _as_nobody()
+            adopt = protocol.Adopt(0, 0, os.getpid(), NOBODY, protocol.AdoptStage.EXEC)
+            frame = protocol.encode(MsgType.ADOPT, adopt, protocol.PUBLIC_KEY,
+                                    flags=protocol.PEERCRED)
+            got = protocol.decode(exchange(gecod.sock, frame), protocol.PUBLIC_KEY,
+                                  peercred=True)
+            reply = got.message
+            assert isinstance(reply, protocol.AdoptReply)
+            os.write(theirs, reply.status.name.encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(theirs)
+    with os.fdopen(ours, "rb") as pipe:
+        answer = pipe.read().decode()
+    assert os.waitpid(child, 0)[1] == 0
+    assert answer == "REFUSED"
+    me = os.getpid()
+    secret_exec = protocol.Adopt(0, 0, me, 0, protocol.AdoptStage.EXEC)
+    assert _adopt_frame(_root_socket(gecod), node.key, secret_exec).status is AckStatus.REFUSED
+    log = gecod.output()
+    assert "ADOPT's EXEC stage comes from an ssh session: sshd, under root's sshd" in log
+    assert "ADOPT's EXEC stage is peer-credentialed (an ssh session's own process)" in log
 
 
 # -- peer-credentialed requests: users without the key ------------------------------

@@ -1,10 +1,13 @@
-"""Run gecod as a real systemd service (tests/vm_systemd) inside the QEMU machine.
+"""The cgroup v2 backend (tests/vm) and gecod as a real systemd service (tests/vm_systemd),
+inside the QEMU machine.
 
-One boot for the whole story (:mod:`vmrun`): the guest copies this repository
-onto its own disk (9p is slow for many small files, and gecod's
-``ProtectHome=read-only`` must not meet the share), builds geco's hwloc
-bridge there against the guest's libhwloc, and runs pytest on
-``tests/vm_systemd``, which installs ``conf/gecod.service`` and
+This host has a hybrid v1 layout, so cpuset and memory cannot appear on a
+cgroup2 here; only a guest kernel can show them. One boot for both (:mod:`vmrun`):
+the guest copies this repository onto its own disk (9p is slow for many small
+files, and gecod's ``ProtectHome=read-only`` must not meet the share), builds
+geco's hwloc bridge there against the guest's libhwloc, and runs pytest on
+``tests/vm`` (the backend against the kernel, each test below a cgroup of its
+own) and then ``tests/vm_systemd``, which installs ``conf/gecod.service`` and
 ``conf/geco-jobs.service`` and drives them with systemctl. Nothing is written
 back to the share.
 
@@ -18,16 +21,19 @@ from __future__ import annotations
 import pytest
 import vmrun
 
-# --noconftest: tests/conftest.py serves the host suite (Grid Engine, journald)
+# --noconftest: tests/conftest.py serves the host suite (Grid Engine, journald) and may
+# import what the guest's bare python3 lacks; tests/vm first: tests/vm_systemd rewrites
+# /etc/geco and the units
 GUEST_COMMAND = (f"set -e; {vmrun.COPY_TO_GUEST}; cd /root/geco; "
                  "python3 -m geco._hwloc_build >/dev/null; "
-                 f"{vmrun.guest_pytest('tests/vm_systemd')}")
+                 f"{vmrun.guest_pytest('tests/vm tests/vm_systemd')}")
 
 pytestmark = pytest.mark.vm
 
 
-def test_given_the_qemu_machine_when_gecod_runs_under_systemd_then_the_whole_story_passes(
+def test_given_the_qemu_machine_when_the_v2_backend_and_gecod_under_systemd_run_then_all_pass(
         figures: list[str]) -> None:
     result = vmrun.run(GUEST_COMMAND)
     vmrun.assert_all_passed(result)
-    figures.append(result.figure("tests/vm_systemd (gecod as a service)"))
+    figures.append(result.figure("tests/vm + tests/vm_systemd (the v2 backend, gecod as a "
+                                 "service)"))

@@ -19,7 +19,9 @@ DEFAULT_TEXT = ("socket=path:/run/geco/gecod-root.sock\n"
                 "timeout_ms=10000\n"
                 "max_skew_ms=30000\n"
                 "policy=refuse\n"
-                "exec_filter=sge_shepherd\n")
+                "exec_filter=sge_shepherd\n"
+                "session_socket=path:/run/geco/gecod.sock\n"
+                "session_policy=allow\n")
 
 
 def geco(*args: str, conf: Path) -> subprocess.CompletedProcess[str]:
@@ -30,7 +32,8 @@ def geco(*args: str, conf: Path) -> subprocess.CompletedProcess[str]:
 
 def test_the_defaults_render_the_documented_file() -> None:
     """Given the default configuration, then the file is the contract's five settings plus
-    the skew, after one comment line naming its source."""
+    the skew and the two of the preload in sshd, after one comment line naming its
+    source."""
     text = preload_config.render(config.Config(), source="/etc/geco/geco.toml")
     assert text == ("# written by `geco preload-config` from /etc/geco/geco.toml; edit "
                     "geco.toml and re-run it\n" + DEFAULT_TEXT)
@@ -44,11 +47,13 @@ def test_settings_are_rendered_in_the_preloads_units_and_forms() -> None:
                               gecod_request_timeout=2.5, gecod_max_skew=0.25,
                               gecod_unreachable_policy="allow",
                               gecod_exec_filter=("sge_shepherd", "geco-shepherd"),
-                              gecod_key_file=Path("/srv/geco/q.key"), gecod_preload_log="none")
+                              gecod_key_file=Path("/srv/geco/q.key"), gecod_preload_log="none",
+                              ssh_gecod_unreachable="refuse")
     assert preload_config.render(cfg).splitlines()[1:] == [
         "socket=path:/run/geco/gecod-8080-root.sock", "key_file=/srv/geco/q.key", "log=none",
         "timeout_ms=2500", "max_skew_ms=250",
-        "policy=allow", "exec_filter=sge_shepherd,geco-shepherd"]
+        "policy=allow", "exec_filter=sge_shepherd,geco-shepherd",
+        "session_socket=port:8080", "session_policy=refuse"]
 
 
 @pytest.mark.parametrize(("change", "text"), [

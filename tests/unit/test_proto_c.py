@@ -55,14 +55,15 @@ enum geco_err { GECO_E_SHORT = -1, GECO_E_MAGIC = -2, GECO_E_VERSION = -3, GECO_
                 GECO_E_STALE = -9, GECO_E_NONCE = -10 };
 typedef struct { uint64_t job_id, task_id; uint32_t pid; } geco_job_started_t;
 typedef struct { uint64_t job_id, task_id; uint32_t status; uint8_t request_nonce[16]; } geco_ack_t;
-typedef struct { uint64_t job_id, task_id; uint32_t pid, uid, stage; const char *connection; }
-    geco_adopt_t;
+typedef struct { uint64_t job_id, task_id; uint32_t pid, uid, stage; const char *connection;
+                 int peercred; } geco_adopt_t;
 int geco_proto_init(void);
 long geco_encode_adopt(uint8_t *buf, size_t cap, const uint8_t key[32],
                        const uint8_t *nonce, int64_t ts_ns, const geco_adopt_t *msg);
 int geco_decode_adopt_reply(const uint8_t *buf, size_t len, const uint8_t key[32],
                             const uint8_t request_nonce[16], int64_t now_ns,
-                            int64_t max_skew_ns, geco_ack_t *out, char *text, size_t cap);
+                            int64_t max_skew_ns, int peercred, geco_ack_t *out, char *text,
+                            size_t cap);
 long geco_encode_job_started(uint8_t *buf, size_t cap, int type, const uint8_t key[32],
                              const uint8_t *nonce, int64_t ts_ns, const geco_job_started_t *msg);
 long geco_encode_ack(uint8_t *buf, size_t cap, const uint8_t key[32],
@@ -113,22 +114,26 @@ class C:
         return rc, P.Ack(out.job_id, out.task_id, P.AckStatus(out.status),
                          bytes(out.request_nonce))
 
-    def encode_adopt(self, adopt: P.Adopt, *, nonce: bytes | None, ts: int) -> bytes | int:
+    def encode_adopt(self, adopt: P.Adopt, *, nonce: bytes | None, ts: int,
+                     peercred: bool = False) -> bytes | int:
         buf = self.ffi.new("uint8_t[]", self.lib.GECO_MAX_FRAME)
         connection = self.ffi.new("char[]", adopt.connection.encode())
         msg = self.ffi.new("geco_adopt_t *", {
             "job_id": adopt.job_id, "task_id": adopt.task_id, "pid": adopt.pid,
-            "uid": adopt.uid, "stage": adopt.stage, "connection": connection})
-        n = self.lib.geco_encode_adopt(buf, len(buf), self._in(KEY), self._in(nonce), ts, msg)
+            "uid": adopt.uid, "stage": adopt.stage, "connection": connection,
+            "peercred": int(peercred)})
+        key = P.PUBLIC_KEY if peercred else KEY
+        n = self.lib.geco_encode_adopt(buf, len(buf), self._in(key), self._in(nonce), ts, msg)
         return n if n < 0 else bytes(self.ffi.buffer(buf, n))
 
-    def decode_adopt_reply(self, frame: bytes, request: bytes, *,
-                           now: int) -> tuple[int, P.AdoptReply | None]:
+    def decode_adopt_reply(self, frame: bytes, request: bytes, *, now: int,
+                           peercred: bool = False) -> tuple[int, P.AdoptReply | None]:
         out = self.ffi.new("geco_ack_t *")
         text = self.ffi.new("char[]", P.REPLY_MAX_TEXT + 1)
+        key = P.PUBLIC_KEY if peercred else KEY
         rc = self.lib.geco_decode_adopt_reply(self._in(frame or b"\0"), len(frame),
-                                              self._in(KEY), self._in(request), now, SKEW_NS,
-                                              out, text, len(text))
+                                              self._in(key), self._in(request), now, SKEW_NS,
+                                              int(peercred), out, text, len(text))
         if rc != 0:
             return rc, None
         return rc, P.AdoptReply(out.job_id, out.task_id, P.AckStatus(out.status),
@@ -298,6 +303,29 @@ def test_adopt_and_its_reply_cross_between_c_and_python(
     reply = P.AdoptReply(job, task, status, nonce, text)
     assert c.decode_adopt_reply(P.encode(P.MsgType.ADOPT_REPLY, reply, KEY, ts_ns=ts), nonce,
                                 now=ts) == (0, reply)
+
+
+def test_a_peercred_adopt_and_its_reply_carry_the_flag_and_the_public_key(c: C) -> None:
+    """Given the EXEC stage from an ssh session's own process (no key: PEERCRED), then C
+    encodes it with the flag and the public key, Python reads it as peer-credentialed, and
+    C accepts only a reply in kind: a reply without the flag, or with the secret key's
+    MAC, is refused."""
+    ts = 1_700_000_000_000_000_000
+    adopt = P.Adopt(42, 1, 4242, 1001, P.AdoptStage.EXEC, "127.0.0.1 1 127.0.0.1 22")
+    frame = c.encode_adopt(adopt, nonce=bytes(16), ts=ts, peercred=True)
+    assert isinstance(frame, bytes)
+    got = P.decode(frame, P.PUBLIC_KEY, now_ns=ts, peercred=True)
+    assert got.peercred and got.message == adopt
+    reply = P.AdoptReply(42, 1, P.AckStatus.OK, bytes(16), "\nJOB_ID=42")
+    in_kind = P.encode(P.MsgType.ADOPT_REPLY, reply, P.PUBLIC_KEY, ts_ns=ts, flags=P.PEERCRED)
+    assert c.decode_adopt_reply(in_kind, bytes(16), now=ts, peercred=True) == (0, reply)
+    plain = P.encode(P.MsgType.ADOPT_REPLY, reply, P.PUBLIC_KEY, ts_ns=ts)
+    assert c.decode_adopt_reply(plain, bytes(16), now=ts, peercred=True)[0] == \
+        c.lib.GECO_E_FLAGS
+    forged = bytearray(in_kind)
+    forged[-1] ^= 1
+    assert c.decode_adopt_reply(bytes(forged), bytes(16), now=ts, peercred=True)[0] == \
+        c.lib.GECO_E_MAC
 
 
 @given(u64, u64, st.sampled_from(list(P.AckStatus)), nonces, nonces, int64)

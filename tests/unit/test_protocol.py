@@ -337,7 +337,7 @@ def test_payload_content_is_checked_before_the_clock() -> None:
     (3, b"x", "the STATUS payload must be 0 bytes, got 1"),
     (5, struct.pack("<QQIIII", 1, 1, 2, 3, 2, 4), "the reserved field of the ADOPT payload "
                                                  "must be 0, got 4"),
-    (5, struct.pack("<QQIIII", 1, 1, 2, 3, 3, 0), "an ADOPT stage must be 1 or 2, got 3"),
+    (5, struct.pack("<QQIIII", 1, 1, 2, 3, 4, 0), "an ADOPT stage must be 1, 2 or 3, got 4"),
     (5, struct.pack("<QQIIII", 1, 1, 2, 3, 1, 0) + b"a\nb", "an ADOPT connection must be "
                                                             "printable ASCII"),
     (5, bytes(31), "the ADOPT payload must be 32 to 287 bytes, got 31"),
@@ -485,7 +485,8 @@ LACKS_PEERCRED = "the reply lacks the PEERCRED flag: it is MAC'd with gecod's se
 def test_the_public_key_is_32_zero_bytes_and_the_flag_is_bit_0() -> None:
     assert (P.PUBLIC_KEY, P.PEERCRED) == (ZERO_KEY, 0x0001)
     assert sorted(P.PEERCRED_TYPES) == [P.MsgType.ACK, P.MsgType.STATUS,
-                                        P.MsgType.STATUS_REPLY, P.MsgType.QUARANTINE_SELF]
+                                        P.MsgType.STATUS_REPLY, P.MsgType.ADOPT,
+                                        P.MsgType.QUARANTINE_SELF, P.MsgType.ADOPT_REPLY]
 
 
 @given(st.sampled_from(sorted(P.PEERCRED_TYPES)), nonces, int64,
@@ -504,6 +505,12 @@ def test_a_peercred_frame_round_trips_under_any_key_the_caller_holds(
                 list(P.AckStatus))), data.draw(nonces))
         case P.MsgType.STATUS_REPLY:
             msg = P.StatusReply({"jobs": [], "n": data.draw(u32)})
+        case P.MsgType.ADOPT:
+            msg = P.Adopt(data.draw(u64), data.draw(u64), data.draw(u32), data.draw(u32),
+                          P.AdoptStage.EXEC)
+        case P.MsgType.ADOPT_REPLY:
+            msg = P.AdoptReply(data.draw(u64), data.draw(u64), P.AckStatus.OK,
+                               data.draw(nonces), "\nJOB_ID=1")
         case _:
             msg = b""
     frame = P.encode(type_, msg, key, nonce=nonce, ts_ns=ts, flags=P.PEERCRED)
@@ -515,15 +522,15 @@ def test_a_peercred_frame_round_trips_under_any_key_the_caller_holds(
     assert P.decode(frame, P.PUBLIC_KEY, now_ns=ts, peercred=True).payload == payload
 
 
-@pytest.mark.parametrize(("type_", "name"), [(1, "JOB_STARTED"), (5, "ADOPT"), (8, "type 8"),
+@pytest.mark.parametrize(("type_", "name"), [(1, "JOB_STARTED"), (8, "type 8"),
                                              (255, "type 255")])
 def test_the_peercred_flag_on_any_other_type_is_refused_as_flags_before_the_mac(
         type_: int, name: str) -> None:
-    """Given a PEERCRED frame of a type other than STATUS, QUARANTINE_SELF and their replies
-    (even with a good public-key MAC), then decode and expected_length refuse it as
+    """Given a PEERCRED frame of a type other than STATUS, QUARANTINE_SELF, ADOPT and their
+    replies (even with a good public-key MAC), then decode and expected_length refuse it as
     ``flags``, saying the type needs the secret key: JOB_STARTED stays privileged."""
     frame = reference_frame(type_, JS_PAYLOAD, JS_NONCE, TS, key=ZERO_KEY, flags=1)
-    text = (f"the PEERCRED flag is only allowed on STATUS and QUARANTINE_SELF requests and "
+    text = (f"the PEERCRED flag is only allowed on STATUS, QUARANTINE_SELF and ADOPT requests and "
             f"their replies, got it on {name}: {name} must be MAC'd with the secret key "
             f"(reason=flags)")
     assert str(refused(frame, now_ns=TS)) == text

@@ -1,8 +1,8 @@
 """The cgroup v2 backend against a real cgroup2 with cpuset and memory.
 
 Runs INSIDE the QEMU machine (systemd as PID 1, pure cgroup v2): the host's
-``tests/system/test_cgroup_v2_vm.py`` boots it with ``run-in-vm.sh`` and runs
-``python3 -m pytest -q -p no:cacheprovider tests/vm`` there. The guest has
+``tests/system/test_gecod_systemd_vm.py`` boots it with ``run-in-vm.sh`` and runs
+``python3 -m pytest ... tests/vm tests/vm_systemd`` there. The guest has
 no venv: the standard library, pytest and geco (with Debian's python3-lxml
 for geco.teardown's qstat import) are what is used.
 The helpers shared with tests/system/test_cgroup_v1.py are in
@@ -66,7 +66,7 @@ def _usable_cgroup2() -> str:
               if m.mount_point == MOUNT]
     if not mounts or mounts[-1].fstype != "cgroup2":
         return (f"{MOUNT} is not a cgroup2 mount here; these tests run in the QEMU machine "
-                "(tests/system/test_cgroup_v2_vm.py)")
+                "(tests/system/test_gecod_systemd_vm.py)")
     have = (MOUNT / "cgroup.controllers").read_text().split()
     if not {"cpuset", "memory"} <= set(have):
         return f"the cgroup2 at {MOUNT} lacks cpuset or memory (it has: {' '.join(have)})"
