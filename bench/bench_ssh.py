@@ -10,8 +10,9 @@ fixtures do), starts gecod and one ``sleep`` job of the test user, and two real 
 two lines added (``pam_geco.so``: gecod lets the user in, and moves the session
 into the job) and geco's preload in sshd (the session's process asks gecod once
 more before it runs the command). Logins
-``ssh user@127.0.0.1 true`` alternate between the two; each figure is the client's
-wall time from start to exit. The sshd without geco's lines is the floor.
+``ssh user@127.0.0.1 true`` alternate between the two in pairs; each figure is the
+client's wall time from start to exit. The sshd without geco's lines is the floor;
+what geco adds is the median of the pairs' differences.
 """
 
 from __future__ import annotations
@@ -68,31 +69,34 @@ def _run(logins: int, json_path: Path | None) -> int:
                              preload=True) as geco:
             _login_ms(plain, owner.name)  # warm both (host keys, page cache)
             _login_ms(geco, owner.name)
-            for _ in range(logins):
-                times["plain"].append(_login_ms(plain, owner.name))
-                times["geco"].append(_login_ms(geco, owner.name))
+            # pairs in ABBA order: drift on a busy host and which one goes first cancel out
+            for i in range(logins):
+                for name in (("plain", "geco") if i % 2 == 0 else ("geco", "plain")):
+                    times[name].append(_login_ms(plain if name == "plain" else geco,
+                                                 owner.name))
     finally:
         harness.run(["qdel", "-f", str(job)], check=False)
     plain_p50, geco_p50 = (statistics.median(times[k]) for k in ("plain", "geco"))
+    added = statistics.median(g - p for g, p in zip(times["geco"], times["plain"], strict=True))
     print(f"ssh login to a first command (ssh user@127.0.0.1 true), {logins} logins each, ms")
     for name, label in (("plain", "Debian's PAM stack alone"),
                         ("geco", "with geco's PAM lines and preload")):
         print(f"  {label:40} p50 {statistics.median(times[name]):7.1f}  "
               f"p90 {percentile(times[name], .9):7.1f}")
-    print(f"  geco adds, p50                           {geco_p50 - plain_p50:7.1f}  "
-          f"(goal <= {GOAL_MS})")
+    print(f"  geco adds, p50 of the paired differences {added:7.1f}  (goal <= {GOAL_MS})")
     write_rows(json_path, [
         Row("ssh login to a first command, with geco's PAM lines and preload, p50", geco_p50,
             "ms",
             f"<= floor + {GOAL_MS}", plain_p50, "the same sshd without geco's lines"),
-        Row("ssh login: time geco adds, p50", geco_p50 - plain_p50, "ms", f"<= {GOAL_MS}"),
+        Row("ssh login: time geco adds, p50 of paired differences", added, "ms",
+            f"<= {GOAL_MS}"),
     ])
     return 0
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--logins", type=int, default=20, help="logins to each sshd")
+    parser.add_argument("--logins", type=int, default=30, help="logins to each sshd")
     add_json_option(parser)
     args = parser.parse_args()
     if os.geteuid() != 0:

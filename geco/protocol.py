@@ -243,9 +243,7 @@ class Adopt:
     def unpack(cls, payload: bytes) -> Adopt:
         """Parse a payload; raise ProtocolError (reason ``payload``) when it is malformed."""
         fixed = cls._S.size
-        if not fixed <= len(payload) <= fixed + ADOPT_MAX_CONNECTION:
-            raise _payload_error(f"the ADOPT payload must be {fixed} to "
-                                 f"{fixed + ADOPT_MAX_CONNECTION} bytes, got {len(payload)}")
+        _check_size_range("ADOPT", payload, fixed, fixed + ADOPT_MAX_CONNECTION)
         job_id, task_id, pid, uid, stage, reserved = cls._S.unpack_from(payload)
         _check_reserved("ADOPT", reserved)
         if stage not in tuple(AdoptStage):
@@ -280,9 +278,7 @@ class AdoptReply:
     def unpack(cls, payload: bytes) -> AdoptReply:
         """Parse a payload; raise ProtocolError (reason ``payload``) when it is malformed."""
         fixed = Ack._S.size
-        if not fixed <= len(payload) <= fixed + REPLY_MAX_TEXT:
-            raise _payload_error(f"the ADOPT_REPLY payload must be {fixed} to "
-                                 f"{fixed + REPLY_MAX_TEXT} bytes, got {len(payload)}")
+        _check_size_range("ADOPT_REPLY", payload, fixed, fixed + REPLY_MAX_TEXT)
         ack = Ack.unpack(payload[:fixed])
         try:
             text = payload[fixed:].decode()
@@ -325,6 +321,12 @@ Message = JobStarted | Ack | Adopt | AdoptReply | StatusReply
 def _check_size(name: str, payload: bytes, size: int) -> None:
     if len(payload) != size:
         raise _payload_error(f"the {name} payload must be {size} bytes, got {len(payload)}")
+
+
+def _check_size_range(name: str, payload: bytes, low: int, high: int) -> None:
+    if not low <= len(payload) <= high:
+        raise _payload_error(f"the {name} payload must be {low} to {high} bytes, "
+                             f"got {len(payload)}")
 
 
 def _check_reserved(name: str, value: int) -> None:

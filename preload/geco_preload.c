@@ -831,19 +831,28 @@ GECO_EXPORT int execlp(const char *file, const char *arg, ...)
 /* posix_spawn, posix_spawnp, popen and system: asked about for ssh sessions only (in
    sge_execd they pass through, see the top of this file) */
 
-GECO_EXPORT int posix_spawn(pid_t *pid, const char *path,
-                            const posix_spawn_file_actions_t *actions,
-                            const posix_spawnattr_t *attr, char *const argv[],
-                            char *const envp[])
+/* posix_spawn and posix_spawnp: gate, then *real (read only after geco_gate(), which
+   resolves it on a first call) */
+static int spawn_through(spawn_fn *real, pid_t *pid, const char *path,
+                         const posix_spawn_file_actions_t *actions,
+                         const posix_spawnattr_t *attr, char *const argv[], char *const envp[])
 {
     int saved = errno;
     char *const *env = envp;
     if (geco_gate(NULL, envp, &env) != 0)
         return EACCES;
-    if (real_posix_spawn == NULL)
+    if (*real == NULL)
         return ENOSYS;
     errno = saved;
-    return real_posix_spawn(pid, path, actions, attr, argv, env);
+    return (*real)(pid, path, actions, attr, argv, env);
+}
+
+GECO_EXPORT int posix_spawn(pid_t *pid, const char *path,
+                            const posix_spawn_file_actions_t *actions,
+                            const posix_spawnattr_t *attr, char *const argv[],
+                            char *const envp[])
+{
+    return spawn_through(&real_posix_spawn, pid, path, actions, attr, argv, envp);
 }
 
 GECO_EXPORT int posix_spawnp(pid_t *pid, const char *file,
@@ -851,14 +860,7 @@ GECO_EXPORT int posix_spawnp(pid_t *pid, const char *file,
                              const posix_spawnattr_t *attr, char *const argv[],
                              char *const envp[])
 {
-    int saved = errno;
-    char *const *env = envp;
-    if (geco_gate(NULL, envp, &env) != 0)
-        return EACCES;
-    if (real_posix_spawnp == NULL)
-        return ENOSYS;
-    errno = saved;
-    return real_posix_spawnp(pid, file, actions, attr, argv, env);
+    return spawn_through(&real_posix_spawnp, pid, file, actions, attr, argv, envp);
 }
 
 GECO_EXPORT FILE *popen(const char *command, const char *mode)

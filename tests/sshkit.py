@@ -73,6 +73,24 @@ class Sshd(NamedTuple):
                 f"{user}@127.0.0.1")
 
 
+@contextlib.contextmanager
+def rc_probe(home: Path, uid: int, gid: int) -> Iterator[Path]:
+    """A ``~/.ssh/rc`` (sshd runs it through popen before the session's command) that
+    writes its own /proc/self/cgroup to the file yielded; removed afterwards."""
+    ssh_dir = home / ".ssh"
+    ssh_dir.mkdir(mode=0o700, exist_ok=True)
+    os.chown(ssh_dir, uid, gid)
+    seen = home / "geco-ssh-rc-cgroup"
+    seen.unlink(missing_ok=True)
+    rc = ssh_dir / "rc"
+    rc.write_text(f"cat /proc/self/cgroup > {seen}\n")
+    os.chown(rc, uid, gid)
+    try:
+        yield seen
+    finally:
+        rc.unlink(missing_ok=True)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -110,6 +110,31 @@ def wait_for_cgroups(key: str, timeout: float = 60) -> dict[str, Path]:
         time.sleep(0.1)
 
 
+@contextlib.contextmanager
+def running_job(sge: Any, *qsub_args: str, script: str | None = None, cwd: Path | None = None,
+                user: str | None = None) -> Iterator[str]:
+    """A job (of the test user, or ``user``), running with its cgroups made: its key. A
+    ``sleep 600`` unless ``script`` (written to ``cwd``, the job's working directory).
+    Deleted afterwards."""
+    if script is not None:
+        assert cwd is not None
+        path = cwd / "job.sh"
+        path.write_text(script)
+        os.chown(path, sge.owner.uid, sge.owner.gid)
+        job = sge.submit("-cwd", "-o", str(cwd), "-e", str(cwd), *qsub_args, str(path),
+                         cwd=cwd, user=user)
+    else:
+        job = sge.submit("-b", "y", "-o", "/dev/null", "-e", "/dev/null", *qsub_args,
+                         "sleep", "600", user=user)
+    key = f"{job}.1"
+    try:
+        wait_for_cgroups(key, timeout=120)
+        yield key
+    finally:
+        subprocess.run(["qdel", "-f", str(job)], capture_output=True, check=False)
+        sge.wait_finished(job, timeout=120, accounting=False)
+
+
 def wait_until(condition: Any, timeout: float, what: str, step: float = 0.2) -> None:
     deadline = time.monotonic() + timeout
     while not condition():

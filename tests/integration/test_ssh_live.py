@@ -17,7 +17,6 @@ ends with its job.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pwd
 import shutil
@@ -29,8 +28,16 @@ from typing import Any
 
 import pytest
 from cleanslate import alive
-from livekit import CGROUP_ROOT, sh, site_settings, wait_for_cgroups, wait_until
-from sshkit import CLIENT_OPTIONS, GECO_PAM_STACK, Sshd, free_port, running_sshd
+from livekit import CGROUP_ROOT, running_job, sh, site_settings, wait_until
+from sshkit import (
+    CLIENT_OPTIONS,
+    GECO_PAM_STACK,
+    SSHD,
+    Sshd,
+    free_port,
+    rc_probe,
+    running_sshd,
+)
 
 from tests.conftest import JobOwner, ensure_user  # not "conftest": this directory has one too
 
@@ -54,29 +61,6 @@ def sshd(sge: Any, gecod_service: Any) -> Iterator[Sshd]:
     with running_sshd("geco-test-sshd", GECO_PAM_STACK,
                       ("root", sge.owner.name, OUTSIDER, ADMIN)) as server:
         yield server
-
-
-@contextlib.contextmanager
-def running_job(sge: Any, *qsub_args: str, script: str | None = None,
-                cwd: Path | None = None) -> Iterator[str]:
-    """A job of the test user, running with its cgroups made; its key. Deleted after."""
-    if script is not None:
-        assert cwd is not None
-        path = cwd / "job.sh"
-        path.write_text(script)
-        os.chown(path, sge.owner.uid, sge.owner.gid)
-        job = sge.submit("-cwd", "-o", str(cwd), "-e", str(cwd), *qsub_args, str(path),
-                         cwd=cwd)
-    else:
-        job = sge.submit("-b", "y", "-o", "/dev/null", "-e", "/dev/null", *qsub_args,
-                         "sleep", "600")
-    key = f"{job}.1"
-    try:
-        wait_for_cgroups(key, timeout=120)
-        yield key
-    finally:
-        subprocess.run(["qdel", "-f", str(job)], capture_output=True, check=False)
-        sge.wait_finished(job, timeout=120, accounting=False)
 
 
 def cgroup_lines(text: str) -> dict[str, str]:
@@ -130,52 +114,90 @@ def test_a_job_owners_session_runs_inside_their_job(sshd: Sshd, sge: Any,
                                                     journal: Any) -> None:
     """Given a running job of the user, when they ssh in, then the command, its sshd
     parent and ``~/.ssh/rc`` run in the job's cgroups, on the job's cores, under its
-    memory limit, with the job's JOB_ID, SGE_TASK_ID and GECO_* variables; scp works; the
-    adoption is journaled with the job's id."""
+    memory limit, with the job's JOB_ID, SGE_TASK_ID and GECO_* variables; scp and sftp
+    work, sftp's sshd (which runs no program) inside the job too; the adoption is
+    journaled with the job's id."""
     owner: JobOwner = sge.owner
-    ssh_dir = owner.home / ".ssh"
-    ssh_dir.mkdir(mode=0o700, exist_ok=True)
-    os.chown(ssh_dir, owner.uid, owner.gid)
-    rc_seen = owner.home / "geco-ssh-rc-cgroup"
-    rc_seen.unlink(missing_ok=True)
-    rc = ssh_dir / "rc"
-    rc.write_text(f"cat /proc/self/cgroup > {rc_seen}\n")
-    os.chown(rc, owner.uid, owner.gid)
+    with rc_probe(owner.home, owner.uid, owner.gid) as rc_seen, \
+            running_job(sge, "-l", "m_mem_free=300M") as key:
+        out = sshd.ssh(owner.name, "cat /proc/self/cgroup; echo ==; cat /proc/$PPID/cgroup;"
+                       " echo ==; grep Cpus_allowed_list /proc/self/status; echo ==; "
+                       "echo $JOB_ID $SGE_TASK_ID $GECO_CPUS $GECO_NCPUS $GECO_MEMORY_LIMIT")
+        assert out.returncode == 0, out.stderr
+        mine, parent, cores, variables = out.stdout.split("==\n")
+        job_cpus = (CGROUP_ROOT / "cpuset" / "GECO" / key / "cpuset.cpus").read_text()
+        for text in (mine, parent, rc_seen.read_text()):
+            where = cgroup_lines(text)
+            assert where["cpuset"] == where["memory"] == f"/GECO/{key}", text
+        assert cores.split()[-1] == job_cpus.strip()
+        limit = int((CGROUP_ROOT / "memory" / "GECO" / key /
+                     "memory.limit_in_bytes").read_text())
+        assert limit == 300 * 2**20
+        assert variables.split() == [key.split(".")[0], "undefined", job_cpus.strip(),
+                                     str(len(parse_cpus(job_cpus))), str(limit)]
+        seen = sshd.ssh(owner.name, "cat /sys/fs/cgroup/memory$(grep :memory: "
+                        "/proc/self/cgroup | cut -d: -f3)/memory.limit_in_bytes")
+        assert int(seen.stdout) == limit
+        sent = sshd.dir / "payload"
+        sent.write_text("geco scp test\n")
+        copied = owner.home / "geco-ssh-payload"
+        copied.unlink(missing_ok=True)
+        scp = subprocess.run(["scp", "-i", str(sshd.key), "-P", str(sshd.port),
+                              *CLIENT_OPTIONS, str(sent),
+                              f"{owner.name}@127.0.0.1:{copied}"],
+                             capture_output=True, text=True, timeout=60, check=False)
+        assert scp.returncode == 0, scp.stderr
+        assert copied.read_text() == "geco scp test\n"
+        assert sftp_session_cgroups(sshd, owner, sent) == {f"/GECO/{key}"}
+        entry = journal.wait_for(GECO_EVENT="ssh-adopted", SSH_USER=owner.name)[-1]
+        assert (entry["JOB_ID"], entry["SGE_TASK_ID"]) == tuple(key.split("."))
+        assert entry["REASON"] == "only-job"
+
+
+def sftp_session_cgroups(sshd: Sshd, owner: JobOwner, payload: Path) -> set[str]:
+    """Open an sftp session (internal-sftp: sshd serves it without running a program), put
+    ``payload`` through it, and return the cpuset cgroups of the owner's sshd processes
+    serving it, read while it is open."""
+    sftp = subprocess.Popen(["sftp", "-i", str(sshd.key), "-P", str(sshd.port),
+                             *CLIENT_OPTIONS, "-b", "-", f"{owner.name}@127.0.0.1"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert sftp.stdin is not None and sftp.stdout is not None
     try:
-        with running_job(sge, "-l", "m_mem_free=300M") as key:
-            out = sshd.ssh(owner.name, "cat /proc/self/cgroup; echo ==; cat /proc/$PPID/cgroup;"
-                           " echo ==; grep Cpus_allowed_list /proc/self/status; echo ==; "
-                           "echo $JOB_ID $SGE_TASK_ID $GECO_CPUS $GECO_NCPUS $GECO_MEMORY_LIMIT")
-            assert out.returncode == 0, out.stderr
-            mine, parent, cores, variables = out.stdout.split("==\n")
-            job_cpus = (CGROUP_ROOT / "cpuset" / "GECO" / key / "cpuset.cpus").read_text()
-            for text in (mine, parent, rc_seen.read_text()):
-                where = cgroup_lines(text)
-                assert where["cpuset"] == where["memory"] == f"/GECO/{key}", text
-            assert cores.split()[-1] == job_cpus.strip()
-            limit = int((CGROUP_ROOT / "memory" / "GECO" / key /
-                         "memory.limit_in_bytes").read_text())
-            assert limit == 300 * 2**20
-            assert variables.split() == [key.split(".")[0], "undefined", job_cpus.strip(),
-                                         str(len(parse_cpus(job_cpus))), str(limit)]
-            seen = sshd.ssh(owner.name, "cat /sys/fs/cgroup/memory$(grep :memory: "
-                            "/proc/self/cgroup | cut -d: -f3)/memory.limit_in_bytes")
-            assert int(seen.stdout) == limit
-            sent = sshd.dir / "payload"
-            sent.write_text("geco scp test\n")
-            copied = owner.home / "geco-ssh-payload"
-            copied.unlink(missing_ok=True)
-            scp = subprocess.run(["scp", "-i", str(sshd.key), "-P", str(sshd.port),
-                                  *CLIENT_OPTIONS, str(sent),
-                                  f"{owner.name}@127.0.0.1:{copied}"],
-                                 capture_output=True, text=True, timeout=60, check=False)
-            assert scp.returncode == 0, scp.stderr
-            assert copied.read_text() == "geco scp test\n"
-            entry = journal.wait_for(GECO_EVENT="ssh-adopted", SSH_USER=owner.name)[-1]
-            assert (entry["JOB_ID"], entry["SGE_TASK_ID"]) == tuple(key.split("."))
-            assert entry["REASON"] == "only-job"
+        sftp.stdin.write(f"put {payload} geco-sftp-payload\npwd\n")
+        sftp.stdin.flush()
+        while "Remote working directory" not in sftp.stdout.readline():
+            assert sftp.poll() is None, sftp.stderr.read() if sftp.stderr else ""
+        serving = {cgroup_lines(_read(p / "cgroup"))["cpuset"]
+                   for p in Path("/proc").glob("[0-9]*")
+                   if _owner(p) == owner.uid and _exe(p) == str(SSHD)}
     finally:
-        rc.unlink(missing_ok=True)
+        sftp.stdin.close()
+        sftp.wait(timeout=60)
+    assert sftp.returncode == 0
+    assert (owner.home / "geco-sftp-payload").read_text() == payload.read_text()
+    return serving
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def _exe(proc_dir: Path) -> str:
+    try:
+        return os.readlink(proc_dir / "exe")
+    except OSError:
+        return ""
+
+
+def _owner(proc_dir: Path) -> int | None:
+    try:
+        return proc_dir.stat().st_uid
+    except OSError:
+        return None
 
 
 def test_with_two_jobs_a_session_joins_the_one_it_comes_from_else_the_newest(

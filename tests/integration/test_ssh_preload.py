@@ -14,18 +14,15 @@ included), or not at all for a user without a job.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import pwd
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from livekit import wait_for_cgroups
-from sshkit import GECO_PAM_STACK, PLAIN_PAM_STACK, Sshd, running_sshd
+from livekit import running_job
+from sshkit import GECO_PAM_STACK, PLAIN_PAM_STACK, Sshd, rc_probe, running_sshd
 
 from tests.conftest import JobOwner, ensure_user
 
@@ -56,20 +53,6 @@ def bare_sshd(users: tuple[str, str], gecod_service: Any) -> Iterator[Sshd]:
         yield server
 
 
-@contextlib.contextmanager
-def job_of(sge: Any, user: str | None = None) -> Iterator[str]:
-    """A running ``sleep`` job (of the test user, or ``user``): its key. Deleted after."""
-    job = sge.submit("-b", "y", "-o", "/dev/null", "-e", "/dev/null", "sleep", "600",
-                     user=user)
-    key = f"{job}.1"
-    try:
-        wait_for_cgroups(key, timeout=120)
-        yield key
-    finally:
-        subprocess.run(["qdel", "-f", str(job)], capture_output=True, check=False)
-        sge.wait_finished(job, timeout=120, accounting=False)
-
-
 def where(text: str) -> str:
     """The cpuset path of a ``/proc/<pid>/cgroup`` text (v1)."""
     return next(line.split(":", 2)[2] for line in text.splitlines()
@@ -84,9 +67,9 @@ def test_a_job_id_sent_with_the_session_picks_that_job_of_the_users(sshd: Sshd,
     """Given two running jobs of the user, when the session is sent with JOB_ID naming the
     older one, then it runs in that job with that job's variables; without JOB_ID, in the
     newest, with the newest one's."""
-    with job_of(sge) as first:
+    with running_job(sge) as first:
         time.sleep(1.1)  # cgroup times have 1 s steps here: the second must be the newer
-        with job_of(sge) as second:
+        with running_job(sge) as second:
             chosen = sshd.ssh(sge.owner.name, SHOW, send={"JOB_ID": first.split(".")[0],
                                                           "SGE_TASK_ID": "undefined"})
             plain = sshd.ssh(sge.owner.name, SHOW)
@@ -107,7 +90,7 @@ def test_a_job_id_of_another_users_job_is_refused_and_nothing_runs(
     owner: JobOwner = sge.owner
     marker = owner.home / "geco-ssh-jobid-ran"
     marker.unlink(missing_ok=True)
-    with job_of(sge), job_of(sge, user=users[1]) as theirs:
+    with running_job(sge), running_job(sge, user=users[1]) as theirs:
         out = sshd.ssh(owner.name, f"touch {marker}", send={"JOB_ID": theirs.split(".")[0]})
     assert out.returncode != 0
     assert (f"geco: job {theirs} is not a job of yours running on {sshd.node}"
@@ -127,24 +110,14 @@ def test_without_geco_in_the_pam_stack_the_preload_still_contains_sessions(
     other_home = Path(pwd.getpwnam(users[1]).pw_dir)
     marker = other_home / "geco-ssh-bare-ran"
     marker.unlink(missing_ok=True)
-    ssh_dir = owner.home / ".ssh"
-    ssh_dir.mkdir(mode=0o700, exist_ok=True)
-    os.chown(ssh_dir, owner.uid, owner.gid)
-    rc_seen = owner.home / "geco-ssh-rc-bare"
-    rc_seen.unlink(missing_ok=True)
-    rc = ssh_dir / "rc"
-    rc.write_text(f"cat /proc/self/cgroup > {rc_seen}\n")
-    os.chown(rc, owner.uid, owner.gid)
-    try:
-        with job_of(sge) as key:
-            mine = bare_sshd.ssh(owner.name, SHOW)
-            outsider = bare_sshd.ssh(users[1], f"touch {marker}")
-            root = bare_sshd.ssh("root", "cat /proc/self/cgroup")
-    finally:
-        rc.unlink(missing_ok=True)
+    with rc_probe(owner.home, owner.uid, owner.gid) as rc_seen, running_job(sge) as key:
+        mine = bare_sshd.ssh(owner.name, SHOW)
+        outsider = bare_sshd.ssh(users[1], f"touch {marker}")
+        root = bare_sshd.ssh("root", "cat /proc/self/cgroup")
+        rc_cgroup = rc_seen.read_text()
     assert mine.returncode == 0, mine.stderr
     cgroup, variables = mine.stdout.split("==\n")
-    assert where(cgroup) == where(rc_seen.read_text()) == f"/GECO/{key}"
+    assert where(cgroup) == where(rc_cgroup) == f"/GECO/{key}"
     assert variables.split()[:2] == [key.split(".")[0], "undefined"]
     assert outsider.returncode != 0
     assert (f"geco: you have no job running on {bare_sshd.node}; ssh to compute nodes is "

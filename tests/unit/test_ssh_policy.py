@@ -55,11 +55,11 @@ def test_a_loopback_connections_client_socket_is_found_in_the_kernels_table(
         accepted, _ = server.accept()
         with accepted:
             sport, dport = client.getsockname()[1], server.getsockname()[1]
-            found = _client_socket((host, sport, host, dport), Path("/proc"))
+            found = _client_socket((host, sport, host, dport))
             assert found == f"socket:[{os.fstat(client.fileno()).st_ino}]"
             assert _holds(os.getpid(), found, Path("/proc"))
-            assert _client_socket((host, dport, host, sport), Path("/proc")) != found
-            assert _client_socket((host, 1, host, dport), Path("/proc")) is None
+            assert _client_socket((host, dport, host, sport)) != found
+            assert _client_socket((host, 1, host, dport)) is None
 
 
 def test_bad_ssh_settings_fall_back_to_their_defaults(tmp_path: Path) -> None:
