@@ -167,8 +167,11 @@ static int run_helper(pam_handle_t *pamh, const args_t *args, const char *stage,
         got += r > 0 ? (size_t)r : 0;
     out[got] = '\0';
     close(fds[0]);
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+    pid_t reaped;
+    while ((reaped = waitpid(pid, &status, 0)) < 0 && errno == EINTR)
         ;
+    if (reaped != pid)
+        return -1; /* its status is unknown (reaped elsewhere): not a success */
     char *nl = strchr(out, '\n');
     if (nl != NULL)
         *nl = '\0';
