@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for cgroup_testkit
+import vmrun  # tests/system is on sys.path for its own conftest (pytest's prepend mode)
 from cgroup_testkit import forked_children
 
 
@@ -24,3 +25,19 @@ def children() -> Iterator[list[int]]:
     there is SIGKILLed and reaped afterwards."""
     with forked_children() as pids:
         yield pids
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the VM boots of the collected ``vm`` tests now, in the background (the longest
+    first): they run while the host tests do, and each VM test waits for its own result."""
+    if session.config.option.collectonly:
+        return
+    boots = {item.module.BOOT for item in session.items
+             if item.get_closest_marker("vm") and isinstance(item, pytest.Function)
+             and isinstance(getattr(item.module, "BOOT", None), vmrun.Boot)}
+    for boot in sorted(boots, key=lambda boot: -boot.timeout):
+        vmrun.start(boot)
+
+
+def pytest_sessionfinish() -> None:
+    vmrun.stop()

@@ -28,12 +28,14 @@ GUEST_COMMAND = (f"set -e; {vmrun.COPY_TO_GUEST}; cd /root/geco; "
                  "python3 -m geco._hwloc_build >/dev/null; "
                  f"{vmrun.guest_pytest('tests/vm tests/vm_systemd')}")
 
+BOOT = vmrun.Boot(GUEST_COMMAND)
+
 pytestmark = pytest.mark.vm
 
 
 def test_given_the_qemu_machine_when_the_v2_backend_and_gecod_under_systemd_run_then_all_pass(
         figures: list[str]) -> None:
-    result = vmrun.run(GUEST_COMMAND)
+    result = vmrun.result(BOOT)
     vmrun.assert_all_passed(result)
     figures.append(result.figure("tests/vm + tests/vm_systemd (the v2 backend, gecod as a "
                                  "service)"))

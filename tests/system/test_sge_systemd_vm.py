@@ -32,13 +32,15 @@ GUEST_COMMAND = (
     f"{vmrun.guest_pytest('tests/vm_sge', '/opt/geco/venv/bin/python', '')} || rc=$?; "
     f"/opt/geco/venv/bin/python {BENCH} --since \"$since\" | sed 's/^/guest: /'; exit $rc")
 
+# 6 GiB: Grid Engine's h_vmem default (2G a slot) must fit twice in the host's capacity
+BOOT = vmrun.Boot(GUEST_COMMAND, timeout=1500, mem_mib=6144)
+
 pytestmark = pytest.mark.vm
 
 
 def test_given_the_qemu_machine_when_grid_engine_runs_geco_under_systemd_then_jobs_are_contained(
         journal: Any, figures: list[str]) -> None:
-    # 6 GiB: Grid Engine's h_vmem default (2G a slot) must fit twice in the host's capacity
-    result = vmrun.run(GUEST_COMMAND, mem_mib=6144, timeout=1500)
+    result = vmrun.result(BOOT)
     vmrun.assert_all_passed(result)
     figures.append(result.figure("tests/vm_sge (Grid Engine with geco's systemd units)"))
     figures.extend(f"in the VM: {line.removeprefix('guest: ')}"
