@@ -156,6 +156,8 @@ def _from_this_node(connection: str) -> tuple[str, int, str, int] | None:
 # sock_diag (netlink): the kernel finds one TCP socket by its 4-tuple in its hash table;
 # /proc/net/tcp walks every bucket (~5 ms here, whatever few sockets there are)
 _NETLINK_SOCK_DIAG = 4
+_UNAVAILABLE: list[OSError] = []  # said once per process
+_log = log.get("ssh")
 _SOCK_DIAG_BY_FAMILY = 20
 _NLM_F_REQUEST = 1
 _NO_COOKIE = 0xFFFFFFFF
@@ -181,7 +183,15 @@ def _client_socket(ends: tuple[str, int, str, int]) -> str | None:
     request = _HEADER.pack(_HEADER.size + len(body), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST,
                            1, 0) + body
     try:
-        with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG) as nl:
+        nl = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG)
+    except OSError as error:  # e.g. a unit's RestrictAddressFamilies without AF_NETLINK
+        if not _UNAVAILABLE:
+            _UNAVAILABLE.append(error)
+            _log.warning("ssh: no sock_diag netlink socket (%s): a session started from "
+                         "inside a job cannot be told by its connection", error)
+        return None
+    try:
+        with nl:
             nl.settimeout(1.0)
             nl.send(request)
             reply = nl.recv(4096)

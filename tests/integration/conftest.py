@@ -69,6 +69,12 @@ def job_dir(sge: Any, job_owner: Any, request: pytest.FixtureRequest) -> JobDir:
     return JobDir(path, sge, job_owner)
 
 
+def serving() -> bool:
+    """Something accepts connections on the site's gecod socket."""
+    with socket.socket(socket.AF_UNIX) as s:
+        return s.connect_ex(str(SOCKET)) == 0
+
+
 @dataclass
 class Gecod:
     """gecod as a child of this test session, serving the site configuration."""
@@ -92,8 +98,7 @@ class Gecod:
             time.sleep(0.1)
 
     def serving(self) -> bool:
-        with socket.socket(socket.AF_UNIX) as s:
-            return s.connect_ex(str(SOCKET)) == 0
+        return serving()
 
     def kill9(self) -> None:
         assert self.proc is not None
@@ -106,11 +111,39 @@ class Gecod:
             self.proc.wait(timeout=30)
 
 
+class GecodUnit:
+    """The node's own gecod.service, on a machine booted with systemd (the QEMU machine,
+    where scripts/install.sh enabled it): started and stopped through systemctl."""
+
+    UNIT = "gecod.service"
+
+    @classmethod
+    def installed(cls) -> bool:
+        return Path("/run/systemd/system").is_dir() and subprocess.run(
+            ["systemctl", "is-enabled", "--quiet", cls.UNIT], check=False).returncode == 0
+
+    def start(self) -> None:
+        subprocess.run(["systemctl", "start", self.UNIT], check=True, timeout=300)
+        deadline = time.monotonic() + 300
+        while not serving():
+            assert time.monotonic() < deadline, f"{self.UNIT} started but not serving"
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        subprocess.run(["systemctl", "stop", self.UNIT], check=True, timeout=300)
+
+
 @pytest.fixture(scope="module")
 def gecod_service(sge: Any, journal: Any,
-                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gecod]:
-    """A real gecod serving the site configuration's socket for one test module."""
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gecod | GecodUnit]:
+    """A real gecod serving the site configuration's socket for one test module: a child
+    of this session, or the node's own unit where systemd runs it."""
     sge.require_hooks()
+    if GecodUnit.installed():
+        unit = GecodUnit()
+        unit.start()
+        yield unit
+        return
     daemon = Gecod(tmp_path_factory.mktemp("gecod") / "gecod.log")
     daemon.start()
     try:

@@ -1,6 +1,11 @@
 """What the Grid Engine tests of a job's end share: site configuration edits, adopted
 processes (joined to a job's cgroups from outside Grid Engine, as an ssh session would
-be), job cgroup paths, waiting."""
+be), job cgroup paths, waiting.
+
+Job cgroups are where this machine's geco puts them: this host's v1 hierarchies
+(``<controller>/GECO/<job>.<task>``), or, on a pure cgroup v2 under systemd (the QEMU
+machine, where some of these tests run too), ``geco-jobs.service``'s subtree.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +23,8 @@ from typing import Any
 from cleanslate import site_config_rewritten
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+V2 = (CGROUP_ROOT / "cgroup.controllers").exists()  # one unified hierarchy, nothing else
+V2_JOBS = CGROUP_ROOT / "system.slice" / "geco-jobs.service" / "jobs"  # install.sh's v2_base
 CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 
 
@@ -90,13 +97,54 @@ def site_settings(settings: Mapping[tuple[str, str], object],
 
 
 def job_cgroups(key: str) -> dict[str, Path]:
-    """``{controller: directory}`` of the job's cgroups that exist (v1: one per hierarchy)."""
+    """``{controller: directory}`` of the job's cgroups that exist (v1: one per hierarchy;
+    v2: the job's one directory for each controller)."""
+    if V2:
+        path = V2_JOBS / key
+        return dict.fromkeys(("cpuset", "freezer", "memory", "pids"), path) if path.is_dir() \
+            else {}
     found = {}
     for hierarchy in sorted(CGROUP_ROOT.iterdir()):
         path = hierarchy / "GECO" / key
         if path.is_dir():
             found[hierarchy.name] = path
     return found
+
+
+def job_of(proc_cgroup: str) -> str:
+    """The job (``<job>.<task>``) a ``/proc/<pid>/cgroup`` text places its process in, ""
+    when none. On v1 the cpuset and memory hierarchies must name the same job."""
+    paths = {}
+    for line in proc_cgroup.splitlines():
+        _, controllers, path = line.split(":", 2)
+        for controller in controllers.split(",") if controllers else ["unified"]:
+            paths[controller] = path
+    if V2:
+        base = f"/{V2_JOBS.relative_to(CGROUP_ROOT)}/"
+        where = paths.get("unified", "")
+        return where.removeprefix(base) if where.startswith(base) else ""
+    cpuset, memory = (paths.get(c, "") for c in ("cpuset", "memory"))
+    jobs = {path.removeprefix("/GECO/") if path.startswith("/GECO/") else ""
+            for path in (cpuset, memory)}
+    assert len(jobs) == 1, f"cpuset {cpuset} and memory {memory} differ:\n{proc_cgroup}"
+    return jobs.pop()
+
+
+def job_cpus(key: str) -> str:
+    """The cpu list a job's cpuset gives it (``0`` or ``0-1``)."""
+    return (job_cgroups(key)["cpuset"] / "cpuset.cpus").read_text().strip()
+
+
+def job_memory_limit(key: str) -> int:
+    """The job's memory limit in bytes (v1 memory.limit_in_bytes, v2 memory.max)."""
+    name = "memory.max" if V2 else "memory.limit_in_bytes"
+    return int((job_cgroups(key)["memory"] / name).read_text())
+
+
+# a shell line printing the memory limit of the cgroup it runs in, as a session sees it
+OWN_MEMORY_LIMIT = ("cat /sys/fs/cgroup$(grep ^0:: /proc/self/cgroup | cut -d: -f3)/memory.max"
+                    if V2 else "cat /sys/fs/cgroup/memory$(grep :memory: /proc/self/cgroup | "
+                    "cut -d: -f3)/memory.limit_in_bytes")
 
 
 def wait_for_cgroups(key: str, timeout: float = 60) -> dict[str, Path]:

@@ -28,7 +28,16 @@ from typing import Any
 
 import pytest
 from cleanslate import alive
-from livekit import CGROUP_ROOT, running_job, sh, site_settings, wait_until
+from livekit import (
+    OWN_MEMORY_LIMIT,
+    job_cpus,
+    job_memory_limit,
+    job_of,
+    running_job,
+    sh,
+    site_settings,
+    wait_until,
+)
 from sshkit import (
     CLIENT_OPTIONS,
     GECO_PAM_STACK,
@@ -63,28 +72,17 @@ def sshd(sge: Any, gecod_service: Any) -> Iterator[Sshd]:
         yield server
 
 
-def cgroup_lines(text: str) -> dict[str, str]:
-    """``/proc/<pid>/cgroup`` text as ``{controller: path}`` (v1 hierarchies by name)."""
-    found = {}
-    for line in text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) == 3 and parts[1]:
-            for controller in parts[1].split(","):
-                found[controller] = parts[2]
-    return found
-
-
 def test_root_and_an_admin_group_member_get_in_without_a_job(sshd: Sshd, gecod_service: Any,
                                                               journal: Any) -> None:
     """Given no job of theirs on the node, then root gets in, and a member of the
     configured admin group gets in, both outside every job; each admission is journaled."""
     out = sshd.ssh("root", "cat /proc/self/cgroup")
     assert out.returncode == 0, out.stderr
-    assert "/GECO/" not in out.stdout
+    assert job_of(out.stdout) == ""
     with site_settings({("ssh", "admin_groups"): [ADMIN_GROUP]}, gecod_service):
         out = sshd.ssh(ADMIN, "cat /proc/self/cgroup")
     assert out.returncode == 0, out.stderr
-    assert "/GECO/" not in out.stdout
+    assert job_of(out.stdout) == ""
     entry = journal.wait_for(GECO_EVENT="ssh-admitted", SSH_USER=ADMIN)[-1]
     assert entry["REASON"] == "admin" and entry["RHOST"] == "127.0.0.1"
     assert journal.wait_for(GECO_EVENT="ssh-admitted", SSH_USER="root")[-1]["REASON"] == "root"
@@ -125,18 +123,15 @@ def test_a_job_owners_session_runs_inside_their_job(sshd: Sshd, sge: Any,
                        "echo $JOB_ID $SGE_TASK_ID $GECO_CPUS $GECO_NCPUS $GECO_MEMORY_LIMIT")
         assert out.returncode == 0, out.stderr
         mine, parent, cores, variables = out.stdout.split("==\n")
-        job_cpus = (CGROUP_ROOT / "cpuset" / "GECO" / key / "cpuset.cpus").read_text()
+        cpus = job_cpus(key)
         for text in (mine, parent, rc_seen.read_text()):
-            where = cgroup_lines(text)
-            assert where["cpuset"] == where["memory"] == f"/GECO/{key}", text
-        assert cores.split()[-1] == job_cpus.strip()
-        limit = int((CGROUP_ROOT / "memory" / "GECO" / key /
-                     "memory.limit_in_bytes").read_text())
+            assert job_of(text) == key, text
+        assert cores.split()[-1] == cpus
+        limit = job_memory_limit(key)
         assert limit == 300 * 2**20
-        assert variables.split() == [key.split(".")[0], "undefined", job_cpus.strip(),
-                                     str(len(parse_cpus(job_cpus))), str(limit)]
-        seen = sshd.ssh(owner.name, "cat /sys/fs/cgroup/memory$(grep :memory: "
-                        "/proc/self/cgroup | cut -d: -f3)/memory.limit_in_bytes")
+        assert variables.split() == [key.split(".")[0], "undefined", cpus,
+                                     str(len(parse_cpus(cpus))), str(limit)]
+        seen = sshd.ssh(owner.name, OWN_MEMORY_LIMIT)
         assert int(seen.stdout) == limit
         sent = sshd.dir / "payload"
         sent.write_text("geco scp test\n")
@@ -148,16 +143,16 @@ def test_a_job_owners_session_runs_inside_their_job(sshd: Sshd, sge: Any,
                              capture_output=True, text=True, timeout=60, check=False)
         assert scp.returncode == 0, scp.stderr
         assert copied.read_text() == "geco scp test\n"
-        assert sftp_session_cgroups(sshd, owner, sent) == {f"/GECO/{key}"}
+        assert sftp_session_jobs(sshd, owner, sent) == {key}
         entry = journal.wait_for(GECO_EVENT="ssh-adopted", SSH_USER=owner.name)[-1]
         assert (entry["JOB_ID"], entry["SGE_TASK_ID"]) == tuple(key.split("."))
         assert entry["REASON"] == "only-job"
 
 
-def sftp_session_cgroups(sshd: Sshd, owner: JobOwner, payload: Path) -> set[str]:
+def sftp_session_jobs(sshd: Sshd, owner: JobOwner, payload: Path) -> set[str]:
     """Open an sftp session (internal-sftp: sshd serves it without running a program), put
-    ``payload`` through it, and return the cpuset cgroups of the owner's sshd processes
-    serving it, read while it is open."""
+    ``payload`` through it, and return the jobs of the owner's sshd processes serving it,
+    read while it is open ("" for one outside every job)."""
     sftp = subprocess.Popen(["sftp", "-i", str(sshd.key), "-P", str(sshd.port),
                              *CLIENT_OPTIONS, "-b", "-", f"{owner.name}@127.0.0.1"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -168,7 +163,7 @@ def sftp_session_cgroups(sshd: Sshd, owner: JobOwner, payload: Path) -> set[str]
         sftp.stdin.flush()
         while "Remote working directory" not in sftp.stdout.readline():
             assert sftp.poll() is None, sftp.stderr.read() if sftp.stderr else ""
-        serving = {cgroup_lines(_read(p / "cgroup"))["cpuset"]
+        serving = {job_of(_read(p / "cgroup"))
                    for p in Path("/proc").glob("[0-9]*")
                    if _owner(p) == owner.uid and _exe(p) == str(SSHD)}
     finally:
@@ -221,13 +216,12 @@ def test_with_two_jobs_a_session_joins_the_one_it_comes_from_else_the_newest(
             go.write_text("")
             go.chmod(0o644)
             wait_until(seen.exists, 60, "job A's ssh to the node")
-            assert cgroup_lines(seen.read_text())["cpuset"] == f"/GECO/{first}", (
-                (work / "ssh.err").read_text())
+            assert job_of(seen.read_text()) == first, (work / "ssh.err").read_text()
             entry = journal.wait_for(GECO_EVENT="ssh-adopted", JOB_ID=first.split(".")[0])
             assert entry[-1]["REASON"] == "caller"
             out = sshd.ssh(owner.name, "cat /proc/self/cgroup")
             assert out.returncode == 0, out.stderr
-            assert cgroup_lines(out.stdout)["cpuset"] == f"/GECO/{second}"
+            assert job_of(out.stdout) == second
             with site_settings({("ssh", "several_jobs"): "refuse"}, gecod_service):
                 refused = sshd.ssh(owner.name, "true")
             assert refused.returncode == 255
@@ -282,7 +276,7 @@ def test_while_gecod_is_down_the_helper_decides_as_configured(sshd: Sshd, sge: A
         try:
             out = sshd.ssh(owner.name, "cat /proc/self/cgroup")
             assert out.returncode == 0, out.stderr
-            assert cgroup_lines(out.stdout)["cpuset"] == f"/GECO/{key}"
+            assert job_of(out.stdout) == key
             outsider = sshd.ssh(OUTSIDER, "true")
             assert outsider.returncode == 255
             assert REFUSED.format(node=sshd.node) in outsider.stderr

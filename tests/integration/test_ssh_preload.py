@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from livekit import running_job
+from livekit import job_cpus, job_of, running_job
 from sshkit import GECO_PAM_STACK, PLAIN_PAM_STACK, Sshd, rc_probe, running_sshd
 
 from tests.conftest import JobOwner, ensure_user
@@ -53,12 +53,6 @@ def bare_sshd(users: tuple[str, str], gecod_service: Any) -> Iterator[Sshd]:
         yield server
 
 
-def where(text: str) -> str:
-    """The cpuset path of a ``/proc/<pid>/cgroup`` text (v1)."""
-    return next(line.split(":", 2)[2] for line in text.splitlines()
-                if "cpuset" in line.split(":")[1].split(","))
-
-
 SHOW = "cat /proc/self/cgroup; echo ==; echo $JOB_ID $SGE_TASK_ID $GECO_CPUS"
 
 
@@ -73,12 +67,11 @@ def test_a_job_id_sent_with_the_session_picks_that_job_of_the_users(sshd: Sshd,
             chosen = sshd.ssh(sge.owner.name, SHOW, send={"JOB_ID": first.split(".")[0],
                                                           "SGE_TASK_ID": "undefined"})
             plain = sshd.ssh(sge.owner.name, SHOW)
-            cpus = {key: Path(f"/sys/fs/cgroup/cpuset/GECO/{key}/cpuset.cpus").read_text()
-                    .strip() for key in (first, second)}
+            cpus = {key: job_cpus(key) for key in (first, second)}
     for out, key in ((chosen, first), (plain, second)):
         assert out.returncode == 0, out.stderr
         cgroup, variables = out.stdout.split("==\n")
-        assert where(cgroup) == f"/GECO/{key}"
+        assert job_of(cgroup) == key
         assert variables.split() == [key.split(".")[0], "undefined", cpus[key]]
 
 
@@ -117,11 +110,11 @@ def test_without_geco_in_the_pam_stack_the_preload_still_contains_sessions(
         rc_cgroup = rc_seen.read_text()
     assert mine.returncode == 0, mine.stderr
     cgroup, variables = mine.stdout.split("==\n")
-    assert where(cgroup) == where(rc_cgroup) == f"/GECO/{key}"
+    assert job_of(cgroup) == job_of(rc_cgroup) == key
     assert variables.split()[:2] == [key.split(".")[0], "undefined"]
     assert outsider.returncode != 0
     assert (f"geco: you have no job running on {bare_sshd.node}; ssh to compute nodes is "
             "for your running jobs") in outsider.stderr, outsider.stderr
     assert not marker.exists()
     assert root.returncode == 0, root.stderr
-    assert "/GECO/" not in root.stdout
+    assert job_of(root.stdout) == ""

@@ -6,7 +6,9 @@ onto its own disk and installs geco as an admin would, ``scripts/install.sh``
 from the image's Debian packages, no PyPI under emulation), which on systemd
 installs and enables gecod.service, geco-jobs.service and the execd drop-in.
 Then pytest runs ``tests/vm_sge`` there, whose fixtures bring up Grid Engine as
-systemd units and submit real jobs. Last, the guest prints its prolog and
+systemd units and submit real jobs, and the ssh matrix (``test_ssh_live``,
+``test_ssh_preload``: the same files the host runs, with pam_systemd and logind in
+the stack and gecod as a unit). Last, the guest prints its prolog and
 epilog times from its journal; this test prints them beside this host's (the
 hooks the integration tests of this run journaled) under "figures".
 
@@ -25,11 +27,15 @@ import pytest
 import vmrun
 
 BENCH = "bench/bench_hooks.py"
+# the story, then the ssh matrix the host runs too (here with pam_systemd and logind in the
+# README's stack, and gecod as a unit)
+GUEST_TESTS = ("tests/vm_sge tests/integration/test_ssh_live.py "
+               "tests/integration/test_ssh_preload.py")
 GUEST_COMMAND = (
     f"set -e; {vmrun.COPY_TO_GUEST}; cd /root/geco; since=$(date +%s); "
     "GECO_SYSTEM_PACKAGES=1 scripts/install.sh; rc=0; "
     "GECO_KEEP_SGE=1 GECO_TEST_HOOKS=starter "
-    f"{vmrun.guest_pytest('tests/vm_sge', '/opt/geco/venv/bin/python', '')} || rc=$?; "
+    f"{vmrun.guest_pytest(GUEST_TESTS, '/opt/geco/venv/bin/python', '')} || rc=$?; "
     f"/opt/geco/venv/bin/python {BENCH} --since \"$since\" | sed 's/^/guest: /'; exit $rc")
 
 # 6 GiB: Grid Engine's h_vmem default (2G a slot) must fit twice in the host's capacity

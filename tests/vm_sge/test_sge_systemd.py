@@ -30,7 +30,7 @@ from tests.integration import livekit as kit
 from tests.integration.conftest import JobDir
 
 MOUNT = Path("/sys/fs/cgroup")
-JOBS = MOUNT / "system.slice" / "geco-jobs.service" / "jobs"
+JOBS = kit.V2_JOBS
 PRELOAD = "/opt/geco/lib/libgeco_preload.so"
 M = 1 << 20
 # the emulated machine is ~8x slower than the host: generous waits

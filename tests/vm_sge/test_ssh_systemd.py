@@ -17,7 +17,7 @@ from typing import Any
 from tests.integration import livekit as kit
 from tests.sshkit import GECO_PAM_STACK, running_sshd
 
-JOBS = Path("/sys/fs/cgroup/system.slice/geco-jobs.service/jobs")
+JOBS = kit.V2_JOBS
 SLOW = 300.0  # the emulated machine is ~8x slower than the host
 
 
