@@ -148,6 +148,7 @@ _results: dict[Boot, VmRun] = {}
 _procs: dict[Boot, subprocess.Popen[str]] = {}
 _lock = threading.Lock()
 _worker: threading.Thread | None = None
+_over: list[bool] = []  # stop() was called: no boot starts after it
 
 
 def start(boot: Boot) -> None:
@@ -177,6 +178,7 @@ def stop() -> None:
     """End the boot under way and drop the queued ones (the session is over: an interrupted
     or -x run must not leave qemu behind). run-in-vm stops its qemu on SIGTERM."""
     with _lock:
+        _over.append(True)
         _queue.clear()
         for proc in _procs.values():
             if proc.poll() is None:
@@ -212,6 +214,8 @@ def _run(boot: Boot) -> VmRun:
     env.setdefault("VM_VERBOSE", "1")
     started = time.monotonic()
     with _lock:
+        if _over:
+            return VmRun(125, "", "vmrun: the session ended before this boot started", 0.0)
         proc = subprocess.Popen(["nice", "-n", str(_NICE), str(RUNNER), str(REPO), boot.command],
                                 env=env, text=True, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE)
