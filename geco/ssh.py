@@ -24,6 +24,7 @@ sshd's PAM module (``pam_geco.so``, one round trip); the helper
 
 from __future__ import annotations
 
+import functools
 import grp
 import ipaddress
 import os
@@ -52,6 +53,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Answer", "Login", "NodeJob", "Verdict", "caller_job", "is_admin", "login_verdict",
            "running_jobs", "serve_exec", "serve_login"]
+
+_log = log.get("ssh")
 
 
 class Login(NamedTuple):
@@ -156,8 +159,6 @@ def _from_this_node(connection: str) -> tuple[str, int, str, int] | None:
 # sock_diag (netlink): the kernel finds one TCP socket by its 4-tuple in its hash table;
 # /proc/net/tcp walks every bucket (~5 ms here, whatever few sockets there are)
 _NETLINK_SOCK_DIAG = 4
-_UNAVAILABLE: list[OSError] = []  # said once per process
-_log = log.get("ssh")
 _SOCK_DIAG_BY_FAMILY = 20
 _NLM_F_REQUEST = 1
 _NO_COOKIE = 0xFFFFFFFF
@@ -185,10 +186,7 @@ def _client_socket(ends: tuple[str, int, str, int]) -> str | None:
     try:
         nl = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG)
     except OSError as error:  # e.g. a unit's RestrictAddressFamilies without AF_NETLINK
-        if not _UNAVAILABLE:
-            _UNAVAILABLE.append(error)
-            _log.warning("ssh: no sock_diag netlink socket (%s): a session started from "
-                         "inside a job cannot be told by its connection", error)
+        _no_sock_diag(str(error))
         return None
     try:
         with nl:
@@ -201,6 +199,13 @@ def _client_socket(ends: tuple[str, int, str, int]) -> str | None:
     if len(reply) < _INODE_AT + 4 or _HEADER.unpack_from(reply)[1] != _SOCK_DIAG_BY_FAMILY:
         return None
     return f"socket:[{struct.unpack_from('=I', reply, _INODE_AT)[0]}]"
+
+
+@functools.cache
+def _no_sock_diag(why: str) -> None:
+    """Say once per process (and reason) that callerid cannot work here."""
+    _log.warning("ssh: no sock_diag netlink socket (%s): a session started from inside a "
+                 "job cannot be told by its connection", why)
 
 
 def _holds(pid: int, target: str, proc: Path) -> bool:
