@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DEBUG", "ERROR", "INFO", "LEVELS", "WARNING", "Backlog", "Logger", "Record",
            "close", "collect", "dropped", "get", "in_background", "job_fields", "seed_line",
-           "setup", "setup_hook", "stop_background"]
+           "setup", "setup_hook", "speaking_as", "stop_background"]
 
 # The standard library's level numbers, so both kinds of record compare alike.
 DEBUG, INFO, WARNING, ERROR, CRITICAL = 10, 20, 30, 40, 50
@@ -299,12 +299,17 @@ def _stdlib_listening(name: str) -> bool:
 
 
 class Logger:
-    """``geco.<name>``: the standard library's logging calls, routed as the module says."""
+    """``geco.<name>``: the standard library's logging calls, routed as the module says.
 
-    __slots__ = ("name",)
+    ``identifier``: the records' ``SYSLOG_IDENTIFIER`` when it is not the process's own
+    (gecod doing a hook's work journals it under the hook's name).
+    """
 
-    def __init__(self, name: str) -> None:
+    __slots__ = ("identifier", "name")
+
+    def __init__(self, name: str, identifier: str | None = None) -> None:
         self.name = name
+        self.identifier = identifier
 
     def isEnabledFor(self, level: int) -> bool:
         if _backlog is not None:
@@ -346,6 +351,11 @@ class Logger:
             return
         caller = sys._getframe(1 + stacklevel)  # past _log and debug()/info()/...
         code = caller.f_code
+        if self.identifier is not None:
+            fields = extra.get(FIELDS_ATTR) if extra else None
+            extra = {**(extra or {}), FIELDS_ATTR: {
+                **(fields if isinstance(fields, dict) else {}),
+                "SYSLOG_IDENTIFIER": self.identifier}}
         record = Record(self.name, level, msg, args, _exc_info(exc_info), extra,
                         code.co_filename, caller.f_lineno, code.co_name)
         if _backlog is not None:
@@ -382,6 +392,11 @@ def get(name: str) -> Logger:
     if found is None:
         found = _loggers[full] = Logger(full)
     return found
+
+
+def speaking_as(name: str, identifier: str) -> Logger:
+    """A logger ``geco.<name>`` whose journal records say ``SYSLOG_IDENTIFIER=identifier``."""
+    return Logger(f"geco.{name}", identifier)
 
 
 def collect(backlog: Backlog | None) -> None:

@@ -58,6 +58,7 @@ __all__ = [
     "PEERCRED",
     "PEERCRED_TYPES",
     "PUBLIC_KEY",
+    "STARTER_ENVIRON",
     "VERSION",
     "Ack",
     "AckStatus",
@@ -66,10 +67,14 @@ __all__ = [
     "AdoptStage",
     "Frame",
     "Header",
+    "Hook",
+    "HookName",
     "JobStarted",
     "Message",
     "MsgType",
     "ReplayCache",
+    "Starter",
+    "StarterReply",
     "StatusReply",
     "ack_for_error",
     "claimed",
@@ -109,14 +114,18 @@ class MsgType(enum.IntEnum):
     ADOPT = 5
     QUARANTINE_SELF = 6
     ADOPT_REPLY = 7
+    HOOK = 8
+    STARTER = 9
+    STARTER_REPLY = 10
 
 
 # What may carry PEERCRED: the requests any local user may make (ADOPT only at its EXEC
 # stage, gecod checks), and gecod's replies. JOB_STARTED never: it is the privileged path,
 # MAC'd with the secret key.
 PEERCRED_TYPES = frozenset({MsgType.STATUS, MsgType.QUARANTINE_SELF, MsgType.ADOPT,
-                            MsgType.ACK, MsgType.STATUS_REPLY, MsgType.ADOPT_REPLY})
-_PEERCRED_REQUESTS = "STATUS, QUARANTINE_SELF and ADOPT"
+                            MsgType.STARTER, MsgType.ACK, MsgType.STATUS_REPLY,
+                            MsgType.ADOPT_REPLY, MsgType.STARTER_REPLY})
+_PEERCRED_REQUESTS = "STATUS, QUARANTINE_SELF, ADOPT and STARTER"
 
 
 class AckStatus(enum.IntEnum):
@@ -160,6 +169,44 @@ class JobStarted:
         job_id, task_id, pid, reserved = cls._S.unpack(payload)
         _check_reserved("JOB_STARTED", reserved)
         return cls(job_id, task_id, pid)
+
+
+class HookName(enum.IntEnum):
+    """Which Grid Engine hook a HOOK request runs in gecod."""
+
+    PROLOG = 1
+    EPILOG = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Hook:
+    """Payload of HOOK (root's hook program): "do ``hook``'s work for ``job_id.task_id``;
+    I am ``pid``, the hook process the job's shepherd started". Answered with an ACK:
+    OK when done, anything else when the hook must do it itself.
+
+    Wire: u64 job_id, u64 task_id, u32 pid, u32 hook (:class:`HookName`); 24 bytes.
+    """
+
+    job_id: int
+    task_id: int
+    pid: int
+    hook: HookName
+
+    TYPES: ClassVar[tuple[MsgType, ...]] = (MsgType.HOOK,)
+    _S: ClassVar[struct.Struct] = struct.Struct("<QQII")
+
+    def pack(self) -> bytes:
+        """Return the 24 payload bytes."""
+        return self._S.pack(self.job_id, self.task_id, self.pid, self.hook)
+
+    @classmethod
+    def unpack(cls, payload: bytes) -> Hook:
+        """Parse a payload; raise ProtocolError (reason ``payload``) when it is malformed."""
+        _check_size("HOOK", payload, cls._S.size)
+        job_id, task_id, pid, hook = cls._S.unpack(payload)
+        if hook not in tuple(HookName):
+            raise _payload_error(f"a HOOK's hook must be 1 (PROLOG) or 2 (EPILOG), got {hook}")
+        return cls(job_id, task_id, pid, HookName(hook))
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,6 +336,113 @@ class AdoptReply:
         return cls(ack.job_id, ack.task_id, ack.status, ack.request_nonce, text)
 
 
+# What a STARTER carries of the starter's environment, in this order: what Grid Engine
+# tells a starter_method about the job's shell, and JOB_SCRIPT ("QRSH" for qrsh).
+STARTER_ENVIRON = ("SGE_STARTER_SHELL_PATH", "SGE_STARTER_SHELL_START_MODE",
+                   "SGE_STARTER_USE_LOGIN_SHELL", "JOB_SCRIPT")
+
+
+def _strings(name: str, data: bytes, count: int | None = None) -> list[str]:
+    """NUL-terminated strings (exactly ``count`` when given), as the kernel keeps argv."""
+    if data and not data.endswith(b"\0"):
+        raise _payload_error(f"the {name} strings must each end with a NUL")
+    words = [w.decode("utf-8", "surrogateescape") for w in data.split(b"\0")[:-1]]
+    if count is not None and len(words) != count:
+        raise _payload_error(f"the {name} payload must hold {count} strings, got {len(words)}")
+    return words
+
+
+def _nul_terminated(words: tuple[str, ...]) -> bytes:
+    data = [w.encode("utf-8", "surrogateescape") for w in words]
+    if any(b"\0" in w for w in data):
+        raise ValueError("a string of a STARTER or STARTER_REPLY must not hold a NUL")
+    return b"".join(w + b"\0" for w in data)
+
+
+@dataclass(frozen=True, slots=True)
+class Starter:
+    """Payload of STARTER (the job owner's starter_method, peer-credentialed): "I am ``pid``
+    of job ``job_id.task_id``, to start ``argv``: how would Grid Engine start it?".
+
+    Wire: u64 job_id, u64 task_id, u32 pid, u32 argc, then NUL-terminated strings: the
+    values of :data:`STARTER_ENVIRON` ("" when unset), then ``argc`` arguments.
+    """
+
+    job_id: int
+    task_id: int
+    pid: int
+    environ: tuple[str, ...]
+    argv: tuple[str, ...]
+
+    TYPES: ClassVar[tuple[MsgType, ...]] = (MsgType.STARTER,)
+    _S: ClassVar[struct.Struct] = struct.Struct("<QQII")
+
+    def pack(self) -> bytes:
+        """Return the payload bytes (ValueError when a string holds a NUL or it is too big)."""
+        if len(self.environ) != len(STARTER_ENVIRON):
+            raise ValueError(f"a STARTER carries {len(STARTER_ENVIRON)} environment values")
+        data = (self._S.pack(self.job_id, self.task_id, self.pid, len(self.argv))
+                + _nul_terminated(self.environ + self.argv))
+        if len(data) > MAX_PAYLOAD:
+            raise ValueError(f"a STARTER payload is at most {MAX_PAYLOAD} bytes")
+        return data
+
+    @classmethod
+    def unpack(cls, payload: bytes) -> Starter:
+        """Parse a payload; raise ProtocolError (reason ``payload``) when it is malformed."""
+        fixed = cls._S.size
+        _check_size_range("STARTER", payload, fixed, MAX_PAYLOAD)
+        job_id, task_id, pid, argc = cls._S.unpack_from(payload)
+        words = _strings("STARTER", payload[fixed:], len(STARTER_ENVIRON) + argc)
+        n = len(STARTER_ENVIRON)
+        return cls(job_id, task_id, pid, tuple(words[:n]), tuple(words[n:]))
+
+
+@dataclass(frozen=True, slots=True)
+class StarterReply:
+    """Payload of STARTER_REPLY: an ACK's 40 bytes, then (status OK) NUL-terminated strings:
+    the program, the number of arguments, the arguments, then the environment's changes,
+    ``NAME=value`` to set and ``NAME`` to remove."""
+
+    job_id: int
+    task_id: int
+    status: AckStatus
+    request_nonce: bytes
+    program: str = ""
+    argv: tuple[str, ...] = ()
+    environ: tuple[str, ...] = ()
+
+    TYPES: ClassVar[tuple[MsgType, ...]] = (MsgType.STARTER_REPLY,)
+
+    def pack(self) -> bytes:
+        """Return the payload bytes (ValueError when a string holds a NUL or it is too big)."""
+        ack = Ack(self.job_id, self.task_id, self.status, self.request_nonce).pack()
+        if self.status is not AckStatus.OK:
+            return ack
+        data = ack + _nul_terminated((self.program, str(len(self.argv)), *self.argv,
+                                      *self.environ))
+        if len(data) > MAX_PAYLOAD:
+            raise ValueError(f"a STARTER_REPLY payload is at most {MAX_PAYLOAD} bytes")
+        return data
+
+    @classmethod
+    def unpack(cls, payload: bytes) -> StarterReply:
+        """Parse a payload; raise ProtocolError (reason ``payload``) when it is malformed."""
+        fixed = Ack._S.size
+        _check_size_range("STARTER_REPLY", payload, fixed, MAX_PAYLOAD)
+        ack = Ack.unpack(payload[:fixed])
+        words = _strings("STARTER_REPLY", payload[fixed:])
+        if ack.status is not AckStatus.OK or not words:
+            if words:
+                raise _payload_error("a STARTER_REPLY that is not OK carries no strings")
+            return cls(ack.job_id, ack.task_id, ack.status, ack.request_nonce)
+        if len(words) < 2 or not words[1].isdigit() or int(words[1]) > len(words) - 2:
+            raise _payload_error("a STARTER_REPLY must give the program and its argument count")
+        argc = int(words[1])
+        return cls(ack.job_id, ack.task_id, ack.status, ack.request_nonce, words[0],
+                   tuple(words[2:2 + argc]), tuple(words[2 + argc:]))
+
+
 @dataclass(frozen=True, slots=True)
 class StatusReply:
     """Payload of STATUS_REPLY: one UTF-8 JSON object (at most 4096 bytes)."""
@@ -315,7 +469,8 @@ class StatusReply:
         return cls(doc)
 
 
-Message = JobStarted | Ack | Adopt | AdoptReply | StatusReply
+Message = (JobStarted | Ack | Adopt | AdoptReply | StatusReply | Hook | Starter
+           | StarterReply)
 
 
 def _check_size(name: str, payload: bytes, size: int) -> None:
@@ -338,12 +493,15 @@ def _check_reserved(name: str, value: int) -> None:
 _SIZES: dict[MsgType, int | None] = {
     MsgType.JOB_STARTED: 24, MsgType.ACK: 40, MsgType.STATUS: 0,
     MsgType.STATUS_REPLY: None, MsgType.ADOPT: None, MsgType.QUARANTINE_SELF: 24,
-    MsgType.ADOPT_REPLY: None,
+    MsgType.ADOPT_REPLY: None, MsgType.HOOK: 24, MsgType.STARTER: None,
+    MsgType.STARTER_REPLY: None,
 }
 _UNPACK: dict[MsgType, Callable[[bytes], Message]] = {
     MsgType.JOB_STARTED: JobStarted.unpack, MsgType.QUARANTINE_SELF: JobStarted.unpack,
     MsgType.ACK: Ack.unpack, MsgType.ADOPT: Adopt.unpack,
     MsgType.STATUS_REPLY: StatusReply.unpack, MsgType.ADOPT_REPLY: AdoptReply.unpack,
+    MsgType.HOOK: Hook.unpack, MsgType.STARTER: Starter.unpack,
+    MsgType.STARTER_REPLY: StarterReply.unpack,
 }
 
 
@@ -534,10 +692,11 @@ def claims_peercred(prefix: bytes | bytearray) -> bool:
 
 
 def claimed(frame: bytes | bytearray) -> tuple[int | None, int | None, int | None]:
-    """Job, task and pid a JOB_STARTED or QUARANTINE_SELF frame claims, read without
-    trusting it (for the journal of a refusal); Nones for other or short frames."""
+    """Job, task and pid a JOB_STARTED, QUARANTINE_SELF, HOOK or STARTER frame claims, read
+    without trusting it (for the journal of a refusal); Nones for other or short frames."""
     if len(frame) >= HEADER_BYTES + 24 and frame[5] in (MsgType.JOB_STARTED,
-                                                         MsgType.QUARANTINE_SELF):
+                                                         MsgType.QUARANTINE_SELF, MsgType.HOOK,
+                                                         MsgType.STARTER):
         job, task, pid, _ = JobStarted._S.unpack_from(frame, HEADER_BYTES)
         return job, task, pid
     return None, None, None

@@ -438,9 +438,13 @@ static int recv_frame(int fd, uint8_t *buf, size_t *len, int64_t deadline,
    answered by an ADOPT_REPLY whose text lands in text[cap]. */
 typedef struct {
     const geco_job_started_t *job_started;
+    uint32_t hook; /* with job_started: a HOOK, not a JOB_STARTED; asked once (the hook
+                      program runs the Python hook rather than wait for gecod) */
     const geco_adopt_t *adopt;
+    const geco_starter_t *starter;
     char *text;
     size_t cap;
+    size_t *text_len; /* a STARTER_REPLY's strings are counted, not NUL-terminated */
 } request_t;
 
 /* One connection: request, verified reply, close. */
@@ -448,8 +452,7 @@ static int attempt(const geco_address_t *addr, const uint8_t key[GECO_KEY_BYTES]
                    int64_t deadline, int64_t max_skew_ns, const request_t *req,
                    geco_client_outcome_t *out)
 {
-    uint8_t request[GECO_HEADER_BYTES + GECO_ADOPT_FIXED_BYTES + GECO_ADOPT_MAX_CONNECTION
-                    + GECO_MAC_BYTES];
+    uint8_t request[GECO_MAX_FRAME];
     uint8_t reply[GECO_MAX_FRAME];
     size_t reply_len = 0;
     int fd = -1, rc, err;
@@ -460,10 +463,15 @@ static int attempt(const geco_address_t *addr, const uint8_t key[GECO_KEY_BYTES]
     out->status = 0;
     /* a fresh nonce and timestamp per attempt: gecod's replay cache would
        refuse a resent frame */
-    n = req->adopt != NULL
-            ? geco_encode_adopt(request, sizeof request, key, NULL, 0, req->adopt)
-            : geco_encode_job_started(request, sizeof request, GECO_JOB_STARTED, key, NULL, 0,
-                                      req->job_started);
+    if (req->adopt != NULL)
+        n = geco_encode_adopt(request, sizeof request, key, NULL, 0, req->adopt);
+    else if (req->starter != NULL)
+        n = geco_encode_starter(request, sizeof request, NULL, 0, req->starter);
+    else if (req->hook != 0)
+        n = geco_encode_hook(request, sizeof request, key, NULL, 0, req->job_started, req->hook);
+    else
+        n = geco_encode_job_started(request, sizeof request, GECO_JOB_STARTED, key, NULL, 0,
+                                    req->job_started);
     if (n <= 0) {
         rc = fail(out, GECO_CLIENT_E_ENCODE, "send", 0);
         goto cleanup;
@@ -482,12 +490,17 @@ static int attempt(const geco_address_t *addr, const uint8_t key[GECO_KEY_BYTES]
     rc = recv_frame(fd, reply, &reply_len, deadline, out);
     if (rc != GECO_CLIENT_OK)
         goto cleanup;
-    err = req->adopt != NULL
-              ? geco_decode_adopt_reply(reply, reply_len, key, geco_frame_nonce(request), 0,
-                                        max_skew_ns, req->adopt->peercred, &out->ack,
-                                        req->text, req->cap)
-              : geco_decode_ack(reply, reply_len, key, geco_frame_nonce(request), 0,
-                                max_skew_ns, &out->ack);
+    if (req->adopt != NULL)
+        err = geco_decode_adopt_reply(reply, reply_len, key, geco_frame_nonce(request), 0,
+                                      max_skew_ns, req->adopt->peercred, &out->ack, req->text,
+                                      req->cap);
+    else if (req->starter != NULL)
+        err = geco_decode_starter_reply(reply, reply_len, geco_frame_nonce(request), 0,
+                                        max_skew_ns, &out->ack, req->text, req->cap,
+                                        req->text_len);
+    else
+        err = geco_decode_ack(reply, reply_len, key, geco_frame_nonce(request), 0, max_skew_ns,
+                              &out->ack);
     if (err != 0) {
         out->proto_err = err;
         rc = fail(out, GECO_CLIENT_E_FRAME, "reply", 0);
@@ -495,8 +508,10 @@ static int attempt(const geco_address_t *addr, const uint8_t key[GECO_KEY_BYTES]
         /* before the job check: gecod answers a frame it refused unread with job 0.0 */
         out->status = out->ack.status;
         rc = fail(out, GECO_CLIENT_E_STATUS, "reply", 0);
-    } else if (req->job_started != NULL && (out->ack.job_id != req->job_started->job_id
-                                            || out->ack.task_id != req->job_started->task_id)) {
+    } else if ((req->job_started != NULL && (out->ack.job_id != req->job_started->job_id
+                                             || out->ack.task_id != req->job_started->task_id))
+               || (req->starter != NULL && (out->ack.job_id != req->starter->job_id
+                                            || out->ack.task_id != req->starter->task_id))) {
         rc = fail(out, GECO_CLIENT_E_MISMATCH, "reply", 0);
     } else {
         rc = fail(out, GECO_CLIENT_OK, "reply", 0);
@@ -540,7 +555,7 @@ static int request(const geco_address_t *addr, const uint8_t key[GECO_KEY_BYTES]
     for (;;) {
         out->attempts++;
         attempt(addr, key, deadline, max_skew_ns, req, out);
-        if (!retryable(out))
+        if (req->hook != 0 || req->starter != NULL || !retryable(out))
             break;
         int64_t now = mono_ns();
         /* no time left for a pause and another try: report what went wrong,
@@ -563,6 +578,26 @@ int geco_client_job_started(const geco_address_t *addr, const uint8_t key[GECO_K
     const geco_job_started_t msg = {.job_id = job, .task_id = task, .pid = pid};
     const request_t req = {.job_started = &msg};
     return request(addr, key, timeout_ms, max_skew_ns, &req, out);
+}
+
+int geco_client_hook(const geco_address_t *addr, const uint8_t key[GECO_KEY_BYTES],
+                     int timeout_ms, int64_t max_skew_ns, uint64_t job, uint64_t task,
+                     uint32_t pid, uint32_t hook, geco_client_outcome_t *out)
+{
+    const geco_job_started_t msg = {.job_id = job, .task_id = task, .pid = pid};
+    const request_t req = {.job_started = &msg, .hook = hook};
+    return request(addr, key, timeout_ms, max_skew_ns, &req, out);
+}
+
+int geco_client_starter(const geco_address_t *addr, int timeout_ms, int64_t max_skew_ns,
+                        const geco_starter_t *msg, char *strings, size_t cap,
+                        size_t *strings_len, geco_client_outcome_t *out)
+{
+    static const uint8_t public_key[GECO_KEY_BYTES];
+    const request_t req = {.starter = msg, .text = strings, .cap = cap,
+                           .text_len = strings_len};
+    *strings_len = 0;
+    return request(addr, public_key, timeout_ms, max_skew_ns, &req, out);
 }
 
 int geco_client_adopt(const geco_address_t *addr, const uint8_t key[GECO_KEY_BYTES],

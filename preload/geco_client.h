@@ -94,6 +94,23 @@ int geco_client_job_started(const geco_address_t *addr, const uint8_t key[GECO_K
                             int timeout_ms, int64_t max_skew_ns, uint64_t job, uint64_t task,
                             uint32_t pid, geco_client_outcome_t *out);
 /*
+ * Send HOOK(job, task, pid, hook) and wait for gecod's verified ack within
+ * timeout_ms, on one connection (no retry: the caller has a fallback that is never
+ * wrong, doing the work itself). GECO_CLIENT_OK means gecod did the hook's work.
+ */
+int geco_client_hook(const geco_address_t *addr, const uint8_t key[GECO_KEY_BYTES],
+                     int timeout_ms, int64_t max_skew_ns, uint64_t job, uint64_t task,
+                     uint32_t pid, uint32_t hook, geco_client_outcome_t *out);
+/*
+ * Send STARTER(msg), peer-credentialed, and wait for gecod's verified STARTER_REPLY within
+ * timeout_ms, on one connection (no retry: the caller runs the Python starter instead).
+ * The reply's strings go to strings[cap] (cap >= GECO_MAX_PAYLOAD), their length to
+ * *strings_len. GECO_CLIENT_OK: gecod said how to start the job.
+ */
+int geco_client_starter(const geco_address_t *addr, int timeout_ms, int64_t max_skew_ns,
+                        const geco_starter_t *msg, char *strings, size_t cap,
+                        size_t *strings_len, geco_client_outcome_t *out);
+/*
  * Send ADOPT(msg) to gecod and wait for its verified ADOPT_REPLY within timeout_ms
  * (retries as above). The reply's text (a line for the user, then NAME=value lines of
  * the session's environment) goes to text[cap], NUL-terminated. A refusal is result

@@ -109,19 +109,35 @@ static long seal(uint8_t *buf, int type, uint16_t flags, const uint8_t key[GECO_
     return (long)(body + GECO_MAC_BYTES);
 }
 
-long geco_encode_job_started(uint8_t *buf, size_t cap, int type, const uint8_t key[GECO_KEY_BYTES],
-                             const uint8_t *nonce, int64_t ts_ns, const geco_job_started_t *msg)
+/* The 24 bytes of JOB_STARTED, QUARANTINE_SELF and HOOK: job, task, pid, then `last`
+   (reserved 0, or HOOK's hook). */
+static long encode_ids(uint8_t *buf, size_t cap, int type, const uint8_t key[GECO_KEY_BYTES],
+                       const uint8_t *nonce, int64_t ts_ns, const geco_job_started_t *msg,
+                       uint32_t last)
 {
-    if (type != GECO_JOB_STARTED && type != GECO_QUARANTINE_SELF)
-        return GECO_E_TYPE;
     if (cap < GECO_HEADER_BYTES + JOB_STARTED_BYTES + GECO_MAC_BYTES)
         return GECO_E_SHORT;
     uint8_t *p = buf + GECO_HEADER_BYTES;
     store64(p, msg->job_id);
     store64(p + 8, msg->task_id);
     store32(p + 16, msg->pid);
-    store32(p + 20, 0); /* reserved */
+    store32(p + 20, last);
     return seal(buf, type, 0, key, nonce, ts_ns, JOB_STARTED_BYTES);
+}
+
+long geco_encode_job_started(uint8_t *buf, size_t cap, int type, const uint8_t key[GECO_KEY_BYTES],
+                             const uint8_t *nonce, int64_t ts_ns, const geco_job_started_t *msg)
+{
+    if (type != GECO_JOB_STARTED && type != GECO_QUARANTINE_SELF)
+        return GECO_E_TYPE;
+    return encode_ids(buf, cap, type, key, nonce, ts_ns, msg, 0);
+}
+
+long geco_encode_hook(uint8_t *buf, size_t cap, const uint8_t key[GECO_KEY_BYTES],
+                      const uint8_t *nonce, int64_t ts_ns, const geco_job_started_t *msg,
+                      uint32_t hook)
+{
+    return encode_ids(buf, cap, GECO_HOOK, key, nonce, ts_ns, msg, hook);
 }
 
 long geco_encode_adopt(uint8_t *buf, size_t cap, const uint8_t key[GECO_KEY_BYTES],
@@ -145,6 +161,33 @@ long geco_encode_adopt(uint8_t *buf, size_t cap, const uint8_t key[GECO_KEY_BYTE
                 (uint32_t)(GECO_ADOPT_FIXED_BYTES + n));
 }
 
+long geco_encode_starter(uint8_t *buf, size_t cap, const uint8_t *nonce, int64_t ts_ns,
+                         const geco_starter_t *msg)
+{
+    static const uint8_t public_key[GECO_KEY_BYTES];
+    size_t n = JOB_STARTED_BYTES, room;
+    if (cap < GECO_HEADER_BYTES + JOB_STARTED_BYTES + GECO_MAC_BYTES)
+        return GECO_E_SHORT;
+    room = cap - GECO_HEADER_BYTES - GECO_MAC_BYTES;
+    if (room > GECO_MAX_PAYLOAD)
+        room = GECO_MAX_PAYLOAD;
+    uint8_t *p = buf + GECO_HEADER_BYTES;
+    store64(p, msg->job_id);
+    store64(p + 8, msg->task_id);
+    store32(p + 16, msg->pid);
+    store32(p + 20, (uint32_t)msg->argc);
+    for (int i = 0; i < GECO_STARTER_NENVIRON + msg->argc; i++) {
+        const char *w = i < GECO_STARTER_NENVIRON ? msg->environ[i]
+                                                  : msg->argv[i - GECO_STARTER_NENVIRON];
+        size_t k = w != NULL ? strlen(w) + 1 : 1;
+        if (k > room - n)
+            return n + k > GECO_MAX_PAYLOAD ? GECO_E_PAYLOAD : GECO_E_SHORT;
+        memcpy(p + n, w != NULL ? w : "", k);
+        n += k;
+    }
+    return seal(buf, GECO_STARTER, GECO_PEERCRED, public_key, nonce, ts_ns, (uint32_t)n);
+}
+
 long geco_encode_ack(uint8_t *buf, size_t cap, const uint8_t key[GECO_KEY_BYTES],
                      const uint8_t *nonce, int64_t ts_ns, const geco_ack_t *msg)
 {
@@ -165,11 +208,12 @@ static uint64_t distance(int64_t a, int64_t b)
     return a > b ? (uint64_t)a - (uint64_t)b : (uint64_t)b - (uint64_t)a;
 }
 
-/* An ACK or an ADOPT_REPLY (its ack part, then text), checked in the protocol's order. */
+/* An ACK, an ADOPT_REPLY (its ack part, then text) or a STARTER_REPLY (its ack part, then
+   strings, their length in *text_len), checked in the protocol's order. */
 static int decode_reply(const uint8_t *buf, size_t len, const uint8_t key[GECO_KEY_BYTES],
                         const uint8_t request_nonce[GECO_NONCE_BYTES], int64_t now,
                         int64_t max_skew_ns, int want, uint16_t flags, geco_ack_t *out,
-                        char *text, size_t cap)
+                        char *text, size_t cap, size_t *text_len)
 {
     /* The order of these checks is part of the protocol (docs/wire-format.md,
        "Receiving"): everything up to the MAC is about the frame's shape, so an
@@ -196,16 +240,23 @@ static int decode_reply(const uint8_t *buf, size_t len, const uint8_t key[GECO_K
         return GECO_E_MAC;
 
     int type = buf[OFF_TYPE];
-    if (type < GECO_JOB_STARTED || type > GECO_ADOPT_REPLY)
+    if (type < GECO_JOB_STARTED || type > GECO_STARTER_REPLY)
         return GECO_E_TYPE;
     if (type != want)
         return GECO_E_TYPE; /* a known type, but not the answer we wait for */
     const uint8_t *p = buf + GECO_HEADER_BYTES;
     uint32_t extra = n >= ACK_BYTES ? n - ACK_BYTES : 0;
-    if (n < ACK_BYTES || (want == GECO_ACK && extra != 0) || extra > GECO_REPLY_MAX_TEXT
-        || load32(p + 20) != 0 || load32(p + 16) > GECO_BUSY
-        || memchr(p + ACK_BYTES, '\0', extra) != NULL)
+    if (n < ACK_BYTES || (want == GECO_ACK && extra != 0) || load32(p + 20) != 0
+        || load32(p + 16) > GECO_BUSY)
         return GECO_E_PAYLOAD;
+    if (want == GECO_STARTER_REPLY) {
+        /* NUL-terminated strings, only in an OK reply, never cut short here */
+        if ((extra > 0 && (load32(p + 16) != GECO_OK || p[ACK_BYTES + extra - 1] != '\0'))
+            || extra > cap)
+            return GECO_E_PAYLOAD;
+    } else if (extra > GECO_REPLY_MAX_TEXT || memchr(p + ACK_BYTES, '\0', extra) != NULL) {
+        return GECO_E_PAYLOAD;
+    }
 
     int64_t ts = (int64_t)load64(buf + OFF_TIMESTAMP);
     if (now == 0)
@@ -223,7 +274,10 @@ static int decode_reply(const uint8_t *buf, size_t len, const uint8_t key[GECO_K
         out->status = load32(p + 16);
         memcpy(out->request_nonce, p + 24, GECO_NONCE_BYTES);
     }
-    if (text != NULL && cap > 0) {
+    if (want == GECO_STARTER_REPLY) {
+        memcpy(text, p + ACK_BYTES, extra);
+        *text_len = extra;
+    } else if (text != NULL && cap > 0) {
         size_t keep = extra < cap - 1 ? extra : cap - 1;
         memcpy(text, p + ACK_BYTES, keep);
         text[keep] = '\0';
@@ -236,7 +290,7 @@ int geco_decode_ack(const uint8_t *buf, size_t len, const uint8_t key[GECO_KEY_B
                     int64_t max_skew_ns, geco_ack_t *out)
 {
     return decode_reply(buf, len, key, request_nonce, now, max_skew_ns, GECO_ACK, 0, out, NULL,
-                        0);
+                        0, NULL);
 }
 
 int geco_decode_adopt_reply(const uint8_t *buf, size_t len, const uint8_t key[GECO_KEY_BYTES],
@@ -245,7 +299,18 @@ int geco_decode_adopt_reply(const uint8_t *buf, size_t len, const uint8_t key[GE
                             size_t cap)
 {
     return decode_reply(buf, len, key, request_nonce, now, max_skew_ns, GECO_ADOPT_REPLY,
-                        peercred ? GECO_PEERCRED : 0, out, text, cap);
+                        peercred ? GECO_PEERCRED : 0, out, text, cap, NULL);
+}
+
+int geco_decode_starter_reply(const uint8_t *buf, size_t len,
+                              const uint8_t request_nonce[GECO_NONCE_BYTES], int64_t now,
+                              int64_t max_skew_ns, geco_ack_t *out, char *strings, size_t cap,
+                              size_t *strings_len)
+{
+    static const uint8_t public_key[GECO_KEY_BYTES];
+    *strings_len = 0;
+    return decode_reply(buf, len, public_key, request_nonce, now, max_skew_ns,
+                        GECO_STARTER_REPLY, GECO_PEERCRED, out, strings, cap, strings_len);
 }
 
 const uint8_t *geco_frame_nonce(const uint8_t *frame)

@@ -27,7 +27,10 @@ extern "C" {
 #define GECO_MAX_FRAME (GECO_HEADER_BYTES + GECO_MAX_PAYLOAD + GECO_MAC_BYTES)
 
 enum geco_type { GECO_JOB_STARTED = 1, GECO_ACK = 2, GECO_STATUS = 3, GECO_STATUS_REPLY = 4,
-                 GECO_ADOPT = 5, GECO_QUARANTINE_SELF = 6, GECO_ADOPT_REPLY = 7 };
+                 GECO_ADOPT = 5, GECO_QUARANTINE_SELF = 6, GECO_ADOPT_REPLY = 7, GECO_HOOK = 8,
+                 GECO_STARTER = 9, GECO_STARTER_REPLY = 10 };
+/* HOOK's hooks: the Grid Engine hook whose work gecod does for root's hook program */
+enum geco_hook_name { GECO_HOOK_PROLOG = 1, GECO_HOOK_EPILOG = 2 };
 /* ADOPT's stages: decide only (PAM account), decide and move the sender (PAM session),
    move the sender, an ssh session's process about to run something (the preload in sshd;
    peer-credentialed: it runs as the user and holds no key) */
@@ -55,6 +58,21 @@ typedef struct {
     int peercred;
 } geco_adopt_t;
 
+/* STARTER: "I am pid of job_id.task_id, to start argv: how would Grid Engine start it?"
+   environ: the values of GECO_STARTER_ENVIRON (NULL = unset). Always PEERCRED: the
+   starter runs as the job owner, who has no key. */
+#define GECO_STARTER_NENVIRON 4
+#define GECO_STARTER_ENVIRON \
+    {"SGE_STARTER_SHELL_PATH", "SGE_STARTER_SHELL_START_MODE", "SGE_STARTER_USE_LOGIN_SHELL", \
+     "JOB_SCRIPT"}
+typedef struct {
+    uint64_t job_id, task_id;
+    uint32_t pid;
+    const char *environ[GECO_STARTER_NENVIRON];
+    int argc;
+    char *const *argv;
+} geco_starter_t;
+
 int geco_proto_init(void);  /* sodium_init(); 0 ok */
 
 /* Encode a JOB_STARTED (or QUARANTINE_SELF via type) frame. nonce == NULL: random; ts_ns == 0: now.
@@ -62,10 +80,20 @@ int geco_proto_init(void);  /* sodium_init(); 0 ok */
 long geco_encode_job_started(uint8_t *buf, size_t cap, int type, const uint8_t key[GECO_KEY_BYTES],
                              const uint8_t *nonce, int64_t ts_ns, const geco_job_started_t *msg);
 
+/* Encode a HOOK frame: "do hook's work for job_id.task_id; I am pid" (msg->pid the sender).
+   Returns the frame length or a negative enum geco_err. */
+long geco_encode_hook(uint8_t *buf, size_t cap, const uint8_t key[GECO_KEY_BYTES],
+                      const uint8_t *nonce, int64_t ts_ns, const geco_job_started_t *msg,
+                      uint32_t hook);
+
 /* Encode an ADOPT frame (its connection text at most GECO_ADOPT_MAX_CONNECTION bytes).
    Returns the frame length or a negative enum geco_err. */
 long geco_encode_adopt(uint8_t *buf, size_t cap, const uint8_t key[GECO_KEY_BYTES],
                        const uint8_t *nonce, int64_t ts_ns, const geco_adopt_t *msg);
+/* Encode a STARTER frame (PEERCRED, MAC'd with the public key). Returns the frame length,
+   or GECO_E_PAYLOAD when it does not fit in GECO_MAX_PAYLOAD, GECO_E_SHORT for a small cap. */
+long geco_encode_starter(uint8_t *buf, size_t cap, const uint8_t *nonce, int64_t ts_ns,
+                         const geco_starter_t *msg);
 /* Encode an ACK (used by tests and any C server). */
 long geco_encode_ack(uint8_t *buf, size_t cap, const uint8_t key[GECO_KEY_BYTES],
                      const uint8_t *nonce, int64_t ts_ns, const geco_ack_t *msg);
@@ -85,6 +113,15 @@ int geco_decode_adopt_reply(const uint8_t *buf, size_t len, const uint8_t key[GE
                             const uint8_t request_nonce[GECO_NONCE_BYTES], int64_t now_ns,
                             int64_t max_skew_ns, int peercred, geco_ack_t *out, char *text,
                             size_t cap);
+/* Verify and decode a (PEERCRED) STARTER_REPLY answering `request_nonce`: its ack part into
+   *out, its NUL-terminated strings (program, argument count, arguments, environment
+   changes; none unless OK) into strings[cap] (cap >= GECO_MAX_PAYLOAD never truncates;
+   a reply that would be truncated is refused as GECO_E_PAYLOAD), their length in *len.
+   Returns 0 or a negative enum geco_err. */
+int geco_decode_starter_reply(const uint8_t *buf, size_t len,
+                              const uint8_t request_nonce[GECO_NONCE_BYTES], int64_t now_ns,
+                              int64_t max_skew_ns, geco_ack_t *out, char *strings, size_t cap,
+                              size_t *strings_len);
 /* Nonce of an encoded frame (bytes 12..27), for the client to remember. */
 const uint8_t *geco_frame_nonce(const uint8_t *frame);
 

@@ -15,7 +15,8 @@
 #   5. sge_hooks/* -> /opt/geco/libexec/ (the paths the queue configuration names)
 #   6. conf/geco.toml -> /etc/geco/geco.toml, only if there is none yet (on systemd with
 #      cgroup v2, with [cgroup] v2_base in geco-jobs.service)
-#   7. the exec() preload -> /opt/geco/lib/libgeco_preload.so
+#   7. the exec() preload -> /opt/geco/lib/libgeco_preload.so, and the prolog, epilog and
+#      starter (preload/geco_hook.c) -> /opt/geco/libexec/{prolog,epilog,starter}
 #   8. the quarantine key (/etc/geco/quarantine.key, root-only; made once) and
 #      /etc/geco/preload.conf rendered from geco.toml (the preload's view of it)
 #   9. with systemd as PID 1: gecod.service and geco-jobs.service installed, gecod
@@ -192,8 +193,11 @@ if [ -d "$REPO/sge_hooks" ] && [ -n "$(ls -A "$REPO/sge_hooks")" ]; then
     [ -f "$f" ] && install -m 0755 "$f" "$PREFIX/libexec/"
   done
   # a hook removed from the repo must not stay configured-and-running on the node
+  # (the prolog, epilog and starter are built from preload/geco_hook.c, in step 7)
   for f in "$PREFIX"/libexec/*; do
-    [ -f "$f" ] && [ ! -e "$REPO/sge_hooks/$(basename "$f")" ] && rm -f "$f" && log "hooks: removed stale $f"
+    case $(basename "$f") in prolog|epilog|starter) continue ;; esac
+    [ -f "$f" ] && [ ! -e "$REPO/sge_hooks/$(basename "$f")" ] \
+      && rm -f "$f" && log "hooks: removed stale $f"
   done
   log "hooks: $(cd "$PREFIX/libexec" && ls | paste -sd' ') in $PREFIX/libexec"
 fi

@@ -72,7 +72,7 @@ from dataclasses import dataclass, field
 
 from geco import __version__, log
 from geco.address import Address
-from geco.daemon import sshlogin, status
+from geco.daemon import hookserve, sshlogin, status
 from geco.daemon.quarantine import (
     Context,
     Outcome,
@@ -95,9 +95,13 @@ from geco.protocol import (
     AdoptReply,
     Frame,
     Header,
+    Hook,
+    HookName,
     JobStarted,
     MsgType,
     ReplayCache,
+    Starter,
+    StarterReply,
     ack_for_error,
     claimed,
     claims_peercred,
@@ -236,13 +240,17 @@ class Server:
     on_shepherd: called in the loop with a job's master shepherd, once it is in the
         job's cgroups, and a pidfd of it the callee owns (gecod ends the job when it
         exits: :mod:`geco.daemon.jobend`).
+    teardowns: where an epilog's HOOK runs (its teardown may wait out ``kill_timeout``);
+        default the lane's workers.
     """
 
     def __init__(self, loop: RunLoop, lanes: Sequence[Lane], secret: bytes, ctx: Context, *,
                  on_change: Callable[[], None] | None = None,
                  on_contained: Callable[[JobKey], None] | None = None,
-                 on_shepherd: Callable[[Shepherd, int], None] | None = None) -> None:
+                 on_shepherd: Callable[[Shepherd, int], None] | None = None,
+                 teardowns: concurrent.futures.Executor | None = None) -> None:
         self.loop = loop
+        self.teardowns = teardowns
         self.lanes = list(lanes)
         self.secret = secret
         self.ctx = ctx
@@ -452,11 +460,32 @@ class Server:
                 self._answer(conn, got, Outcome(AckStatus.REFUSED, why))
                 return
             self._submit(conn, got, lambda: sshlogin.serve(msg, got.nonce, self.ctx))
+        elif got.type is MsgType.STARTER:
+            ask = got.message
+            assert isinstance(ask, Starter)
+            peer = conn.peer
+            why = hookserve.refusal(ask, peer, conn.lane.name)
+            if why or peer is None:
+                self._answer(conn, got, Outcome(AckStatus.REFUSED, why))
+                return
+            self._submit(conn, got, lambda: hookserve.serve_starter(ask, got.nonce, peer,
+                                                                    self.ctx))
+        elif got.type is MsgType.HOOK:
+            hook = got.message
+            assert isinstance(hook, Hook)
+            why = hookserve.refusal(hook, conn.peer, conn.lane.name)
+            if why:
+                self._answer(conn, got, Outcome(AckStatus.REFUSED, why))
+                return
+            # an epilog's teardown may wait out kill_timeout: never in a quarantine's worker
+            slow = self.teardowns if hook.hook is HookName.EPILOG else None
+            self._submit(conn, got, lambda: hookserve.serve(hook, self.ctx), executor=slow)
         else:
             self._answer(conn, got, Outcome(AckStatus.BAD_REQUEST,
                                             f"{got.type.name} is a reply, not a request"))
 
-    def _submit(self, conn: _Connection, got: Frame, work: Callable[[], object]) -> None:
+    def _submit(self, conn: _Connection, got: Frame, work: Callable[[], object], *,
+                executor: concurrent.futures.Executor | None = None) -> None:
         lane, uid = conn.lane, conn.uid
         share = lane.budget.per_uid_working
         if lane.working >= lane.budget.working:
@@ -469,7 +498,7 @@ class Server:
             return
         lane.working += 1
         lane.working_by_uid[uid] += 1
-        future = lane.executor.submit(work)
+        future = (executor or lane.executor).submit(work)
         future.add_done_callback(
             lambda f: self.loop.call_soon_threadsafe(lambda: self._done(conn, got, f)))
 
@@ -488,6 +517,14 @@ class Server:
         elif isinstance(result, AdoptReply):  # journaled by the worker (ssh-* events)
             self.served += 1
             self._send(conn, encode(MsgType.ADOPT_REPLY, result, self.secret, flags=got.flags))
+        elif isinstance(result, StarterReply):  # journaled by the worker, as the starter
+            self.served += 1
+            self._send(conn, encode(MsgType.STARTER_REPLY, result, self.secret, flags=got.flags))
+        elif isinstance(result, tuple):  # a HOOK: journaled by the worker, as the hook
+            self.served += 1
+            job, task, _ = conn.claimed
+            ack = Ack(job or 0, task or 0, result[0], got.nonce)
+            self._send(conn, encode(MsgType.ACK, ack, self.secret, flags=got.flags))
         else:
             assert isinstance(result, Outcome)
             self._answer(conn, got, result)
@@ -538,6 +575,11 @@ class Server:
         if got.type is MsgType.ADOPT:  # refused before the decision, busy, or a bug
             reply = AdoptReply(0, 0, outcome.status, got.nonce)
             self._send(conn, encode(MsgType.ADOPT_REPLY, reply, self.secret, flags=got.flags))
+            return
+        if got.type is MsgType.STARTER:  # the same, answered in kind
+            started = StarterReply(job or 0, task or 0, outcome.status, got.nonce)
+            self._send(conn, encode(MsgType.STARTER_REPLY, started, self.secret,
+                                    flags=got.flags))
             return
         ack = Ack(job or 0, task or 0, outcome.status, got.nonce)
         # in kind: a PEERCRED asker has no secret key to check any other MAC

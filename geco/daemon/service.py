@@ -190,7 +190,8 @@ class Daemon:
                       PUBLIC_BUDGET)]
         self.server = Server(self.loop, lanes, self.secret, self.ctx,
                              on_change=self._report_status_soon, on_contained=self._watch_job,
-                             on_shepherd=self.jobends.watch)
+                             on_shepherd=self.jobends.watch,
+                             teardowns=self.jobend_executor)
         # leftovers of ended jobs, and jobs past h_rt + grace: rounds in a thread of
         # their own, so a teardown waiting out kill_timeout never holds a worker a
         # quarantine request needs

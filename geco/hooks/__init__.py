@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
     from geco.resourceset import ResourceSet
 
-__all__ = ["Exit", "attach_trace", "run"]
+__all__ = ["Exit", "attach_trace", "journal_done", "run"]
 
 
 class Exit(enum.IntEnum):
@@ -195,18 +195,23 @@ def _run(name: str, body: Callable[[_config.Config, log.Logger], Exit],
         else:
             job_trace.collect()
         code = _run_body(name, body, cfg, hook_log, after_the_job)
-        elapsed, since_exec = time.monotonic() - started, procfs.seconds_since_start()
-        job_id, task_id = _job_ids()
-        hook_log.info("%s finished with exit %d in %.3f s (%.3f s since exec)", name, code,
-                      elapsed, since_exec,
-                      extra=log.job_fields(job_id, task_id,
-                                           f"{name}-done", EXIT_STATUS=int(code),
-                                           ELAPSED_SEC=f"{elapsed:.6f}",
-                                           SINCE_EXEC_SEC=f"{since_exec:.3f}"))
+        journal_done(hook_log, name, code, time.monotonic() - started,
+                     procfs.seconds_since_start(), *_job_ids())
     finally:
         _current = None
         job_trace.close()
     return int(code)
+
+
+def journal_done(logger: log.Logger, name: str, code: int, elapsed: float, since_exec: float,
+                 job_id: int | str | None, task_id: int | str | None) -> None:
+    """Journal a hook's end (``<name>-done``): its exit, its time in geco's code and since
+    its exec (what ``bench/bench_hooks.py`` reads)."""
+    logger.info("%s finished with exit %d in %.3f s (%.3f s since exec)", name, code,
+                elapsed, since_exec,
+                extra=log.job_fields(job_id, task_id, f"{name}-done", EXIT_STATUS=int(code),
+                                     ELAPSED_SEC=f"{elapsed:.6f}",
+                                     SINCE_EXEC_SEC=f"{since_exec:.3f}"))
 
 
 def _job_ids() -> tuple[str | None, str | None]:

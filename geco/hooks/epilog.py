@@ -1,6 +1,9 @@
 """The epilog (root, master node, after the job): leave nothing behind.
 
 Configure it in the queue as ``root@/opt/geco/libexec/epilog $job_id $ja_task_id``.
+That path is a small C program (``preload/geco_hook.c``): gecod does this work with this
+module's own code when it can (:mod:`geco.daemon.hookserve`), else the program runs this
+module as ``/opt/geco/libexec/geco-epilog``.
 
 Steps, in order:
 
@@ -33,16 +36,23 @@ from geco.config import Config
 from geco.hooks import Exit, run
 from geco.sge import execd, resourcefile
 
-__all__ = ["main"]
+__all__ = ["end", "main"]
 
 
 def _body(cfg: Config, logger: log.Logger) -> Exit:
     job = execd.job_from_hook(sys.argv[1:], os.environ)
-    shepherd = execd.find_shepherd(job)
-    backend = cgroup.for_config(cfg)
+    return end(job, execd.find_shepherd(job), os.getpid(), cfg, logger)
+
+
+def end(job: execd.JobRef, shepherd: int, hook: int, cfg: Config, logger: log.Logger,
+        backend: cgroup.Backend | None = None) -> Exit:
+    """The epilog's work once its job and the job's verified shepherd are known; ``hook``
+    is the epilog's process. gecod runs it too, for an epilog that asked it to
+    (:mod:`geco.daemon.hookserve`), with its own cgroup backend."""
+    backend = backend or cgroup.for_config(cfg)
     if backend.exists(job.key):
         sge_execd = procfs.ppid(shepherd) or 1
-        backend.move_to_cgroups_of(os.getpid(), sge_execd)
+        backend.move_to_cgroups_of(hook, sge_execd)
         backend.move_to_cgroups_of(shepherd, sge_execd)
     instance = execd.queue_instance(job.spool_dir) if job.spool_dir else None
     if instance is None:

@@ -1,6 +1,9 @@
 """The prolog (root, master node, before the job): contain the job before it exists.
 
 Configure it in the queue as ``root@/opt/geco/libexec/prolog $job_id $ja_task_id``.
+That path is a small C program (``preload/geco_hook.c``): gecod does this work with this
+module's own code when it can (:mod:`geco.daemon.hookserve`), else the program runs this
+module as ``/opt/geco/libexec/geco-prolog``.
 
 Steps, in order:
 
@@ -41,7 +44,7 @@ from geco.resourceset import NodeResources
 from geco.sge import execd, lookup, resourcefile, v1format
 from geco.units import format_memory
 
-__all__ = ["main"]
+__all__ = ["contain", "main"]
 
 
 def _human(limit: int) -> str:
@@ -121,7 +124,14 @@ def _body(cfg: Config, logger: log.Logger) -> Exit:
     if os.geteuid() != 0:
         raise GecoError("the prolog must run as root: configure it as root@<path> in the queue",
                         job=job.key)
-    shepherd = execd.find_shepherd(job)
+    return contain(job, execd.find_shepherd(job), cfg, logger)
+
+
+def contain(job: execd.JobRef, shepherd: int, cfg: Config, logger: log.Logger,
+            backend: cgroup.Backend | None = None) -> Exit:
+    """The prolog's work once its job and the job's verified shepherd are known: the
+    resources, the cgroups, the story. gecod runs it too, for a prolog that asked it to
+    (:mod:`geco.daemon.hookserve`), with its own cgroup backend."""
     logger.debug("job %s: parent %d is the job's sge_shepherd (spool dir %s)", job.key,
                  shepherd, job.spool_dir)
     found = _resources(job, cfg, logger)
@@ -131,7 +141,7 @@ def _body(cfg: Config, logger: log.Logger) -> Exit:
         logger.debug("job %s: tracing at level %d into %s", job.key, rs.trace_level, trace_file)
     node = rs.node()
     _story(job, found, node, resourcefile.path_for(cfg.resources_dir, job.key), logger)
-    backend = cgroup.for_config(cfg)
+    backend = backend or cgroup.for_config(cfg)
     logger.debug("job %s: cgroup %s, controllers %s under %s", job.key,
                  type(backend).__name__, ",".join(backend.controllers),
                  ", ".join(str(p) for p in backend.parent_paths().values()))

@@ -1,6 +1,9 @@
 """The starter_method (job owner): check containment, export the job's facts, start the job.
 
 Configure it in the queue as ``starter_method /opt/geco/libexec/starter``.
+That path is a small C program (``preload/geco_hook.c``): gecod does this work with this
+module's own code when it can (:mod:`geco.daemon.hookserve`), else the program runs this
+module as ``/opt/geco/libexec/geco-starter``.
 
 Steps, in order:
 
@@ -45,14 +48,16 @@ from geco._tuple import NamedTuple
 from geco.config import Config
 from geco.errors import GecoError, NotContained
 from geco.hooks import Exit, run
+from geco.jobkey import JobKey
 from geco.sge import execd
 
-__all__ = ["Launch", "job_argv", "main"]
+__all__ = ["FOR_THE_STARTER", "Launch", "job_argv", "journal_started", "launch_of", "main",
+           "plan"]
 
 # What Grid Engine tells a starter_method about the shell; a job started without one
 # never sees them.
-_FOR_THE_STARTER = ("SGE_STARTER_SHELL_PATH", "SGE_STARTER_SHELL_START_MODE",
-                    "SGE_STARTER_USE_LOGIN_SHELL")
+FOR_THE_STARTER = ("SGE_STARTER_SHELL_PATH", "SGE_STARTER_SHELL_START_MODE",
+                   "SGE_STARTER_USE_LOGIN_SHELL")
 
 
 class Launch(NamedTuple):
@@ -118,22 +123,25 @@ def job_argv(argv: Sequence[str], env: Mapping[str, str],
     return argv[0], list(argv)
 
 
-def _launch(env: Mapping[str, str], argv: Sequence[str]) -> Launch:
+def launch_of(env: Mapping[str, str], argv: Sequence[str], parent: int, uid: int,
+              spool_dir: Path) -> Launch:
     """How Grid Engine would start this job: from the spooled config and the process tree.
 
-    Both are the job owner's own (this process runs as the owner), so reading
-    what the job's environment points at can mislead only the owner's own job.
+    ``parent`` is the starter's parent (``qrsh_starter`` for a qrsh command), ``uid`` the
+    job owner's, ``spool_dir`` the job's execd spool dir. In the starter, which runs as
+    the owner, all of it is the owner's own, so what the job's environment points at can
+    mislead only the owner's own job; gecod passes what the kernel vouches for.
     """
     if env.get("JOB_SCRIPT") == "QRSH":
         # qrsh_starter <spool dir> [noshell] forked us; it names -noshell only there
-        parent = (procfs.read(os.getppid(), "cmdline") or b"").split(b"\0")
+        words = (procfs.read(parent, "cmdline") or b"").split(b"\0")
         try:
-            shell = pwd.getpwuid(os.getuid()).pw_shell or "/bin/sh"
+            shell = pwd.getpwuid(uid).pw_shell or "/bin/sh"
         except KeyError:
             shell = "/bin/sh"
-        return Launch(no_shell=b"noshell" in parent[2:3], qrsh=True, owner_shell=shell)
+        return Launch(no_shell=b"noshell" in words[2:3], qrsh=True, owner_shell=shell)
     try:
-        config = execd.read_config(Path(env.get("SGE_JOB_SPOOL_DIR", "")))
+        config = execd.read_config(spool_dir)
     except GecoError:
         # no config to read: a job script is the execd's copy in job_scripts/
         script = bool(argv) and env.get("JOB_SCRIPT") == argv[0] and os.path.basename(
@@ -142,6 +150,28 @@ def _launch(env: Mapping[str, str], argv: Sequence[str]) -> Launch:
     return Launch(binary=config.get("handle_as_binary") == "1",
                   no_shell=config.get("no_shell") == "1")
 
+
+def plan(argv: Sequence[str], env: dict[str, str], launch: Launch) -> tuple[str, list[str]]:
+    """The job's program and arguments (:func:`job_argv`); ``env`` loses what Grid Engine
+    tells only the starter."""
+    program, args = job_argv(argv, env, launch)
+    for name in FOR_THE_STARTER:  # Grid Engine sets them for us only, not for the job
+        env.pop(name, None)
+    return program, args
+
+
+def journal_started(logger: log.Logger, job: JobKey, node: str, cpus: str, argv: Sequence[str],
+                    program: str, since_exec: float) -> None:
+    """Journal a contained job's start (``job-started``): one datagram; the job's arguments
+    stay out of it (they may hold secrets)."""
+    shell = program != argv[0]
+    logger.info("job %s started in its cgroups on %s: cores %s, running %s%s", job, node,
+                cpus or "all", argv[0], f" under {program}" if shell else "",
+                extra=log.job_fields(job.job, job.task, "job-started", CPUS=cpus,
+                                     COMMAND=argv[0], SHELL=program if shell else None,
+                                     # the starter's own figure: it never gets to journal
+                                     # starter-done, the job replaces it
+                                     SINCE_EXEC_SEC=f"{since_exec:.3f}"))
 
 
 def _ask_gecod(cfg: Config, job: execd.JobRef, backend: cgroup.Backend,
@@ -199,21 +229,12 @@ def _body(cfg: Config, logger: log.Logger) -> Exit:
         raise NotContained(f"job {job.key} is not inside its cgroups on {node}; it is not "
                            f"started uncontained. Ask your admin to check the queue's geco "
                            f"prolog", cgroups=where)
-    program, args = job_argv(argv, env, _launch(os.environ, argv))
-    for name in _FOR_THE_STARTER:  # Grid Engine sets them for us only, not for the job
-        env.pop(name, None)
+    launch = launch_of(os.environ, argv, os.getppid(), os.getuid(),
+                       Path(os.environ.get("SGE_JOB_SPOOL_DIR", "")))
+    program, args = plan(argv, env, launch)
     if not why:
-        # one journal datagram; the job's arguments stay out of it (they may hold secrets)
-        shell = program != argv[0]
-        logger.info("job %s started in its cgroups on %s: cores %s, running %s%s", job.key,
-                    node, env["GECO_CPUS"] or "all", argv[0],
-                    f" under {program}" if shell else "",
-                    extra=log.job_fields(job.job_id, job.task_id, "job-started",
-                                         CPUS=env["GECO_CPUS"], COMMAND=argv[0],
-                                         SHELL=program if shell else None,
-                                         # the starter's own figure: it never gets to
-                                         # journal starter-done, the job replaces it
-                                         SINCE_EXEC_SEC=f"{procfs.seconds_since_start():.3f}"))
+        journal_started(logger, job.key, node, env["GECO_CPUS"], argv, program,
+                        procfs.seconds_since_start())
     try:
         os.execvpe(program, args, env)
     except OSError as exc:

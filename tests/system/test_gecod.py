@@ -708,7 +708,7 @@ def _oversized(node: Node) -> bytes:
 
 
 def _unknown_type(node: Node) -> bytes:
-    return protocol.encode(9, b"", node.key)
+    return protocol.encode(99, b"", node.key)
 
 
 def _wrong_version(node: Node) -> bytes:
@@ -1164,7 +1164,8 @@ def test_job_started_with_the_peercred_flag_is_refused_and_answered_in_kind(
         "1", str(os.getpid()), "0")
     assert entry["MESSAGE"] == (
         f"refused a request from pid {os.getpid()} uid 0 (no readable claim): the PEERCRED "
-        "flag is only allowed on STATUS, QUARANTINE_SELF and ADOPT requests and their replies, got "
+        "flag is only allowed on STATUS, QUARANTINE_SELF, ADOPT and STARTER requests and their "
+        "replies, got "
         "it on JOB_STARTED: JOB_STARTED must be MAC'd with the secret key")
     assert_serving(node, gecod)
 

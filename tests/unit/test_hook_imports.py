@@ -42,12 +42,13 @@ def test_the_installed_hooks_run_isolated_without_site_and_know_their_name(
     a name that is no hook it says so and exits 1 (never a traceback)."""
     first = SHIM.read_text().splitlines()[0]
     assert first.startswith("#!") and first.split()[1:] == ["-IS"]
-    for name in ("prolog", "epilog", "starter", "geco-pam"):
+    for name in ("geco-prolog", "geco-epilog", "geco-starter", "geco-pam"):
         assert (REPO / "sge_hooks" / name).resolve() == SHIM.resolve()
     odd = tmp_path / "postlog"
     odd.symlink_to(SHIM)
     out = subprocess.run([sys.executable, "-I", "-S", str(odd)], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 1
-    assert out.stderr.strip() == ("geco-hook: run it as one of prolog, epilog, starter, geco-pam "
-                                  "(a link or copy named so), not as 'postlog'")
+    assert out.stderr.strip() == ("geco-hook: run it as one of geco-prolog, geco-epilog, "
+                                  "geco-starter, geco-pam, prolog, epilog, starter (a link or "
+                                  "copy named so), not as 'postlog'")

@@ -47,7 +47,9 @@ CDEF = """
 #define GECO_MAX_PAYLOAD 4096
 #define GECO_MAX_FRAME ...
 enum geco_type { GECO_JOB_STARTED = 1, GECO_ACK = 2, GECO_STATUS = 3, GECO_STATUS_REPLY = 4,
-                 GECO_ADOPT = 5, GECO_QUARANTINE_SELF = 6, GECO_ADOPT_REPLY = 7 };
+                 GECO_ADOPT = 5, GECO_QUARANTINE_SELF = 6, GECO_ADOPT_REPLY = 7, GECO_HOOK = 8,
+                 GECO_STARTER = 9, GECO_STARTER_REPLY = 10 };
+enum geco_hook_name { GECO_HOOK_PROLOG = 1, GECO_HOOK_EPILOG = 2 };
 enum geco_status { GECO_OK = 0, GECO_REFUSED = 1, GECO_NO_SUCH_JOB = 2, GECO_FAILED = 3,
                    GECO_BAD_REQUEST = 4, GECO_VERSION = 5, GECO_BUSY = 6 };
 enum geco_err { GECO_E_SHORT = -1, GECO_E_MAGIC = -2, GECO_E_VERSION = -3, GECO_E_FLAGS = -4,
@@ -57,6 +59,13 @@ typedef struct { uint64_t job_id, task_id; uint32_t pid; } geco_job_started_t;
 typedef struct { uint64_t job_id, task_id; uint32_t status; uint8_t request_nonce[16]; } geco_ack_t;
 typedef struct { uint64_t job_id, task_id; uint32_t pid, uid, stage; const char *connection;
                  int peercred; } geco_adopt_t;
+typedef struct { uint64_t job_id, task_id; uint32_t pid; const char *environ[4]; int argc;
+                 char *const *argv; } geco_starter_t;
+long geco_encode_starter(uint8_t *buf, size_t cap, const uint8_t *nonce, int64_t ts_ns,
+                         const geco_starter_t *msg);
+int geco_decode_starter_reply(const uint8_t *buf, size_t len, const uint8_t request_nonce[16],
+                              int64_t now_ns, int64_t max_skew_ns, geco_ack_t *out,
+                              char *strings, size_t cap, size_t *strings_len);
 int geco_proto_init(void);
 long geco_encode_adopt(uint8_t *buf, size_t cap, const uint8_t key[32],
                        const uint8_t *nonce, int64_t ts_ns, const geco_adopt_t *msg);
@@ -66,6 +75,9 @@ int geco_decode_adopt_reply(const uint8_t *buf, size_t len, const uint8_t key[32
                             size_t cap);
 long geco_encode_job_started(uint8_t *buf, size_t cap, int type, const uint8_t key[32],
                              const uint8_t *nonce, int64_t ts_ns, const geco_job_started_t *msg);
+long geco_encode_hook(uint8_t *buf, size_t cap, const uint8_t key[32],
+                      const uint8_t *nonce, int64_t ts_ns, const geco_job_started_t *msg,
+                      uint32_t hook);
 long geco_encode_ack(uint8_t *buf, size_t cap, const uint8_t key[32],
                      const uint8_t *nonce, int64_t ts_ns, const geco_ack_t *msg);
 int geco_decode_ack(const uint8_t *buf, size_t len, const uint8_t key[32],
@@ -93,6 +105,14 @@ class C:
         msg = self.ffi.new("geco_job_started_t *", {"job_id": job, "task_id": task, "pid": pid})
         n = self.lib.geco_encode_job_started(buf, len(buf) if cap is None else cap, type_,
                                              self._in(key), self._in(nonce), ts, msg)
+        return n if n < 0 else bytes(self.ffi.buffer(buf, n))
+
+    def encode_hook(self, job: int, task: int, pid: int, hook: int, *, nonce: bytes | None,
+                    ts: int) -> bytes | int:
+        buf = self.ffi.new("uint8_t[]", self.lib.GECO_MAX_FRAME)
+        msg = self.ffi.new("geco_job_started_t *", {"job_id": job, "task_id": task, "pid": pid})
+        n = self.lib.geco_encode_hook(buf, len(buf), self._in(KEY), self._in(nonce), ts, msg,
+                                      hook)
         return n if n < 0 else bytes(self.ffi.buffer(buf, n))
 
     def encode_ack(self, job: int, task: int, status: int, request: bytes, *,
@@ -209,6 +229,47 @@ def test_c_encodes_a_job_started_vector_byte_for_byte(c: C, name: str) -> None:
     frame = c.encode_job_started(v["type"], f["job_id"], f["task_id"], f["pid"],
                                  nonce=bytes.fromhex(v["nonce"]), ts=v["timestamp_ns"])
     assert isinstance(frame, bytes) and frame.hex() == v["frame"]
+
+
+def test_c_encodes_the_hook_vector_byte_for_byte(c: C) -> None:
+    """Given the HOOK vector, then the hook program's encoder makes exactly its frame, and
+    Python reads back the hook it names."""
+    v = BY_NAME["hook"]
+    f = v["fields"]
+    frame = c.encode_hook(f["job_id"], f["task_id"], f["pid"], f["hook"],
+                          nonce=bytes.fromhex(v["nonce"]), ts=v["timestamp_ns"])
+    assert isinstance(frame, bytes) and frame.hex() == v["frame"]
+    got = P.decode(frame, KEY, now_ns=v["timestamp_ns"]).message
+    assert got == P.Hook(366474, 27, 28170, P.HookName.PROLOG)
+
+
+def test_c_encodes_the_starter_vector_and_decodes_its_reply_vector(c: C) -> None:
+    """Given the STARTER and STARTER_REPLY vectors, then the starter's encoder makes exactly
+    the request's frame, and its decoder reads the reply's strings as Python wrote them."""
+    v, r = BY_NAME["peercred_starter"], BY_NAME["peercred_starter_reply"]
+    f = v["fields"]
+    keep = [c.ffi.new("char[]", w.encode()) for w in f["environ"] + f["argv"]]
+    argv = c.ffi.new("char *[]", [*keep[4:], c.ffi.NULL])
+    msg = c.ffi.new("geco_starter_t *", {"job_id": f["job_id"], "task_id": f["task_id"],
+                                         "pid": f["pid"], "environ": keep[:4],
+                                         "argc": len(f["argv"]), "argv": argv})
+    buf = c.ffi.new("uint8_t[]", c.lib.GECO_MAX_FRAME)
+    n = c.lib.geco_encode_starter(buf, len(buf), c._in(bytes.fromhex(v["nonce"])),
+                                  v["timestamp_ns"], msg)
+    out = c.ffi.new("geco_ack_t *")
+    strings = c.ffi.new("char[]", 4096)
+    length = c.ffi.new("size_t *")
+    reply = bytes.fromhex(r["frame"])
+    rc = c.lib.geco_decode_starter_reply(c._in(reply), len(reply),
+                                         c._in(bytes.fromhex(v["nonce"])), r["timestamp_ns"],
+                                         SKEW_NS, out, strings, 4096, length)
+    words = bytes(c.ffi.buffer(strings, length[0])).split(b"\0")[:-1]
+
+    assert n > 0 and bytes(c.ffi.buffer(buf, n)).hex() == v["frame"]
+    assert (rc, out.status, out.job_id) == (0, 0, 366474)
+    assert [w.decode() for w in words] == [
+        r["fields"]["program"], str(len(r["fields"]["argv"])), *r["fields"]["argv"],
+        *r["fields"]["environ"]]
 
 
 def test_c_encodes_the_ack_vector_byte_for_byte(c: C) -> None:

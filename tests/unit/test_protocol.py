@@ -70,6 +70,15 @@ def message_of(vector: dict[str, Any]) -> P.Message | None:
                                 bytes.fromhex(f["request_nonce"]), f["text"])
         case P.MsgType.STATUS_REPLY:
             return P.StatusReply(f["document"])
+        case P.MsgType.HOOK:
+            return P.Hook(f["job_id"], f["task_id"], f["pid"], P.HookName(f["hook"]))
+        case P.MsgType.STARTER:
+            return P.Starter(f["job_id"], f["task_id"], f["pid"], tuple(f["environ"]),
+                             tuple(f["argv"]))
+        case P.MsgType.STARTER_REPLY:
+            return P.StarterReply(f["job_id"], f["task_id"], P.AckStatus(f["status"]),
+                                  bytes.fromhex(f["request_nonce"]), f["program"],
+                                  tuple(f["argv"]), tuple(f["environ"]))
         case _:
             return None
 
@@ -94,10 +103,11 @@ def test_the_vectors_cover_every_message_type_and_every_refusal_reason() -> None
 
 
 def test_the_vectors_cover_peer_credentialed_frames_and_their_refusals() -> None:
-    """Given the JSON vectors, then PEERCRED frames of both requests and of the ACK are
+    """Given the JSON vectors, then PEERCRED frames of the requests and of their replies are
     there, and refusals for a PEERCRED JOB_STARTED and for an unknown flag bit."""
     assert {(v["type_name"], v["flags"]) for v in VECTORS["vectors"] if v["flags"]} == {
-        ("QUARANTINE_SELF", 1), ("STATUS", 1), ("ACK", 1)}
+        ("QUARANTINE_SELF", 1), ("STATUS", 1), ("ACK", 1), ("STARTER", 1),
+        ("STARTER_REPLY", 1)}
     flagged = {n["name"]: int.from_bytes(bytes.fromhex(n["frame"])[6:8], "little")
                for n in NEGATIVE if n["reason"] == "flags"}
     assert flagged["peercred_job_started"] == P.PEERCRED
@@ -486,7 +496,8 @@ def test_the_public_key_is_32_zero_bytes_and_the_flag_is_bit_0() -> None:
     assert (P.PUBLIC_KEY, P.PEERCRED) == (ZERO_KEY, 0x0001)
     assert sorted(P.PEERCRED_TYPES) == [P.MsgType.ACK, P.MsgType.STATUS,
                                         P.MsgType.STATUS_REPLY, P.MsgType.ADOPT,
-                                        P.MsgType.QUARANTINE_SELF, P.MsgType.ADOPT_REPLY]
+                                        P.MsgType.QUARANTINE_SELF, P.MsgType.ADOPT_REPLY,
+                                        P.MsgType.STARTER, P.MsgType.STARTER_REPLY]
 
 
 @given(st.sampled_from(sorted(P.PEERCRED_TYPES)), nonces, int64,
@@ -511,6 +522,15 @@ def test_a_peercred_frame_round_trips_under_any_key_the_caller_holds(
         case P.MsgType.ADOPT_REPLY:
             msg = P.AdoptReply(data.draw(u64), data.draw(u64), P.AckStatus.OK,
                                data.draw(nonces), "\nJOB_ID=1")
+        case P.MsgType.STARTER:
+            msg = P.Starter(data.draw(u64), data.draw(u64), data.draw(u32),
+                            ("", "", "", "QRSH"),
+                            (data.draw(st.text(st.characters(blacklist_characters="\0"),
+                                               max_size=40)),))
+        case P.MsgType.STARTER_REPLY:
+            msg = P.StarterReply(data.draw(u64), data.draw(u64), P.AckStatus.OK,
+                                 data.draw(nonces), "/bin/sh", ("sh", "-c", "true"),
+                                 ("GECO_CPUS=0",))
         case _:
             msg = b""
     frame = P.encode(type_, msg, key, nonce=nonce, ts_ns=ts, flags=P.PEERCRED)
@@ -522,16 +542,17 @@ def test_a_peercred_frame_round_trips_under_any_key_the_caller_holds(
     assert P.decode(frame, P.PUBLIC_KEY, now_ns=ts, peercred=True).payload == payload
 
 
-@pytest.mark.parametrize(("type_", "name"), [(1, "JOB_STARTED"), (8, "type 8"),
+@pytest.mark.parametrize(("type_", "name"), [(1, "JOB_STARTED"), (8, "HOOK"), (11, "type 11"),
                                              (255, "type 255")])
 def test_the_peercred_flag_on_any_other_type_is_refused_as_flags_before_the_mac(
         type_: int, name: str) -> None:
-    """Given a PEERCRED frame of a type other than STATUS, QUARANTINE_SELF, ADOPT and their
-    replies (even with a good public-key MAC), then decode and expected_length refuse it as
+    """Given a PEERCRED frame of a type other than STATUS, QUARANTINE_SELF, ADOPT, STARTER and
+    their replies (even with a good public-key MAC), then decode and expected_length refuse it as
     ``flags``, saying the type needs the secret key: JOB_STARTED stays privileged."""
     frame = reference_frame(type_, JS_PAYLOAD, JS_NONCE, TS, key=ZERO_KEY, flags=1)
-    text = (f"the PEERCRED flag is only allowed on STATUS, QUARANTINE_SELF and ADOPT requests and "
-            f"their replies, got it on {name}: {name} must be MAC'd with the secret key "
+    text = (f"the PEERCRED flag is only allowed on STATUS, QUARANTINE_SELF, ADOPT and STARTER "
+            f"requests and their replies, got it on {name}: {name} must be MAC'd with the secret "
+            f"key "
             f"(reason=flags)")
     assert str(refused(frame, now_ns=TS)) == text
     with pytest.raises(ProtocolError) as info:

@@ -37,7 +37,8 @@ TS = 1_700_000_000_123_456_789
 TS_ACK = TS + 1_500_000
 SKEW_NS = 30_000_000_000
 TYPE_NAMES = {1: "JOB_STARTED", 2: "ACK", 3: "STATUS", 4: "STATUS_REPLY", 5: "ADOPT",
-              6: "QUARANTINE_SELF", 7: "ADOPT_REPLY"}
+              6: "QUARANTINE_SELF", 7: "ADOPT_REPLY", 8: "HOOK", 9: "STARTER",
+              10: "STARTER_REPLY"}
 
 
 def nonce(first: int) -> bytes:
@@ -47,6 +48,16 @@ def nonce(first: int) -> bytes:
 
 N_JS, N_ACK, N_ST, N_SR, N_AD, N_QS = (nonce(b) for b in (0xA0, 0xB0, 0xC0, 0xD0, 0xE0, 0xF0))
 N_PQS, N_PST, N_PACK, N_AR = nonce(0x10), nonce(0x20), nonce(0x30), nonce(0x40)
+N_HK, N_SN, N_SNR = nonce(0x50), nonce(0x60), nonce(0x70)
+STARTER_ENV = ("/bin/bash", "posix_compliant", "false",
+               "/var/spool/gridengine/execd/node07/job_scripts/366474")
+STARTER_ARGV = ("/var/spool/gridengine/execd/node07/job_scripts/366474",)
+STARTER_REPLY = ("/bin/bash", "2", "bash", STARTER_ARGV[0], "GECO_CPUS=0-3",
+                 "SGE_STARTER_SHELL_PATH")
+
+
+def nul_terminated(words: tuple[str, ...]) -> bytes:
+    return b"".join(w.encode() + b"\0" for w in words)
 ADOPT_CONNECTION = "127.0.0.1 40022 127.0.0.1 22"
 ADOPT_TEXT = "\nJOB_ID=366474\nSGE_TASK_ID=undefined"
 
@@ -112,6 +123,26 @@ POSITIVE: list[tuple[str, int, int, bytes, int, dict[str, Any], bytes, str]] = [
      "kind, so the starter can check it."),
     ("peercred_status", 3, PEERCRED, N_PST, TS + 6_000_000_000, {}, b"",
      "STATUS, peer-credentialed: `geco status` run by any user."),
+    ("hook", 8, 0, N_HK, TS + 7_000_000_000,
+     {"job_id": 366474, "task_id": 27, "pid": 28170, "hook": 1},
+     struct.pack("<QQII", 366474, 27, 28170, 1),
+     "HOOK: the prolog (pid 28170, started by the shepherd of job 366474.27) asks gecod "
+     "to do its work (hook 1 = PROLOG); an ACK answers it."),
+    ("peercred_starter", 9, PEERCRED, N_SN, TS + 8_000_000_000,
+     {"job_id": 366474, "task_id": 27, "pid": 28180, "environ": list(STARTER_ENV),
+      "argv": list(STARTER_ARGV)},
+     struct.pack("<QQII", 366474, 27, 28180, 1) + nul_terminated(STARTER_ENV + STARTER_ARGV),
+     "STARTER, peer-credentialed: the starter_method of job 366474.27 (pid 28180, running as "
+     "the job owner) asks how Grid Engine would start its job script: the shell Grid Engine "
+     "names for it, its start mode, login shell or not, JOB_SCRIPT, then its arguments."),
+    ("peercred_starter_reply", 10, PEERCRED, N_SNR, TS + 8_002_000_000,
+     {"job_id": 366474, "task_id": 27, "status": 0, "request_nonce": N_SN.hex(),
+      "program": STARTER_REPLY[0], "argv": list(STARTER_REPLY[2:4]),
+      "environ": list(STARTER_REPLY[4:])},
+     ack(366474, 27, 0, N_SN) + nul_terminated(STARTER_REPLY),
+     "STARTER_REPLY: gecod's answer (OK), in kind: run /bin/bash as `bash <script>`, with "
+     "GECO_CPUS set and SGE_STARTER_SHELL_PATH removed (the real reply sets every GECO_* "
+     "variable and removes all three SGE_STARTER_* ones)."),
 ]
 
 VECTOR_PREFIX = "geco quarantine protocol 1 test vectors; see docs/wire-format.md. "
@@ -182,8 +213,8 @@ def negative_vectors(vectors: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "the ack vector without its last byte"),
         neg("oversized_length", frame(2, b"", N_ACK, TS_ACK, length=4097), "length",
             "GECO_E_LENGTH", "a header announcing a 4097-byte payload, followed by a MAC"),
-        neg("unknown_type", frame(8, ack_payload, N_ACK, TS_ACK), "type", "GECO_E_TYPE",
-            "the ack payload sent as type 8 (MAC good)"),
+        neg("unknown_type", frame(99, ack_payload, N_ACK, TS_ACK), "type", "GECO_E_TYPE",
+            "the ack payload sent as type 99 (MAC good)"),
         neg("not_an_ack", bytes.fromhex(by_name["job_started"]["frame"]), "type",
             "GECO_E_TYPE", "the job_started vector where an ack is awaited", now=TS,
             decode_reason=None),
