@@ -19,8 +19,10 @@ the job's environment and the exit code are the Python hook's.
   config is its shepherd's, verified).
 
 gecod does only the common case, the one it can do exactly as the hook would: the job
-is not traced (for the prolog: its resource file exists, gecod read the job at
-quarantine) and the log level sends no line to the job's output. Anything else, a
+is not traced and the log level sends no line to the job's output. (For the prolog of a
+job gecod has not seen, on a node without the preload, gecod asks qstat as the prolog
+would and saves the resource file; for a traced job it then leaves the rest to the
+Python prolog, which reads that file.) Anything else, a
 failure included, is answered "not done" and the program runs the Python hook
 (``/opt/geco/libexec/geco-prolog``, ``geco-epilog``), which does it all and reports
 what went wrong in its own words: the work is safe to do twice.
@@ -48,7 +50,7 @@ from geco.errors import GecoError
 from geco.hooks import Exit, epilog, journal_done, prolog, starter
 from geco.jobkey import JobKey
 from geco.protocol import STARTER_ENVIRON, AckStatus, Hook, HookName, Starter, StarterReply
-from geco.sge import execd, resourcefile
+from geco.sge import execd, lookup, resourcefile
 
 __all__ = ["refusal", "serve", "serve_starter"]
 
@@ -87,9 +89,13 @@ def serve(msg: Hook, ctx: Context) -> tuple[AckStatus, str]:
         if rs is not None and rs.trace_level > 0:
             return _not_here(msg, f"traced job (level {rs.trace_level})")
         if msg.hook is HookName.PROLOG:
-            if rs is None:
-                return _not_here(msg, "no resource file: the prolog asks qstat")
-            code = prolog.contain(job, shepherd, cfg, logger, ctx.backend)
+            with ctx.job_lock(job.key):
+                # no preload (gecod has not seen the job): qstat, as the prolog would ask it,
+                # and the resource file saved; a traced job's prolog then reads that file
+                found = lookup.find(job, cfg, logger) if rs is None else None
+            if found is not None and found.resources.trace_level > 0:
+                return _not_here(msg, f"traced job (level {found.resources.trace_level})")
+            code = prolog.contain(job, shepherd, cfg, logger, ctx.backend, found)
         else:
             with ctx.job_lock(job.key):
                 code = epilog.end(job, shepherd, msg.pid, cfg, logger, ctx.backend)

@@ -128,13 +128,14 @@ def _body(cfg: Config, logger: log.Logger) -> Exit:
 
 
 def contain(job: execd.JobRef, shepherd: int, cfg: Config, logger: log.Logger,
-            backend: cgroup.Backend | None = None) -> Exit:
+            backend: cgroup.Backend | None = None, found: lookup.Found | None = None) -> Exit:
     """The prolog's work once its job and the job's verified shepherd are known: the
     resources, the cgroups, the story. gecod runs it too, for a prolog that asked it to
-    (:mod:`geco.daemon.hookserve`), with its own cgroup backend."""
+    (:mod:`geco.daemon.hookserve`), with its own cgroup backend and, when it asked qstat
+    itself, the resources it ``found``."""
     logger.debug("job %s: parent %d is the job's sge_shepherd (spool dir %s)", job.key,
                  shepherd, job.spool_dir)
-    found = _resources(job, cfg, logger)
+    found = found or _resources(job, cfg, logger)
     rs = found.resources
     trace_file = attach_trace(cfg, rs)
     if trace_file is not None:

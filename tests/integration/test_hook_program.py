@@ -38,6 +38,24 @@ def hook_entries(journal: Any, job: int) -> dict[str, dict[str, Any]]:
             for hook, event in events.items()}
 
 
+def test_without_the_preload_gecod_asks_qstat_once_for_the_prolog(
+        sge: Any, gecod_service: Any, job_dir: Any, journal: Any) -> None:
+    """Given gecod but no preload in sge_execd (gecod has not seen the job before its
+    prolog), when a job runs, then gecod does the prolog's work, asking qstat for the job
+    itself (the resources-read record says qstat, once), and the job runs normally in its
+    cgroups. (First in this module: the ``gecod`` fixture below adds the preload.)"""
+    job = job_dir.submit("asked")
+    [record] = sge.wait_finished(job, timeout=120)
+    done = hook_entries(journal, job)
+    [read] = journal.entries(JOB_ID=str(job), GECO_EVENT="resources-read")
+    report = job_dir.reports("asked", job)[0]
+
+    assert record["exit_status"] == "0" and record["failed"] == "0"
+    assert report["cgroups"]["memory"].endswith(f"{job}.1")
+    assert read["SOURCE"] == "qstat" and int(read["_PID"]) == listener_pid()
+    assert int(done["prolog"]["_PID"]) == listener_pid()
+
+
 def test_gecod_does_the_prolog_and_epilog_and_the_job_is_as_without_it(
         sge: Any, gecod: Any, job_dir: Any, journal: Any) -> None:
     """Given gecod and the preload, when a job runs, then its prolog's, starter's and
