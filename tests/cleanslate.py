@@ -144,7 +144,7 @@ def alive(pid: int) -> bool:
     """True unless the process is gone or a zombie (its parent may never reap it)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone before the open, or before the read
         return False
     return stat[stat.rindex(b")") + 2:][:1] not in (b"Z", b"X")
 
