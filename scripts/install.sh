@@ -56,6 +56,7 @@ TEST_PACKAGES=(
   openssh-server                           # ssh adoption tests
   strace                                   # the quarantine happens before execve
   at cron                                  # the doors out of a job: geco's stray killing
+  iproute2                                 # the cluster's hosts in namespaces (integration/cluster)
   qemu-system-x86 qemu-utils debootstrap e2fsprogs  # the systemd + cgroup v2 machine (integration/vm)
 )
 TEST=no

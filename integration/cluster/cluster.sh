@@ -1,0 +1,240 @@
+#!/usr/bin/env bash
+# cluster.sh -- a Grid Engine cluster on one machine: the qmaster of integration/sge and
+# N execution hosts, each in its own network and UTS namespace, with its own execd,
+# gecod, state dir, geco config and cgroup parent holding its share of the cores.
+#
+#   integration/cluster/cluster.sh up [N]    bring up N hosts (default 3): geco-node1..N
+#   integration/cluster/cluster.sh status    qhost and each host's daemons
+#   integration/cluster/cluster.sh down      stop and remove everything `up` made
+#
+# Run as root, after scripts/install.sh (geco); `up` runs integration/sge/setup.sh when no
+# qmaster answers. What each host k gets:
+#   network    namespace geco-test-n<k>, veth gecotv<k> <-> eth0, 10.77.<k>.11/24 (the
+#              machine's side 10.77.<k>.1, the default route; forwarding on, so hosts
+#              reach each other and the qmaster), names in /etc/netns/<ns>/hosts, and
+#              geco-node<k> in the machine's /etc/hosts for the qmaster
+#   hostname   geco-node<k> (a UTS namespace per daemon, all named so)
+#   execd      Grid Engine's, spool /var/spool/gridengine/execd/geco-node<k>, with geco's
+#              exec() preload
+#   geco       /etc/netns/<ns>/geco/ (mounted on /etc/geco for its daemons): geco.toml with
+#              state dir /var/lib/geco-test-node<k>, cgroup parent geco-test-node<k>,
+#              sockets /run/geco-test-node<k>/, strays off (every host sees every
+#              process: /proc is the machine's); the site's quarantine key
+#   gecod      geco daemon in the namespace, pid in /run/geco-test-node<k>/gecod.pid
+#   cores      cpuset geco-test-node<k> made beforehand with core (k-1) mod ncores: on a
+#              machine with fewer cores than hosts, hosts share a core (to geco they are
+#              separate machines)
+# and the queue geco-test-cluster.q (1 slot per host, geco's prolog, epilog and starter)
+# with the PE geco-test-cluster ($round_robin: a job of N slots gets one on each host).
+# `down` undoes all of it, also after an interrupted `up`; it ends only the processes
+# `up` started (by their pid files).
+set -euo pipefail
+
+export SGE_ROOT=/var/lib/gridengine SGE_CELL=default PATH=/usr/sbin:/usr/bin:/sbin:/bin
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
+REPO=$(cd "$HERE/../.." && pwd -P)
+SPOOL=/var/spool/gridengine/execd
+PRELOAD=/opt/geco/lib/libgeco_preload.so
+GECO=/opt/geco/venv/bin/geco
+QUEUE=geco-test-cluster.q
+PE=geco-test-cluster
+STATE=/run/geco-test-cluster  # nodes up, one file each: what `down` undoes
+MARK="# geco-test-cluster"
+HOOKS_PROLOG='root@/opt/geco/libexec/prolog $job_id $ja_task_id'
+HOOKS_EPILOG='root@/opt/geco/libexec/epilog $job_id $ja_task_id'
+HOOKS_STARTER=/opt/geco/libexec/starter
+
+log() { printf '[cluster] %s\n' "$*"; }
+die() { echo "[cluster] ERROR: $*" >&2; exit 1; }
+ns() { echo "geco-test-n$1"; }
+host() { echo "geco-node$1"; }
+ip_of() { echo "10.77.$1.11"; }
+run_dir() { echo "/run/geco-test-node$1"; }
+nodes_up() { [ -d "$STATE" ] && ls "$STATE" 2>/dev/null | sed -n 's/^node//p' | sort -n; }
+pid_alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+in_node() { # k command... : run in host k's network namespace, with its /etc/geco, its
+  # /etc/hosts and its hostname (mount and UTS namespaces of the command's own; not `ip
+  # netns exec`, which mounts a sysfs of the namespace over /sys and so hides the cgroups);
+  # EXEC=exec: in place of the calling shell
+  local k=$1; shift
+  ${EXEC:-} nsenter --net="/run/netns/$(ns "$k")" unshare --mount --uts --propagation private \
+    sh -c 'mount --bind "$0/geco" /etc/geco && mount --bind "$0/hosts" /etc/hosts &&
+           hostname "$1" && shift && exec "$@"' "/etc/netns/$(ns "$k")" "$(host "$k")" "$@"
+}
+qmaster_addr() { getent ahostsv4 "$(hostname)" | awk 'NR == 1 { print $1 }'; }
+
+node_config() { # k: the host's geco.toml
+  local k=$1 run; run=$(run_dir "$k")
+  cat <<EOF
+# geco on emulated host $(host "$k") (integration/cluster/cluster.sh)
+[paths]
+state_dir = "/var/lib/geco-test-node$k"
+execd_spool_dir = "$SPOOL"
+
+[cgroup]
+name = "geco-test-node$k"
+
+[log]
+trace_dir = "/var/log/geco-test-node$k/trace"
+
+[strays]
+kill = false
+
+[gecod]
+socket = "path:$run/gecod.sock"
+privileged_socket = "path:$run/gecod-root.sock"
+reaper_interval = 30.0
+EOF
+}
+
+cpuset_dir() { echo "/sys/fs/cgroup/cpuset/geco-test-node$1"; }
+
+net_node() { # k: its network, names, directories and geco config
+  local k=$1 n h addr run etc
+  n=$(ns "$k"); h=$(host "$k"); addr=$(ip_of "$k"); run=$(run_dir "$k"); etc=/etc/netns/$n
+  touch "$STATE/node$k"
+  ip netns add "$n"
+  ip link add "gecotv$k" type veth peer name eth0 netns "$n"
+  ip addr add "10.77.$k.1/24" dev "gecotv$k"
+  ip link set "gecotv$k" up
+  ip -n "$n" link set lo up
+  ip -n "$n" addr add "$addr/24" dev eth0
+  ip -n "$n" link set eth0 up
+  ip -n "$n" route add default via "10.77.$k.1"
+  grep -q "^$addr $h " /etc/hosts || echo "$addr $h $MARK" >> /etc/hosts
+  install -d -m 0755 "$etc/geco" "$run" "/var/lib/geco-test-node$k"
+  node_config "$k" > "$etc/geco/geco.toml"
+  install -m 0600 /etc/geco/quarantine.key "$etc/geco/quarantine.key"
+}
+
+start_node() { # k: its cores, then its gecod and execd
+  local k=$1 h run; h=$(host "$k"); run=$(run_dir "$k")
+  # the host's cores: its cpuset made before gecod, which never widens one it finds
+  local cd cores; cd=$(cpuset_dir "$k"); cores=$(nproc)
+  mkdir -p "$cd"
+  cat /sys/fs/cgroup/cpuset/cpuset.mems > "$cd/cpuset.mems"
+  echo $(( (k - 1) % cores )) > "$cd/cpuset.cpus"
+  qconf -ah "$h" >/dev/null 2>&1 || true
+  in_node "$k" "$GECO" preload-config -o /etc/geco/preload.conf >/dev/null
+  # EXEC=exec: the background subshell becomes gecod, so $! is gecod's pid
+  (cd / && EXEC=exec in_node "$k" env -i PATH="$PATH" LANG=C.UTF-8 setsid "$GECO" daemon \
+     </dev/null >"$run/gecod.log" 2>&1 & echo $! > "$run/gecod.pid")
+  local i
+  for i in $(seq 300); do [ -S "$run/gecod-root.sock" ] && break; sleep 0.1; done
+  [ -S "$run/gecod-root.sock" ] || die "gecod of $h did not start: $(tail -5 "$run/gecod.log")"
+  (cd / && in_node "$k" env -i PATH="$PATH" LANG=C.UTF-8 SGE_ROOT="$SGE_ROOT" \
+     SGE_CELL="$SGE_CELL" LD_PRELOAD="$PRELOAD" setsid /usr/sbin/sge_execd \
+     </dev/null >/dev/null 2>&1)
+  log "$h: $(ip_of "$k"), cpus $(cat "$cd/cpuset.cpus"), gecod pid $(cat "$run/gecod.pid")"
+}
+
+write_hosts_files() { # every namespace resolves the qmaster and every host
+  local k all="" master; master=$(qmaster_addr)
+  for k in $(nodes_up); do all+="$(ip_of "$k") $(host "$k")"$'\n'; done
+  for k in $(nodes_up); do
+    printf '127.0.0.1 localhost\n%s %s\n%s' "$master" "$(hostname)" "$all" \
+      > "/etc/netns/$(ns "$k")/hosts"
+  done
+}
+
+queue_up() { # the hosts of the cluster, a queue and a PE over them
+  local k hosts=() f; f=$(mktemp)
+  for k in $(nodes_up); do hosts+=("$(host "$k")"); done
+  qconf -sp mpi | sed -e "s/^pe_name .*/pe_name $PE/" -e 's/^slots .*/slots 9999/' \
+    -e 's/^allocation_rule .*/allocation_rule $round_robin/' > "$f"
+  qconf -Ap "$f" >/dev/null 2>&1 || qconf -Mp "$f" >/dev/null
+  qconf -sq all.q | sed -e "s/^qname .*/qname $QUEUE/" -e "s/^hostlist .*/hostlist ${hosts[*]}/" \
+    -e 's/^slots .*/slots 1/' -e "s/^pe_list .*/pe_list $PE/" \
+    -e "s|^prolog .*|prolog $HOOKS_PROLOG|" -e "s|^epilog .*|epilog $HOOKS_EPILOG|" \
+    -e "s|^starter_method .*|starter_method $HOOKS_STARTER|" > "$f"
+  qconf -Aq "$f" >/dev/null 2>&1 || qconf -Mq "$f" >/dev/null
+  rm -f "$f"
+}
+
+wait_hosts() { # until qhost reports every host (load values, not "-")
+  local k i
+  for k in $(nodes_up); do
+    for i in $(seq 600); do
+      qhost -h "$(host "$k")" 2>/dev/null | awk -v h="$(host "$k")" '$1 == h && $4 != "-" { ok = 1 } END { exit !ok }' && break
+      sleep 0.1
+    done
+    qhost -h "$(host "$k")" | awk -v h="$(host "$k")" '$1 == h && $4 != "-" { ok = 1 } END { exit !ok }' \
+      || die "$(host "$k") does not report to the qmaster"
+  done
+}
+
+up() {
+  local count=${1:-3} k
+  [ "$(id -u)" = 0 ] || die "run as root"
+  [ -x "$GECO" ] || die "geco is not installed: run scripts/install.sh first"
+  [ -z "$(nodes_up)" ] || die "a cluster is up already ($(nodes_up | paste -sd' ')): run '$0 down' first"
+  # the qmaster as it runs (a test session's settings stay), else integration/sge's
+  qconf -sh >/dev/null 2>&1 || bash "$REPO/integration/sge/setup.sh" >/dev/null
+  mkdir -p "$STATE"
+  cat /proc/sys/net/ipv4/ip_forward > "$STATE/ip_forward"
+  echo 1 > /proc/sys/net/ipv4/ip_forward
+  for k in $(seq "$count"); do net_node "$k"; done
+  write_hosts_files
+  for k in $(seq "$count"); do start_node "$k"; done
+  wait_hosts
+  queue_up
+  log "up: $count hosts, queue $QUEUE, PE $PE"
+}
+
+stop_pid() { # pidfile: end the process it names (ours), wait for it
+  local pid i; [ -s "$1" ] || return 0; pid=$(cat "$1")
+  kill "$pid" 2>/dev/null || return 0
+  for i in $(seq 100); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
+  kill -9 "$pid" 2>/dev/null || true
+}
+
+remove_cgroups() { # k: the host's cgroup parent in every hierarchy, job cgroups first
+  local k=$1 d
+  for d in /sys/fs/cgroup/*/geco-test-node"$k"; do
+    [ -d "$d" ] || continue
+    find "$d" -mindepth 1 -depth -type d -exec rmdir {} + 2>/dev/null || true
+    rmdir "$d" 2>/dev/null || log "cannot remove $d (processes left: $(cat "$d/cgroup.procs" | paste -sd' '))"
+  done
+}
+
+down_node() { # k
+  local k=$1 h; h=$(host "$k")
+  stop_pid "$SPOOL/$h/execd.pid"
+  stop_pid "$(run_dir "$k")/gecod.pid"
+  remove_cgroups "$k"
+  qconf -de "$h" >/dev/null 2>&1 || true
+  qconf -dh "$h" >/dev/null 2>&1 || true
+  rm -rf "${SPOOL:?}/$h" "/etc/netns/$(ns "$k")" "$(run_dir "$k")" "/var/lib/geco-test-node$k" \
+    "/var/log/geco-test-node$k"
+  ip netns del "$(ns "$k")" 2>/dev/null || true
+  ip link del "gecotv$k" 2>/dev/null || true
+  rm -f "$STATE/node$k"
+}
+
+down() {
+  local k
+  qconf -dq "$QUEUE" >/dev/null 2>&1 || true
+  qconf -dp "$PE" >/dev/null 2>&1 || true
+  for k in $(nodes_up); do down_node "$k"; done
+  sed -i "/ $MARK\$/d" /etc/hosts
+  if [ -s "$STATE/ip_forward" ]; then cat "$STATE/ip_forward" > /proc/sys/net/ipv4/ip_forward; fi
+  rm -rf "$STATE"
+  log "down"
+}
+
+status() {
+  local k
+  qhost
+  for k in $(nodes_up); do
+    printf '%s: execd %s, gecod %s\n' "$(host "$k")" \
+      "$(pid_alive "$SPOOL/$(host "$k")/execd.pid" && echo up || echo down)" \
+      "$(pid_alive "$(run_dir "$k")/gecod.pid" && echo up || echo down)"
+  done
+}
+
+case "${1:-}" in
+  up) up "${2:-3}" ;;
+  down) down ;;
+  status) status ;;
+  *) echo "usage: $0 up [N] | status | down" >&2; exit 2 ;;
+esac
