@@ -104,8 +104,11 @@ def _add_key_commands(sub: Any) -> None:
     """The parser entries of `geco keygen` and `geco preload-config`."""
     kg = sub.add_parser("keygen", help="write a new quarantine key (gecod and the preload)",
                         description="Write a new random 32-byte quarantine key, atomically, "
-                                    "mode 0600. Default PATH: [gecod] key_file.")
+                                    "mode 0600. Default PATH: [gecod] key_file, or with "
+                                    "--cluster [cluster] key_file.")
     kg.add_argument("--force", action="store_true", help="replace an existing key file")
+    kg.add_argument("--cluster", action="store_true",
+                    help="the cluster key (the same file on every host: copy it to all)")
     kg.add_argument("path", nargs="?", metavar="PATH", help="the key file")
     pc = sub.add_parser("preload-config", help="render the preload's preload.conf",
                         description="Render the exec() preload's key=value config from "
@@ -129,12 +132,19 @@ def _keygen(args: argparse.Namespace) -> int:
     from geco import keys
 
     try:
-        path = Path(args.path) if args.path else _config.load().gecod_key_file
+        cfg = _config.load()
+        path = Path(args.path) if args.path else (cfg.cluster_key_file if args.cluster
+                                                  else cfg.gecod_key_file)
         keys.generate_key(path, force=args.force)
     except GecoError as exc:
         print(f"geco keygen: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    print(f"geco keygen: wrote a new key to {path}; restart gecod, sge_execd and sshd to use it")
+    if args.cluster:
+        print(f"geco keygen: wrote a new cluster key to {path}; copy it to every host (mode "
+              f"0600, owned by root) and restart gecod there")
+    else:
+        print(f"geco keygen: wrote a new key to {path}; restart gecod, sge_execd and sshd to "
+              f"use it")
     if os.geteuid() != 0:
         print(f"geco keygen: warning: {path} is not owned by root, so gecod will refuse it; "
               f"run keygen as root", file=sys.stderr)

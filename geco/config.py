@@ -98,6 +98,11 @@ class Config(NamedTuple):
     ssh_adopt_failure: str = "refuse"
     ssh_gecod_unreachable: str = "decide-here"
     ssh_bypass_file: Path = Path("/etc/geco/ssh-bypass")
+    # [cluster]
+    cluster_address: str = "port:6446"
+    cluster_key_file: Path = Path("/etc/geco/cluster.key")
+    cluster_slaves: str = "strict"
+    cluster_timeout: float = 10.0
 
     @property
     def resources_dir(self) -> Path:
@@ -120,6 +125,7 @@ _SECTIONS: dict[str, tuple[str, ...]] = {
                "strays_delay"),
     "ssh": ("ssh_admins", "ssh_admin_groups", "ssh_several_jobs", "ssh_adopt_failure",
             "ssh_gecod_unreachable", "ssh_bypass_file"),
+    "cluster": ("cluster_address", "cluster_key_file", "cluster_slaves", "cluster_timeout"),
     "gecod": ("gecod_socket", "gecod_privileged_socket", "gecod_privileged_group",
               "gecod_key_file", "gecod_request_timeout",
               "gecod_unreachable_policy", "gecod_exec_filter", "gecod_max_skew",
@@ -138,6 +144,7 @@ _TOML_NAME = {"cgroup_mount": "mount", "cgroup_name": "name", "cgroup_version": 
               **{f"ssh_{n}": n for n in ("admins", "admin_groups", "several_jobs",
                                          "adopt_failure", "gecod_unreachable",
                                          "bypass_file")},
+              **{f"cluster_{n}": n for n in ("address", "key_file", "slaves", "timeout")},
               **{f"gecod_{n}": n for n in (
                   "socket", "privileged_socket", "privileged_group", "key_file",
                   "request_timeout", "unreachable_policy", "exec_filter",
@@ -151,7 +158,8 @@ _CHOICES = {"cgroup_version": ("auto", "1", "2"),
             "gecod_oom": ("kernel", "kill-job"),
             "ssh_several_jobs": ("newest", "refuse"),
             "ssh_adopt_failure": ("refuse", "allow"),
-            "ssh_gecod_unreachable": ("decide-here", "refuse", "allow")}
+            "ssh_gecod_unreachable": ("decide-here", "refuse", "allow"),
+            "cluster_slaves": ("strict", "lenient")}
 # Whole-number settings whose smallest sensible value is above 0.
 _MINIMUM = {"gecod_workers": 1}
 # Path settings where "" means "the built-in choice" (not a path).

@@ -296,7 +296,7 @@ class Contained(NamedTuple):
 def contain_job(job: JobRef, cfg: Config, backend: Backend, *, pid: int | None,
                 found: Found | None = None, hostname: str | None = None,
                 topology: Topology | None = None, reclaim: Callable[[], None] | None = None,
-                logger: log.Logger | None = None) -> Contained:
+                logger: log.Logger | None = None, prepared_only: bool = False) -> Contained:
     """Put ``pid`` into its job's cgroups on this node, making them first when needed.
 
     The one way in, for the prolog and for gecod: the job's cgroups exist ->
@@ -316,16 +316,29 @@ def contain_job(job: JobRef, cfg: Config, backend: Backend, *, pid: int | None,
     hostname: this node's name as the resource set spells it (default: this host).
     topology, reclaim: as :func:`contain`.
     logger: where :func:`geco.sge.lookup.find` warns.
+    prepared_only: a parallel job's task on a slave host, where ``[cluster] slaves =
+        "strict"``: only the resource file the job's master sent (its PREPARE) will do;
+        without it the task is refused, never looked up.
 
     Raises
     ------
     GecoError
-        when the job has no slots on this node (names its hosts), or as
-        :func:`geco.sge.lookup.find` and :func:`contain` raise.
+        when the job has no slots on this node (names its hosts), when it was not
+        prepared here (``prepared_only``), or as :func:`geco.sge.lookup.find` and
+        :func:`contain` raise.
     """
     limits = join(job.key, backend, pid, state_dir=cfg.state_dir)
     if limits is not None:
         return Contained(limits, False, found)
+    if found is None and prepared_only:
+        saved = resourcefile.read(cfg.resources_dir, job.key)
+        if saved is None:
+            raise GecoError(f"job {job.key} was not prepared on this host "
+                            f"({hostname or short_hostname()}) by its master host's prolog, "
+                            "so its tasks are refused here ([cluster] slaves = \"strict\"): "
+                            "is geco's prolog set in the job's queue, and do its hosts share "
+                            "the cluster key?")
+        found = Found(saved, "file", 0.0)
     if found is None:
         found = lookup.find(job, cfg, logger)
     node = found.resources.node(hostname)

@@ -27,13 +27,15 @@ __all__ = ["KEY_BYTES", "KEY_MODE", "generate_key", "load_key"]
 KEY_MODE = 0o600
 
 
-def load_key(path: Path | str) -> bytes:
+def load_key(path: Path | str, what: str = "quarantine key") -> bytes:
     """Read the key after checking that only root can read or change it.
 
     Parameters
     ----------
     path:
         The key file (symlinks are followed; the checks apply to the file itself).
+    what:
+        Which key, for messages: ``quarantine key`` or ``cluster key``.
 
     Returns
     -------
@@ -51,37 +53,37 @@ def load_key(path: Path | str) -> bytes:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY)
     except FileNotFoundError as exc:
-        raise KeyFileError(f"the quarantine key file does not exist; create it with "
+        raise KeyFileError(f"the {what} file does not exist; create it with "
                            f"`geco keygen {path}`", path=path) from exc
     except OSError as exc:
-        raise KeyFileError.from_oserror("cannot open the quarantine key file", exc,
+        raise KeyFileError.from_oserror(f"cannot open the {what} file", exc,
                                         path=path) from exc
     try:
         # checked on the open file, not the name: no window to swap the file in between
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise KeyFileError(f"the quarantine key file must be a regular file; replace it "
+            raise KeyFileError(f"the {what} file must be a regular file; replace it "
                                f"with `geco keygen --force {path}`", path=path)
         if st.st_uid != 0:
-            raise KeyFileError(f"the quarantine key file must be owned by root, got uid "
+            raise KeyFileError(f"the {what} file must be owned by root, got uid "
                                f"{st.st_uid}; fix: `chown root: {path}` (and check who "
                                f"could have changed it)", path=path)
         mode = stat.S_IMODE(st.st_mode)
         if mode & 0o077:
-            raise KeyFileError(f"the quarantine key file must not be accessible to group or "
+            raise KeyFileError(f"the {what} file must not be accessible to group or "
                                f"others (mode 0600 or 0400), got {mode:04o}; fix: "
                                f"`chmod 600 {path}`, then `geco keygen --force {path}` and "
                                f"restart gecod, sge_execd and sshd, since others may have "
                                f"read it", path=path)
         data = os.read(fd, KEY_BYTES + 1)
     except OSError as exc:
-        raise KeyFileError.from_oserror("cannot read the quarantine key file", exc,
+        raise KeyFileError.from_oserror(f"cannot read the {what} file", exc,
                                         path=path) from exc
     finally:
         os.close(fd)
     if len(data) != KEY_BYTES:
         size = f"{len(data)}" if len(data) <= KEY_BYTES else f"more than {KEY_BYTES}"
-        raise KeyFileError(f"the quarantine key file must hold exactly {KEY_BYTES} bytes, got "
+        raise KeyFileError(f"the {what} file must hold exactly {KEY_BYTES} bytes, got "
                            f"{size}; fix: `geco keygen --force {path}`", path=path)
     return data
 

@@ -36,6 +36,7 @@ import enum
 import hmac
 import json
 import os
+import re
 import socket
 import struct
 import threading
@@ -48,12 +49,14 @@ from typing import Any, ClassVar, NamedTuple
 from geco.errors import ProtocolError
 
 __all__ = [
+    "CLUSTER_MAX_PAYLOAD",
     "HEADER_BYTES",
     "KEY_BYTES",
     "MAC_BYTES",
     "MAGIC",
     "MAX_FRAME",
     "MAX_PAYLOAD",
+    "NODE_REQUESTS",
     "NONCE_BYTES",
     "PEERCRED",
     "PEERCRED_TYPES",
@@ -72,6 +75,7 @@ __all__ = [
     "JobStarted",
     "Message",
     "MsgType",
+    "NodeRequest",
     "ReplayCache",
     "Starter",
     "StarterReply",
@@ -94,6 +98,9 @@ HEADER_BYTES = 36
 MAC_BYTES = 32
 MAX_PAYLOAD = 4096
 MAX_FRAME = HEADER_BYTES + MAX_PAYLOAD + MAC_BYTES
+# The cluster channel's cap: a PREPARE carries the whole job's resource set (a host costs
+# ~50 bytes of it), so jobs of thousands of hosts fit.
+CLUSTER_MAX_PAYLOAD = 256 * 1024
 # Flag bit: a peer-credentialed frame (MAC'd with PUBLIC_KEY; the kernel names the sender).
 PEERCRED = 0x0001
 # The MAC key of PEERCRED frames: public, so their MAC proves integrity, not who sent them.
@@ -117,6 +124,14 @@ class MsgType(enum.IntEnum):
     HOOK = 8
     STARTER = 9
     STARTER_REPLY = 10
+    # one gecod to another over the cluster channel (geco.cluster), MAC'd with the cluster key
+    PREPARE = 11
+    ABORT = 12
+    RELEASE = 13
+    NODE_REPLY = 14
+
+# The cluster channel's requests (answered with NODE_REPLY).
+NODE_REQUESTS = frozenset({MsgType.PREPARE, MsgType.ABORT, MsgType.RELEASE})
 
 
 # What may carry PEERCRED: the requests any local user may make (ADOPT only at its EXEC
@@ -138,6 +153,7 @@ class AckStatus(enum.IntEnum):
     BAD_REQUEST = 4
     VERSION = 5  # the request's protocol version is not spoken here
     BUSY = 6
+    REQUEUE = 7  # a HOOK: gecod did the prolog's work and the job must be re-queued (exit 99)
 
 
 def _payload_error(msg: str, **fields: object) -> ProtocolError:
@@ -443,13 +459,63 @@ class StarterReply:
                    tuple(words[2:2 + argc]), tuple(words[2 + argc:]))
 
 
+HOST_MAX = 255
+_HOST_NAME = re.compile(rb"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRequest:
+    """Payload of PREPARE, ABORT and RELEASE, from a job's master gecod to a slave's:
+    "make (PREPARE), undo (ABORT) or end (RELEASE) ``job_id.task_id`` on ``host``".
+
+    ``host`` binds the request to the one node it is for (a frame recorded for one host is
+    refused by every other); ``resources`` is the job's ``GECOResourceSet_v1`` text
+    (PREPARE), else empty.
+
+    Wire: u64 job_id, u64 task_id, the host name (1 to 255 bytes of ``[A-Za-z0-9._-]``)
+    and a NUL, then the resources; at most :data:`CLUSTER_MAX_PAYLOAD` bytes.
+    """
+
+    job_id: int
+    task_id: int
+    host: str
+    resources: bytes = b""
+
+    TYPES: ClassVar[tuple[MsgType, ...]] = (MsgType.PREPARE, MsgType.ABORT, MsgType.RELEASE)
+    _S: ClassVar[struct.Struct] = struct.Struct("<QQ")
+
+    def pack(self) -> bytes:
+        """Return the payload bytes (ValueError for a host name that is not one)."""
+        host = self.host.encode("ascii", "replace")
+        if len(host) > HOST_MAX or not _HOST_NAME.fullmatch(host):
+            raise ValueError(f"not a host name: {self.host!r}")
+        return self._S.pack(self.job_id, self.task_id) + host + b"\0" + self.resources
+
+    @classmethod
+    def unpack(cls, payload: bytes) -> NodeRequest:
+        """Parse a payload; raise ProtocolError (reason ``payload``) when it is malformed."""
+        fixed = cls._S.size
+        end = payload.find(b"\0", fixed, fixed + HOST_MAX + 1)
+        if end < 0:
+            raise _payload_error(f"a cluster request must name its host in at most "
+                                 f"{HOST_MAX} bytes ending in a NUL")
+        host = payload[fixed:end]
+        if not _HOST_NAME.fullmatch(host):
+            raise _payload_error(f"a cluster request's host must be a host name, got "
+                                 f"{host[:40]!r}")
+        job_id, task_id = cls._S.unpack_from(payload)
+        if job_id < 1 or task_id < 1:
+            raise _payload_error(f"job and task ids must be >= 1, got {job_id}.{task_id}")
+        return cls(job_id, task_id, host.decode("ascii"), payload[end + 1:])
+
+
 @dataclass(frozen=True, slots=True)
 class StatusReply:
-    """Payload of STATUS_REPLY: one UTF-8 JSON object (at most 4096 bytes)."""
+    """Payload of STATUS_REPLY and NODE_REPLY: one UTF-8 JSON object."""
 
     document: dict[str, Any]
 
-    TYPES: ClassVar[tuple[MsgType, ...]] = (MsgType.STATUS_REPLY,)
+    TYPES: ClassVar[tuple[MsgType, ...]] = (MsgType.STATUS_REPLY, MsgType.NODE_REPLY)
 
     def pack(self) -> bytes:
         """Return the compact UTF-8 JSON text."""
@@ -470,7 +536,7 @@ class StatusReply:
 
 
 Message = (JobStarted | Ack | Adopt | AdoptReply | StatusReply | Hook | Starter
-           | StarterReply)
+           | StarterReply | NodeRequest)
 
 
 def _check_size(name: str, payload: bytes, size: int) -> None:
@@ -494,14 +560,17 @@ _SIZES: dict[MsgType, int | None] = {
     MsgType.JOB_STARTED: 24, MsgType.ACK: 40, MsgType.STATUS: 0,
     MsgType.STATUS_REPLY: None, MsgType.ADOPT: None, MsgType.QUARANTINE_SELF: 24,
     MsgType.ADOPT_REPLY: None, MsgType.HOOK: 24, MsgType.STARTER: None,
-    MsgType.STARTER_REPLY: None,
+    MsgType.STARTER_REPLY: None, MsgType.PREPARE: None, MsgType.ABORT: None,
+    MsgType.RELEASE: None, MsgType.NODE_REPLY: None,
 }
 _UNPACK: dict[MsgType, Callable[[bytes], Message]] = {
     MsgType.JOB_STARTED: JobStarted.unpack, MsgType.QUARANTINE_SELF: JobStarted.unpack,
     MsgType.ACK: Ack.unpack, MsgType.ADOPT: Adopt.unpack,
     MsgType.STATUS_REPLY: StatusReply.unpack, MsgType.ADOPT_REPLY: AdoptReply.unpack,
     MsgType.HOOK: Hook.unpack, MsgType.STARTER: Starter.unpack,
-    MsgType.STARTER_REPLY: StarterReply.unpack,
+    MsgType.STARTER_REPLY: StarterReply.unpack, MsgType.PREPARE: NodeRequest.unpack,
+    MsgType.ABORT: NodeRequest.unpack, MsgType.RELEASE: NodeRequest.unpack,
+    MsgType.NODE_REPLY: StatusReply.unpack,
 }
 
 
@@ -559,7 +628,7 @@ def _check_secret(secret: bytes) -> None:
 
 def encode(type: MsgType | int, payload: bytes | Message, secret: bytes, *,
            nonce: bytes | None = None, ts_ns: int | None = None,
-           version: int = VERSION, flags: int = 0) -> bytes:
+           version: int = VERSION, flags: int = 0, max_payload: int = MAX_PAYLOAD) -> bytes:
     """Build one MAC'd frame.
 
     Parameters
@@ -581,6 +650,8 @@ def encode(type: MsgType | int, payload: bytes | Message, secret: bytes, *,
         build frames receivers must refuse.
     version:
         Only for tests of receivers (a frame of another version).
+    max_payload:
+        The channel's cap: :data:`MAX_PAYLOAD`, or :data:`CLUSTER_MAX_PAYLOAD` between gecods.
 
     Returns
     -------
@@ -602,8 +673,8 @@ def encode(type: MsgType | int, payload: bytes | Message, secret: bytes, *,
         except struct.error as exc:
             raise ValueError(f"a field of the {payload.__class__.__name__} does not fit its "
                              f"integer: {exc}") from None
-    if len(payload) > MAX_PAYLOAD:
-        raise ValueError(f"a payload must be at most {MAX_PAYLOAD} bytes, got {len(payload)}")
+    if len(payload) > max_payload:
+        raise ValueError(f"a payload must be at most {max_payload} bytes, got {len(payload)}")
     if nonce is None:
         nonce = os.urandom(NONCE_BYTES)  # getrandom(2), as libsodium's randombytes_buf
     elif len(nonce) != NONCE_BYTES:
@@ -618,7 +689,7 @@ def encode(type: MsgType | int, payload: bytes | Message, secret: bytes, *,
     return body + _mac(_mac_key(flags, secret), body)
 
 
-def expected_length(prefix: bytes) -> int | None:
+def expected_length(prefix: bytes, max_payload: int = MAX_PAYLOAD) -> int | None:
     """Return the whole frame's length once enough of its start has arrived.
 
     A receiver reading from a socket calls this with what it has so far: None
@@ -641,7 +712,7 @@ def expected_length(prefix: bytes) -> int | None:
         raise _shape_error("version", prefix)
     if len(prefix) < 12:
         return None
-    _check_flags_and_length(prefix, None)
+    _check_flags_and_length(prefix, None, max_payload)
     n = int.from_bytes(prefix[8:12], "little")
     return HEADER_BYTES + n + MAC_BYTES
 
@@ -661,7 +732,7 @@ class Header(NamedTuple):
     timestamp_ns: int
 
     @classmethod
-    def parse(cls, prefix: bytes) -> Header:
+    def parse(cls, prefix: bytes, max_payload: int = MAX_PAYLOAD) -> Header:
         """The header at the start of ``prefix`` (at least :data:`HEADER_BYTES` long).
 
         Raises
@@ -669,7 +740,7 @@ class Header(NamedTuple):
         ProtocolError
             as :func:`expected_length` does (magic, version, flags, length).
         """
-        expected_length(prefix)
+        expected_length(prefix, max_payload)
         _, _, type_, flags, n, nonce, ts_ns = _HEADER.unpack_from(prefix)
         return cls(type_, flags, n, nonce, ts_ns)
 
@@ -692,13 +763,17 @@ def claims_peercred(prefix: bytes | bytearray) -> bool:
 
 
 def claimed(frame: bytes | bytearray) -> tuple[int | None, int | None, int | None]:
-    """Job, task and pid a JOB_STARTED, QUARANTINE_SELF, HOOK or STARTER frame claims, read
-    without trusting it (for the journal of a refusal); Nones for other or short frames."""
+    """Job, task and pid a JOB_STARTED, QUARANTINE_SELF, HOOK or STARTER frame claims (job
+    and task for PREPARE, ABORT, RELEASE), read without trusting it (for the journal of a
+    refusal); Nones for other or short frames."""
     if len(frame) >= HEADER_BYTES + 24 and frame[5] in (MsgType.JOB_STARTED,
                                                          MsgType.QUARANTINE_SELF, MsgType.HOOK,
                                                          MsgType.STARTER):
         job, task, pid, _ = JobStarted._S.unpack_from(frame, HEADER_BYTES)
         return job, task, pid
+    if len(frame) >= HEADER_BYTES + 16 and frame[5] in NODE_REQUESTS:
+        job, task = NodeRequest._S.unpack_from(frame, HEADER_BYTES)
+        return job, task, None
     return None, None, None
 
 
@@ -740,11 +815,11 @@ def _check_flags(frame: bytes, peercred: bool | None) -> None:
                             reason="flags")
 
 
-def _check_flags_and_length(frame: bytes, peercred: bool | None) -> None:
+def _check_flags_and_length(frame: bytes, peercred: bool | None, max_payload: int) -> None:
     _check_flags(frame, peercred)
     n = int.from_bytes(frame[8:12], "little")
-    if n > MAX_PAYLOAD:
-        raise ProtocolError(f"payload length must be at most {MAX_PAYLOAD}, got {n}",
+    if n > max_payload:
+        raise ProtocolError(f"payload length must be at most {max_payload}, got {n}",
                             reason="length")
 
 
@@ -766,7 +841,7 @@ def _check_skew(ts_ns: int, now_ns: int | None, max_skew: float) -> None:
 
 def decode(frame: bytes, secret: bytes, *, now_ns: int | None = None, max_skew: float = 30.0,
            replay: ReplayCache | None = None, peercred: bool | None = None,
-           header: Header | None = None) -> Frame:
+           header: Header | None = None, max_payload: int = MAX_PAYLOAD) -> Frame:
     """Verify one frame and return it; the checks run in the documented order.
 
     Parameters
@@ -792,6 +867,8 @@ def decode(frame: bytes, secret: bytes, *, now_ns: int | None = None, max_skew: 
         MAC'd with the public key never answers a request MAC'd with the secret.
     header:
         ``Header.parse(frame)`` when the receiver has it already (read once per frame).
+    max_payload:
+        The channel's cap (:data:`CLUSTER_MAX_PAYLOAD` between gecods).
 
     Returns
     -------
@@ -815,9 +892,9 @@ def decode(frame: bytes, secret: bytes, *, now_ns: int | None = None, max_skew: 
         raise _shape_error("magic", frame)
     if frame[4] != VERSION:
         raise _shape_error("version", frame)
-    _check_flags_and_length(frame, peercred)
+    _check_flags_and_length(frame, peercred, max_payload)
     if header is None:
-        header = Header.parse(frame)
+        header = Header.parse(frame, max_payload)
     type_, flags, n, nonce, ts_ns = header
     if len(frame) != HEADER_BYTES + n + MAC_BYTES:
         raise ProtocolError(f"a frame with a {n}-byte payload must be "
@@ -983,7 +1060,7 @@ class ReplayCache:
             self._seen[nonce] = now_ns
 
 
-def read_frame(sock: socket.socket, deadline: float) -> bytes:
+def read_frame(sock: socket.socket, deadline: float, max_payload: int = MAX_PAYLOAD) -> bytes:
     """Read exactly one frame from a blocking socket.
 
     Parameters
@@ -992,6 +1069,8 @@ def read_frame(sock: socket.socket, deadline: float) -> bytes:
         A connected stream socket (its timeout is changed).
     deadline:
         ``time.monotonic()`` by which the whole frame must have arrived.
+    max_payload:
+        The channel's cap.
 
     Returns
     -------
@@ -1025,5 +1104,5 @@ def read_frame(sock: socket.socket, deadline: float) -> bytes:
                                 f"frame", reason="closed")
         buf += chunk
         if want is None:
-            want = expected_length(bytes(buf))
+            want = expected_length(bytes(buf), max_payload)
     return bytes(buf)

@@ -35,6 +35,7 @@ result says what happened.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from geco import containment, log, procfs
@@ -46,6 +47,10 @@ from geco.errors import GecoError
 from geco.jobkey import JobKey
 from geco.resourceset import short_hostname
 from geco.sge import qmod as qmod_command
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from geco.cluster import WholeJob
 
 __all__ = ["StuckProcess", "Teardown", "found_stuck", "tear_down"]
 
@@ -121,7 +126,9 @@ class Teardown(NamedTuple):
 
 
 def tear_down(key: JobKey, backend: Backend, cfg: Config, *, queue_instance: str | None,
-              cleaned_by: str, qmod: str | None = None) -> Teardown:
+              cleaned_by: str, qmod: str | None = None,
+              other_hosts: Callable[[Accounting], WholeJob] | None = None,
+              event: str = "job-end") -> Teardown:
     """Kill what is left of a job, remove its cgroups, journal the job's end or the escalation.
 
     Parameters
@@ -134,6 +141,11 @@ def tear_down(key: JobKey, backend: Backend, cfg: Config, *, queue_instance: str
         epilog reads it from the job's spooled ``config``); None disables
         every queue on this host, ``*@<short hostname>``.
     cleaned_by: who tears down, journaled as ``CLEANED_BY`` (``epilog``, ``reaper``).
+    other_hosts: a parallel job's master: given this host's figures, the whole job's
+        (:func:`geco.cluster.whole_job`), which join its ``job-end`` record, so that the
+        job has one record for all its hosts.
+    event: the record's ``GECO_EVENT``: ``job-end``, or ``job-end-slave`` on a slave host
+        of a parallel job, whose figures go into its master's ``job-end``.
     qmod: the qmod command; default: ``qmod`` next to ``cfg.qstat`` when that
         is a full path, else ``qmod`` from the fixed PATH qstat uses (:mod:`geco.sge.siteenv`).
         It is run argv-only (``qmod -d <instance>``), once, for at most
@@ -154,8 +166,11 @@ def tear_down(key: JobKey, backend: Backend, cfg: Config, *, queue_instance: str
     marker = cfg.state_dir / "stuck" / key
     if not backend.exists(key):
         _forget(marker)
-        _log.info("job %s ended: it has no cgroups on this node", key,
-                  extra=log.job_fields(job, task, "job-end", KILLED=0, CLEANED_BY=cleaned_by))
+        whole = other_hosts(Accounting()) if other_hosts else None
+        _log.info("job %s ended: it has no cgroups on this node%s", key,
+                  f"; {whole.text}" if whole else "",
+                  extra=log.job_fields(job, task, event, KILLED=0, CLEANED_BY=cleaned_by,
+                                       **(whole.fields if whole else {})))
         return Teardown(key, 0, (), Accounting(), None)
     accounting = Accounting.from_usage(containment.read_usage(key, backend))
     killed, error = 0, ""
@@ -167,10 +182,12 @@ def tear_down(key: JobKey, backend: Backend, cfg: Config, *, queue_instance: str
         left = _pids_left(key, backend) if error else ()
     if not left and not error:
         _forget(marker)
-        _log.info("job %s ended: %s; cgroups removed, %d leftover process(es) killed", key,
-                  accounting.describe(), killed,
-                  extra=log.job_fields(job, task, "job-end", KILLED=killed,
-                                       CLEANED_BY=cleaned_by, **accounting.journal_fields()))
+        whole = other_hosts(accounting) if other_hosts else None
+        _log.info("job %s ended: %s; cgroups removed, %d leftover process(es) killed%s", key,
+                  accounting.describe(), killed, f"; {whole.text}" if whole else "",
+                  extra=log.job_fields(job, task, event, KILLED=killed,
+                                       CLEANED_BY=cleaned_by, **accounting.journal_fields(),
+                                       **(whole.fields if whole else {})))
         return Teardown(key, killed, (), accounting, None)
     stuck = tuple(_describe(key, backend, pid) for pid in left)
     _report_stuck(key, stuck, error, killed, cfg.kill_timeout, cleaned_by)

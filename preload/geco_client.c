@@ -657,6 +657,8 @@ const char *geco_status_name(uint32_t status)
         return "VERSION";
     case GECO_BUSY:
         return "BUSY";
+    case GECO_REQUEUE:
+        return "REQUEUE";
     default:
         return "UNKNOWN";
     }

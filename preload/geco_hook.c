@@ -70,7 +70,8 @@ static uint64_t hook_id(const char *s, int task)
     return v;
 }
 
-/* gecod did the hook's work for this process */
+/* gecod did the hook's work for this process: the hook's exit status (0, or 99 when gecod
+   says the job must be re-queued), or -1 when the Python hook must do it */
 static int done_by_gecod(int argc, char **argv, uint32_t hook)
 {
     static geco_config_t cfg; /* one page for the key (see geco_config.h) */
@@ -79,16 +80,22 @@ static int done_by_gecod(int argc, char **argv, uint32_t hook)
     geco_client_outcome_t out;
 
     if (argc != 3 || geteuid() != 0)
-        return 0;
+        return -1;
     uint64_t job = hook_id(argv[1], 0), task = hook_id(argv[2], 1);
     if (job == 0 || task == 0)
-        return 0;
+        return -1;
     unsetenv("GECO_PRELOAD_CONF");
     if (geco_proto_init() != 0 || geco_config_load(&cfg, 1, &err, &note) != 0)
+        return -1;
+    if (geco_client_hook(&cfg.addr, cfg.secret.key, cfg.timeout_ms, cfg.max_skew_ns, job,
+                         task, (uint32_t)getpid(), hook, &out) == GECO_CLIENT_OK)
         return 0;
-    return geco_client_hook(&cfg.addr, cfg.secret.key, cfg.timeout_ms, cfg.max_skew_ns, job,
-                            task, (uint32_t)getpid(), hook, &out)
-           == GECO_CLIENT_OK;
+    /* a prolog gecod ran to the end, which found the job cannot start now (a host of a
+       parallel job did not prepare it; journaled): re-queued, not done a second time */
+    return hook == GECO_HOOK_PROLOG && out.result == GECO_CLIENT_E_STATUS
+                   && out.status == GECO_REQUEUE
+               ? 99
+               : -1;
 }
 
 /* The job's id from the environment Grid Engine gives a starter (as geco.sge.execd). */
@@ -173,8 +180,10 @@ int main(int argc, char **argv)
             fprintf(stderr, "geco: cannot start the job: %s: %s\n", program, strerror(errno));
             return 100;
         }
-    } else if (done_by_gecod(argc, argv, HOOKS[i].hook)) {
-        return 0;
+    } else {
+        int status = done_by_gecod(argc, argv, HOOKS[i].hook);
+        if (status >= 0)
+            return status;
     }
     char *python_argv[argc + 2];
     python_argv[0] = (char *)HOOKS[i].python;

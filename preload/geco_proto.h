@@ -28,7 +28,10 @@ extern "C" {
 
 enum geco_type { GECO_JOB_STARTED = 1, GECO_ACK = 2, GECO_STATUS = 3, GECO_STATUS_REPLY = 4,
                  GECO_ADOPT = 5, GECO_QUARANTINE_SELF = 6, GECO_ADOPT_REPLY = 7, GECO_HOOK = 8,
-                 GECO_STARTER = 9, GECO_STARTER_REPLY = 10 };
+                 GECO_STARTER = 9, GECO_STARTER_REPLY = 10,
+                 /* between gecods (geco/cluster.py), never on the preload's socket: named
+                    here so that the two sides keep one numbering */
+                 GECO_PREPARE = 11, GECO_ABORT = 12, GECO_RELEASE = 13, GECO_NODE_REPLY = 14 };
 /* HOOK's hooks: the Grid Engine hook whose work gecod does for root's hook program */
 enum geco_hook_name { GECO_HOOK_PROLOG = 1, GECO_HOOK_EPILOG = 2 };
 /* ADOPT's stages: decide only (PAM account), decide and move the sender (PAM session),
@@ -40,7 +43,8 @@ enum geco_adopt_stage { GECO_ADOPT_ACCOUNT = 1, GECO_ADOPT_SESSION = 2, GECO_ADO
 #define GECO_ADOPT_MAX_CONNECTION 255
 #define GECO_REPLY_MAX_TEXT 2048
 enum geco_status { GECO_OK = 0, GECO_REFUSED = 1, GECO_NO_SUCH_JOB = 2, GECO_FAILED = 3,
-                   GECO_BAD_REQUEST = 4, GECO_VERSION = 5, GECO_BUSY = 6 };
+                   GECO_BAD_REQUEST = 4, GECO_VERSION = 5, GECO_BUSY = 6,
+                   GECO_REQUEUE = 7 /* HOOK: done by gecod, the job is re-queued (exit 99) */ };
 /* errors returned (negative) by the decoders */
 enum geco_err { GECO_E_SHORT = -1, GECO_E_MAGIC = -2, GECO_E_VERSION = -3, GECO_E_FLAGS = -4,
                 GECO_E_LENGTH = -5, GECO_E_MAC = -6, GECO_E_TYPE = -7, GECO_E_PAYLOAD = -8,

@@ -244,6 +244,13 @@ if [ -f "$REPO/geco/keys.py" ]; then
   else
     "$VENV/bin/geco" keygen >/dev/null && log "key: generated /etc/geco/quarantine.key (0600)"
   fi
+  # the cluster key must be the same file on every host of a cluster: copy one over this
+  if [ -e /etc/geco/cluster.key ]; then
+    log "key: /etc/geco/cluster.key kept (exists)"
+  else
+    "$VENV/bin/geco" keygen --cluster >/dev/null \
+      && log "key: generated /etc/geco/cluster.key (0600; copy ONE such file to every host)"
+  fi
   "$VENV/bin/geco" preload-config -o /etc/geco/preload.conf >/dev/null \
     && log "preload config: /etc/geco/preload.conf"
 fi

@@ -95,17 +95,18 @@ def serve(msg: Hook, ctx: Context) -> tuple[AckStatus, str]:
                 found = lookup.find(job, cfg, logger) if rs is None else None
             if found is not None and found.resources.trace_level > 0:
                 return _not_here(msg, f"traced job (level {found.resources.trace_level})")
-            code = prolog.contain(job, shepherd, cfg, logger, ctx.backend, found)
+            code = prolog.contain(job, shepherd, msg.pid, cfg, logger, ctx.backend, found)
         else:
             with ctx.job_lock(job.key):
                 code = epilog.end(job, shepherd, msg.pid, cfg, logger, ctx.backend)
     except (GecoError, OSError) as exc:
         return _not_here(msg, str(exc), AckStatus.FAILED)
-    if code != Exit.OK:
+    if code not in (Exit.OK, Exit.REQUEUE):
         return _not_here(msg, f"exit {int(code)}", AckStatus.FAILED)
     journal_done(logger, name, code, time.monotonic() - started,
                  procfs.seconds_since_start(msg.pid), msg.job_id, msg.task_id)
-    return AckStatus.OK, ""
+    # a re-queue was decided and journaled here: the hook exits 99 without a second try
+    return (AckStatus.OK if code == Exit.OK else AckStatus.REQUEUE), ""
 
 
 def serve_starter(msg: Starter, nonce: bytes, peer: Peer, ctx: Context) -> StarterReply:

@@ -425,7 +425,7 @@ def _shepherd_job_dir(req: Request, key: JobKey, ctx: Context) -> Path:
 
 
 def _contain(key: JobKey, req: Request, job_dir: str | Path, ctx: Context,
-             wait: bool) -> tuple[Limits, bool, bool]:
+             wait: bool, master: bool) -> tuple[Limits, bool, bool]:
     """Steps 3 and 4 under the job's lock: the job's cgroups, reused or built, and the pid
     moved in; return their limits, whether we built them, and whether they are new to
     this gecod. ``wait=False``: raise :class:`WouldWait` unless that takes no waiting
@@ -445,7 +445,10 @@ def _contain(key: JobKey, req: Request, job_dir: str | Path, ctx: Context,
             raise WouldWait(f"job {key}'s cgroups are new to gecod")
         done = containment.contain_job(
             execd.JobRef(req.job_id, req.task_id, Path(job_dir)), ctx.config, ctx.backend,
-            pid=req.pid, hostname=ctx.hostname, topology=ctx.topology, reclaim=ctx.reclaim)
+            pid=req.pid, hostname=ctx.hostname, topology=ctx.topology, reclaim=ctx.reclaim,
+            # a PE task of a job whose master did not prepare it here ([cluster] slaves)
+            prepared_only=(req.type is MsgType.JOB_STARTED and not master
+                           and ctx.config.cluster_slaves == "strict"))
         identity = ctx.backend.identity(key)
         if identity is not None:
             ctx.ready[key] = (identity, done.limits)
@@ -488,7 +491,7 @@ def quarantine(req: Request, ctx: Context, *, wait: bool = True) -> Outcome:
             job_dir, master = _check_job_started(req, key, ctx)
         if req.pidfd >= 0 and not _alive(req.pidfd):
             raise _refuse(f"process {req.pid} exited before it could be quarantined")
-        limits, created, first = _contain(key, req, job_dir, ctx, wait)
+        limits, created, first = _contain(key, req, job_dir, ctx, wait, master)
         # the pidfd pins the peer: alive now means the pid we wrote was still the peer's
         if req.pidfd >= 0 and not _alive(req.pidfd):
             _log.warning("process %d exited while being quarantined; its pid may have been "

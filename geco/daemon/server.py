@@ -482,7 +482,8 @@ class Server:
             self._submit(conn, got, lambda: hookserve.serve(hook, self.ctx), executor=slow)
         else:
             self._answer(conn, got, Outcome(AckStatus.BAD_REQUEST,
-                                            f"{got.type.name} is a reply, not a request"))
+                                            f"{got.type.name} is not a request this "
+                                            "socket takes"))
 
     def _submit(self, conn: _Connection, got: Frame, work: Callable[[], object], *,
                 executor: concurrent.futures.Executor | None = None) -> None:

@@ -45,9 +45,9 @@ import signal
 import sys
 from pathlib import Path
 
-from geco import __version__, address, cgroup, keys, log, oom, trace
+from geco import __version__, address, cgroup, cluster, keys, log, oom, trace
 from geco import config as _config
-from geco.daemon import status
+from geco.daemon import clusterserve, status
 from geco.daemon.jobend import JobEnds
 from geco.daemon.quarantine import Context, spool_root
 from geco.daemon.reaper import Reaper
@@ -84,7 +84,7 @@ _HANDLED_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
 _RESTART_ONLY = ("gecod_socket", "gecod_privileged_socket", "gecod_privileged_group",
                  "gecod_max_skew", "gecod_workers", "gecod_granularity",
                  "cgroup_mount", "cgroup_name", "cgroup_version", "cgroup_v2_base",
-                 "exclusive_cpus", "state_dir")
+                 "exclusive_cpus", "state_dir", "cluster_address")
 
 
 def notify(message: str) -> bool:
@@ -199,6 +199,9 @@ class Daemon:
             max_workers=1, thread_name_prefix="gecod-reaper")
         self.reaper = Reaper(self.loop, self.backend, cfg, self.reaper_executor,
                              on_reaped=self._job_reaped, job_lock=self.ctx.job_lock)
+        # the masters of parallel jobs with this host among their slaves (geco.cluster)
+        self.cluster = clusterserve.open_channel(
+            self.ctx, on_change=lambda: self.loop.call_soon_threadsafe(self._report_status_soon))
         self._stopping = False
         self._log_drops = 0
         self._status_due = False
@@ -324,6 +327,11 @@ class Daemon:
         self.reaper.reconfigure(new)
         self.secret = secret
         self.server.replace_secret(secret)
+        if self.cluster is not None:
+            try:
+                self.cluster.key = cluster.load_key(new)
+            except GecoError as exc:
+                _log.error("SIGHUP: keeping the running cluster key: %s", exc)
         log.setup(_stderr_level(self.log_level, new), identifier="gecod")
         _route_traces(new)
         log.in_background()
@@ -355,6 +363,8 @@ class Daemon:
         else:
             _log.debug("watching %d running job(s) for their end", watched)
         self.reaper.start()
+        if self.cluster is not None:
+            self.cluster.start()
         notify("READY=1")
         self._report_status()
         try:
@@ -371,6 +381,8 @@ class Daemon:
             self.server.shutdown(on_idle=lambda: None)
         address.unlink_socket(self.address)
         address.unlink_socket(self.root_address)
+        if self.cluster is not None:
+            self.cluster.close()
         self.oom.close()
         self.jobends.close()
         self.reaper.close()

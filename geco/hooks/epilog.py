@@ -30,11 +30,18 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 
 from geco import cgroup, log, procfs, strays, teardown
+from geco.accounting import Accounting
 from geco.config import Config
+from geco.errors import GecoError
 from geco.hooks import Exit, run
 from geco.sge import execd, resourcefile
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from geco.cluster import WholeJob
 
 __all__ = ["end", "main"]
 
@@ -59,7 +66,8 @@ def end(job: execd.JobRef, shepherd: int, hook: int, cfg: Config, logger: log.Lo
         logger.warning("job %s: no queue instance in the spooled config; a stuck teardown "
                        "would disable every queue on this host", job.key)
     result = teardown.tear_down(job.key, backend, cfg, queue_instance=instance,
-                                cleaned_by="epilog")
+                                cleaned_by="epilog",
+                                other_hosts=_other_hosts(job, cfg, logger))
     # a stuck job keeps its resource file: the reaper's retry may need it
     if result.clean:
         owner = strays.owner_of(cfg, job.key, job.spool_dir)
@@ -67,6 +75,25 @@ def end(job: execd.JobRef, shepherd: int, hook: int, cfg: Config, logger: log.Lo
         # processes the job left through at, cron, ssh...: killed if this was the owner's last
         strays.after_job(cfg, backend, job.key, owner, cleaned_by="epilog")
     return Exit.OK
+
+
+def _other_hosts(job: execd.JobRef, cfg: Config, logger: log.Logger
+                 ) -> Callable[[Accounting], WholeJob] | None:
+    """A parallel job's other hosts, told to end it (all at once) and asked for their figures:
+    what joins this host's to make the job's one ``job-end`` record; None for a job of one
+    host (or whose resource file is gone: then the slaves' reapers end it there)."""
+    try:
+        rs = resourcefile.read(cfg.resources_dir, job.key)
+    except GecoError:
+        return None
+    if rs is None or len(rs.nodes) < 2:
+        return None
+    from geco import cluster  # a parallel job's epilog only
+
+    answers = cluster.release(rs, cfg, logger)
+    node = rs.node()
+    here = node.name if node is not None else os.uname().nodename
+    return lambda figures: cluster.whole_job(here, figures, answers)
 
 
 def main() -> int:

@@ -20,6 +20,11 @@ Steps, in order:
 3. Create this node's cgroups: whole cores packed by topology, memory limits.
 4. Move the shepherd in. The job, the epilog and everything they fork are
    born inside; nothing of the job exists yet, so nothing can escape.
+5. A job with other hosts: have every one of them make its cgroups now
+   (:func:`geco.cluster.prepare`, all asked at once). Any host that cannot: the
+   others undo theirs, this host too, and the job is re-queued (99) with the
+   host and the reason journaled (``barrier-failed``); a job never starts with
+   a host that cannot contain it.
 
 The journal tells the story (``journalctl JOB_ID=<job>``): ``resources-read``
 (what the job was granted here and where that came from), then
@@ -36,11 +41,11 @@ import sys
 import time
 from pathlib import Path
 
-from geco import cgroup, containment, log
+from geco import cgroup, containment, log, procfs
 from geco.config import Config
 from geco.errors import GecoError
 from geco.hooks import Exit, attach_trace, run
-from geco.resourceset import NodeResources
+from geco.resourceset import NodeResources, ResourceSet
 from geco.sge import execd, lookup, resourcefile, v1format
 from geco.units import format_memory
 
@@ -124,15 +129,15 @@ def _body(cfg: Config, logger: log.Logger) -> Exit:
     if os.geteuid() != 0:
         raise GecoError("the prolog must run as root: configure it as root@<path> in the queue",
                         job=job.key)
-    return contain(job, execd.find_shepherd(job), cfg, logger)
+    return contain(job, execd.find_shepherd(job), os.getpid(), cfg, logger)
 
 
-def contain(job: execd.JobRef, shepherd: int, cfg: Config, logger: log.Logger,
+def contain(job: execd.JobRef, shepherd: int, hook: int, cfg: Config, logger: log.Logger,
             backend: cgroup.Backend | None = None, found: lookup.Found | None = None) -> Exit:
-    """The prolog's work once its job and the job's verified shepherd are known: the
-    resources, the cgroups, the story. gecod runs it too, for a prolog that asked it to
-    (:mod:`geco.daemon.hookserve`), with its own cgroup backend and, when it asked qstat
-    itself, the resources it ``found``."""
+    """The prolog's work once its job and the job's verified shepherd are known (``hook``
+    is the prolog's process): the resources, the cgroups, the other hosts, the story.
+    gecod runs it too, for a prolog that asked it to (:mod:`geco.daemon.hookserve`), with
+    its own cgroup backend and, when it asked qstat itself, the resources it ``found``."""
     logger.debug("job %s: parent %d is the job's sge_shepherd (spool dir %s)", job.key,
                  shepherd, job.spool_dir)
     found = found or _resources(job, cfg, logger)
@@ -175,7 +180,38 @@ def contain(job: execd.JobRef, shepherd: int, cfg: Config, logger: log.Logger,
                              MEMSW_LIMIT=limits.memory_swap, PIDS_LIMIT=limits.pids,
                              SHEPHERD_PID=shepherd,
                              SLOTS=slots, OWNER=rs.owner))
+    if len(rs.nodes) > 1 and not _other_hosts_ready(job, rs, cfg, logger):
+        _undo(job, shepherd, hook, cfg, backend)
+        return Exit.REQUEUE
     return Exit.OK
+
+
+def _other_hosts_ready(job: execd.JobRef, rs: ResourceSet, cfg: Config,
+                       logger: log.Logger) -> bool:
+    """Step 5: every other host of the job prepared it (else they undid it, and it is
+    journaled which did not and why)."""
+    from geco import cluster  # a parallel job's prolog only
+
+    try:
+        return not cluster.prepare(rs, cfg, logger)
+    except GecoError as exc:  # the cluster key or address: nothing was sent
+        logger.error("job %s cannot start on its %d hosts: %s; the job is re-queued",
+                     job.key, len(rs.nodes), exc,
+                     extra=log.job_fields(job.job_id, job.task_id, "barrier-failed",
+                                          REASON=str(exc)))
+        return False
+
+
+def _undo(job: execd.JobRef, shepherd: int, hook: int, cfg: Config,
+          backend: cgroup.Backend) -> None:
+    """Leave nothing of a job that is re-queued: the prolog and the shepherd step out of
+    its cgroups (killing them would put the queue in error), then they are removed."""
+    sge_execd = procfs.ppid(shepherd) or 1
+    backend.move_to_cgroups_of(hook, sge_execd)
+    backend.move_to_cgroups_of(shepherd, sge_execd)
+    containment.release(job.key, backend, timeout=cfg.kill_timeout)
+    # Grid Engine may place it elsewhere next time: its next prolog asks again
+    resourcefile.remove(cfg.resources_dir, job.key)
 
 
 def main() -> int:

@@ -6,6 +6,7 @@
 #   integration/cluster/cluster.sh up [N]    bring up N hosts (default 3): geco-node1..N
 #   integration/cluster/cluster.sh status    qhost and each host's daemons
 #   integration/cluster/cluster.sh down      stop and remove everything `up` made
+#   integration/cluster/cluster.sh stop-gecod K | start-gecod K   host K's gecod only
 #
 # Run as root, after scripts/install.sh (geco); `up` runs integration/sge/setup.sh when no
 # qmaster answers. What each host k gets:
@@ -19,7 +20,10 @@
 #   geco       /etc/netns/<ns>/geco/ (mounted on /etc/geco for its daemons): geco.toml with
 #              state dir /var/lib/geco-test-node<k>, cgroup parent geco-test-node<k>,
 #              sockets /run/geco-test-node<k>/, strays off (every host sees every
-#              process: /proc is the machine's); the site's quarantine key
+#              process: /proc is the machine's); the site's quarantine key, and one
+#              cluster key for all hosts (/run/geco-test-cluster/cluster.key, made by `up`)
+#   qstat      a counting wrapper: each call appends "<host> <args>" to
+#              /run/geco-test-cluster/qstat.log, then runs Grid Engine's qstat
 #   gecod      geco daemon in the namespace, pid in /run/geco-test-node<k>/gecod.pid
 #   cores      cpuset geco-test-node<k> made beforehand with core (k-1) mod ncores: on a
 #              machine with fewer cores than hosts, hosts share a core (to geco they are
@@ -61,6 +65,12 @@ in_node() { # k command... : run in host k's network namespace, with its /etc/ge
     sh -c 'mount --bind "$0/geco" /etc/geco && mount --bind "$0/hosts" /etc/hosts &&
            hostname "$1" && shift && exec "$@"' "/etc/netns/$(ns "$k")" "$(host "$k")" "$@"
 }
+close_fds() { # in a subshell about to start a daemon: no descriptor of ours beyond stdio
+  # (a lock the caller holds, e.g. flock(1) around `up`, would be held for the daemon's life)
+  local fd
+  for fd in $(ls /proc/$BASHPID/fd); do [ "$fd" -gt 2 ] && eval "exec $fd>&-"; done
+  return 0
+}
 qmaster_addr() { getent ahostsv4 "$(hostname)" | awk 'NR == 1 { print $1 }'; }
 
 node_config() { # k: the host's geco.toml
@@ -70,6 +80,9 @@ node_config() { # k: the host's geco.toml
 [paths]
 state_dir = "/var/lib/geco-test-node$k"
 execd_spool_dir = "$SPOOL"
+
+[qstat]
+command = "$STATE/qstat"
 
 [cgroup]
 name = "geco-test-node$k"
@@ -105,6 +118,16 @@ net_node() { # k: its network, names, directories and geco config
   install -d -m 0755 "$etc/geco" "$run" "/var/lib/geco-test-node$k"
   node_config "$k" > "$etc/geco/geco.toml"
   install -m 0600 /etc/geco/quarantine.key "$etc/geco/quarantine.key"
+  install -m 0600 "$STATE/cluster.key" "$etc/geco/cluster.key"
+}
+
+cluster_files() { # the cluster key all hosts share, and the counting qstat
+  [ -s "$STATE/cluster.key" ] || "$GECO" keygen --cluster "$STATE/cluster.key" >/dev/null
+  printf '#!/bin/sh\n# geco-test-cluster: count the calls (integration/cluster/cluster.sh)\n%s\n%s\n' \
+    "echo \"\$(hostname) \$*\" >> $STATE/qstat.log" "exec $(command -v qstat) \"\$@\"" \
+    > "$STATE/qstat"
+  chmod 0755 "$STATE/qstat"
+  touch "$STATE/qstat.log"
 }
 
 start_node() { # k: its cores, then its gecod and execd
@@ -116,16 +139,29 @@ start_node() { # k: its cores, then its gecod and execd
   echo $(( (k - 1) % cores )) > "$cd/cpuset.cpus"
   qconf -ah "$h" >/dev/null 2>&1 || true
   in_node "$k" "$GECO" preload-config -o /etc/geco/preload.conf >/dev/null
-  # EXEC=exec: the background subshell becomes gecod, so $! is gecod's pid
-  (cd / && EXEC=exec in_node "$k" env -i PATH="$PATH" LANG=C.UTF-8 setsid "$GECO" daemon \
-     </dev/null >"$run/gecod.log" 2>&1 & echo $! > "$run/gecod.pid")
-  local i
-  for i in $(seq 300); do [ -S "$run/gecod-root.sock" ] && break; sleep 0.1; done
-  [ -S "$run/gecod-root.sock" ] || die "gecod of $h did not start: $(tail -5 "$run/gecod.log")"
-  (cd / && in_node "$k" env -i PATH="$PATH" LANG=C.UTF-8 SGE_ROOT="$SGE_ROOT" \
+  start_gecod "$k"
+  start_execd "$k"
+  log "$h: $(ip_of "$k"), cpus $(cat "$cd/cpuset.cpus"), gecod pid $(cat "$run/gecod.pid")"
+}
+
+start_execd() { # k: Grid Engine's execd, with geco's preload
+  (close_fds; cd / && in_node "$1" env -i PATH="$PATH" LANG=C.UTF-8 SGE_ROOT="$SGE_ROOT" \
      SGE_CELL="$SGE_CELL" LD_PRELOAD="$PRELOAD" setsid /usr/sbin/sge_execd \
      </dev/null >/dev/null 2>&1)
-  log "$h: $(ip_of "$k"), cpus $(cat "$cd/cpuset.cpus"), gecod pid $(cat "$run/gecod.pid")"
+}
+
+start_gecod() { # k
+  local k=$1 run i; run=$(run_dir "$k")
+  ! pid_alive "$run/gecod.pid" || die "the gecod of $(host "$k") runs already"
+  # EXEC=exec: the background subshell becomes gecod, so $! is gecod's pid
+  (close_fds; cd / && EXEC=exec in_node "$k" env -i PATH="$PATH" LANG=C.UTF-8 setsid "$GECO" daemon \
+     </dev/null >>"$run/gecod.log" 2>&1 & echo $! > "$run/gecod.pid")
+  for i in $(seq 300); do
+    [ -S "$run/gecod-root.sock" ] && in_node "$k" sh -c "ss -Hltn 'sport = :6446' | grep -q ." \
+      && return 0
+    sleep 0.1
+  done
+  die "gecod of $(host "$k") did not start: $(tail -5 "$run/gecod.log")"
 }
 
 write_hosts_files() { # every namespace resolves the qmaster and every host
@@ -151,15 +187,22 @@ queue_up() { # the hosts of the cluster, a queue and a PE over them
   rm -f "$f"
 }
 
-wait_hosts() { # until qhost reports every host (load values, not "-")
-  local k i
+reports() { # k: qhost shows the host's load (its execd reports)
+  qhost -h "$(host "$1")" 2>/dev/null | awk -v h="$(host "$1")" '$1 == h && $4 != "-" { ok = 1 } END { exit !ok }'
+}
+
+wait_hosts() { # until qhost reports every host; an execd silent for 30 s is started again
+  # once (the qmaster may still hold a connection of the host's previous execd)
+  local k i try
   for k in $(nodes_up); do
-    for i in $(seq 600); do
-      qhost -h "$(host "$k")" 2>/dev/null | awk -v h="$(host "$k")" '$1 == h && $4 != "-" { ok = 1 } END { exit !ok }' && break
-      sleep 0.1
+    for try in 1 2; do
+      for i in $(seq 300); do reports "$k" && break; sleep 0.1; done
+      reports "$k" && break
+      [ "$try" = 2 ] && die "$(host "$k") does not report to the qmaster: $(tail -3 "$SPOOL/$(host "$k")/messages" 2>/dev/null)"
+      log "$(host "$k") silent for 30 s: starting its execd again"
+      stop_pid "$SPOOL/$(host "$k")/execd.pid"
+      start_execd "$k"
     done
-    qhost -h "$(host "$k")" | awk -v h="$(host "$k")" '$1 == h && $4 != "-" { ok = 1 } END { exit !ok }' \
-      || die "$(host "$k") does not report to the qmaster"
   done
 }
 
@@ -173,6 +216,7 @@ up() {
   mkdir -p "$STATE"
   cat /proc/sys/net/ipv4/ip_forward > "$STATE/ip_forward"
   echo 1 > /proc/sys/net/ipv4/ip_forward
+  cluster_files
   for k in $(seq "$count"); do net_node "$k"; done
   write_hosts_files
   for k in $(seq "$count"); do start_node "$k"; done
@@ -232,9 +276,15 @@ status() {
   done
 }
 
+node_arg() { # k: a host of the cluster, or die
+  [ -n "${1:-}" ] && [ -e "$STATE/node$1" ] || die "no host $1 in the cluster (up: $(nodes_up | paste -sd' '))"
+}
+
 case "${1:-}" in
   up) up "${2:-3}" ;;
   down) down ;;
   status) status ;;
-  *) echo "usage: $0 up [N] | status | down" >&2; exit 2 ;;
+  stop-gecod) node_arg "${2:-}"; stop_pid "$(run_dir "$2")/gecod.pid"; log "$(host "$2"): gecod stopped" ;;
+  start-gecod) node_arg "${2:-}"; start_gecod "$2"; log "$(host "$2"): gecod pid $(cat "$(run_dir "$2")/gecod.pid")" ;;
+  *) echo "usage: $0 up [N] | status | down | stop-gecod K | start-gecod K" >&2; exit 2 ;;
 esac

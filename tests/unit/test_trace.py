@@ -652,7 +652,7 @@ class FakeBackend:
 @pytest.fixture
 def prolog_env(site: Config, monkeypatch: pytest.MonkeyPatch) -> FakeBackend:
     """The prolog with Grid Engine, qstat and the cgroups replaced by fakes."""
-    from geco import cgroup, containment
+    from geco import cgroup, cluster, containment
     from geco.sge import execd
 
     backend = FakeBackend()
@@ -669,6 +669,8 @@ def prolog_env(site: Config, monkeypatch: pytest.MonkeyPatch) -> FakeBackend:
                                      True, found)
 
     monkeypatch.setattr(containment, "contain_job", contain_job)
+    # the job's other host answers ready (the barrier has tests of its own: test_multinode*)
+    monkeypatch.setattr(cluster, "prepare", lambda rs, cfg, logger: [])
     return backend
 
 

@@ -38,7 +38,12 @@ TS_ACK = TS + 1_500_000
 SKEW_NS = 30_000_000_000
 TYPE_NAMES = {1: "JOB_STARTED", 2: "ACK", 3: "STATUS", 4: "STATUS_REPLY", 5: "ADOPT",
               6: "QUARANTINE_SELF", 7: "ADOPT_REPLY", 8: "HOOK", 9: "STARTER",
-              10: "STARTER_REPLY"}
+              10: "STARTER_REPLY", 11: "PREPARE", 12: "ABORT", 13: "RELEASE",
+              14: "NODE_REPLY"}
+
+
+PREPARE_RS = (b"GECOResourceSet_v1{li366474,li1,lf0,b0,lf0,i0,i2,b0,b0,s3:mpi,s5:alice,"
+              b"s5:users,s0:,s6:node06{b0,i1,lf0,lf0,s0:,s0:},s6:node07{b1,i1,lf0,lf0,s0:,s0:}}")
 
 
 def nonce(first: int) -> bytes:
@@ -49,6 +54,7 @@ def nonce(first: int) -> bytes:
 N_JS, N_ACK, N_ST, N_SR, N_AD, N_QS = (nonce(b) for b in (0xA0, 0xB0, 0xC0, 0xD0, 0xE0, 0xF0))
 N_PQS, N_PST, N_PACK, N_AR = nonce(0x10), nonce(0x20), nonce(0x30), nonce(0x40)
 N_HK, N_SN, N_SNR = nonce(0x50), nonce(0x60), nonce(0x70)
+N_PR, N_AB, N_RL, N_NR = nonce(0x80), nonce(0x90), nonce(0x01), nonce(0x11)
 STARTER_ENV = ("/bin/bash", "posix_compliant", "false",
                "/var/spool/gridengine/execd/node07/job_scripts/366474")
 STARTER_ARGV = ("/var/spool/gridengine/execd/node07/job_scripts/366474",)
@@ -82,6 +88,8 @@ def ack(job: int, task: int, status: int, request: bytes, reserved: int = 0) -> 
 
 
 STATUS_DOC: dict[str, Any] = {"jobs": [], "version": 1}
+NODE_DOC: dict[str, Any] = {"cpus": "3", "memory": 0, "memory_swap": 0, "mems": "0",
+                            "request": bytes(range(0x80, 0x90)).hex(), "status": "ready"}
 
 # name, type, flags, nonce, timestamp, fields, payload, description (section 9)
 POSITIVE: list[tuple[str, int, int, bytes, int, dict[str, Any], bytes, str]] = [
@@ -143,6 +151,24 @@ POSITIVE: list[tuple[str, int, int, bytes, int, dict[str, Any], bytes, str]] = [
      "STARTER_REPLY: gecod's answer (OK), in kind: run /bin/bash as `bash <script>`, with "
      "GECO_CPUS set and SGE_STARTER_SHELL_PATH removed (the real reply sets every GECO_* "
      "variable and removes all three SGE_STARTER_* ones)."),
+    # between gecods, over the cluster channel; MAC'd with the cluster key (here KEY too)
+    ("prepare", 11, 0, N_PR, TS + 9_000_000_000,
+     {"job_id": 366474, "task_id": 1, "host": "node07", "resources": PREPARE_RS.hex()},
+     struct.pack("<QQ", 366474, 1) + b"node07\0" + PREPARE_RS,
+     "PREPARE: the master host of job 366474.1 asks node07's gecod to make the job's "
+     "cgroups for its share of the GECOResourceSet_v1 that follows the host's NUL."),
+    ("abort", 12, 0, N_AB, TS + 9_010_000_000,
+     {"job_id": 366474, "task_id": 1, "host": "node07", "resources": ""},
+     struct.pack("<QQ", 366474, 1) + b"node07\0",
+     "ABORT: the job cannot start on all its hosts; node07 undoes its PREPARE."),
+    ("release", 13, 0, N_RL, TS + 9_020_000_000,
+     {"job_id": 366474, "task_id": 1, "host": "node07", "resources": ""},
+     struct.pack("<QQ", 366474, 1) + b"node07\0",
+     "RELEASE: the job ended; node07 tears it down and answers with its figures."),
+    ("node_reply", 14, 0, N_NR, TS + 9_000_500_000, {"document": NODE_DOC},
+     json.dumps(NODE_DOC, separators=(",", ":"), sort_keys=True).encode(),
+     "NODE_REPLY: node07's answer to the PREPARE vector: ready, its cores and limits, and "
+     "the nonce of the request it answers."),
 ]
 
 VECTOR_PREFIX = "geco quarantine protocol 1 test vectors; see docs/wire-format.md. "
@@ -222,8 +248,8 @@ def negative_vectors(vectors: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "payload", "GECO_E_PAYLOAD", "an ACK with a 24-byte payload (MAC good)"),
         neg("ack_reserved", frame(2, ack(366474, 27, 0, N_JS, reserved=1), N_ACK, TS_ACK),
             "payload", "GECO_E_PAYLOAD", "an ACK whose reserved field is 1 (MAC good)"),
-        neg("ack_unknown_status", frame(2, ack(366474, 27, 7, N_JS), N_ACK, TS_ACK),
-            "payload", "GECO_E_PAYLOAD", "an ACK with status 7 (MAC good)"),
+        neg("ack_unknown_status", frame(2, ack(366474, 27, 8, N_JS), N_ACK, TS_ACK),
+            "payload", "GECO_E_PAYLOAD", "an ACK with status 8 (MAC good)"),
         neg("other_request", ack_frame, "nonce", "GECO_E_NONCE",
             "the ack vector, awaited as the answer to a request with nonce 00...00",
             request_nonce=bytes(16), decode_reason=None),

@@ -1,0 +1,110 @@
+"""The cluster channel's requests and the whole job's figures, without a cluster.
+
+PREPARE, ABORT and RELEASE name the one host they are for and carry the job's resource
+set; a frame of them may be larger than the local socket allows (a job of many hosts),
+but only where the receiver says so. The master's job-end record merges every host's
+figures and names the hosts whose figures are missing.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from geco import cluster
+from geco import config as config_mod
+from geco import protocol as P
+from geco.accounting import Accounting
+from geco.errors import ConfigError, ProtocolError
+
+KEY = bytes(range(32))
+
+
+@pytest.mark.parametrize(("payload", "why"), [
+    (b"\x01" + bytes(7) + b"\x01" + bytes(7) + b"node07", "in at most 255 bytes ending in a NUL"),
+    (b"\x01" + bytes(7) + b"\x01" + bytes(7) + b"x" * 256 + b"\0", "ending in a NUL"),
+    (b"\x01" + bytes(7) + b"\x01" + bytes(7) + b"../etc\0", "must be a host name"),
+    (b"\x01" + bytes(7) + b"\x01" + bytes(7) + b"\0", "must be a host name"),
+    (bytes(8) + b"\x01" + bytes(7) + b"node07\0", "job and task ids must be >= 1"),
+])
+def test_a_cluster_request_without_a_proper_host_or_ids_is_refused(payload: bytes,
+                                                                    why: str) -> None:
+    """Given a PREPARE payload with no NUL-terminated host, a host that is not a host name,
+    or job 0, then decoding it fails as ``payload`` with the reason."""
+    frame = P.encode(P.MsgType.PREPARE, payload, KEY)
+
+    with pytest.raises(ProtocolError) as info:
+        P.decode(frame, KEY)
+    assert info.value.reason == "payload" and why in str(info.value)
+
+
+def test_a_request_names_its_host_and_carries_the_resources_byte_for_byte() -> None:
+    """Given a PREPARE for node07 with resources holding any bytes, then it round-trips."""
+    req = P.NodeRequest(42, 3, "node07.cluster", b"GECOResourceSet_v1{\0\xff}")
+    got = P.decode(P.encode(P.MsgType.PREPARE, req, KEY), KEY)
+
+    assert got.type is P.MsgType.PREPARE and got.message == req
+
+
+def test_a_large_prepare_passes_only_where_the_cluster_cap_is_given() -> None:
+    """Given a PREPARE of 20,000 bytes (a job of some 400 hosts), then the cluster channel's
+    cap takes it, and the local socket's (4096) refuses it as ``length`` from its header."""
+    req = P.NodeRequest(42, 1, "node07", b"x" * 20_000)
+    frame = P.encode(P.MsgType.PREPARE, req, KEY, max_payload=P.CLUSTER_MAX_PAYLOAD)
+
+    assert P.decode(frame, KEY, max_payload=P.CLUSTER_MAX_PAYLOAD).message == req
+    with pytest.raises(ProtocolError) as info:
+        P.expected_length(frame[:12])
+    assert info.value.reason == "length"
+    with pytest.raises(ValueError, match="at most 4096"):
+        P.encode(P.MsgType.PREPARE, req, KEY)
+
+
+def test_cluster_requests_never_carry_the_peercred_flag() -> None:
+    """Given a PREPARE with the PEERCRED flag (MAC'd with the public key), then it is
+    refused: only a holder of the cluster key may ask."""
+    frame = P.encode(P.MsgType.PREPARE, P.NodeRequest(42, 1, "node07"), P.PUBLIC_KEY,
+                     flags=P.PEERCRED)
+
+    with pytest.raises(ProtocolError) as info:
+        P.decode(frame, KEY)
+    assert info.value.reason == "flags"
+
+
+def test_the_whole_job_merges_every_hosts_figures_and_names_the_missing() -> None:
+    """Given this host's figures, node2's RELEASE answer and no answer from node3, then the
+    job-end fields give the largest peak, the CPU and OOM sums, each host's figures, and
+    node3 as missing."""
+    here = Accounting(memory_peak=100, cpu_user=1.0, cpu_system=0.5, oom_kills=0)
+    node2 = Accounting(memory_peak=300, cpu_user=2.0, cpu_system=0.25, oom_kills=1)
+    answers = [cluster.Answer("node2", "released", "", {"accounting": node2._asdict()}),
+               cluster.Answer("node3", "unreachable", "connection refused")]
+
+    whole = cluster.whole_job("node1", here, answers)
+
+    assert whole.fields["NODES"] == 3
+    assert whole.fields["JOB_MEMORY_PEAK_MAX"] == 300
+    assert (whole.fields["JOB_CPU_USER_SEC"], whole.fields["JOB_CPU_SYSTEM_SEC"]) == (
+        "3.000", "0.750")
+    assert whole.fields["JOB_OOM_KILLS"] == 1
+    assert whole.fields["NODES_MISSING"] == "node3"
+    assert sorted(json.loads(str(whole.fields["NODE_FIGURES"]))) == ["node1", "node2"]
+    assert "no figures from node3" in whole.text
+
+
+def test_the_cluster_settings_are_read_and_a_bad_one_falls_back(tmp_path: Path) -> None:
+    """Given [cluster] with a service address, a key file, lenient slaves and a bad
+    timeout, then those are used and the timeout keeps its default; an address that is a
+    Unix socket is refused as the cluster port, naming the setting."""
+    path = tmp_path / "geco.toml"
+    path.write_text('[cluster]\naddress = "port:7000"\nkey_file = "/etc/x.key"\n'
+                    'slaves = "lenient"\ntimeout = -1\n')
+    cfg = config_mod.load(path)
+
+    assert (cfg.cluster_address, cfg.cluster_key_file, cfg.cluster_slaves,
+            cfg.cluster_timeout) == ("port:7000", Path("/etc/x.key"), "lenient", 10.0)
+    assert cluster.port(cfg) == 7000
+    with pytest.raises(ConfigError, match=r"\[cluster\] address must be a TCP port"):
+        cluster.port(cfg._replace(cluster_address="path:/run/x.sock"))
