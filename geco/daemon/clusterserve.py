@@ -81,9 +81,11 @@ class ClusterServer:
                                         daemon=True)
 
     @classmethod
-    def listen(cls, port: int) -> socket.socket:
+    def listen(cls, port: int, host: str = "") -> socket.socket:
         """A socket listening on ``port`` on every address of this host (IPv6 and IPv4
-        where the host has IPv6)."""
+        where the host has IPv6), or on ``host``'s address only."""
+        if host:
+            return socket.create_server((host, port), backlog=128)
         if socket.has_dualstack_ipv6():
             return socket.create_server(("", port), family=socket.AF_INET6, backlog=128,
                                         reuse_port=False, dualstack_ipv6=True)

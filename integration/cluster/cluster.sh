@@ -137,7 +137,9 @@ start_node() { # k: its cores, then its gecod and execd
   mkdir -p "$cd"
   cat /sys/fs/cgroup/cpuset/cpuset.mems > "$cd/cpuset.mems"
   echo $(( (k - 1) % cores )) > "$cd/cpuset.cpus"
-  qconf -ah "$h" >/dev/null 2>&1 || true
+  # the qmaster caches host names that did not resolve (an earlier `down` removed them):
+  # until it sees this one, adding it fails
+  local i; for i in $(seq 120); do qconf -ah "$h" >/dev/null 2>&1 && break; sleep 1; done
   in_node "$k" "$GECO" preload-config -o /etc/geco/preload.conf >/dev/null
   start_gecod "$k"
   start_execd "$k"
@@ -211,8 +213,14 @@ up() {
   [ "$(id -u)" = 0 ] || die "run as root"
   [ -x "$GECO" ] || die "geco is not installed: run scripts/install.sh first"
   [ -z "$(nodes_up)" ] || die "a cluster is up already ($(nodes_up | paste -sd' ')): run '$0 down' first"
-  # the qmaster as it runs (a test session's settings stay), else integration/sge's
-  qconf -sh >/dev/null 2>&1 || bash "$REPO/integration/sge/setup.sh" >/dev/null
+  # the qmaster as it runs (a test session's settings stay; a busy one is waited for, never
+  # doubled), else integration/sge's
+  if pgrep -x sge_qmaster >/dev/null; then
+    local i; for i in $(seq 120); do qconf -sh >/dev/null 2>&1 && break; sleep 1; done
+    qconf -sh >/dev/null 2>&1 || die "the running sge_qmaster does not answer"
+  else
+    bash "$REPO/integration/sge/setup.sh" >/dev/null
+  fi
   mkdir -p "$STATE"
   cat /proc/sys/net/ipv4/ip_forward > "$STATE/ip_forward"
   echo 1 > /proc/sys/net/ipv4/ip_forward

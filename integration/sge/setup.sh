@@ -356,6 +356,13 @@ fi
 # 5. qmaster
 # ---------------------------------------------------------------------------
 log "== sge_qmaster"
+# a qmaster that runs but does not answer yet (busy, or timing out on host names that no
+# longer resolve) is waited for: a second one would fight the first for its endpoint and
+# cut every execd off ("endpoint is not unique")
+if pid_alive "$SPOOL/qmaster/qmaster.pid" sge_qmaster && ! qmaster_up; then
+  log "   running (pid $(cat "$SPOOL/qmaster/qmaster.pid")) but silent: waiting for it"
+  wait_for "$TIMEOUT" "the running sge_qmaster to answer qconf" qmaster_up
+fi
 if qmaster_up; then
   log "   running (pid $(cat "$SPOOL/qmaster/qmaster.pid"))"
 else

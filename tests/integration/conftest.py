@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from cleanslate import SITE_SOCKET as SOCKET
 from cleanslate import listener_pid
+from clusterkit import cluster
 
 PROBE = Path(__file__).with_name("probe.py")
 GECO = "/opt/geco/venv/bin/geco"
@@ -161,3 +162,28 @@ def gecod(sge: Any, gecod_service: Gecod) -> Iterator[Gecod]:
         yield gecod_service
     finally:
         sge.configure(GECO_EXECD_PRELOAD="")
+
+
+# ---------------------------------------------------------------------------
+# the emulated cluster (tests/**/test_multinode*.py)
+# ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def three_hosts(sge: Any) -> Iterator[None]:
+    """Three emulated execution hosts, up once for the session (each up and down costs the
+    qmaster host-name look-ups it caches, so the multinode modules share one), down after."""
+    cluster("down")
+    up = cluster("up", "3")
+    if up.returncode != 0:
+        # once more from scratch: the qmaster may still hold the hosts of an earlier run
+        # (its host-name cache), which the first try waited out
+        print(f"geco tests: cluster up failed, trying again:\n{up.stdout}{up.stderr}")
+        cluster("down")
+        up = cluster("up", "3")
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        yield
+    finally:
+        down = cluster("down")
+        assert down.returncode == 0, down.stdout + down.stderr
+

@@ -18,19 +18,17 @@ import re
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from clusterkit import cluster
 
 from geco import protocol
 from geco.protocol import MsgType, NodeRequest
 
 pytestmark = pytest.mark.sge
 
-REPO = Path(__file__).resolve().parents[2]
-CLUSTER = REPO / "integration" / "cluster" / "cluster.sh"
 STATE = Path("/run/geco-test-cluster")
 QUEUE = "geco-test-cluster.q"
 PE = "geco-test-cluster"
@@ -49,24 +47,6 @@ for h in $(awk 'NR > 1 {{ print $1 }}' "$PE_HOSTFILE"); do
 done
 wait
 """
-
-
-def cluster(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", str(CLUSTER), *args], capture_output=True, text=True,
-                          timeout=600, check=False)
-
-
-@pytest.fixture(scope="module")
-def three_hosts(sge: Any) -> Iterator[None]:
-    """The cluster up for the module; down afterwards."""
-    cluster("down")
-    up = cluster("up", "3")
-    try:
-        assert up.returncode == 0, up.stdout + up.stderr
-        yield
-    finally:
-        down = cluster("down")
-        assert down.returncode == 0, down.stdout + down.stderr
 
 
 def submit(sge: Any, owner: Any, name: str, *extra: str) -> tuple[int, Path]:
@@ -218,3 +198,34 @@ def test_a_task_of_a_job_no_master_prepared_is_refused_on_a_slave_host(
     hosts = [re.search(r"on this host \((\S+)\)", e["MESSAGE"]) for e in refusals]
     assert sorted(h[1] for h in hosts if h) == ["geco-node2", "geco-node3"], refusals
     assert [c.split()[0] for c in qstat_calls(job)] == ["geco-node1"]
+
+
+def test_a_slave_whose_gecod_is_down_at_the_end_is_named_missing_and_its_reaper_cleans_up(
+        sge: Any, journal: Any, three_hosts: None, job_owner: Any) -> None:
+    """Given a 3-host job running (all hosts prepared), when geco-node3's gecod stops before
+    the job ends, then the job's one job-end record names geco-node3 as missing and holds
+    the other two hosts' figures; once that gecod runs again, its reaper removes the job's
+    cgroups there."""
+    out = job_owner.make_dir("barrier-end")
+    script = out / "wait.sh"
+    script.write_text(f"#!/bin/bash\nwhile [ ! -e {out}/go ]; do sleep 0.2; done\n")
+    os.chown(script, job_owner.uid, job_owner.gid)
+    job = sge.submit("-q", QUEUE, "-pe", PE, "3", "-masterq", f"{QUEUE}@geco-node1", "-cwd",
+                     "-o", "/dev/null", "-j", "y", str(script), cwd=out)
+    try:
+        journal.wait_for(60, JOB_ID=job, GECO_EVENT="job-prepared",
+                         SYSLOG_IDENTIFIER="geco-prolog")
+        assert cluster("stop-gecod", "3").returncode == 0
+        (out / "go").touch()
+        [record] = sge.wait_finished(job, timeout=120)
+        [end] = journal.wait_for(JOB_ID=job, GECO_EVENT="job-end")
+    finally:
+        started = cluster("start-gecod", "3")
+    assert started.returncode == 0, started.stderr
+    assert record["exit_status"] == "0"
+    assert end["NODES"] == "3" and end["NODES_MISSING"] == "geco-node3"
+    assert sorted(json.loads(end["NODE_FIGURES"])) == ["geco-node1", "geco-node2"]
+    deadline = time.monotonic() + 90  # the cluster's reaper_interval is 30 s
+    while job_cgroups(job) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert job_cgroups(job) == []

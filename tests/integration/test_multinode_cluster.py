@@ -9,23 +9,16 @@ its address, its cgroups, its core), and nothing is left once the cluster is dow
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from clusterkit import cluster
 
 pytestmark = pytest.mark.sge
 
-REPO = Path(__file__).resolve().parents[2]
-CLUSTER = REPO / "integration" / "cluster" / "cluster.sh"
 HOSTS = ("geco-node1", "geco-node2", "geco-node3")
 QUEUE = "geco-test-cluster.q"
-
-
-def cluster(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", str(CLUSTER), *args], capture_output=True, text=True,
-                          timeout=600, check=False)
 
 
 def leftovers() -> list[str]:
@@ -43,19 +36,6 @@ def leftovers() -> list[str]:
     qhost = subprocess.run(["qhost"], capture_output=True, text=True).stdout
     found += [f"exec host {h}" for h in HOSTS if h in qhost]
     return found
-
-
-@pytest.fixture(scope="module")
-def three_hosts(sge: Any) -> Iterator[None]:
-    """The cluster up for the module; down afterwards (its output shown on failure)."""
-    cluster("down")
-    up = cluster("up", "3")
-    try:
-        assert up.returncode == 0, up.stdout + up.stderr
-        yield
-    finally:
-        down = cluster("down")
-        assert down.returncode == 0, down.stdout + down.stderr
 
 
 def test_grid_engine_lists_three_hosts_each_with_its_own_daemons(three_hosts: None) -> None:
@@ -96,7 +76,7 @@ def test_a_job_sent_to_a_host_runs_there_contained_by_that_hosts_gecod(
 def test_down_leaves_nothing_behind(three_hosts: None) -> None:
     """Given the cluster up (and used by the tests above), when it is brought down, then no
     namespace, link, cgroup, run dir, hosts line or exec host of it is left. (Last: the
-    module's own teardown then finds nothing to do.)"""
+    session's teardown then finds nothing to do.)"""
     assert leftovers() != []  # the cluster is there to be removed
     down = cluster("down")
 
