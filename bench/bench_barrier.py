@@ -38,7 +38,7 @@ from geco.config import Config
 from geco.daemon.clusterserve import ClusterServer
 from geco.daemon.quarantine import Context
 from geco.protocol import MsgType
-from geco.resourceset import NodeResources, ResourceSet
+from geco.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.topology import Topology
 
 HOSTS_FILE = Path("/etc/hosts")
@@ -125,7 +125,7 @@ def main() -> int:
             took = []
             for _ in range(args.rounds):
                 job += 1
-                nodes = (NodeResources("geco-bench-master"),
+                nodes = (NodeResources(short_hostname()),
                          *(NodeResources(name(k), is_slave=True) for k in range(1, n + 1)))
                 rs = ResourceSet(job, 1, owner="root", nodes=nodes)
                 started = time.perf_counter()
