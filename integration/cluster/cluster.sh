@@ -13,7 +13,8 @@
 #   network    namespace geco-test-n<k>, veth gecotv<k> <-> eth0, 10.77.<k>.11/24 (the
 #              machine's side 10.77.<k>.1, the default route; forwarding on, so hosts
 #              reach each other and the qmaster), names in /etc/netns/<ns>/hosts, and
-#              geco-node<k> in the machine's /etc/hosts for the qmaster
+#              geco-node<k> in the machine's /etc/hosts for the qmaster (that line
+#              outlives `down`: see there)
 #   hostname   geco-node<k> (a UTS namespace per daemon, all named so)
 #   execd      Grid Engine's, spool /var/spool/gridengine/execd/geco-node<k>, with geco's
 #              exec() preload
@@ -202,7 +203,7 @@ wait_hosts() { # until qhost reports every host; an execd silent for 30 s is sta
       reports "$k" && break
       [ "$try" = 2 ] && die "$(host "$k") does not report to the qmaster: $(tail -3 "$SPOOL/$(host "$k")/messages" 2>/dev/null)"
       log "$(host "$k") silent for 30 s: starting its execd again"
-      stop_pid "$SPOOL/$(host "$k")/execd.pid"
+      stop_execd "$k"
       start_execd "$k"
     done
   done
@@ -233,6 +234,18 @@ up() {
   log "up: $count hosts, queue $QUEUE, PE $PE"
 }
 
+stop_execd() { # k: the host's execd, by its pid file and by the hostname it runs under (an
+  # execd that has not written its pid file yet, or whose spool is gone, is ended too)
+  local k=$1 p i
+  stop_pid "$SPOOL/$(host "$k")/execd.pid"
+  for p in $(pgrep -x sge_execd); do
+    [ "$(nsenter -t "$p" -u hostname 2>/dev/null)" = "$(host "$k")" ] || continue
+    kill "$p" 2>/dev/null || continue
+    for i in $(seq 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$p" 2>/dev/null || true
+  done
+}
+
 stop_pid() { # pidfile: end the process it names (ours), wait for it
   local pid i; [ -s "$1" ] || return 0; pid=$(cat "$1")
   kill "$pid" 2>/dev/null || return 0
@@ -251,7 +264,7 @@ remove_cgroups() { # k: the host's cgroup parent in every hierarchy, job cgroups
 
 down_node() { # k
   local k=$1 h; h=$(host "$k")
-  stop_pid "$SPOOL/$h/execd.pid"
+  stop_execd "$k"
   stop_pid "$(run_dir "$k")/gecod.pid"
   remove_cgroups "$k"
   qconf -de "$h" >/dev/null 2>&1 || true
@@ -268,7 +281,9 @@ down() {
   qconf -dq "$QUEUE" >/dev/null 2>&1 || true
   qconf -dp "$PE" >/dev/null 2>&1 || true
   for k in $(nodes_up); do down_node "$k"; done
-  sed -i "/ $MARK\$/d" /etc/hosts
+  # the geco-node<k> lines of /etc/hosts stay (marked): the qmaster caches a host name
+  # that stops resolving, and until that entry expires it refuses the host when it comes
+  # back and mixes up the connections of the hosts it still hears from
   if [ -s "$STATE/ip_forward" ]; then cat "$STATE/ip_forward" > /proc/sys/net/ipv4/ip_forward; fi
   rm -rf "$STATE"
   log "down"
