@@ -100,7 +100,7 @@ def test_a_parallel_job_runs_on_three_hosts_each_contained_with_one_qstat(
     assert len(qstat_calls(job)) == 1, qstat_calls(job)
     [prepared] = journal.wait_for(JOB_ID=job, GECO_EVENT="job-prepared",
                                   SYSLOG_IDENTIFIER="geco-prolog")
-    assert prepared["SLAVE_HOSTS"] == "geco-node2 geco-node3"
+    assert sorted(prepared["SLAVE_HOSTS"].split()) == ["geco-node2", "geco-node3"]
     [end] = journal.wait_for(JOB_ID=job, GECO_EVENT="job-end")
     assert end["NODES"] == "3" and "NODES_MISSING" not in end
     figures = json.loads(end["NODE_FIGURES"])
