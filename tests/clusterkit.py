@@ -7,7 +7,7 @@ from pathlib import Path
 
 __all__ = ["CLUSTER", "cluster"]
 
-CLUSTER = Path(__file__).resolve().parents[2] / "integration" / "cluster" / "cluster.sh"
+CLUSTER = Path(__file__).resolve().parents[1] / "integration" / "cluster" / "cluster.sh"
 
 
 def cluster(*args: str) -> subprocess.CompletedProcess[str]:
