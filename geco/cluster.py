@@ -117,12 +117,12 @@ def ask(host: str, kind: MsgType, request: NodeRequest, key: bytes, port: int,
             raw = read_frame(sock, deadline, CLUSTER_MAX_PAYLOAD)
     except ProtocolError as exc:
         return Answer(host, "no-answer", exc.msg, {}, time.monotonic() - started)
+    except TimeoutError:
+        return Answer(host, "no-answer", f"no answer within {timeout:g} s", {},
+                      time.monotonic() - started)
     except OSError as exc:
-        what = "no answer within" if isinstance(exc, TimeoutError) else "cannot reach"
-        why = f"{what} {timeout:g} s" if isinstance(exc, TimeoutError) else \
-            f"cannot reach its gecod on port {port}: {exc.strerror or exc}"
-        status = "no-answer" if isinstance(exc, TimeoutError) else "unreachable"
-        return Answer(host, status, why, {}, time.monotonic() - started)
+        return Answer(host, "unreachable", f"cannot reach its gecod on port {port}: "
+                      f"{exc.strerror or exc}", {}, time.monotonic() - started)
     took = time.monotonic() - started
     try:
         got = decode(raw, key, peercred=False, max_payload=CLUSTER_MAX_PAYLOAD)

@@ -330,17 +330,8 @@ def contain_job(job: JobRef, cfg: Config, backend: Backend, *, pid: int | None,
     limits = join(job.key, backend, pid, state_dir=cfg.state_dir)
     if limits is not None:
         return Contained(limits, False, found)
-    if found is None and prepared_only:
-        saved = resourcefile.read(cfg.resources_dir, job.key)
-        if saved is None:
-            raise GecoError(f"job {job.key} was not prepared on this host "
-                            f"({hostname or short_hostname()}) by its master host's prolog, "
-                            "so its tasks are refused here ([cluster] slaves = \"strict\"): "
-                            "is geco's prolog set in the job's queue, and do its hosts share "
-                            "the cluster key?")
-        found = Found(saved, "file", 0.0)
     if found is None:
-        found = lookup.find(job, cfg, logger)
+        found = lookup.find(job, cfg, logger, prepared_only=prepared_only)
     node = found.resources.node(hostname)
     if node is None:
         host = hostname or short_hostname()

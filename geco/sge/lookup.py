@@ -29,7 +29,7 @@ from geco import log
 from geco._tuple import NamedTuple
 from geco.config import Config
 from geco.errors import GecoError, QstatError, TaskNotRunning
-from geco.resourceset import NodeResources, ResourceSet
+from geco.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import execd, resourcefile
 
 __all__ = ["Found", "find", "from_spool"]
@@ -84,7 +84,8 @@ class Found(NamedTuple):
     seconds: float
 
 
-def find(job: execd.JobRef, cfg: Config, logger: log.Logger | None = None) -> Found:
+def find(job: execd.JobRef, cfg: Config, logger: log.Logger | None = None, *,
+         prepared_only: bool = False) -> Found:
     """Return the job's resource set: the resource file, else qstat (then saved), else (when
     the site allows it) the node's spool; and which of them it came from.
 
@@ -97,6 +98,8 @@ def find(job: execd.JobRef, cfg: Config, logger: log.Logger | None = None) -> Fo
     cfg: settings (state dir, qstat command, timeout and retries,
         ``run_without_memory_limits``).
     logger: where warnings go (default ``geco.sge.lookup``).
+    prepared_only: the resource file only (a parallel job's task on a slave host where
+        ``[cluster] slaves = "strict"``: the file its master's PREPARE wrote), never qstat.
 
     Raises
     ------
@@ -107,6 +110,8 @@ def find(job: execd.JobRef, cfg: Config, logger: log.Logger | None = None) -> Fo
     QstatError
         when the qmaster is unreachable and the site does not run jobs without
         memory limits (a transient problem: re-queue).
+    GecoError
+        when ``prepared_only`` and there is no usable resource file.
     GecoError
         when the qmaster is unreachable and the spool cannot be read either.
     """
@@ -120,6 +125,11 @@ def find(job: execd.JobRef, cfg: Config, logger: log.Logger | None = None) -> Fo
         saved = None
     if saved is not None:
         return Found(saved, "file", time.monotonic() - started)
+    if prepared_only:
+        raise GecoError(f"job {job.key} was not prepared on this host ({short_hostname()}) "
+                        "by its master host's prolog, so its tasks are refused here "
+                        "([cluster] slaves = \"strict\"): is geco's prolog set in the job's "
+                        "queue, and do its hosts share the cluster key?")
     from geco.sge import qstat  # lxml and subprocess: only when no hook or gecod asked yet
 
     try:
