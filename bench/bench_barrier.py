@@ -11,6 +11,13 @@ afterwards): the emulated cluster has 3 hosts, so 16 and 64 are simulated this w
 1 and 3 are measured the same way for a fair line. Each round is a new job (one slot per
 host), RELEASEd afterwards.
 
+All N simulated slaves share this machine's cores, so their own work (a few ms of cgroup
+writes each) queues up here, while on real hosts it runs in parallel. What the master
+itself adds per host is measured apart, the same way but with no cgroup work: a
+NODE_STATUS (``geco status --job``) to N hosts for a job none of them runs ("fan-out").
+On a real cluster the barrier takes about the fan-out of N hosts plus one slave's work
+(the 1-host barrier).
+
 Floor, measured in the same run: a bare TCP loopback round trip (connect, 100 bytes
 each way, close). Goal (issue 14): the barrier adds at most 2x the single-host prolog
 (``bench_hooks.py``: 15 ms median with gecod) for 3 hosts, and grows no worse than
@@ -143,6 +150,20 @@ def main() -> int:
             goal = f"<= {2 * 15} (2 x prolog)" if n == 3 else "-"
             rows.append(Row(f"barrier, {n} slave host{'s' if n > 1 else ''}, p50",
                             median * 1000, "ms", goal, floor * 1000, "TCP round trip"))
+        for n in counts:
+            hosts = [name(k) for k in range(1, n + 1)]
+            took = []
+            for _ in range(args.rounds):
+                started = time.perf_counter()
+                answers = cluster.ask_all(hosts, MsgType.NODE_STATUS, 1, 1, key, base)
+                took.append(time.perf_counter() - started)
+                if any(a.status != "refused" for a in answers):
+                    raise SystemExit(f"bench_barrier: fan-out: {answers[0]}")
+            median = percentile(took, 0.5)
+            print(f"{n:3d} hosts: fan-out p50 {median * 1000:.1f} ms, "
+                  f"{median / n * 1000:.2f} ms per host")
+            rows.append(Row(f"cluster fan-out, {n} host{'s' if n > 1 else ''}, p50",
+                            median * 1000, "ms", "linear", floor * 1000, "TCP round trip"))
         write_rows(args.json, rows)
     finally:
         for server in servers:

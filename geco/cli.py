@@ -11,7 +11,10 @@ depend on its contract:
 * ``--format text|json|shell|v1`` chooses the output.
 
 ``geco status --job N[.T]`` reads one job's live figures from the kernel
-(no gecod needed); ``geco journal N[.T]`` tells its story from the journal.
+(no gecod needed); for a parallel job over several hosts it asks the others'
+gecods too (over the cluster channel: root, or whoever may read the cluster
+key; a host not shown is named with why); ``geco journal N[.T]`` tells its
+story from the journal.
 Both exit 1 with one line when there is nothing to show (no cgroups on this
 node; no journal entry, or a journal the caller may not read).
 
@@ -30,7 +33,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from geco import __version__, rsrcinfo
 from geco import config as _config
@@ -46,6 +49,10 @@ from geco.errors import (
 from geco.resourceset import ResourceSet
 from geco.sge import qstat, resourcefile, v1format
 from geco.sge.pe_hostfile import parse_pe_hostfile
+
+if TYPE_CHECKING:
+    from geco.config import Config
+    from geco.jobstatus import JobStatus
 
 __all__ = ["main"]
 
@@ -251,14 +258,50 @@ def _job_status(args: argparse.Namespace) -> int:
                     raise
     except GecoError as exc:
         return _failed("status", exc)
+    elsewhere, missing = _other_hosts_status(cfg, found)
     if args.json:
-        doc = {"host": short_hostname(), "jobs": [jobstatus.to_dict(st) for st in found]}
+        doc = {"host": short_hostname(),
+               "jobs": [jobstatus.to_dict(st) for st in [*found, *elsewhere]],
+               "hosts_not_shown": [{"host": h, "reason": why} for h, why in missing]}
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
         sys.stdout.write("\n".join(jobstatus.format_table(st, verbose=args.verbose)
-                                   for st in found))
+                                   for st in [*found, *elsewhere]))
+        if missing:
+            sys.stdout.write("\n" + "".join(f"{host}: not shown: {why}\n"
+                                            for host, why in missing))
     sys.stdout.flush()
     return EXIT_OK
+
+
+def _other_hosts_status(cfg: Config, found: Sequence[JobStatus]
+                        ) -> tuple[list[JobStatus], list[tuple[str, str]]]:
+    """The other hosts' figures of a parallel job's tasks shown here, asked over the cluster
+    channel (root: it needs the cluster key); and the hosts not shown, with why."""
+    from geco import cluster, jobstatus  # see _keygen
+    from geco.resourceset import short_hostname
+
+    shown: list[JobStatus] = []
+    missing: list[tuple[str, str]] = []
+    for st in found:
+        hosts = [h for h in st.hosts if short_hostname(h) != st.host]
+        if not hosts:
+            continue
+        try:
+            answers = cluster.show(st.key, hosts, cfg)
+        except GecoError as exc:
+            why = (f"{exc.msg} ({cfg.cluster_key_file}); run `geco status --job {st.key}` "
+                   f"there, or here as root")
+            missing += [(h, why) for h in hosts]
+            continue
+        for a in answers:
+            try:
+                if not a.ok:
+                    raise GecoError(a.reason or a.status)
+                shown += [jobstatus.from_dict(d) for d in a.document.get("jobs", [])]
+            except GecoError as exc:
+                missing.append((a.host, str(exc)))
+    return shown, missing
 
 
 def _journal(args: argparse.Namespace) -> int:

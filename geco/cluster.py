@@ -9,7 +9,11 @@ each makes the job's cgroups for its share and answers ``ready``
 DUROC's start barrier. Any host refusing, unreachable or silent past ``[cluster]
 timeout``: the hosts that may have prepared get an ABORT, and the job is
 re-queued. At the job's end the epilog sends RELEASE and gathers every host's
-accounting into one record.
+accounting into one record. Meanwhile ``geco status --job`` on any host of the job
+asks the others for their live figures (NODE_STATUS), a slave tells the master
+of an OOM kill (OOM_REPORT), whose gecod writes it once to the owner's stderr file,
+and a host an ssh login reached asks the host it came from whether a process of the
+user's job there made it (CALLERID, Slurm's callerid).
 
 A request is a protocol-1 frame (``docs/wire-format.md``) MAC'd with the cluster
 key (``[cluster] key_file``, the same file on every host), bound to the host it
@@ -30,6 +34,7 @@ from geco._tuple import NamedTuple
 from geco.accounting import Accounting
 from geco.config import Config
 from geco.errors import ConfigError, GecoError, ProtocolError
+from geco.jobkey import JobKey
 from geco.protocol import (
     CLUSTER_MAX_PAYLOAD,
     MsgType,
@@ -42,14 +47,15 @@ from geco.protocol import (
 from geco.resourceset import ResourceSet, short_hostname
 from geco.units import format_memory
 
-__all__ = ["Answer", "WholeJob", "abort", "ask", "ask_all", "load_key", "port", "prepare",
-           "release", "slaves", "whole_job"]
+__all__ = ["Answer", "WholeJob", "abort", "ask", "ask_all", "caller", "load_key", "master",
+           "other_hosts", "port", "prepare", "release", "report_oom", "show", "whole_job"]
 
 _log = log.get("cluster")
 # A reply's ``status`` when the request was done.
-DONE = frozenset({"ready", "aborted", "released"})
-# An ABORT is sent when the job cannot start anyway: it gets less time than a PREPARE.
-_ABORT_TIMEOUT = 3.0
+DONE = frozenset({"ready", "aborted", "released", "shown", "reported", "found"})
+# An ABORT is sent when the job cannot start anyway, and a status is looked at by someone
+# waiting: they get less time than a PREPARE.
+_SHORT_TIMEOUT = 3.0
 
 
 def port(cfg: Config) -> int:
@@ -78,7 +84,9 @@ class Answer(NamedTuple):
     Attributes
     ----------
     host: the host asked.
-    status: ``ready``, ``aborted`` or ``released`` when done; ``refused`` or ``failed``
+    status: ``ready``, ``aborted``, ``released``, ``shown``, ``reported`` or ``found``
+        when done;
+        ``refused`` or ``failed``
         (the host said why); ``unreachable`` (no connection) or ``no-answer`` (no valid
         reply in time): then the host may or may not have done it.
     reason: the host's words, or ours.
@@ -98,10 +106,21 @@ class Answer(NamedTuple):
         return self.status in DONE
 
 
-def slaves(rs: ResourceSet, here: str | None = None) -> tuple[str, ...]:
-    """The job's hosts other than this one (the master), as Grid Engine names them."""
+def other_hosts(rs: ResourceSet, here: str | None = None) -> tuple[str, ...]:
+    """The job's hosts other than this one (on the master: its slaves), as Grid Engine
+    names them."""
     me = short_hostname(here)
     return tuple(n.name for n in rs.nodes if short_hostname(n.name) != me)
+
+
+def master(rs: ResourceSet, here: str | None = None) -> str | None:
+    """The job's master host when it is another host than this one (this is a slave),
+    else None."""
+    me = short_hostname(here)
+    node = rs.node(me)
+    if node is None or not node.is_slave:
+        return None
+    return next((n.name for n in rs.nodes if not n.is_slave), None)
 
 
 def ask(host: str, kind: MsgType, request: NodeRequest, key: bytes, port: int,
@@ -140,7 +159,7 @@ def ask(host: str, kind: MsgType, request: NodeRequest, key: bytes, port: int,
 
 
 def ask_all(hosts: Sequence[str], kind: MsgType, job: int, task: int, key: bytes,
-            cfg: Config, *, resources: bytes = b"", timeout: float | None = None
+            cfg: Config, *, body: bytes = b"", timeout: float | None = None
             ) -> list[Answer]:
     """Send one request to every host at once; their answers, in the order of ``hosts``."""
     if not hosts:
@@ -148,7 +167,7 @@ def ask_all(hosts: Sequence[str], kind: MsgType, job: int, task: int, key: bytes
     wait = cfg.cluster_timeout if timeout is None else timeout
     where = port(cfg)
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(hosts), 64)) as pool:
-        return list(pool.map(lambda h: ask(h, kind, NodeRequest(job, task, h, resources), key,
+        return list(pool.map(lambda h: ask(h, kind, NodeRequest(job, task, h, body), key,
                                            where, wait), hosts))
 
 
@@ -166,7 +185,7 @@ def prepare(rs: ResourceSet, cfg: Config, logger: log.Logger | None = None) -> l
         when the cluster key or ``[cluster] address`` is unusable (nothing was sent).
     """
     logger = logger or _log
-    hosts = slaves(rs)
+    hosts = other_hosts(rs)
     if not hosts:
         return []
     from geco.sge import v1format
@@ -174,7 +193,7 @@ def prepare(rs: ResourceSet, cfg: Config, logger: log.Logger | None = None) -> l
     started = time.monotonic()
     key = load_key(cfg)
     answers = ask_all(hosts, MsgType.PREPARE, rs.job_id, rs.task_id, key, cfg,
-                      resources=v1format.serialize(rs))
+                      body=v1format.serialize(rs))
     failed = [a for a in answers if not a.ok]
     took = time.monotonic() - started
     if not failed:
@@ -200,7 +219,7 @@ def abort(rs: ResourceSet, hosts: Iterable[str], key: bytes, cfg: Config,
     """Tell ``hosts`` to undo the job (an ABORT each, at once); journal those that did not
     answer (their reaper removes what is left once Grid Engine drops the job there)."""
     for a in ask_all(list(hosts), MsgType.ABORT, rs.job_id, rs.task_id, key, cfg,
-                     timeout=min(cfg.cluster_timeout, _ABORT_TIMEOUT)):
+                     timeout=min(cfg.cluster_timeout, _SHORT_TIMEOUT)):
         if not a.ok:
             logger.warning("job %s: host %s did not confirm the abort: %s", rs.key, a.host,
                            a.reason or a.status,
@@ -215,7 +234,7 @@ def release(rs: ResourceSet, cfg: Config, logger: log.Logger | None = None) -> l
     reaper removes what is left there once Grid Engine drops the job.
     """
     logger = logger or _log
-    hosts = slaves(rs)
+    hosts = other_hosts(rs)
     if not hosts:
         return []
     try:
@@ -230,6 +249,59 @@ def release(rs: ResourceSet, cfg: Config, logger: log.Logger | None = None) -> l
                            extra=log.job_fields(rs.job_id, rs.task_id, "release-unconfirmed",
                                                 NODE=a.host, REASON=a.reason))
     return answers
+
+
+def show(job: JobKey, hosts: Sequence[str], cfg: Config) -> list[Answer]:
+    """Each host's live figures of job task ``job`` (``document["jobs"]``: its
+    :func:`geco.jobstatus.to_dict` there), all asked at once.
+
+    Raises
+    ------
+    GecoError
+        when the cluster key cannot be read here (only root and whom the admin lets read
+        ``[cluster] key_file`` may ask) or ``[cluster] address`` is unusable.
+    """
+    key = load_key(cfg)
+    return ask_all(hosts, MsgType.NODE_STATUS, job.job, job.task, key, cfg,
+                   timeout=min(cfg.cluster_timeout, _SHORT_TIMEOUT))
+
+
+def report_oom(host: str, job: JobKey, text: str, cfg: Config) -> None:
+    """Send the owner's words about an OOM kill here to the job's master ``host``, whose
+    gecod appends them to the job's stderr file (this host has none: a slave's tasks
+    write through the master's).
+
+    Raises
+    ------
+    GecoError
+        naming the master and why it did not take the report.
+    """
+    request = NodeRequest(job.job, job.task, host, text.encode("utf-8", "surrogateescape"))
+    answer = ask(host, MsgType.OOM_REPORT, request, load_key(cfg), port(cfg),
+                 cfg.cluster_timeout)
+    if not answer.ok:
+        raise GecoError(f"the job's master host {host} did not take it: "
+                        f"{answer.reason or answer.status}")
+
+
+def caller(host: str, job: JobKey, ends: tuple[str, int, str, int], uid: int,
+           cfg: Config) -> bool:
+    """Whether a process of ``uid`` in job ``job`` on ``host`` made the TCP connection
+    ``ends`` (source, port, destination, port), as that host's gecod finds it. Any
+    failure to ask (no key here, no answer) is a no, logged: the login then follows the
+    other rules."""
+    body = " ".join(map(str, (*ends, uid))).encode("ascii")
+    try:
+        answer = ask(host, MsgType.CALLERID, NodeRequest(job.job, job.task, host, body),
+                     load_key(cfg), port(cfg), min(cfg.cluster_timeout, _SHORT_TIMEOUT))
+    except GecoError as exc:
+        answer = Answer(host, "unreachable", str(exc))
+    if answer.status not in ("found", "refused"):
+        _log.warning("job %s: cannot ask %s whose ssh connection this is: %s", job, host,
+                     answer.reason or answer.status,
+                     extra=log.job_fields(job.job, job.task, "callerid-failed", NODE=host,
+                                          REASON=answer.reason))
+    return answer.ok
 
 
 class WholeJob(NamedTuple):

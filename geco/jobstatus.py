@@ -23,9 +23,10 @@ What is shown, and where it comes from:
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 from geco import procfs
 from geco.accounting import Accounting
@@ -38,8 +39,10 @@ from geco.resourceset import ResourceSet, short_hostname
 from geco.sge import execd, resourcefile
 from geco.units import format_memory
 
-__all__ = ["JobStatus", "Process", "format_duration", "format_table", "keys_of_job", "not_here",
-           "read", "to_dict"]
+__all__ = ["JobStatus", "Process", "format_duration", "format_table", "from_dict", "keys_of_job",
+           "not_here", "read", "to_dict"]
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +82,8 @@ class JobStatus:
     running_for: seconds since the job started here; None when unknown.
     runtime_limit: ``h_rt`` in seconds, 0 = none (or no resource file).
     notes: things that could not be read, one sentence each.
+    hosts: every host of the job as the resource file names them (this one included;
+        more than one for a parallel job over several hosts), () when unknown.
     """
 
     key: JobKey
@@ -102,6 +107,7 @@ class JobStatus:
     running_for: float | None
     runtime_limit: float
     notes: tuple[str, ...] = ()
+    hosts: tuple[str, ...] = ()
 
     @property
     def accounting(self) -> Accounting:
@@ -215,7 +221,8 @@ def read(cfg: Config, backend: Backend, key: JobKey, *, now: float | None = None
         pids_peak=usage.get("pids_peak"), pids_refused=usage.get("pids_max_events"),
         processes=tuple(Process(pid, procfs.comm(pid)) for pid in pids),
         running_for=None if started is None else max(0.0, now - started),
-        runtime_limit=rs.runtime_limit if rs else 0.0, notes=tuple(notes))
+        runtime_limit=rs.runtime_limit if rs else 0.0, notes=tuple(notes),
+        hosts=tuple(n.name for n in rs.nodes) if rs else ())
 
 
 def format_duration(seconds: float) -> str:
@@ -306,6 +313,8 @@ def format_table(st: JobStatus, *, verbose: bool = False) -> str:
         ("tasks", _tasks(st)),
         ("processes", str(len(st.processes))),
     ]
+    if len(st.hosts) > 1:
+        rows.insert(2, ("hosts", f"{len(st.hosts)}: {', '.join(st.hosts)}"))
     width = max(len(label) for label, _ in [*rows, ("running for", "")])
     lines = [f"job {st.key} on {st.host}"]
     lines += [f"  {label.ljust(width)}  {value}" for label, value in rows]
@@ -331,6 +340,40 @@ def to_dict(st: JobStatus) -> Mapping[str, object]:
         "pids_peak": st.pids_peak, "pids_refused": st.pids_refused,
         "processes": [{"pid": p.pid, "command": p.command} for p in st.processes],
         "running_for": st.running_for, "runtime_limit": st.runtime_limit,
-        "notes": list(st.notes),
+        "notes": list(st.notes), "hosts": list(st.hosts),
     }
+
+
+def from_dict(doc: Mapping[str, Any]) -> JobStatus:
+    """Return the status :func:`to_dict` made (another host's, from its NODE_STATUS answer).
+
+    Raises
+    ------
+    GecoError
+        when ``doc`` is not such a document.
+    """
+    try:
+        return JobStatus(
+            key=JobKey.parse(str(doc["key"])), host=str(doc["host"]), owner=str(doc["owner"]),
+            job_name=str(doc["job_name"]), cpus=str(doc["cpus"]), mems=str(doc["mems"]),
+            memory_limit=int(doc["memory_limit"]),
+            memory_swap_limit=int(doc["memory_swap_limit"]),
+            memory_current=_maybe(int, doc["memory_current"]),
+            memory_peak=_maybe(int, doc["memory_peak"]),
+            cpu_user=_maybe(float, doc["cpu_user"]), cpu_system=_maybe(float, doc["cpu_system"]),
+            oom_kills=_maybe(int, doc["oom_kills"]), pids_limit=int(doc["pids_limit"]),
+            pids_current=_maybe(int, doc["pids_current"]),
+            pids_peak=_maybe(int, doc["pids_peak"]),
+            pids_refused=_maybe(int, doc["pids_refused"]),
+            processes=tuple(Process(int(p["pid"]), str(p["command"]))
+                            for p in doc["processes"]),
+            running_for=_maybe(float, doc["running_for"]),
+            runtime_limit=float(doc["runtime_limit"]),
+            notes=tuple(map(str, doc["notes"])), hosts=tuple(map(str, doc.get("hosts", ()))))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise GecoError(f"not a job status document: {type(exc).__name__}: {exc}") from None
+
+
+def _maybe(kind: Callable[[Any], T], value: object) -> T | None:
+    return None if value is None else kind(value)
 

@@ -129,9 +129,13 @@ class MsgType(enum.IntEnum):
     ABORT = 12
     RELEASE = 13
     NODE_REPLY = 14
+    NODE_STATUS = 15
+    OOM_REPORT = 16
+    CALLERID = 17
 
 # The cluster channel's requests (answered with NODE_REPLY).
-NODE_REQUESTS = frozenset({MsgType.PREPARE, MsgType.ABORT, MsgType.RELEASE})
+NODE_REQUESTS = frozenset({MsgType.PREPARE, MsgType.ABORT, MsgType.RELEASE,
+                           MsgType.NODE_STATUS, MsgType.OOM_REPORT, MsgType.CALLERID})
 
 
 # What may carry PEERCRED: the requests any local user may make (ADOPT only at its EXEC
@@ -465,23 +469,27 @@ _HOST_NAME = re.compile(rb"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 @dataclass(frozen=True, slots=True)
 class NodeRequest:
-    """Payload of PREPARE, ABORT and RELEASE, from a job's master gecod to a slave's:
-    "make (PREPARE), undo (ABORT) or end (RELEASE) ``job_id.task_id`` on ``host``".
+    """Payload of the cluster channel's requests, from one gecod of a job's hosts to another:
+    make (PREPARE), undo (ABORT), end (RELEASE) or show (NODE_STATUS) ``job_id.task_id`` on
+    ``host``, tell the job's owner there about an OOM kill elsewhere (OOM_REPORT, a slave
+    to the master), or say whether a process of the job there made an ssh connection
+    (CALLERID, from the host the connection reached).
 
     ``host`` binds the request to the one node it is for (a frame recorded for one host is
-    refused by every other); ``resources`` is the job's ``GECOResourceSet_v1`` text
-    (PREPARE), else empty.
+    refused by every other); ``body`` is the job's ``GECOResourceSet_v1`` text (PREPARE),
+    the owner's UTF-8 text (OOM_REPORT), ``<src> <sport> <dst> <dport> <uid>`` in ASCII
+    (CALLERID: the connection as ``SSH_CONNECTION`` names it, and the user), else empty.
 
     Wire: u64 job_id, u64 task_id, the host name (1 to 255 bytes of ``[A-Za-z0-9._-]``)
-    and a NUL, then the resources; at most :data:`CLUSTER_MAX_PAYLOAD` bytes.
+    and a NUL, then the body; at most :data:`CLUSTER_MAX_PAYLOAD` bytes.
     """
 
     job_id: int
     task_id: int
     host: str
-    resources: bytes = b""
+    body: bytes = b""
 
-    TYPES: ClassVar[tuple[MsgType, ...]] = (MsgType.PREPARE, MsgType.ABORT, MsgType.RELEASE)
+    TYPES: ClassVar[tuple[MsgType, ...]] = tuple(sorted(NODE_REQUESTS))
     _S: ClassVar[struct.Struct] = struct.Struct("<QQ")
 
     def pack(self) -> bytes:
@@ -489,7 +497,7 @@ class NodeRequest:
         host = self.host.encode("ascii", "replace")
         if len(host) > HOST_MAX or not _HOST_NAME.fullmatch(host):
             raise ValueError(f"not a host name: {self.host!r}")
-        return self._S.pack(self.job_id, self.task_id) + host + b"\0" + self.resources
+        return self._S.pack(self.job_id, self.task_id) + host + b"\0" + self.body
 
     @classmethod
     def unpack(cls, payload: bytes) -> NodeRequest:
@@ -561,7 +569,8 @@ _SIZES: dict[MsgType, int | None] = {
     MsgType.STATUS_REPLY: None, MsgType.ADOPT: None, MsgType.QUARANTINE_SELF: 24,
     MsgType.ADOPT_REPLY: None, MsgType.HOOK: 24, MsgType.STARTER: None,
     MsgType.STARTER_REPLY: None, MsgType.PREPARE: None, MsgType.ABORT: None,
-    MsgType.RELEASE: None, MsgType.NODE_REPLY: None,
+    MsgType.RELEASE: None, MsgType.NODE_REPLY: None, MsgType.NODE_STATUS: None,
+    MsgType.OOM_REPORT: None, MsgType.CALLERID: None,
 }
 _UNPACK: dict[MsgType, Callable[[bytes], Message]] = {
     MsgType.JOB_STARTED: JobStarted.unpack, MsgType.QUARANTINE_SELF: JobStarted.unpack,
@@ -570,7 +579,8 @@ _UNPACK: dict[MsgType, Callable[[bytes], Message]] = {
     MsgType.HOOK: Hook.unpack, MsgType.STARTER: Starter.unpack,
     MsgType.STARTER_REPLY: StarterReply.unpack, MsgType.PREPARE: NodeRequest.unpack,
     MsgType.ABORT: NodeRequest.unpack, MsgType.RELEASE: NodeRequest.unpack,
-    MsgType.NODE_REPLY: StatusReply.unpack,
+    MsgType.NODE_REPLY: StatusReply.unpack, MsgType.NODE_STATUS: NodeRequest.unpack,
+    MsgType.OOM_REPORT: NodeRequest.unpack, MsgType.CALLERID: NodeRequest.unpack,
 }
 
 
@@ -764,7 +774,7 @@ def claims_peercred(prefix: bytes | bytearray) -> bool:
 
 def claimed(frame: bytes | bytearray) -> tuple[int | None, int | None, int | None]:
     """Job, task and pid a JOB_STARTED, QUARANTINE_SELF, HOOK or STARTER frame claims (job
-    and task for PREPARE, ABORT, RELEASE), read without trusting it (for the journal of a
+    and task for the cluster channel's requests), read without trusting it (for the journal of a
     refusal); Nones for other or short frames."""
     if len(frame) >= HEADER_BYTES + 24 and frame[5] in (MsgType.JOB_STARTED,
                                                          MsgType.QUARANTINE_SELF, MsgType.HOOK,

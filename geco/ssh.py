@@ -10,9 +10,11 @@ The rules are pam_slurm_adopt's, in Grid Engine's terms:
   whose spooled config (``active_jobs/<job>.<task>/config``, written by
   sge_execd) names them as ``job_owner``;
 * the session joins the job the connection comes from (an ssh started by a
-  process of one of the user's jobs on this node, found from the connection's
-  4-tuple as Slurm's callerid does), else the user's only job, else the newest
-  one (``several_jobs = "newest"``) or none (``"refuse"``).
+  process of one of the user's jobs, found from the connection's 4-tuple as
+  Slurm's callerid does: on this node in the kernel's TCP table, from another
+  host of the job by asking that host's gecod over the cluster channel), else
+  the user's only job, else the newest one (``several_jobs = "newest"``) or
+  none (``"refuse"``).
 
 :func:`login_verdict` is the one decision and :func:`serve_login` carries it
 out: at PAM's account stage (refuse before anything of the user's runs) and
@@ -41,7 +43,7 @@ from geco.cgroup import Backend
 from geco.config import Config
 from geco.errors import GecoError
 from geco.jobkey import JobKey
-from geco.sge import execd
+from geco.sge import execd, resourcefile
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -135,25 +137,47 @@ def running_jobs(cfg: Config, backend: Backend, node: str) -> list[NodeJob]:
         spool = execd.find_spool_dir(cfg.execd_spool_dir, key, node)
         if spool is None:
             continue
-        try:
-            owner = execd.read_config(spool).get("job_owner", "")
-        except GecoError:
-            continue
+        owner = _owner(cfg, key, spool)
         started = containment.last_changed(key, backend)
         if owner and started is not None:
             jobs.append(NodeJob(key, owner, started, spool))
     return sorted(jobs, key=lambda j: (j.started, j.key.order()))
 
 
-def _from_this_node(connection: str) -> tuple[str, int, str, int] | None:
-    """The 4-tuple of a connection made from this node to itself, else None."""
+def _owner(cfg: Config, key: JobKey, spool: Path) -> str:
+    """The job's owner: its spooled config's ``job_owner``; on a slave host of a parallel
+    job, whose spool dir holds only its tasks' dirs, the resource set the master's PREPARE
+    gave (gecod wrote it, as root). "" when neither says."""
+    try:
+        return execd.read_config(spool).get("job_owner", "")
+    except GecoError:
+        pass
+    try:
+        rs = resourcefile.read(cfg.resources_dir, key)
+    except GecoError:
+        return ""
+    return rs.owner if rs is not None else ""
+
+
+Ends = tuple[str, int, str, int]  # a TCP connection: source, its port, destination, its port
+
+
+def connection_ends(connection: str) -> Ends | None:
+    """``SSH_CONNECTION`` (``<src> <sport> <dst> <dport>``) as a 4-tuple, else None; an
+    IPv4 peer of a dual-stack socket reads as its IPv4 address."""
     try:
         src, sport, dst, dport = connection.split()
-        source = ipaddress.ip_address(src)
-        ends = (src, int(sport), dst, int(dport))
+        src, dst = (str(ipaddress.ip_address(a.removeprefix("::ffff:"))) for a in (src, dst))
+        ports = int(sport), int(dport)
     except ValueError:
         return None
-    return ends if source.is_loopback or src == dst else None
+    if not all(0 < p < 65536 for p in ports):
+        return None
+    return src, ports[0], dst, ports[1]
+
+
+def _from_this_node(ends: Ends) -> bool:
+    return ipaddress.ip_address(ends[0]).is_loopback or ends[0] == ends[2]
 
 
 # sock_diag (netlink): the kernel finds one TCP socket by its 4-tuple in its hash table;
@@ -169,7 +193,7 @@ _REQUEST = struct.Struct("=BBBBI")  # inet_diag_req_v2: family, protocol, ext, p
 _INODE_AT = _HEADER.size + 4 + 48 + 16
 
 
-def _sockid(ends: tuple[str, int, str, int]) -> bytes:
+def _sockid(ends: Ends) -> bytes:
     """inet_diag_sockid: ports and addresses in network order, no interface, no cookie."""
     src, sport, dst, dport = ends
     return (struct.pack("!HH", sport, dport) + ipaddress.ip_address(src).packed.ljust(16, b"\0")
@@ -177,7 +201,7 @@ def _sockid(ends: tuple[str, int, str, int]) -> bytes:
             + struct.pack("=III", 0, _NO_COOKIE, _NO_COOKIE))
 
 
-def _client_socket(ends: tuple[str, int, str, int]) -> str | None:
+def _client_socket(ends: Ends) -> str | None:
     """``socket:[<inode>]`` of the connection's client end on this node, else None."""
     family = socket.AF_INET if ipaddress.ip_address(ends[0]).version == 4 else socket.AF_INET6
     body = _REQUEST.pack(family, socket.IPPROTO_TCP, 0, 0, _NO_COOKIE) + _sockid(ends)
@@ -222,25 +246,54 @@ def _holds(pid: int, target: str, proc: Path) -> bool:
     return False
 
 
-def caller_job(connection: str, uid: int, keys: Sequence[JobKey], backend: Backend,
+def holder_job(ends: Ends, uid: int, keys: Sequence[JobKey], backend: Backend,
                proc: Path = procfs.ROOT) -> JobKey | None:
-    """The job of the process that made this connection, when it is one of ``keys``.
+    """The one of ``keys`` whose process of ``uid`` on this node made connection ``ends``.
 
-    Only for a connection from this node to itself: its client socket is found by the
-    4-tuple in the kernel's TCP hash table (sock_diag), and must be held by a process of
-    the user's that
-    sits in the job's cgroups (only those processes are looked at: a login costs a few
-    /proc reads, whatever else runs on the node).
+    Its client socket is found by the 4-tuple in the kernel's TCP hash table (sock_diag),
+    and must be held by a process of the user's that sits in the job's cgroups (only
+    those processes are looked at: a login costs a few /proc reads, whatever else runs
+    on the node).
     """
-    ends = _from_this_node(connection)
-    if ends is None or not keys:
-        return None
-    target = _client_socket(ends)
+    target = _client_socket(ends) if keys else None
     if target is None:
         return None
     for key in keys:
         for pid in backend.pids(key):
             if procfs.real_uid(pid, proc) == uid and _holds(pid, target, proc):
+                return key
+    return None
+
+
+def _addresses(host: str) -> frozenset[str]:
+    try:
+        return frozenset(str(info[4][0]) for info in socket.getaddrinfo(host, None))
+    except (OSError, UnicodeError):
+        return frozenset()
+
+
+def caller_job(connection: str, uid: int, keys: Sequence[JobKey], backend: Backend,
+               cfg: Config, proc: Path = procfs.ROOT) -> JobKey | None:
+    """The job of the process that made this connection, when it is one of ``keys``.
+
+    From this node to itself: :func:`holder_job` here. From another host: each job whose
+    resource set names a host with the connection's source address asks that host's
+    gecod (:func:`geco.cluster.caller`), which answers with :func:`holder_job` there.
+    """
+    ends = connection_ends(connection)
+    if ends is None or not keys:
+        return None
+    if _from_this_node(ends):
+        return holder_job(ends, uid, keys, backend, proc)
+    from geco import cluster
+
+    for key in keys:
+        try:
+            rs = resourcefile.read(cfg.resources_dir, key)
+        except GecoError:
+            continue
+        for host in cluster.other_hosts(rs) if rs is not None else ():
+            if ends[0] in _addresses(host) and cluster.caller(host, key, ends, uid, cfg):
                 return key
     return None
 
@@ -262,7 +315,7 @@ def login_verdict(login: Login, cfg: Config, backend: Backend, node: str) -> Ver
     if not mine:
         return Verdict(False, "no-job", f"geco: you have no job running on {node}; ssh to "
                                         "compute nodes is for your running jobs")
-    caller = caller_job(login.connection, login.uid, [j.key for j in mine], backend)
+    caller = caller_job(login.connection, login.uid, [j.key for j in mine], backend, cfg)
     if caller is not None:
         return Verdict(True, "caller", job=next(j for j in mine if j.key == caller))
     if len(mine) == 1:

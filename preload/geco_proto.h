@@ -31,7 +31,9 @@ enum geco_type { GECO_JOB_STARTED = 1, GECO_ACK = 2, GECO_STATUS = 3, GECO_STATU
                  GECO_STARTER = 9, GECO_STARTER_REPLY = 10,
                  /* between gecods (geco/cluster.py), never on the preload's socket: named
                     here so that the two sides keep one numbering */
-                 GECO_PREPARE = 11, GECO_ABORT = 12, GECO_RELEASE = 13, GECO_NODE_REPLY = 14 };
+                 GECO_PREPARE = 11, GECO_ABORT = 12, GECO_RELEASE = 13, GECO_NODE_REPLY = 14,
+                 GECO_NODE_STATUS = 15, GECO_OOM_REPORT = 16,
+                 GECO_CALLERID = 17 };
 /* HOOK's hooks: the Grid Engine hook whose work gecod does for root's hook program */
 enum geco_hook_name { GECO_HOOK_PROLOG = 1, GECO_HOOK_EPILOG = 2 };
 /* ADOPT's stages: decide only (PAM account), decide and move the sender (PAM session),

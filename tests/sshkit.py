@@ -50,11 +50,12 @@ class Sshd(NamedTuple):
     key: Path  # the client key every listed user's authorized keys hold (root reads it)
     dir: Path
     node: str
+    address: str = "127.0.0.1"
 
     def argv(self, user: str, *command: str, options: Sequence[str] = ()) -> list[str]:
-        """``ssh user@127.0.0.1 command`` with this sshd's port and key."""
+        """``ssh user@<address> command`` with this sshd's port and key."""
         return ["ssh", "-i", str(self.key), "-p", str(self.port), *CLIENT_OPTIONS, *options,
-                f"{user}@127.0.0.1", *command]
+                f"{user}@{self.address}", *command]
 
     def ssh(self, user: str, *command: str, options: Sequence[str] = (),
             timeout: float = 60, send: Mapping[str, str] | None = None
@@ -67,10 +68,11 @@ class Sshd(NamedTuple):
                               text=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False,
                               env={**os.environ, **sent})
 
-    def command_line(self, user: str, key: Path) -> str:
-        """The ssh command a job of ``user`` runs, with a key it can read."""
+    def command_line(self, user: str, key: Path, host: str = "") -> str:
+        """The ssh command a job of ``user`` runs, with a key it can read (to ``host``, by
+        default this sshd's address)."""
         return (f"ssh -i {key} -p {self.port} {' '.join(CLIENT_OPTIONS)} "
-                f"{user}@127.0.0.1")
+                f"{user}@{host or self.address}")
 
 
 @contextlib.contextmanager
@@ -107,11 +109,14 @@ def _stop_leftover(service: str, pidfile: Path) -> None:
 
 @contextlib.contextmanager
 def running_sshd(service: str, pam_stack: str, users: Sequence[str], *,
-                 preload: bool = False) -> Iterator[Sshd]:
+                 preload: bool = False, address: str = "127.0.0.1",
+                 wrap: Sequence[str] = (), node: str = "") -> Iterator[Sshd]:
     """An sshd as ``service`` with ``pam_stack``, letting ``users`` log in with one key and
     send ``JOB_ID``/``SGE_TASK_ID`` (AcceptEnv, as the README advises); with ``preload``,
     geco's exec() preload loaded into it (as ``LD_PRELOAD`` in its unit's environment
-    would). Stopped (by its pid), its PAM file and dir removed afterwards."""
+    would). It listens on ``address``; ``wrap`` runs it on another host (a command that
+    execs its arguments there, e.g. ``cluster.sh run 2``, named ``node``). Stopped (by
+    its pid), its PAM file and dir removed afterwards."""
     pidfile = Path(f"/run/{service}.pid")
     pam_file = Path("/etc/pam.d") / service
     _stop_leftover(service, pidfile)
@@ -131,7 +136,7 @@ def running_sshd(service: str, pam_stack: str, users: Sequence[str], *,
         port = free_port()
         (base / "sshd_config").write_text(f"""\
 Port {port}
-ListenAddress 127.0.0.1
+ListenAddress {address}
 HostKey {base}/host_key
 PidFile {pidfile}
 AuthorizedKeysFile {keys}/%u
@@ -151,17 +156,18 @@ LogLevel VERBOSE
         env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
         if preload:
             env["LD_PRELOAD"] = PRELOAD
-        proc = subprocess.Popen([str(link), "-D", "-f", str(base / "sshd_config"),
+        proc = subprocess.Popen([*wrap, str(link), "-D", "-f", str(base / "sshd_config"),
                                  "-E", str(base / "sshd.log")], env=env)
         deadline = time.monotonic() + 20
         while True:
             with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
+                if s.connect_ex((address, port)) == 0:
                     break
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the test sshd did not listen: {(base / 'sshd.log')}")
             time.sleep(0.05)
-        yield Sshd(port, base / "client_key", base, os.uname().nodename.partition(".")[0])
+        yield Sshd(port, base / "client_key", base,
+                   node or os.uname().nodename.partition(".")[0], address)
     finally:
         if proc is not None:
             proc.terminate()

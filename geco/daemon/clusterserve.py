@@ -4,7 +4,12 @@ A job's master host asks this host's gecod, over TCP on ``[cluster] address``
 (every address of the host), to PREPARE the job (make its cgroups for this
 host's share, from the resource set the master sends: no qstat here), to ABORT
 it (the job could not start on all its hosts) or to RELEASE it (the job ended:
-tear down, and answer with the figures). :mod:`geco.cluster` is the asking side.
+tear down, and answer with the figures). Any host of a job may ask for its live
+figures here (NODE_STATUS, for ``geco status --job``), and a slave host tells the
+job's master of an OOM kill (OOM_REPORT): the master's gecod appends the words
+to the job owner's stderr file, as the owner. A host an ssh login reached asks
+whether a process of the user's job here made the connection (CALLERID).
+:mod:`geco.cluster` is the asking side.
 
 Anyone on the network can connect, so nothing is believed before its frame
 passes every check of :func:`geco.protocol.decode` with the cluster key (MAC,
@@ -28,10 +33,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from geco import cluster, containment, log, teardown
+from geco import cluster, containment, jobstatus, log, ssh, teardown
 from geco.daemon.quarantine import Context
 from geco.errors import GecoError, ProtocolError
 from geco.jobkey import JobKey
+from geco.oom.owner_file import stderr_target, tell_owner
 from geco.protocol import (
     CLUSTER_MAX_PAYLOAD,
     NODE_REQUESTS,
@@ -65,14 +71,22 @@ class ClusterServer:
     key: the cluster key.
     listener: a listening TCP socket (:func:`listen`).
     on_change: called (from a worker) after a request made or removed a job's cgroups.
+    on_prepared: called (from a worker) with a job's key once PREPARE made its cgroups
+        (gecod watches them for OOM kills from then on).
+    before_release: called (from a worker) with a job's key before RELEASE tears it down
+        (gecod reads its OOM counter one last time, while the cgroup exists).
     """
 
     def __init__(self, ctx: Context, key: bytes, listener: socket.socket, *,
-                 on_change: Callable[[], None] | None = None) -> None:
+                 on_change: Callable[[], None] | None = None,
+                 on_prepared: Callable[[JobKey], None] | None = None,
+                 before_release: Callable[[JobKey], None] | None = None) -> None:
         self.ctx = ctx
         self.key = key
         self.listener = listener
         self.on_change = on_change
+        self.on_prepared = on_prepared
+        self.before_release = before_release
         self.replay = ReplayCache.for_skew(ctx.config.gecod_max_skew)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=_WORKERS,
                                                            thread_name_prefix="gecod-cluster")
@@ -140,7 +154,8 @@ class ClusterServer:
                          max_payload=CLUSTER_MAX_PAYLOAD)
             if got.type not in NODE_REQUESTS:
                 raise ProtocolError(f"{got.type.name} is not a request of the cluster "
-                                    "channel (PREPARE, ABORT, RELEASE)", reason="type")
+                                    "channel (PREPARE, ABORT, RELEASE, NODE_STATUS, "
+                                    "OOM_REPORT, CALLERID)", reason="type")
             req = got.message
             assert isinstance(req, NodeRequest)
             here = self.ctx.hostname
@@ -170,33 +185,42 @@ class ClusterServer:
         key = JobKey(req.job_id, req.task_id)
         started = time.monotonic()
         try:
-            with self.ctx.job_lock(key):
-                if kind is MsgType.PREPARE:
-                    doc = self._prepare(key, req)
-                elif kind is MsgType.ABORT:
-                    doc = self._abort(key)
-                else:
-                    doc = self._release(key)
+            if kind is MsgType.NODE_STATUS:
+                return self._show(key)  # a look: not journaled, changes nothing
+            if kind is MsgType.CALLERID:
+                return self._caller(key, req)  # journaled by the host that asks
+            if kind is MsgType.OOM_REPORT:
+                doc = self._report_oom(key, req)
+            else:
+                with self.ctx.job_lock(key):
+                    if kind is MsgType.PREPARE:
+                        doc = self._prepare(key, req)
+                    elif kind is MsgType.ABORT:
+                        doc = self._abort(key)
+                    else:
+                        doc = self._release(key)
         except GecoError as exc:
             doc = {"status": "failed", "reason": str(exc)}
         took = time.monotonic() - started
-        event = {"ready": "job-prepared", "aborted": "job-aborted",
-                 "released": "job-released"}.get(doc["status"], "cluster-request-failed")
+        event = {"ready": "job-prepared", "aborted": "job-aborted", "released": "job-released",
+                 "reported": "oom-relayed"}.get(doc["status"], "cluster-request-failed")
         _log.log(log.INFO if event != "cluster-request-failed" else log.WARNING,
-                 "job %s: %s from the master %s: %s%s", key, kind.name, peer, doc["status"],
+                 "job %s: %s from %s: %s%s", key, kind.name, peer, doc["status"],
                  f" ({doc['reason']})" if doc.get("reason") else "",
                  extra=log.job_fields(key.job, key.task, event, PEER=peer, REQUEST=kind.name,
                                       STATUS=doc["status"], REASON=doc.get("reason"),
                                       CPUS=doc.get("cpus"),
                                       ELAPSED_MS=round(took * 1000, 1)))
-        if self.on_change is not None:
+        if kind is MsgType.PREPARE and doc["status"] == "ready" and self.on_prepared:
+            self.on_prepared(key)
+        if self.on_change is not None and kind is not MsgType.OOM_REPORT:
             self.on_change()
         return doc
 
     def _prepare(self, key: JobKey, req: NodeRequest) -> dict[str, Any]:
         """The job's cgroups for this host's share, from the master's resource set."""
         cfg, ctx = self.ctx.config, self.ctx
-        rs = v1format.parse(req.resources)
+        rs = v1format.parse(req.body)
         if rs.key != key:
             return {"status": "refused", "reason": f"the resources are job {rs.key}'s"}
         node = rs.node(ctx.hostname)
@@ -231,6 +255,8 @@ class ClusterServer:
     def _release(self, key: JobKey) -> dict[str, Any]:
         """The job ended: tear it down here and say what it used."""
         cfg = self.ctx.config
+        if self.before_release is not None:
+            self.before_release(key)
         result = teardown.tear_down(key, self.ctx.backend, cfg, queue_instance=None,
                                     cleaned_by="master", event="job-end-slave")
         if result.clean:
@@ -241,7 +267,50 @@ class ClusterServer:
                 "killed": result.killed, "accounting": result.accounting._asdict()}
 
 
-def open_channel(ctx: Context, *, on_change: Callable[[], None] | None = None
+    def _show(self, key: JobKey) -> dict[str, Any]:
+        """The job's live figures here, as ``geco status --job --json`` has them."""
+        ctx = self.ctx
+        keys = [k for k in jobstatus.keys_of_job(ctx.backend, key.job) if k == key] \
+            if key.task else []
+        if not keys:
+            return {"status": "refused", "reason": str(jobstatus.not_here(key, ctx.hostname))}
+        return {"status": "shown",
+                "jobs": [dict(jobstatus.to_dict(jobstatus.read(ctx.config, ctx.backend, k)))
+                         for k in keys]}
+
+    def _caller(self, key: JobKey, req: NodeRequest) -> dict[str, Any]:
+        """Whether a process of the user's in the job here made the connection named."""
+        try:
+            *where, uid_text = req.body.decode("ascii").split()
+            ends = ssh.connection_ends(" ".join(where))
+            uid = int(uid_text)
+        except ValueError:
+            ends = None
+        if ends is None:
+            return {"status": "failed", "reason": "the body must be '<src> <sport> <dst> "
+                                                  "<dport> <uid>'"}
+        if self.ctx.backend.exists(key) and \
+                ssh.holder_job(ends, uid, [key], self.ctx.backend) == key:
+            return {"status": "found"}
+        return {"status": "refused",
+                "reason": f"no process of uid {uid} in job {key} on {self.ctx.hostname} "
+                          "made that connection"}
+
+    def _report_oom(self, key: JobKey, req: NodeRequest) -> dict[str, Any]:
+        """A slave's OOM kill: its words go to the owner's stderr file here, once."""
+        cfg, host = self.ctx.config, self.ctx.hostname
+        spool = execd.find_spool_dir(cfg.execd_spool_dir, key, host)
+        if spool is None:
+            return {"status": "refused", "reason": f"job {key} is not running on {host}"}
+        target = stderr_target(spool)
+        if target is not None:  # else the job's stderr goes to /dev/null
+            tell_owner(target, req.body.decode("utf-8", "replace"))
+        return {"status": "reported"}
+
+
+def open_channel(ctx: Context, *, on_change: Callable[[], None] | None = None,
+                 on_prepared: Callable[[JobKey], None] | None = None,
+                 before_release: Callable[[JobKey], None] | None = None
                  ) -> ClusterServer | None:
     """The cluster channel, listening; None (warned about) when this host has no cluster key
     or cannot listen: then it cannot be a slave host of a parallel job."""
@@ -256,4 +325,5 @@ def open_channel(ctx: Context, *, on_change: Callable[[], None] | None = None
                      extra=log.job_fields(None, None, "cluster-channel-closed",
                                           REASON=str(exc)))
         return None
-    return ClusterServer(ctx, key, listener, on_change=on_change)
+    return ClusterServer(ctx, key, listener, on_change=on_change, on_prepared=on_prepared,
+                         before_release=before_release)

@@ -43,6 +43,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 
 from geco import __version__, address, cgroup, cluster, keys, log, oom, trace
@@ -75,6 +76,8 @@ _LOG_DROP_REPORT = 10.0
 _RECLAIM_SLACK = 5.0
 # Seconds between status lines to systemd while requests keep coming.
 _STATUS_EVERY = 1.0
+# The longest a slave's RELEASE waits for gecod's loop to read the job's OOM counter.
+_OOM_CHECK_WAIT = 2.0
 # Held back from the first line until the loop handles them: a SIGTERM between
 # listen() and the handlers would otherwise kill gecod the default way, leaving
 # its socket file behind and its workers unjoined.
@@ -176,7 +179,8 @@ class Daemon:
         # file, journal) and acted on (policy) in the workers
         self.oom = oom.OomMonitor(self.loop, self.backend, state_dir=cfg.state_dir,
                                   policy=cfg.gecod_oom, execd_spool_dir=cfg.execd_spool_dir,
-                                  resources_dir=cfg.resources_dir, executor=self.executor)
+                                  resources_dir=cfg.resources_dir, executor=self.executor,
+                                  relay=self._relay_oom)
         # a job ends when its master shepherd exits: torn down at once, in threads of
         # their own (an allocation short of cores waits for them in a worker)
         self.jobend_executor = concurrent.futures.ThreadPoolExecutor(
@@ -201,7 +205,9 @@ class Daemon:
                              on_reaped=self._job_reaped, job_lock=self.ctx.job_lock)
         # the masters of parallel jobs with this host among their slaves (geco.cluster)
         self.cluster = clusterserve.open_channel(
-            self.ctx, on_change=lambda: self.loop.call_soon_threadsafe(self._report_status_soon))
+            self.ctx, on_change=lambda: self.loop.call_soon_threadsafe(self._report_status_soon),
+            on_prepared=lambda key: self.loop.call_soon_threadsafe(lambda: self._watch_job(key)),
+            before_release=self._check_oom_now)
         self._stopping = False
         self._log_drops = 0
         self._status_due = False
@@ -243,6 +249,24 @@ class Daemon:
             self.oom.watch(key)
         except GecoError as exc:  # the job runs on; only its OOM report would be missing
             _log.warning("job %s: cannot watch for OOM kills: %s", key, exc)
+
+    def _relay_oom(self, master: str, key: JobKey, text: str) -> None:
+        # a worker: a slave's OOM words go to the owner's file on the job's master host
+        cluster.report_oom(master, key, text, self.cfg)
+
+    def _check_oom_now(self, key: JobKey) -> None:
+        """From a worker: read the job's OOM counter in the loop and wait for it (briefly),
+        so that a kill just before the job's end is reported before its cgroup goes."""
+        done = threading.Event()
+
+        def check() -> None:
+            try:
+                self.oom.check(key)
+            finally:
+                done.set()
+
+        self.loop.call_soon_threadsafe(check)
+        done.wait(_OOM_CHECK_WAIT)
 
     def _reclaim(self) -> None:
         # a worker short of cores: the jobs whose shepherd just exited free theirs first

@@ -24,13 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from geco import log
+from geco import cluster, log
 from geco.cgroup import Backend
 from geco.errors import CgroupError, GecoError
 from geco.jobkey import JobKey
 from geco.oom.kmsg import KMSG, KernelLog
 from geco.oom.message import RequestHint, owner_message, request_hint
-from geco.oom.owner_file import StderrTarget, _owner_ids, append_to_owner_file, stderr_target
+from geco.oom.owner_file import StderrTarget, stderr_target, tell_owner
 from geco.oom.watch import OomEvent, OomWatch, remove_counts
 from geco.resourceset import short_hostname
 from geco.sge import execd, resourcefile
@@ -68,7 +68,8 @@ def check_policy(policy: str) -> str:
 
 def handle(events: Sequence[OomEvent], policy: str, backend: Backend, *,
            target: StderrTarget | None = None, hint: RequestHint | None = None,
-           write_timeout: float = 10.0) -> int | None:
+           relay: Callable[[str], None] | None = None, write_timeout: float = 10.0
+           ) -> int | None:
     """Report the kills of one job and apply the policy. Blocks: run it in a worker.
 
     Steps, in order:
@@ -80,7 +81,9 @@ def handle(events: Sequence[OomEvent], policy: str, backend: Backend, *,
     2. ``kill-job``: end the whole job once (``backend.kill``), journaled as
        ``GECO_EVENT=oom-job-ended``;
     3. the owner's text, one paragraph per kill, appended to the job's stderr
-       file as the owner (step 2 first: a hung file must not delay the kill).
+       file as the owner (step 2 first: a hung file must not delay the kill); on
+       a slave host of a parallel job, sent to the master host's gecod instead
+       (``relay``), which appends it there: the owner reads it once.
 
     A failure in step 2 or 3 is logged (``oom-job-end-failed``,
     ``oom-report-failed``) and never raised: the other steps still happen.
@@ -92,6 +95,8 @@ def handle(events: Sequence[OomEvent], policy: str, backend: Backend, *,
     backend: the cgroup backend (for ``kill-job``).
     target: the job's stderr file (:func:`stderr_target`); None = journal only.
     hint: the job's requests, for the remedy (:func:`request_hint`).
+    relay: sends the text to the job's master host (raises GecoError); used when
+        there is no ``target``.
     write_timeout: seconds the owner's file may take.
 
     Returns
@@ -132,16 +137,18 @@ def handle(events: Sequence[OomEvent], policy: str, backend: Backend, *,
                                               OOM_POLICY=policy, PROCESSES=killed))
             texts[-1] += (" geco then ended the rest of the job, as this node is set up to "
                           "do after an out-of-memory kill.")
-    if target is not None:
-        try:
-            uid, gid = _owner_ids(target.owner)
-            append_to_owner_file(target.path, "".join(t + "\n" for t in texts), uid, gid,
-                                 name_in_dir=target.name_in_dir, timeout=write_timeout)
-        except GecoError as exc:
-            _log.warning("job %s: the out-of-memory report did not reach the owner's file: %s",
-                         last.key, exc, extra=log.job_fields(
-                             last.job_id, last.task_id, "oom-report-failed",
-                             PATH=target.path, OWNER=target.owner))
+    report = "".join(t + "\n" for t in texts)
+    try:
+        if target is not None:
+            tell_owner(target, report, timeout=write_timeout)
+        elif relay is not None:
+            relay(report)
+    except GecoError as exc:
+        _log.warning("job %s: the out-of-memory report did not reach the owner's file: %s",
+                     last.key, exc, extra=log.job_fields(
+                         last.job_id, last.task_id, "oom-report-failed",
+                         PATH=target.path if target else None,
+                         OWNER=target.owner if target else None))
     return killed
 
 
@@ -172,6 +179,7 @@ class _Job:
     spool_dir: Path | None
     target: StderrTarget | None = None
     hint: RequestHint | None = None
+    master: str | None = None  # this host is a slave of the job: the owner's file is there
     ended: bool = False
     rechecks: tuple[_Cancellable, ...] = ()
 
@@ -198,6 +206,8 @@ class OomMonitor:
         counter (v1 signals no eventfd for a node-wide OOM's kill).
     on_events: called in the loop with each batch (before :func:`handle`);
         for tests and the bench.
+    relay: sends a slave job's report to its master host (``relay(master, key, text)``,
+        raises GecoError; :func:`geco.cluster.report_oom`); None = journal only there.
 
     Raises
     ------
@@ -209,7 +219,8 @@ class OomMonitor:
                  execd_spool_dir: Path | None = None, resources_dir: Path | None = None,
                  executor: Executor | None = None, node: str | None = None,
                  kmsg: Path | None = KMSG, sweep_interval: float = 60.0,
-                 on_events: Callable[[list[OomEvent]], None] | None = None) -> None:
+                 on_events: Callable[[list[OomEvent]], None] | None = None,
+                 relay: Callable[[str, JobKey, str], None] | None = None) -> None:
         self.loop = loop
         self.backend = backend
         self.state_dir = state_dir
@@ -221,6 +232,7 @@ class OomMonitor:
         self.kmsg_path = kmsg
         self.sweep_interval = sweep_interval
         self.on_events = on_events
+        self.relay = relay
         self.kmsg: KernelLog | None = None
         self._jobs: dict[JobKey, _Job] = {}
         self._sweep: _Cancellable | None = None
@@ -404,10 +416,13 @@ class OomMonitor:
         # the whole job is ended once; later kills (racing the kill) are only reported
         policy = "kernel" if job.ended else self.policy
         job.ended = job.ended or policy == "kill-job"
+        key = job.watch.key
         if job.target is None:
-            self._resolve(job.watch.key, job)
+            self._resolve(key, job)
+        relay = (functools.partial(self.relay, job.master, key)
+                 if job.master is not None and self.relay is not None else None)
         work = functools.partial(handle, found, policy, self.backend, target=job.target,
-                                 hint=job.hint)
+                                 hint=job.hint, relay=relay)
         if self.executor is None:
             work()
         else:
@@ -416,14 +431,8 @@ class OomMonitor:
     # -- helpers --------------------------------------------------------------------
 
     def _resolve(self, key: JobKey, job: _Job) -> None:
-        """Find the job's stderr file and requests (small local files, read once per job)."""
-        if job.target is None and self.execd_spool_dir is not None:
-            spool = job.spool_dir or execd.find_spool_dir(self.execd_spool_dir, key, self.node)
-            if spool is not None:
-                try:
-                    job.target = stderr_target(spool)
-                except GecoError as exc:
-                    _log.debug("job %s: no stderr file for OOM reports: %s", key, exc)
+        """Find the job's requests, master host and stderr file (small local files, read
+        once per job)."""
         if job.hint is None and self.resources_dir is not None:
             try:
                 rs = resourcefile.read(self.resources_dir, key)
@@ -431,6 +440,16 @@ class OomMonitor:
                 _log.debug("job %s: no resource file for OOM remedies: %s", key, exc)
             else:
                 job.hint = request_hint(rs, self.node)
+                job.master = cluster.master(rs, self.node) if rs is not None else None
+        if job.master is not None:
+            return  # a slave of the job: its stderr file is the master's
+        if job.target is None and self.execd_spool_dir is not None:
+            spool = job.spool_dir or execd.find_spool_dir(self.execd_spool_dir, key, self.node)
+            if spool is not None:
+                try:
+                    job.target = stderr_target(spool)
+                except GecoError as exc:
+                    _log.debug("job %s: no stderr file for OOM reports: %s", key, exc)
 
     def _prune_counts(self, live: Iterable[str]) -> None:
         """Remove count files of jobs whose cgroup is gone (ended while gecod was down)."""

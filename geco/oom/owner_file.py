@@ -25,7 +25,7 @@ from pathlib import Path
 from geco.errors import GecoError
 from geco.sge import execd
 
-__all__ = ["StderrTarget", "append_to_owner_file", "stderr_target"]
+__all__ = ["StderrTarget", "append_to_owner_file", "stderr_target", "tell_owner"]
 
 
 # ---------------------------------------------------------------------------
@@ -252,6 +252,19 @@ def _kill_and_reap(pid: int) -> None:
         time.sleep(0.01)
     threading.Thread(target=_reap, args=(pid,), name=f"geco-oom-reap-{pid}",
                      daemon=True).start()
+
+
+def tell_owner(target: StderrTarget, text: str, *, timeout: float = 10.0) -> None:
+    """Append ``text`` to the job's stderr file ``target``, as its owner (blocks).
+
+    Raises
+    ------
+    GecoError
+        when the owner is unknown here or the file could not be written.
+    """
+    uid, gid = _owner_ids(target.owner)
+    append_to_owner_file(target.path, text, uid, gid, name_in_dir=target.name_in_dir,
+                         timeout=timeout)
 
 
 def _owner_ids(user: str) -> tuple[int, int]:

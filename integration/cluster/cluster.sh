@@ -7,6 +7,8 @@
 #   integration/cluster/cluster.sh status    qhost and each host's daemons
 #   integration/cluster/cluster.sh down      stop and remove everything `up` made
 #   integration/cluster/cluster.sh stop-gecod K | start-gecod K   host K's gecod only
+#   integration/cluster/cluster.sh run K command...   a command on host K (its namespaces,
+#                                            its /etc/geco), e.g. run 1 geco status --job 42
 #
 # Run as root, after scripts/install.sh (geco); `up` runs integration/sge/setup.sh when no
 # qmaster answers. What each host k gets:
@@ -309,5 +311,6 @@ case "${1:-}" in
   status) status ;;
   stop-gecod) node_arg "${2:-}"; stop_pid "$(run_dir "$2")/gecod.pid"; log "$(host "$2"): gecod stopped" ;;
   start-gecod) node_arg "${2:-}"; start_gecod "$2"; log "$(host "$2"): gecod pid $(cat "$(run_dir "$2")/gecod.pid")" ;;
-  *) echo "usage: $0 up [N] | status | down | stop-gecod K | start-gecod K" >&2; exit 2 ;;
+  run) node_arg "${2:-}"; k=$2; shift 2; EXEC=exec in_node "$k" "$@" ;;
+  *) echo "usage: $0 up [N] | status | down | stop-gecod K | start-gecod K | run K command..." >&2; exit 2 ;;
 esac

@@ -22,16 +22,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from clusterkit import cluster
+from clusterkit import QUEUE, cluster, submit_pe
 
 from geco import protocol
 from geco.protocol import MsgType, NodeRequest
+from geco.resourceset import NodeResources, ResourceSet
+from geco.sge import v1format
 
 pytestmark = pytest.mark.sge
 
 STATE = Path("/run/geco-test-cluster")
-QUEUE = "geco-test-cluster.q"
-PE = "geco-test-cluster"
 PORT = 6446
 M = 1024 * 1024
 
@@ -50,12 +50,7 @@ wait
 
 
 def submit(sge: Any, owner: Any, name: str, *extra: str) -> tuple[int, Path]:
-    out = owner.make_dir(name)
-    script = out / "pe.sh"
-    script.write_text(SCRIPT)
-    os.chown(script, owner.uid, owner.gid)
-    job = sge.submit("-q", QUEUE, "-pe", PE, "3", "-masterq", f"{QUEUE}@geco-node1", "-cwd",
-                     "-o", "out", "-j", "y", *extra, str(script), cwd=out)
+    job, out = submit_pe(sge, owner, name, SCRIPT, *extra)
     return job, out / "out"
 
 
@@ -151,23 +146,31 @@ def send(frame: bytes, host: str = "10.77.2.11") -> bytes:
 
 
 @pytest.mark.parametrize("case", ["forged", "replayed", "wrong-host"])
-def test_a_forged_replayed_or_misdirected_request_is_refused_and_journaled(
+def test_a_forged_replayed_or_misdirected_prepare_is_refused_and_journaled(
         journal: Any, three_hosts: None, case: str) -> None:
-    """Given geco-node2's cluster channel, when it gets an ABORT MAC'd with another key, the
-    same valid ABORT a second time, or one addressed to geco-node3, then it answers with a
-    BAD_REQUEST ACK (no NODE_REPLY) and journals cluster-refused with the reason."""
+    """Given geco-node2's cluster channel, when it gets a PREPARE MAC'd with another key, the
+    same valid PREPARE a second time, or one addressed to geco-node3, then it answers with a
+    BAD_REQUEST ACK (no NODE_REPLY), journals cluster-refused with the reason, and makes
+    no cgroup for the job (the one valid PREPARE's is ABORTed by the test)."""
     key = (STATE / "cluster.key").read_bytes()
     job = 990000 + {"forged": 1, "replayed": 2, "wrong-host": 3}[case]
     host = "geco-node3" if case == "wrong-host" else "geco-node2"
-    frame = protocol.encode(MsgType.ABORT, NodeRequest(job, 1, host),
+    rs = ResourceSet(job, 1, owner="root", nodes=(NodeResources("geco-node1"),
+                                                  NodeResources(host, is_slave=True)))
+    frame = protocol.encode(MsgType.PREPARE, NodeRequest(job, 1, host, v1format.serialize(rs)),
                             os.urandom(32) if case == "forged" else key)
     if case == "replayed":
         first = protocol.decode(send(frame), key, max_payload=protocol.CLUSTER_MAX_PAYLOAD)
         assert first.type is MsgType.NODE_REPLY
-        assert protocol.StatusReply.unpack(first.payload).document["status"] == "aborted"
-    reply = protocol.decode(send(frame), key)
+        assert protocol.StatusReply.unpack(first.payload).document["status"] == "ready"
+    try:
+        reply = protocol.decode(send(frame), key)
+    finally:
+        if case == "replayed":
+            send(protocol.encode(MsgType.ABORT, NodeRequest(job, 1, host), key))
     reason = {"forged": "mac", "replayed": "nonce", "wrong-host": "host"}[case]
 
+    assert job_cgroups(job) == []
     assert reply.type is MsgType.ACK
     assert protocol.Ack.unpack(reply.payload).status is protocol.AckStatus.BAD_REQUEST
     [refused] = journal.wait_for(JOB_ID=job, GECO_EVENT="cluster-refused")
@@ -206,12 +209,9 @@ def test_a_slave_whose_gecod_is_down_at_the_end_is_named_missing_and_its_reaper_
     the job ends, then the job's one job-end record names geco-node3 as missing and holds
     the other two hosts' figures; once that gecod runs again, its reaper removes the job's
     cgroups there."""
-    out = job_owner.make_dir("barrier-end")
-    script = out / "wait.sh"
-    script.write_text(f"#!/bin/bash\nwhile [ ! -e {out}/go ]; do sleep 0.2; done\n")
-    os.chown(script, job_owner.uid, job_owner.gid)
-    job = sge.submit("-q", QUEUE, "-pe", PE, "3", "-masterq", f"{QUEUE}@geco-node1", "-cwd",
-                     "-o", "/dev/null", "-j", "y", str(script), cwd=out)
+    job, out = submit_pe(sge, job_owner, "barrier-end",
+                         "#!/bin/bash\nwhile [ ! -e go ]; do sleep 0.2; done\n",
+                         output="/dev/null")
     try:
         journal.wait_for(60, JOB_ID=job, GECO_EVENT="job-prepared",
                          SYSLOG_IDENTIFIER="geco-prolog")

@@ -16,7 +16,7 @@ import pytest
 from geco import jobstatus
 from geco.cgroup import Limits
 from geco.config import Config
-from geco.errors import CgroupError
+from geco.errors import CgroupError, GecoError
 from geco.jobkey import JobKey
 from geco.jobstatus import JobStatus, Process, format_duration, format_table
 from geco.resourceset import NodeResources, ResourceSet, short_hostname
@@ -98,7 +98,7 @@ def test_read_takes_limits_usage_processes_and_the_resource_file(cfg: Config) ->
         memory_peak=7 << 20, cpu_user=12.345678, cpu_system=0.4, oom_kills=1,
         pids_limit=4096, pids_current=3, pids_peak=9, pids_refused=0,
         processes=(Process(os.getpid(), Path("/proc/self/comm").read_text().strip()),),
-        running_for=600.0, runtime_limit=7200.0)
+        running_for=600.0, runtime_limit=7200.0, hosts=(HOST,))
 
 
 def test_without_spooled_config_the_resource_file_dates_the_start(cfg: Config) -> None:
@@ -260,7 +260,24 @@ def test_json_form_has_bytes_seconds_and_nulls() -> None:
         "pids_limit": 4096, "pids_current": 7, "pids_peak": 9, "pids_refused": 0,
         "processes": [{"pid": 101, "command": "sge_shepherd"},
                       {"pid": 20345, "command": "sim.sh"}],
-        "running_for": 3723.0, "runtime_limit": 7200.0, "notes": []}
+        "running_for": 3723.0, "runtime_limit": 7200.0, "notes": [], "hosts": []}
+
+
+def test_another_hosts_json_form_reads_back_as_the_same_status() -> None:
+    """Given a status as another host sends it (JSON, NODE_STATUS), then from_dict gives the
+    very status back, unknowns included; a document that is not one is one clear error."""
+    st = dataclasses.replace(STATUS, cpu_user=None, memory_peak=None, notes=("x",),
+                             hosts=("n001", "n002"))
+    assert jobstatus.from_dict(json.loads(json.dumps(jobstatus.to_dict(st)))) == st
+    with pytest.raises(GecoError, match="not a job status document: KeyError: 'key'"):
+        jobstatus.from_dict({"host": "n002"})
+
+
+def test_a_job_over_several_hosts_names_them_in_the_table() -> None:
+    """Given a job whose resource file names three hosts, then its table says so."""
+    lines = format_table(dataclasses.replace(STATUS, hosts=("n001", "n002", "n003"))).split("\n")
+    assert lines[1:4] == ["  owner        alice", "  name         sim.sh",
+                          "  hosts        3: n001, n002, n003"]
 
 
 def test_the_accounting_view_is_the_job_end_record() -> None:

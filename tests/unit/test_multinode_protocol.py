@@ -3,21 +3,26 @@
 PREPARE, ABORT and RELEASE name the one host they are for and carry the job's resource
 set; a frame of them may be larger than the local socket allows (a job of many hosts),
 but only where the receiver says so. The master's job-end record merges every host's
-figures and names the hosts whose figures are missing.
+figures and names the hosts whose figures are missing. A slave host knows its job's
+master, and sends its OOM reports there instead of writing an owner's file of its own.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
 
-from geco import cluster
+from geco import cluster, log
 from geco import config as config_mod
 from geco import protocol as P
 from geco.accounting import Accounting
-from geco.errors import ConfigError, ProtocolError
+from geco.errors import ConfigError, GecoError, ProtocolError
+from geco.jobkey import JobKey
+from geco.oom import OomEvent, handle
+from geco.resourceset import NodeResources, ResourceSet
 
 KEY = bytes(range(32))
 
@@ -108,3 +113,46 @@ def test_the_cluster_settings_are_read_and_a_bad_one_falls_back(tmp_path: Path) 
     assert cluster.port(cfg) == 7000
     with pytest.raises(ConfigError, match=r"\[cluster\] address must be a TCP port"):
         cluster.port(cfg._replace(cluster_address="path:/run/x.sock"))
+
+
+RS = ResourceSet(job_id=42, task_id=1, owner="alice", job_name="mpi",
+                 nodes=(NodeResources("node1.cluster"), NodeResources("node2", is_slave=True),
+                        NodeResources("node3", is_slave=True)))
+
+
+def test_a_slave_host_knows_its_jobs_master_and_the_master_has_none() -> None:
+    """Given a job over node1 (master), node2 and node3, then node2 and node3 name node1 as
+    the job's master host and every other host; node1 is the master itself; a host not in
+    the job has no master for it."""
+    assert [cluster.master(RS, h) for h in ("node1", "node2", "node3.cluster", "node4")] == [
+        None, "node1.cluster", "node1.cluster", None]
+    assert cluster.other_hosts(RS, "node2") == ("node1.cluster", "node3")
+
+
+class NoBackend:
+    """The policy ``kernel`` never touches the cgroups."""
+
+
+def test_an_oom_kill_on_a_slave_goes_to_the_master_once_in_the_owners_words(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Given two kills in job 42.1 on slave node2 and no stderr file there, when they are
+    handled with a relay to the master, then the relay gets one text with both paragraphs
+    (the words a kill on the master would write); when the relay fails, that is journaled
+    as oom-report-failed and nothing is raised."""
+    events = [OomEvent(JobKey(42, 1), "node2", 300 << 20, 301 << 20, pid=4242,
+                       command="python3", kill_count=n) for n in (1, 2)]
+    sent: list[str] = []
+
+    handle(events, "kernel", NoBackend(), relay=sent.append)  # type: ignore[arg-type]
+
+    assert len(sent) == 1 and sent[0].count("geco: job 42.1 on node node2 used more memory") == 2
+    assert sent[0].endswith("\n")
+
+    def refuse(text: str) -> None:
+        raise GecoError("the job's master host node1 did not take it: no-answer")
+
+    with caplog.at_level(logging.WARNING, logger="geco"):
+        handle(events[:1], "kernel", NoBackend(), relay=refuse)  # type: ignore[arg-type]
+    [failed] = [r for r in caplog.records
+                if getattr(r, log.FIELDS_ATTR, {}).get("GECO_EVENT") == "oom-report-failed"]
+    assert "master host node1 did not take it" in failed.getMessage()

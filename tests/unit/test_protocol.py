@@ -70,9 +70,9 @@ def message_of(vector: dict[str, Any]) -> P.Message | None:
                                 bytes.fromhex(f["request_nonce"]), f["text"])
         case P.MsgType.STATUS_REPLY | P.MsgType.NODE_REPLY:
             return P.StatusReply(f["document"])
-        case P.MsgType.PREPARE | P.MsgType.ABORT | P.MsgType.RELEASE:
-            return P.NodeRequest(f["job_id"], f["task_id"], f["host"],
-                                 bytes.fromhex(f["resources"]))
+        case P.MsgType.PREPARE | P.MsgType.ABORT | P.MsgType.RELEASE | \
+                P.MsgType.NODE_STATUS | P.MsgType.OOM_REPORT | P.MsgType.CALLERID:
+            return P.NodeRequest(f["job_id"], f["task_id"], f["host"], bytes.fromhex(f["body"]))
         case P.MsgType.HOOK:
             return P.Hook(f["job_id"], f["task_id"], f["pid"], P.HookName(f["hook"]))
         case P.MsgType.STARTER:
@@ -546,7 +546,8 @@ def test_a_peercred_frame_round_trips_under_any_key_the_caller_holds(
 
 
 @pytest.mark.parametrize(("type_", "name"), [(1, "JOB_STARTED"), (8, "HOOK"), (11, "PREPARE"),
-                                             (15, "type 15"), (255, "type 255")])
+                                             (15, "NODE_STATUS"), (18, "type 18"),
+                                             (255, "type 255")])
 def test_the_peercred_flag_on_any_other_type_is_refused_as_flags_before_the_mac(
         type_: int, name: str) -> None:
     """Given a PEERCRED frame of a type other than STATUS, QUARANTINE_SELF, ADOPT, STARTER and

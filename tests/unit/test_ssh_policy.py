@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from geco import config
-from geco.ssh import _client_socket, _from_this_node, _holds
+from geco.ssh import _client_socket, _from_this_node, _holds, connection_ends
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -34,7 +34,23 @@ def test_only_a_well_formed_connection_from_this_node_is_traced_to_a_process(
         connection: str, local: bool) -> None:
     """Given SSH_CONNECTION as sshd sets it, or mangled, then only a connection from this
     node to itself is looked up (the callerid rule), and a mangled one is not an error."""
-    assert (_from_this_node(connection) is not None) is local
+    ends = connection_ends(connection)
+    assert (ends is not None and _from_this_node(ends)) is local
+
+
+@pytest.mark.parametrize(("connection", "ends"), [
+    ("10.1.2.4 40000 10.1.2.3 22", ("10.1.2.4", 40000, "10.1.2.3", 22)),
+    ("::ffff:10.1.2.4 40000 ::ffff:10.1.2.3 22", ("10.1.2.4", 40000, "10.1.2.3", 22)),
+    ("fd00::4 40000 fd00::3 22", ("fd00::4", 40000, "fd00::3", 22)),
+    ("10.1.2.4 0 10.1.2.3 22", None),
+    ("10.1.2.4 40000 10.1.2.3 65536", None),
+])
+def test_a_connection_from_another_host_is_read_as_its_four_ends(
+        connection: str, ends: tuple[str, int, str, int] | None) -> None:
+    """Given SSH_CONNECTION of a login from another host (what a job's ssh from one of its
+    hosts to another gives), then its four ends are read as the other host will be asked
+    about them (an IPv4 peer of a dual-stack socket as IPv4); impossible ports are none."""
+    assert connection_ends(connection) == ends
 
 
 @pytest.mark.parametrize("family", [socket.AF_INET, socket.AF_INET6])

@@ -39,7 +39,8 @@ SKEW_NS = 30_000_000_000
 TYPE_NAMES = {1: "JOB_STARTED", 2: "ACK", 3: "STATUS", 4: "STATUS_REPLY", 5: "ADOPT",
               6: "QUARANTINE_SELF", 7: "ADOPT_REPLY", 8: "HOOK", 9: "STARTER",
               10: "STARTER_REPLY", 11: "PREPARE", 12: "ABORT", 13: "RELEASE",
-              14: "NODE_REPLY"}
+              14: "NODE_REPLY", 15: "NODE_STATUS", 16: "OOM_REPORT",
+              17: "CALLERID"}
 
 
 PREPARE_RS = (b"GECOResourceSet_v1{li366474,li1,lf0,b0,lf0,i0,i2,b0,b0,s3:mpi,s5:alice,"
@@ -55,6 +56,10 @@ N_JS, N_ACK, N_ST, N_SR, N_AD, N_QS = (nonce(b) for b in (0xA0, 0xB0, 0xC0, 0xD0
 N_PQS, N_PST, N_PACK, N_AR = nonce(0x10), nonce(0x20), nonce(0x30), nonce(0x40)
 N_HK, N_SN, N_SNR = nonce(0x50), nonce(0x60), nonce(0x70)
 N_PR, N_AB, N_RL, N_NR = nonce(0x80), nonce(0x90), nonce(0x01), nonce(0x11)
+N_NS, N_OR, N_CI = nonce(0x21), nonce(0x31), nonce(0x41)
+CALLERID_BODY = b"10.1.0.6 51234 10.1.0.7 22 1001"
+OOM_TEXT = (b"geco: on node07, the out-of-memory killer ended process 4242 (python3) of job "
+            b"366474.1.\n")
 STARTER_ENV = ("/bin/bash", "posix_compliant", "false",
                "/var/spool/gridengine/execd/node07/job_scripts/366474")
 STARTER_ARGV = ("/var/spool/gridengine/execd/node07/job_scripts/366474",)
@@ -153,22 +158,37 @@ POSITIVE: list[tuple[str, int, int, bytes, int, dict[str, Any], bytes, str]] = [
      "variable and removes all three SGE_STARTER_* ones)."),
     # between gecods, over the cluster channel; MAC'd with the cluster key (here KEY too)
     ("prepare", 11, 0, N_PR, TS + 9_000_000_000,
-     {"job_id": 366474, "task_id": 1, "host": "node07", "resources": PREPARE_RS.hex()},
+     {"job_id": 366474, "task_id": 1, "host": "node07", "body": PREPARE_RS.hex()},
      struct.pack("<QQ", 366474, 1) + b"node07\0" + PREPARE_RS,
      "PREPARE: the master host of job 366474.1 asks node07's gecod to make the job's "
      "cgroups for its share of the GECOResourceSet_v1 that follows the host's NUL."),
     ("abort", 12, 0, N_AB, TS + 9_010_000_000,
-     {"job_id": 366474, "task_id": 1, "host": "node07", "resources": ""},
+     {"job_id": 366474, "task_id": 1, "host": "node07", "body": ""},
      struct.pack("<QQ", 366474, 1) + b"node07\0",
      "ABORT: the job cannot start on all its hosts; node07 undoes its PREPARE."),
     ("release", 13, 0, N_RL, TS + 9_020_000_000,
-     {"job_id": 366474, "task_id": 1, "host": "node07", "resources": ""},
+     {"job_id": 366474, "task_id": 1, "host": "node07", "body": ""},
      struct.pack("<QQ", 366474, 1) + b"node07\0",
      "RELEASE: the job ended; node07 tears it down and answers with its figures."),
     ("node_reply", 14, 0, N_NR, TS + 9_000_500_000, {"document": NODE_DOC},
      json.dumps(NODE_DOC, separators=(",", ":"), sort_keys=True).encode(),
      "NODE_REPLY: node07's answer to the PREPARE vector: ready, its cores and limits, and "
      "the nonce of the request it answers."),
+    ("node_status", 15, 0, N_NS, TS + 9_030_000_000,
+     {"job_id": 366474, "task_id": 1, "host": "node07", "body": ""},
+     struct.pack("<QQ", 366474, 1) + b"node07\0",
+     "NODE_STATUS: `geco status --job 366474` on another host of the job asks node07 for "
+     "its live figures of the job."),
+    ("oom_report", 16, 0, N_OR, TS + 9_040_000_000,
+     {"job_id": 366474, "task_id": 1, "host": "node06", "body": OOM_TEXT.hex()},
+     struct.pack("<QQ", 366474, 1) + b"node06\0" + OOM_TEXT,
+     "OOM_REPORT: slave node07 tells the job's master node06 of an out-of-memory kill, in "
+     "the words node06 appends to the owner's stderr file."),
+    ("callerid", 17, 0, N_CI, TS + 9_050_000_000,
+     {"job_id": 366474, "task_id": 1, "host": "node06", "body": CALLERID_BODY.hex()},
+     struct.pack("<QQ", 366474, 1) + b"node06\0" + CALLERID_BODY,
+     "CALLERID: uid 1001 logs in to node07 by ssh from 10.1.0.6 port 51234; node07 asks "
+     "node06 whether a process of that user in job 366474.1 there made the connection."),
 ]
 
 VECTOR_PREFIX = "geco quarantine protocol 1 test vectors; see docs/wire-format.md. "
