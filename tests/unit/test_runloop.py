@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import selectors
@@ -53,18 +52,21 @@ def test_a_cancelled_timer_never_fires_and_a_timer_can_cancel_a_later_one(loop: 
 
 def test_a_repeating_timer_fires_every_period_until_cancelled(loop: RunLoop) -> None:
     """Given a timer repeating every 20 ms that cancels itself on its 4th firing,
-    then it fired exactly 4 times, at least 20 ms apart."""
+    then it fired exactly 4 times, the k-th never before k x 20 ms. (The period is kept
+    from the first deadline, not from each late firing, so a firing delayed by a busy
+    machine may be followed by a shorter gap: what never happens is an early one.)"""
     times: list[float] = []
 
     def tick() -> None:
         times.append(time.monotonic())
         if len(times) == 4:
             timer.cancel()
+    started = time.monotonic()
     timer = loop.add_timer(0.02, tick, repeat=0.02)
     run_for(loop, 0.2)
     assert len(times) == 4
-    gaps = [b - a for a, b in itertools.pairwise(times)]
-    assert all(g >= 0.019 for g in gaps), gaps
+    early = [(k, t - started) for k, t in enumerate(times, 1) if t - started < 0.02 * k]
+    assert early == [], times
 
 
 def test_bad_timer_arguments_are_refused_with_what_was_expected(loop: RunLoop) -> None:
