@@ -168,22 +168,47 @@ def gecod(sge: Any, gecod_service: Gecod) -> Iterator[Gecod]:
 # the emulated cluster (tests/**/test_multinode*.py)
 # ---------------------------------------------------------------------------
 
+_CLUSTER_UP: list[bool] = []  # the emulated cluster is up (brought up by three_hosts)
+
+
+def _cluster_down() -> None:
+    _CLUSTER_UP.clear()
+    down = cluster("down")
+    assert down.returncode == 0, down.stdout + down.stderr
+
+
 @pytest.fixture(scope="session")
-def three_hosts(sge: Any) -> Iterator[None]:
-    """Three emulated execution hosts, up once for the session (each up and down costs the
-    qmaster host-name look-ups it caches, so the multinode modules share one), down after."""
-    cluster("down")
-    up = cluster("up", "3")
-    if up.returncode != 0:
-        # once more from scratch: the qmaster may still hold the hosts of an earlier run
-        # (its host-name cache), which the first try waited out
-        print(f"geco tests: cluster up failed, trying again:\n{up.stdout}{up.stderr}")
+def _cluster_session() -> Iterator[None]:
+    """Brings the emulated cluster down at the session's end if a module left it up (an
+    interrupted or -x run)."""
+    yield
+    if _CLUSTER_UP:
+        _cluster_down()
+
+
+@pytest.fixture(scope="module")
+def three_hosts(request: pytest.FixtureRequest, sge: Any, _cluster_session: None
+                ) -> Iterator[None]:
+    """Three emulated execution hosts, shared by the multinode modules that run one after
+    the other (each up and down costs the qmaster host-name look-ups it caches), and down
+    as soon as no later test of the session needs them: their queue takes jobs that name
+    no queue, so the other modules' jobs must not find it."""
+    if not _CLUSTER_UP:
         cluster("down")
         up = cluster("up", "3")
-    try:
+        if up.returncode != 0:
+            # once more from scratch: the qmaster may still hold the hosts of an earlier
+            # run (its host-name cache), which the first try waited out
+            print(f"geco tests: cluster up failed, trying again:\n{up.stdout}{up.stderr}")
+            cluster("down")
+            up = cluster("up", "3")
         assert up.returncode == 0, up.stdout + up.stderr
-        yield
-    finally:
-        down = cluster("down")
-        assert down.returncode == 0, down.stdout + down.stderr
+        _CLUSTER_UP.append(True)
+    yield
+    items = request.session.items
+    mine = [i for i, item in enumerate(items) if item.module is request.module]
+    later = items[max(mine) + 1:] if mine else []
+    if _CLUSTER_UP and not any("three_hosts" in getattr(item, "fixturenames", ())
+                               for item in later):
+        _cluster_down()
 
