@@ -255,18 +255,22 @@ class Daemon:
         cluster.report_oom(master, key, text, self.cfg)
 
     def _check_oom_now(self, key: JobKey) -> None:
-        """From a worker: read the job's OOM counter in the loop and wait for it (briefly),
-        so that a kill just before the job's end is reported before its cgroup goes."""
+        """From a worker: read the job's OOM counter in the loop, then wait (briefly) for
+        its reports under way, so that a kill just before the job's end is reported, and
+        a slave's report reaches the master, before the job is gone."""
         done = threading.Event()
+        reports: list[concurrent.futures.Future[object]] = []
 
         def check() -> None:
             try:
                 self.oom.check(key)
+                reports.extend(self.oom.reporting(key))
             finally:
                 done.set()
 
         self.loop.call_soon_threadsafe(check)
         done.wait(_OOM_CHECK_WAIT)
+        concurrent.futures.wait(reports, timeout=self.cfg.cluster_timeout + _OOM_CHECK_WAIT)
 
     def _reclaim(self) -> None:
         # a worker short of cores: the jobs whose shepherd just exited free theirs first

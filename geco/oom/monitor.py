@@ -20,7 +20,7 @@ import functools
 import os
 import selectors
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -36,7 +36,7 @@ from geco.resourceset import short_hostname
 from geco.sge import execd, resourcefile
 
 if TYPE_CHECKING:
-    from concurrent.futures import Executor
+    from concurrent.futures import Executor, Future
 
 __all__ = ["POLICIES", "Loop", "OomMonitor", "check_policy", "handle"]
 
@@ -182,6 +182,7 @@ class _Job:
     master: str | None = None  # this host is a slave of the job: the owner's file is there
     ended: bool = False
     rechecks: tuple[_Cancellable, ...] = ()
+    reports: list[Future[object]] = field(default_factory=list)  # handle() runs in workers
 
 
 class OomMonitor:
@@ -426,7 +427,14 @@ class OomMonitor:
         if self.executor is None:
             work()
         else:
-            self.executor.submit(work)
+            job.reports = [f for f in job.reports if not f.done()]
+            job.reports.append(self.executor.submit(work))
+
+    def reporting(self, key: JobKey) -> list[Future[object]]:
+        """The reports of job ``key``'s kills still under way (a slave's RELEASE waits for
+        them: the master's stderr file is there only while the job is)."""
+        job = self._jobs.get(key)
+        return [f for f in job.reports if not f.done()] if job is not None else []
 
     # -- helpers --------------------------------------------------------------------
 
