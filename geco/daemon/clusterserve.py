@@ -270,13 +270,10 @@ class ClusterServer:
     def _show(self, key: JobKey) -> dict[str, Any]:
         """The job's live figures here, as ``geco status --job --json`` has them."""
         ctx = self.ctx
-        keys = [k for k in jobstatus.keys_of_job(ctx.backend, key.job) if k == key] \
-            if key.task else []
-        if not keys:
+        if not ctx.backend.exists(key):
             return {"status": "refused", "reason": str(jobstatus.not_here(key, ctx.hostname))}
         return {"status": "shown",
-                "jobs": [dict(jobstatus.to_dict(jobstatus.read(ctx.config, ctx.backend, k)))
-                         for k in keys]}
+                "jobs": [dict(jobstatus.to_dict(jobstatus.read(ctx.config, ctx.backend, key)))]}
 
     def _caller(self, key: JobKey, req: NodeRequest) -> dict[str, Any]:
         """Whether a process of the user's in the job here made the connection named."""
