@@ -446,9 +446,12 @@ class RunLoop:
             self._running = False
             self._notify(State.EXIT)
 
-    def close(self) -> None:
+    def close(self, signals_to: signal.Handlers | None = None) -> None:
         """Restore signal handling, close the loop's own fds and the selector.
 
+        ``signals_to`` (``SIG_IGN``) replaces the handled signals' previous handlers
+        instead: a process on its way out that must not die of a second signal
+        between the restore and its own ``signal()`` call.
         Registered sources are forgotten, not closed: their owners close them.
         """
         if self._closed:
@@ -456,7 +459,7 @@ class RunLoop:
         self._closed = True
         for signum, previous in self._saved_handlers.items():
             with contextlib.suppress(ValueError, TypeError):
-                signal.signal(signum, previous)
+                signal.signal(signum, previous if signals_to is None else signals_to)
         if self._sig_w is not None:
             with contextlib.suppress(ValueError):
                 signal.set_wakeup_fd(self._saved_wakeup_fd if self._saved_wakeup_fd is not None

@@ -414,11 +414,9 @@ class Daemon:
         self.oom.close()
         self.jobends.close()
         self.reaper.close()
-        self.loop.close()
         # on the way out already: a second SIGTERM (an impatient admin, kill -TERM
         # twice) must not turn a clean exit into a kill while workers finish
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(signum, signal.SIG_IGN)
+        self.loop.close(signals_to=signal.SIG_IGN)
         self.executor.shutdown(wait=True, cancel_futures=True)
         self.public_executor.shutdown(wait=True, cancel_futures=True)
         self.jobend_executor.shutdown(wait=True, cancel_futures=True)

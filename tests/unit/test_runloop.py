@@ -237,6 +237,21 @@ def test_sigterm_through_the_wakeup_fd_stops_a_sleeping_loop() -> None:
     assert signal.getsignal(signal.SIGTERM) == before
 
 
+def test_close_can_leave_the_handled_signals_ignored() -> None:
+    """Given a loop handling SIGUSR1, when it is closed with signals_to=SIG_IGN (a daemon
+    on its way out), then SIGUSR1 is ignored at once: no moment with the default
+    action back, which for SIGTERM would kill a draining daemon."""
+    before = signal.getsignal(signal.SIGUSR1)
+    try:
+        loop = RunLoop()
+        loop.add_signal(signal.SIGUSR1, lambda signum: None)
+        loop.close(signals_to=signal.SIG_IGN)
+        assert signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN
+        os.kill(os.getpid(), signal.SIGUSR1)  # the default action would end pytest
+    finally:
+        signal.signal(signal.SIGUSR1, before)
+
+
 def test_signals_can_only_be_routed_to_a_loop_in_the_main_thread() -> None:
     errors: list[str] = []
 
