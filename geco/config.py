@@ -45,6 +45,7 @@ class Config(NamedTuple):
     cgroup_name: str = "GECO"
     cgroup_version: str = "auto"
     cgroup_v2_base: str = ""
+    cgroup_v1_systemd_base: str = ""
     exclusive_cpus: bool = False
     pids_per_slot: int = 1024
     pids_min: int = 4096
@@ -114,7 +115,7 @@ class Config(NamedTuple):
 _SECTIONS: dict[str, tuple[str, ...]] = {
     "paths": ("state_dir", "execd_spool_dir"),
     "cgroup": ("cgroup_mount", "cgroup_name", "cgroup_version", "cgroup_v2_base",
-               "exclusive_cpus", "pids_per_slot", "pids_min"),
+               "cgroup_v1_systemd_base", "exclusive_cpus", "pids_per_slot", "pids_min"),
     "cores": ("hardware_threads",),
     "qstat": ("qstat", "qstat_timeout", "qstat_retries", "sge_root", "sge_cell",
               "sge_qmaster_port", "sge_execd_port", "sge_cluster_name",
@@ -135,7 +136,7 @@ _SECTIONS: dict[str, tuple[str, ...]] = {
 }
 # A key's TOML name is its field name with the section prefix dropped where that reads better.
 _TOML_NAME = {"cgroup_mount": "mount", "cgroup_name": "name", "cgroup_version": "version",
-              "cgroup_v2_base": "v2_base",
+              "cgroup_v2_base": "v2_base", "cgroup_v1_systemd_base": "v1_systemd_base",
               "qstat": "command", "qstat_timeout": "timeout", "qstat_retries": "retries",
               "sge_qmaster_port": "qmaster_port", "sge_execd_port": "execd_port",
               "sge_cluster_name": "cluster_name",
@@ -163,7 +164,7 @@ _CHOICES = {"cgroup_version": ("auto", "1", "2"),
 # Whole-number settings whose smallest sensible value is above 0.
 _MINIMUM = {"gecod_workers": 1}
 # Path settings where "" means "the built-in choice" (not a path).
-_OPTIONAL_PATHS = ("cgroup_v2_base", "sge_root")
+_OPTIONAL_PATHS = ("cgroup_v2_base", "cgroup_v1_systemd_base", "sge_root")
 # String settings where "" means "find it out" (geco.sge.siteenv) or "beside the public
 # socket" / "none" (the privileged socket and its group).
 _OPTIONAL_STRINGS = ("sge_cell", "sge_cluster_name", "gecod_privileged_socket",

@@ -435,12 +435,17 @@ def after_job(cfg: Config, backend: Backend, key: JobKey, owner: str | None, *,
 # ---------------------------------------------------------------------------
 
 
+# Exists when systemd is the init system (sd_booted(3)).
+_SYSTEMD_RUN = Path("/run/systemd/system")
+
+
 class Door(NamedTuple):
     """One way out of a job on this node, and whether it is open.
 
     Attributes
     ----------
-    name: ``atd``, ``cron``, ``linger``, ``sshd`` or ``strays`` (the stray killing itself).
+    name: ``atd``, ``cron``, ``linger``, ``sshd``, ``systemd`` or ``strays`` (the stray
+        killing itself).
     open: True when a job's owner can use it to leave processes behind.
     text: one sentence for the admin.
     """
@@ -482,9 +487,10 @@ def _allow_list(path: Path) -> list[str] | None:
 
 
 def doors(cfg: Config, *, proc: Path = procfs.ROOT, etc: Path = Path("/etc"),
-          linger: Path = Path("/var/lib/systemd/linger")) -> list[Door]:
+          linger: Path = Path("/var/lib/systemd/linger"),
+          systemd: Path = _SYSTEMD_RUN) -> list[Door]:
     """The doors out of a job on this node: atd, cron, systemd linger, sshd's PAM stack
-    (:func:`geco.pamstack.sshd_gate`), and the stray killing.
+    (:func:`geco.pamstack.sshd_gate`), systemd's own cgroup moves, and the stray killing.
 
     A daemon is a root process of that command name; its door is closed when its
     allow file (``/etc/at.allow``, ``/etc/cron.allow``) names only exempt users. Linger
@@ -518,6 +524,7 @@ def doors(cfg: Config, *, proc: Path = procfs.ROOT, etc: Path = Path("/etc"),
     else:
         found.append(Door("linger", False, "systemd linger: no user but exempt ones has it"))
     found.append(Door("sshd", *sshd_gate(etc)))
+    found.append(_systemd_door(cfg, systemd))
     if cfg.strays_kill:
         found.append(Door("strays", False, "stray killing: on (a user's processes outside every "
                                            "job die when their last job on this node ends; "
@@ -528,3 +535,25 @@ def doors(cfg: Config, *, proc: Path = procfs.ROOT, etc: Path = Path("/etc"),
         found.append(Door("strays", True, "stray killing: off ([strays] kill = false): what a "
                                           "job leaves through these doors outlives it"))
     return found
+
+
+def _systemd_door(cfg: Config, run: Path) -> Door:
+    """Whether systemd, re-realizing a unit (a daemon-reload can), may move job processes
+    out of their cgroups: not when jobs live in a subtree it delegates (v2: ``v2_base``;
+    v1: their processes also in ``v1_systemd_base`` in systemd's own hierarchies)."""
+    if not run.is_dir():
+        return Door("systemd", False, "systemd: not this node's init system")
+    if (cfg.cgroup_mount / "cgroup.controllers").exists():
+        key, value, fix = "v2_base", cfg.cgroup_v2_base, \
+            "/sys/fs/cgroup/system.slice/geco-jobs.service/jobs"
+        harm = "undo a job cgroup's controllers and limits"
+    else:
+        key, value, fix = "v1_systemd_base", cfg.cgroup_v1_systemd_base, \
+            "/system.slice/geco-jobs.service/jobs"
+        harm = "move a job's processes out of its memory, pids and cpuacct cgroups"
+    if value:
+        return Door("systemd", False, f"systemd: jobs are in {value} ([cgroup] {key}), a "
+                                      "subtree it leaves alone when its unit is delegated")
+    return Door("systemd", True, f"systemd: [cgroup] {key} is not set, so on a daemon-reload "
+                                 f"systemd can {harm} (set {key} = \"{fix}\" with "
+                                 "geco-jobs.service installed; scripts/install.sh does)")

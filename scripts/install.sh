@@ -207,10 +207,13 @@ fi
 # 6. configuration
 # ---------------------------------------------------------------------------
 # systemd as PID 1 (sd_booted) and a pure cgroup v2: job cgroups go into the
-# delegated geco-jobs.service, where systemd leaves geco's controllers and limits alone
+# delegated geco-jobs.service, where systemd leaves geco's controllers and limits alone;
+# with cgroup v1, job processes go there in systemd's own hierarchies, so systemd never
+# moves them out of geco's v1 cgroups
 SYSTEMD=no
 [ -d /run/systemd/system ] && SYSTEMD=yes
 JOBS_BASE=/sys/fs/cgroup/system.slice/geco-jobs.service/jobs
+V1_SYSTEMD_BASE=/system.slice/geco-jobs.service/jobs  # a cgroup path: v1 under systemd
 if [ -f "$REPO/conf/geco.toml" ]; then
   if [ -e /etc/geco/geco.toml ]; then
     log "config: /etc/geco/geco.toml kept (exists)"
@@ -219,6 +222,11 @@ if [ -f "$REPO/conf/geco.toml" ]; then
     sed "s|^v2_base = \"\"|v2_base = \"$JOBS_BASE\"|" "$REPO/conf/geco.toml" > /etc/geco/geco.toml
     grep -q "^v2_base = \"$JOBS_BASE\"" /etc/geco/geco.toml || die "conf/geco.toml has no v2_base line"
     log "config: installed /etc/geco/geco.toml (cgroup v2 under systemd: v2_base in geco-jobs.service)"
+  elif [ "$SYSTEMD" = yes ]; then
+    install -d -m 0755 /etc/geco
+    sed "s|^v1_systemd_base = \"\"|v1_systemd_base = \"$V1_SYSTEMD_BASE\"|" "$REPO/conf/geco.toml" > /etc/geco/geco.toml
+    grep -q "^v1_systemd_base = \"$V1_SYSTEMD_BASE\"" /etc/geco/geco.toml || die "conf/geco.toml has no v1_systemd_base line"
+    log "config: installed /etc/geco/geco.toml (cgroup v1 under systemd: job processes also in geco-jobs.service)"
   else
     install -D -m 0644 "$REPO/conf/geco.toml" /etc/geco/geco.toml
     log "config: installed /etc/geco/geco.toml"

@@ -29,7 +29,7 @@ from pathlib import Path
 from geco import procfs
 from geco.cgroup._base import Backend, Limits, check_key
 from geco.cgroup._fs import Mount, parse_mountinfo, read_bytes, read_str
-from geco.cgroup._v1 import Hierarchy, V1Backend, find_hierarchies
+from geco.cgroup._v1 import Hierarchy, V1Backend, find_hierarchies, find_systemd_hierarchies
 from geco.cgroup._v2 import HOLDER, V2Backend, unit_cgroup
 from geco.config import Config
 from geco.errors import CgroupError
@@ -71,7 +71,7 @@ def _cgroup2_at(mounts: list[Mount], mount: Path) -> tuple[Mount | None, str]:
 
 def detect(mount: Path = Path("/sys/fs/cgroup"), name: str = "GECO", version: str = "auto",
            *, base: Path | None = None, exclusive_cpus: bool = False,
-           proc: Path = procfs.ROOT) -> Backend:
+           systemd_base: str = "", proc: Path = procfs.ROOT) -> Backend:
     """Return the backend for this node's cgroup layout.
 
     Parameters
@@ -85,6 +85,8 @@ def detect(mount: Path = Path("/sys/fs/cgroup"), name: str = "GECO", version: st
         default ``<mount>/<name>``. Ignored on v1.
     exclusive_cpus: v1 only: make cpusets ``cpu_exclusive`` (see
         :class:`V1Backend`).
+    systemd_base: v1 only: the cgroup path in systemd's own hierarchies (config
+        ``[cgroup] v1_systemd_base``) job processes also go to; "" for none.
     proc: the /proc to read.
 
     Raises
@@ -107,7 +109,13 @@ def detect(mount: Path = Path("/sys/fs/cgroup"), name: str = "GECO", version: st
     hierarchies = find_hierarchies(mounts, mount)
     missing = [c for c in ("cpuset", "memory") if c not in hierarchies]
     if not missing:
-        return V1Backend(hierarchies, name, exclusive_cpus=exclusive_cpus, proc=proc)
+        systemd = find_systemd_hierarchies(mounts, mount) if systemd_base else {}
+        if systemd_base and not systemd:
+            raise CgroupError("[cgroup] v1_systemd_base is set, but neither systemd's "
+                              "name=systemd hierarchy nor a cgroup2 is mounted "
+                              f"({proc}/self/mountinfo)")
+        return V1Backend(hierarchies, name, exclusive_cpus=exclusive_cpus, proc=proc,
+                         systemd=systemd, systemd_base=systemd_base)
     why_not_v1 = (f"no cgroup v1 hierarchy has {' or '.join(missing)} mounted "
                   f"({proc}/self/mountinfo)")
     if version == "1":
@@ -120,7 +128,8 @@ def for_config(cfg: Config) -> Backend:
     """Return the backend the configuration asks for (see :func:`detect`).
 
     ``[cgroup] v2_base`` (``cfg.cgroup_v2_base``) is the v2 base when set;
-    ``""`` keeps the default ``<mount>/<name>``.
+    ``""`` keeps the default ``<mount>/<name>``; ``[cgroup] v1_systemd_base`` is
+    the v1 backend's systemd base.
 
     Raises
     ------
@@ -129,4 +138,4 @@ def for_config(cfg: Config) -> Backend:
     """
     base = Path(cfg.cgroup_v2_base) if cfg.cgroup_v2_base else None
     return detect(cfg.cgroup_mount, cfg.cgroup_name, cfg.cgroup_version, base=base,
-                  exclusive_cpus=cfg.exclusive_cpus)
+                  exclusive_cpus=cfg.exclusive_cpus, systemd_base=cfg.cgroup_v1_systemd_base)

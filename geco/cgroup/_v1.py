@@ -25,6 +25,15 @@ Kernel rules this module is shaped by (all checked on a real kernel by
 * cpuacct counts in nanoseconds (``cpuacct.usage_user``/``usage_sys``, Linux
   >= 4.7) or in USER_HZ ticks (``cpuacct.stat``), and keeps counting what
   exited processes used until the cgroup is removed.
+
+Under systemd (legacy or hybrid layout) job processes also go into systemd's own
+hierarchies, ``name=systemd`` and, in hybrid mode, the cgroup2 systemd tracks units in,
+at ``<systemd base>/<job>.<task>``, a subtree of a unit systemd delegates
+(geco-jobs.service; ``[cgroup] v1_systemd_base``). Left in the unit they came from (the
+execd's service, an ssh session's scope), they would be moved out of their job by
+systemd: re-realizing a unit whose controllers changed (a daemon-reload can do it)
+migrates every process it tracks there, in each v1 controller it manages, to the unit's
+own cgroups. systemd never does that in a delegated unit.
 """
 
 from __future__ import annotations
@@ -55,7 +64,8 @@ from geco.cgroup._fs import (
 from geco.errors import CgroupError
 from geco.jobkey import JobKey
 
-__all__ = ["OPTIONAL", "REQUIRED", "Hierarchy", "V1Backend", "find_hierarchies"]
+__all__ = ["OPTIONAL", "REQUIRED", "SYSTEMD_HIERARCHIES", "Hierarchy", "V1Backend",
+           "find_hierarchies", "find_systemd_hierarchies"]
 
 _log = log.get("cgroup")
 
@@ -64,6 +74,9 @@ REQUIRED = ("cpuset", "memory")
 # a node's running jobs, far fewer).
 _PATHS_KEPT = 4096
 OPTIONAL = ("freezer", "pids", "cpuacct")
+# systemd's own hierarchies as /proc/<pid>/cgroup names them: its named v1 hierarchy,
+# and (hybrid layout) the cgroup2 it tracks units in
+SYSTEMD_HIERARCHIES = ("name=systemd", "")
 # The kernel shows "no limit" as PAGE_COUNTER_MAX pages in bytes
 # (9223372036854771712 with 4 KiB pages); anything this large is "none".
 _UNLIMITED_FROM = 1 << 62
@@ -113,6 +126,26 @@ def find_hierarchies(mounts: Iterable[Mount], prefer: Path) -> dict[str, Hierarc
             for best in [min(cands, key=rank)]}
 
 
+def find_systemd_hierarchies(mounts: Iterable[Mount], prefer: Path) -> dict[str, Hierarchy]:
+    """Return systemd's hierarchies that are mounted, keyed like ``/proc/<pid>/cgroup``:
+    ``name=systemd`` (a v1 hierarchy with no controller) and ``""`` (a cgroup2, the
+    hybrid layout's ``unified``), each taken as :func:`find_hierarchies` takes a mount."""
+    found: dict[str, list[Mount]] = {}
+    for mount in mounts:
+        if mount.fstype == "cgroup" and "name=systemd" in mount.super_options:
+            found.setdefault("name=systemd", []).append(mount)
+        elif mount.fstype == "cgroup2":
+            found.setdefault("", []).append(mount)
+
+    def rank(m: Mount) -> tuple[bool, bool]:
+        under = m.mount_point == prefer or prefer in m.mount_point.parents
+        return (not under, m.root != "/")
+
+    return {key: Hierarchy(key, best.mount_point, best.root)
+            for key, cands in found.items()
+            for best in [min(cands, key=rank)]}
+
+
 def _limit_text(value: float) -> bytes:
     """A memory limit as v1 takes it: bytes, or -1 for none."""
     return b"-1" if math.isinf(value) else str(int(value)).encode("ascii")
@@ -137,33 +170,46 @@ class V1Backend(Backend):
         exclusive GECO also stops any *other* cpuset on the node (docker, ...)
         from using GECO's cpus: turn this off on nodes that need that.
     proc: the /proc to read (tests point it elsewhere).
+    systemd: systemd's hierarchies (:func:`find_systemd_hierarchies`) job processes
+        also go into, at ``systemd_base``; none when systemd does not run the node.
+    systemd_base: the cgroup path (``/system.slice/geco-jobs.service/jobs``) below
+        which job cgroups are made in ``systemd``'s hierarchies.
 
     Raises
     ------
     CgroupError
-        when cpuset or memory is missing, or the name is not one directory name.
+        when cpuset or memory is missing, the name is not one directory name, or
+        ``systemd_base`` is not an absolute cgroup path inside those hierarchies.
     """
 
     version = 1
 
     def __init__(self, hierarchies: Mapping[str, Hierarchy], name: str = "GECO", *,
-                 exclusive_cpus: bool = True, proc: Path = procfs.ROOT) -> None:
+                 exclusive_cpus: bool = True, proc: Path = procfs.ROOT,
+                 systemd: Mapping[str, Hierarchy] | None = None, systemd_base: str = "") -> None:
         super().__init__(name, proc)
         missing = [c for c in REQUIRED if c not in hierarchies]
         if missing:
             raise CgroupError(f"cgroup v1 needs the {' and '.join(missing)} controller "
                               "mounted; /proc/self/mountinfo lists no such hierarchy")
         self._hier = {c: hierarchies[c] for c in REQUIRED + OPTIONAL if c in hierarchies}
+        self._systemd = {k: h for k, h in (systemd or {}).items() if k in SYSTEMD_HIERARCHIES}
         self.exclusive_cpus = exclusive_cpus
+        # per hierarchy: the directory job cgroups are made in, and its cgroup path
+        self._parents = {c: (h.mount_point / self.name, posixpath.join(h.root, self.name))
+                         for c, h in self._hier.items()}
+        self._parents.update({k: _systemd_parent(h, systemd_base)
+                              for k, h in self._systemd.items()})
         # one controller per distinct directory (co-mounted ones share it), cpuset first,
         # and those of them an older geco may not have made (see add_pid)
         mounts: dict[Path, str] = {}
         for c, h in self._hier.items():
             mounts.setdefault(h.mount_point, c)
-        self._movers = tuple(mounts.values())
+        self._movers = (*mounts.values(), *self._systemd)
         required = {self._hier[c].mount_point for c in REQUIRED}
         self._optional = frozenset(c for c in self._movers
-                                   if self._hier[c].mount_point not in required)
+                                   if c in self._systemd
+                                   or self._hier[c].mount_point not in required)
         self._paths: dict[JobKey, dict[str, Path]] = {}
 
     @classmethod
@@ -181,7 +227,9 @@ class V1Backend(Backend):
                    proc=proc)
 
     def __repr__(self) -> str:
-        where = ", ".join(f"{c}={h.mount_point}" for c, h in self._hier.items())
+        where = ", ".join([*(f"{c}={h.mount_point}" for c, h in self._hier.items()),
+                           *(f"{k or 'cgroup2'}={d}" for k in self._systemd
+                             for d, _ in [self._parents[k]])])
         return f"V1Backend(name={self.name!r}, {where})"
 
     # -- layout ---------------------------------------------------------------
@@ -196,7 +244,7 @@ class V1Backend(Backend):
         return dict(self._hier)
 
     def parent_paths(self) -> dict[str, Path]:
-        return {c: h.mount_point / self.name for c, h in self._hier.items()}
+        return {k: d for k, (d, _) in self._parents.items()}
 
     def paths(self, key: JobKey) -> dict[str, Path]:
         return dict(self._paths_of(key))
@@ -208,26 +256,26 @@ class V1Backend(Backend):
             check_key(key)
             if len(self._paths) >= _PATHS_KEPT:
                 self._paths.clear()
-            found = {c: h.mount_point / self.name / key for c, h in self._hier.items()}
+            found = {k: d / key for k, (d, _) in self._parents.items()}
             self._paths[key] = found
         return found
 
     def cgroup_paths(self, key: JobKey) -> dict[str, str]:
         check_key(key)
-        return {c: posixpath.join(h.root, self.name, key) for c, h in self._hier.items()}
+        return {k: posixpath.join(cg, key) for k, (_, cg) in self._parents.items()}
 
     def _dir(self, ctrl: str, key: JobKey) -> Path:
         return self._paths_of(key)[ctrl]
 
     def _parent(self, ctrl: str) -> Path:
-        return self._hier[ctrl].mount_point / self.name
+        return self._parents[ctrl][0]
 
     # -- the GECO parent ------------------------------------------------------
 
     def ensure_root(self) -> None:
         parents = self.parent_paths()
         for d in unique(parents.values()):
-            created = make_dir(d)
+            created = self._make_parent(d)
             if created:
                 _log.info("created the cgroup parent %s", d)
             if d == parents["cpuset"]:
@@ -238,6 +286,17 @@ class V1Backend(Backend):
                         # an empty GECO cpuset would later look like an admin's broken one
                         rmdir_quietly(d)
                     raise
+
+    def _make_parent(self, d: Path) -> bool:
+        try:
+            return make_dir(d)
+        except CgroupError as exc:
+            if exc.fields.get("errno") != "ENOENT" \
+                    or d not in (self._parents[k][0] for k in self._systemd):
+                raise
+            raise CgroupError(f"cannot make {d}: {d.parent} does not exist; [cgroup] "
+                              "v1_systemd_base must lie in a running unit systemd delegates "
+                              "(systemctl start geco-jobs.service)", path=d) from exc
 
     def _setup_parent_cpuset(self, parent: Path, created: bool) -> None:
         """Give a geco-made GECO cpuset the root's cpus and mems; check an admin-made one."""
@@ -396,11 +455,11 @@ class V1Backend(Backend):
             raise CgroupError(f"cannot move process {pid} to the cgroups of process "
                               f"{other_pid}: process {other_pid} is gone", pid=pid)
         targets = []
-        for ctrl, h in self._hier.items():
+        for ctrl, h in {**self._hier, **self._systemd}.items():
             cgpath = have.get(ctrl)
             if cgpath is None or not is_under(cgpath, h.root):
-                raise CgroupError(f"process {other_pid} is in no {ctrl} cgroup visible "
-                                  f"under {h.mount_point}", pid=other_pid)
+                raise CgroupError(f"process {other_pid} is in no {ctrl or 'cgroup2'} cgroup "
+                                  f"visible under {h.mount_point}", pid=other_pid)
             targets.append(h.mount_point / posixpath.relpath(cgpath, h.root))
         hints = {errno.ESRCH: f"process {pid} is gone"}
         for d in unique(targets):
@@ -492,3 +551,11 @@ class V1Backend(Backend):
         return {"cpu_user_usec": ticks["user"] * _USEC // hz,
                 "cpu_system_usec": ticks["system"] * _USEC // hz}
 
+
+
+def _systemd_parent(h: Hierarchy, base: str) -> tuple[Path, str]:
+    """Where job cgroups go in one of systemd's hierarchies: directory and cgroup path."""
+    if not base.startswith("/") or ".." in base.split("/") or not is_under(base, h.root):
+        raise CgroupError(f"[cgroup] v1_systemd_base must be an absolute cgroup path without "
+                          f"'..' inside {h.mount_point} (cgroup {h.root}), got {base!r}")
+    return h.mount_point / posixpath.relpath(base, h.root), posixpath.normpath(base)

@@ -87,6 +87,7 @@ _HANDLED_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
 _RESTART_ONLY = ("gecod_socket", "gecod_privileged_socket", "gecod_privileged_group",
                  "gecod_max_skew", "gecod_workers", "gecod_granularity",
                  "cgroup_mount", "cgroup_name", "cgroup_version", "cgroup_v2_base",
+                 "cgroup_v1_systemd_base",
                  "exclusive_cpus", "state_dir", "cluster_address")
 
 

@@ -130,6 +130,22 @@ def job_of(proc_cgroup: str) -> str:
     return jobs.pop()
 
 
+def outside_the_job(proc_cgroup: str, key: str) -> list[str]:
+    """The hierarchies of job ``key`` (every one geco made it a cgroup in; v2: the one)
+    where a ``/proc/<pid>/cgroup`` text does not place its process in the job."""
+    paths = {}
+    for line in proc_cgroup.splitlines():
+        _, controllers, path = line.split(":", 2)
+        for controller in controllers.split(",") if controllers else ["unified"]:
+            paths[controller] = path
+    if V2:
+        where = f"/{(V2_JOBS / key).relative_to(CGROUP_ROOT)}"
+        return [] if paths.get("unified") == where else [f"unified: {paths.get('unified')}"]
+    return [f"{hierarchy}: {paths.get(controller)}" for hierarchy in sorted(job_cgroups(key))
+            for controller in hierarchy.split(",")  # cpu,cpuacct is one hierarchy
+            if paths.get(controller) != f"/GECO/{key}"]
+
+
 def job_cpus(key: str) -> str:
     """The cpu list a job's cpuset gives it (``0`` or ``0-1``)."""
     return (job_cgroups(key)["cpuset"] / "cpuset.cpus").read_text().strip()

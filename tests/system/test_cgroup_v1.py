@@ -34,6 +34,7 @@ from geco.cgroup import (
     find_hierarchies,
     parse_mountinfo,
 )
+from geco.cgroup._v1 import find_systemd_hierarchies
 from geco.errors import CgroupError, JobKeyError
 from geco.jobkey import JobKey
 
@@ -60,6 +61,8 @@ from cgroup_testkit import (
 MiB = 1 << 20
 MOUNTINFO = Path("/proc/self/mountinfo").read_bytes()
 MOUNTED = find_hierarchies(parse_mountinfo(MOUNTINFO), Path("/sys/fs/cgroup"))
+# systemd's own hierarchies on this hybrid host: name=systemd and the cgroup2 "unified"
+SYSTEMD = find_systemd_hierarchies(parse_mountinfo(MOUNTINFO), Path("/sys/fs/cgroup"))
 
 
 def remove_idle_geco() -> str:
@@ -600,3 +603,47 @@ def test_given_a_job_made_without_cpuacct_when_a_process_joins_then_its_cpuacct_
         backend.add_pid("18.2", child.pid)
     assert "job 18.2 has no cgroup here (create it first)" in str(err.value)
     assert not any(p.exists() for p in backend.paths("18.2").values())
+
+
+def _placed(pid: int) -> dict[str, str]:
+    """``/proc/<pid>/cgroup`` by hierarchy as geco keys it (``name=systemd``, ``""``)."""
+    lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    return {controllers: path for _, controllers, path in (ln.split(":", 2) for ln in lines)}
+
+
+def test_under_systemd_job_processes_also_go_into_systemds_hierarchies_below_the_base(
+        name: str, children: list[int]) -> None:
+    """Given a backend with systemd's hierarchies (this host's name=systemd and hybrid
+    cgroup2) and a base in a unit's cgroup (standing for geco-jobs.service), when the unit
+    has no cgroup, then ensure_root names the fix; once it has, a process that joins a job
+    is at <base>/<job> in each of them too (so systemd, which never rearranges a delegated
+    unit, cannot move it out of its job's memory cgroup), contains() needs that, the
+    epilog's step out takes it back there too, and destroy removes the job there."""
+    assert set(SYSTEMD) == {"name=systemd", ""}, SYSTEMD
+    with parent_name(h.mount_point for h in SYSTEMD.values()) as unit:
+        base = f"/{unit}/jobs"
+        b = V1Backend(HIER, name, systemd=SYSTEMD, systemd_base=base)
+        with pytest.raises(CgroupError, match=r"systemctl start geco-jobs\.service"):
+            b.ensure_root()
+        for h in SYSTEMD.values():
+            (h.mount_point / unit).mkdir()
+        b.ensure_root()
+        key = JobKey(8, 1)
+        b.create(key, Limits())
+        child = start_in(b, key, exec_shell("sleep 600"), children)
+
+        placed = _placed(child.pid)
+        assert placed["name=systemd"] == placed[""] == f"{base}/{key}"
+        assert placed["memory"] == placed["cpuset"] == f"/{name}/{key}"
+        assert b.contains(key, child.pid)
+        assert b.job_keys() == [key]
+        mine = _placed(os.getpid())
+        systemd = SYSTEMD["name=systemd"]
+        (systemd.mount_point / mine["name=systemd"].lstrip("/") / "cgroup.procs").write_text(
+            str(child.pid))  # as systemd would have it: out of the job there
+        assert not b.contains(key, child.pid)
+
+        b.move_to_cgroups_of(child.pid, os.getpid())
+        assert {k: _placed(child.pid)[k] for k in SYSTEMD} == {k: mine[k] for k in SYSTEMD}
+        b.destroy(key)
+        assert [d for d in b.paths(key).values() if d.exists()] == []

@@ -129,12 +129,14 @@ class VmRun:
 class Boot:
     """One VM run a test module asks for (its ``BOOT``): the guest command and the machine.
 
-    ``timeout`` is the VM's own limit (run-in-vm's VM_TIMEOUT), ``mem_mib`` its RAM.
+    ``timeout`` is the VM's own limit (run-in-vm's VM_TIMEOUT), ``mem_mib`` its RAM,
+    ``append`` words for the guest kernel's command line (run-in-vm's VM_APPEND).
     """
 
     command: str
     timeout: float = TIMEOUT
     mem_mib: int = 2048
+    append: str = ""
 
 
 # Boots run one at a time behind the host suite, from the moment the session has collected
@@ -210,7 +212,8 @@ def _run(boot: Boot) -> VmRun:
     if os.geteuid() != 0:
         return VmRun(126, "", "run-in-vm.sh needs root (debootstrap, chroot, 9p passthrough)", 0.0)
     env = dict(os.environ, VM_EXTRA_PACKAGES=" ".join(packages()), VM_PRESEED=PRESEED,
-               VM_MASK=MASK, VM_MEM=str(boot.mem_mib), VM_TIMEOUT=str(int(boot.timeout)))
+               VM_MASK=MASK, VM_MEM=str(boot.mem_mib), VM_TIMEOUT=str(int(boot.timeout)),
+               VM_APPEND=boot.append)
     env.setdefault("VM_VERBOSE", "1")
     started = time.monotonic()
     with _lock:

@@ -63,6 +63,18 @@ def test_given_a_v2_base_when_loaded_then_it_is_normalized_and_passed_to_the_bac
     assert seen["base"] == MOUNT / "system.slice" / "geco-jobs.service" / "jobs"
 
 
+def test_given_a_v1_systemd_base_when_loaded_then_it_is_normalized_and_passed_to_the_backend(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "geco.toml"
+    path.write_text('[cgroup]\nv1_systemd_base = "/system.slice/geco-jobs.service/jobs/"\n')
+    cfg = config.load(path)
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(cgroup, "detect", lambda *a, **kw: seen.update(kw))
+    cgroup.for_config(cfg)
+    assert seen["systemd_base"] == "/system.slice/geco-jobs.service/jobs"
+    assert config.Config().cgroup_v1_systemd_base == ""
+
+
 @pytest.mark.parametrize("value", ['"jobs"', "3", "true"])
 def test_given_a_v2_base_that_is_no_absolute_path_then_it_is_logged_and_empty_used(
         tmp_path: Path, caplog: pytest.LogCaptureFixture, value: str) -> None:

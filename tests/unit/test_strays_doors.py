@@ -30,6 +30,7 @@ def node(tmp_path: Path) -> dict[str, Path]:
     paths = {"proc": tmp_path / "proc", "etc": tmp_path / "etc", "linger": tmp_path / "linger"}
     for p in paths.values():
         p.mkdir()
+    paths["systemd"] = tmp_path / "run-systemd-system"  # made when a test has systemd run
     return paths
 
 
@@ -42,7 +43,8 @@ def test_a_quiet_node_with_stray_killing_on_has_every_door_closed(node: dict[str
     found = lines(Config(), node)
 
     assert {name: is_open for name, (is_open, _) in found.items()} == {
-        "atd": False, "cron": False, "linger": False, "sshd": False, "strays": False}
+        "atd": False, "cron": False, "linger": False, "sshd": False, "systemd": False,
+        "strays": False}
     assert found["strays"][1] == ("stray killing: on (a user's processes outside every job "
                                   "die when their last job on this node ends; exempt: root, "
                                   "uid < 1000, nobody)")
@@ -85,6 +87,29 @@ def test_an_allow_file_of_exempt_users_only_closes_the_door(node: dict[str, Path
     assert found["cron"][0]
 
 
+def test_systemd_on_cgroup_v1_without_the_systemd_base_is_an_open_door(
+        node: dict[str, Path], tmp_path: Path) -> None:
+    """Given systemd as the init system and a cgroup v1 layout, when [cgroup] v1_systemd_base
+    is not set, then systemd is a door (a daemon-reload can move job processes out of their
+    memory cgroup) naming the fix; when it is set, the door is closed; on v2 the same holds
+    for v2_base."""
+    node["systemd"].mkdir()
+    v1 = Config()._replace(cgroup_mount=tmp_path)  # no cgroup.controllers: v1
+    found = lines(v1, node)["systemd"]
+    assert found == (True, "systemd: [cgroup] v1_systemd_base is not set, so on a daemon-reload "
+                           "systemd can move a job's processes out of its memory, pids and "
+                           "cpuacct cgroups (set v1_systemd_base = "
+                           "\"/system.slice/geco-jobs.service/jobs\" with geco-jobs.service "
+                           "installed; scripts/install.sh does)")
+    base = "/system.slice/geco-jobs.service/jobs"
+    assert lines(v1._replace(cgroup_v1_systemd_base=base), node)["systemd"] == (
+        False, f"systemd: jobs are in {base} ([cgroup] v1_systemd_base), a subtree it leaves "
+               "alone when its unit is delegated")
+    (tmp_path / "cgroup.controllers").write_text("cpuset memory\n")
+    assert lines(v1, node)["systemd"][0]
+    assert "[cgroup] v2_base is not set" in lines(v1, node)["systemd"][1]
+
+
 def test_stray_killing_off_is_an_open_door(node: dict[str, Path]) -> None:
     """Given [strays] kill = false, when the doors are looked at, then that is a door."""
     found = lines(Config()._replace(strays_kill=False), node)
@@ -107,7 +132,7 @@ def test_geco_check_prints_a_line_per_door_and_exits_1_when_one_is_open(
     out, err = capsys.readouterr()
     assert code == 1
     assert "open  stray killing: off ([strays] kill = false)" in out
-    assert len(out.splitlines()) == 5
+    assert len(out.splitlines()) == 6
     # atd or cron may run on this machine too: only the stray killing's line is known
     assert re.fullmatch(r"geco check: \d door\(s\) out of a job open on \S+: (.+, )?strays\n",
                         err), err

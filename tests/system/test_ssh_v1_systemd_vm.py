@@ -1,0 +1,39 @@
+"""ssh into a node where systemd runs the legacy cgroup v1 layout, with pam_systemd.
+
+Many clusters still boot systemd with ``systemd.unified_cgroup_hierarchy=0``: systemd
+keeps its ``name=systemd`` hierarchy and realizes units in the v1 controllers it
+manages, while geco's jobs live in ``<controller>/GECO/<job>``. One boot of the QEMU
+machine with that command line (:mod:`vmrun`): the guest installs geco as an admin
+would (gecod.service, the execd drop-in), Grid Engine comes up as units, and
+``tests/vm_sge/test_ssh_systemd.py`` runs: a session opened through pam_systemd lands
+in the job in every hierarchy geco uses, and stays there, with the job's own
+processes, across ``systemctl daemon-reload``.
+
+Cost: a boot (~60 s beside the host's suite), the install (~2 min under emulation),
+Grid Engine's start and one job.
+"""
+
+from __future__ import annotations
+
+import pytest
+import vmrun
+
+LEGACY_V1 = "systemd.unified_cgroup_hierarchy=0 systemd.legacy_systemd_cgroup_controller=1"
+GUEST_COMMAND = (
+    f"set -e; {vmrun.COPY_TO_GUEST}; cd /root/geco; "
+    "test -d /sys/fs/cgroup/memory && ! test -e /sys/fs/cgroup/cgroup.controllers; "
+    "GECO_SYSTEM_PACKAGES=1 scripts/install.sh; "
+    "GECO_KEEP_SGE=1 GECO_TEST_HOOKS=starter "
+    f"{vmrun.guest_pytest('tests/vm_sge/test_ssh_systemd.py', '/opt/geco/venv/bin/python', '')}")
+BOOT = vmrun.Boot(GUEST_COMMAND, timeout=1500, mem_mib=6144, append=LEGACY_V1)
+
+pytestmark = pytest.mark.vm
+
+
+def test_on_systemd_cgroup_v1_a_job_owners_ssh_session_through_pam_systemd_is_in_the_job(
+        figures: list[str]) -> None:
+    result = vmrun.result(BOOT)
+    counts = vmrun.assert_all_passed(result)
+    assert counts.get("passed") == 1, result.output
+    figures.append(result.figure("tests/vm_sge/test_ssh_systemd.py on systemd's legacy "
+                                 "cgroup v1"))
