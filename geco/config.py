@@ -49,6 +49,9 @@ class Config(NamedTuple):
     exclusive_cpus: bool = False
     pids_per_slot: int = 1024
     pids_min: int = 4096
+    memory_per_slot: int = 0
+    vmem_per_slot: int = 0
+    memory_reserve: int = 0
     # [cores]
     hardware_threads: bool = False
     # [qstat]
@@ -115,7 +118,8 @@ class Config(NamedTuple):
 _SECTIONS: dict[str, tuple[str, ...]] = {
     "paths": ("state_dir", "execd_spool_dir"),
     "cgroup": ("cgroup_mount", "cgroup_name", "cgroup_version", "cgroup_v2_base",
-               "cgroup_v1_systemd_base", "exclusive_cpus", "pids_per_slot", "pids_min"),
+               "cgroup_v1_systemd_base", "exclusive_cpus", "pids_per_slot", "pids_min",
+               "memory_per_slot", "vmem_per_slot", "memory_reserve"),
     "cores": ("hardware_threads",),
     "qstat": ("qstat", "qstat_timeout", "qstat_retries", "sge_root", "sge_cell",
               "sge_qmaster_port", "sge_execd_port", "sge_cluster_name",
@@ -163,6 +167,8 @@ _CHOICES = {"cgroup_version": ("auto", "1", "2"),
             "cluster_slaves": ("strict", "lenient")}
 # Whole-number settings whose smallest sensible value is above 0.
 _MINIMUM = {"gecod_workers": 1}
+# Byte counts given as Grid Engine memory values ("2G", "512M", 1073741824); 0 = none.
+_MEMORY = ("memory_per_slot", "vmem_per_slot", "memory_reserve")
 # Path settings where "" means "the built-in choice" (not a path).
 _OPTIONAL_PATHS = ("cgroup_v2_base", "cgroup_v1_systemd_base", "sge_root")
 # String settings where "" means "find it out" (geco.sge.siteenv) or "beside the public
@@ -193,10 +199,25 @@ def _coerce_list(name: str, value: Any) -> tuple[Any, ...]:
     return tuple(value)
 
 
+def _coerce_memory(value: Any) -> int:
+    from geco.units import parse_memory
+
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str):
+        try:
+            return parse_memory(value) or 0 if value.strip() else 0
+        except ValueError:
+            pass
+    raise ValueError(f'must be a memory size such as "2G" or "512M" (0 = none), got {value!r}')
+
+
 def _coerce(name: str, value: Any, default: Any) -> Any:
     """Return ``value`` converted to the type of ``default``, or raise ValueError."""
     if name in _LISTS:
         return _coerce_list(name, value)
+    if name in _MEMORY:
+        return _coerce_memory(value)
     if name in _OPTIONAL_PATHS:
         if not isinstance(value, str) or (value and not value.startswith("/")):
             raise ValueError(f'must be an absolute path or "" (the default), got {value!r}')

@@ -2,8 +2,9 @@
 
 :func:`contain` turns a job's record for this host into cgroups: it picks
 whole cores (packed by :mod:`geco.cores` on the hwloc topology), sets the
-memory limits and the task limit (:class:`PidsLimit`, from the configuration),
-and creates the cgroups in every managed controller.
+memory limits (the node's default for a job that requests none:
+:class:`MemoryDefault`) and the task limit (:class:`PidsLimit`, from the
+configuration), and creates the cgroups in every managed controller.
 :func:`release` is the other half: freeze, kill, thaw, wait until empty,
 remove (the epilog and gecod's reaper go through :mod:`geco.teardown`, which
 adds the journal record and the escalation when a process does not die).
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
     from geco.cores import Allocation
     from geco.topology import Topology
 
-__all__ = ["Contained", "PidsLimit", "Release", "contain", "contain_job", "join",
+__all__ = ["Contained", "MemoryDefault", "PidsLimit", "Release", "contain", "contain_job", "join",
            "kill_and_remove", "last_changed", "pids_unenforced", "read_usage", "release"]
 
 _log = log.get("containment")
@@ -78,6 +79,41 @@ class PidsLimit(NamedTuple):
             return 0
         limit = max(self.per_slot * max(slots, 1), self.minimum)
         return 0 if limit > _PID_MAX_LIMIT else limit
+
+
+class MemoryDefault(NamedTuple):
+    """The node's memory for a job that requests none (neither ``m_mem_free`` nor
+    ``h_vmem``): ``per_slot`` x its slots here of RAM, and ``vmem_per_slot`` x its slots
+    of RAM+swap, so no job runs unlimited and pushes the node into swap or a global OOM
+    (Slurm's DefMemPerCPU). A job that asked for either keeps exactly what it asked:
+    a default beside a request would cap what the request granted. 0 = no default.
+
+    Attributes
+    ----------
+    per_slot: config ``[cgroup] memory_per_slot``, bytes.
+    vmem_per_slot: config ``[cgroup] vmem_per_slot``, bytes.
+    """
+
+    per_slot: int = 0
+    vmem_per_slot: int = 0
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> MemoryDefault:
+        """The default the configuration sets."""
+        return cls(cfg.memory_per_slot, cfg.vmem_per_slot)
+
+    def applies(self, node: NodeResources) -> bool:
+        """True when ``node`` (a job's share of this host) gets the default."""
+        return bool(self.per_slot or self.vmem_per_slot) \
+            and not (node.memory_limit or node.vmem_limit)
+
+    def applied(self, node: NodeResources) -> NodeResources:
+        """``node`` with the default as its limits when it requested no memory."""
+        if not self.applies(node):
+            return node
+        slots = max(node.slots, 1)
+        return node._replace(memory_limit=self.per_slot * slots,
+                             vmem_limit=self.vmem_per_slot * slots)
 
 
 def pids_unenforced(backend: Backend, rule: PidsLimit) -> str:
@@ -340,12 +376,23 @@ def contain_job(job: JobRef, cfg: Config, backend: Backend, *, pid: int | None,
     # the GECO parents may be gone (an admin's cleanup script, a hierarchy remounted):
     # make them again, as every job start does
     backend.ensure_root()
+    if cfg.memory_reserve:
+        backend.set_parent_memory(_jobs_memory(cfg.memory_reserve))
+    node = MemoryDefault.from_config(cfg).applied(node)
     limits, created = _contain(job.key, node, backend, state_dir=cfg.state_dir,
                                pids=PidsLimit.from_config(cfg), pid=pid,
                                hardware_threads=cfg.hardware_threads, topology=topology,
                                active_jobs=job.spool_dir.parent if job.spool_dir else None,
                                reclaim=reclaim)
     return Contained(limits, created, found)
+
+
+def _jobs_memory(reserve: int) -> int:
+    """The RAM all jobs together may use: the node's total less ``reserve`` for its own
+    daemons (at least one page: a reserve past the RAM leaves jobs next to nothing,
+    never unlimited)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    return max((os.sysconf("SC_PHYS_PAGES") * page - reserve) // page * page, page)
 
 
 def _allocate(key: JobKey, node: NodeResources, backend: Backend, topo: Topology,

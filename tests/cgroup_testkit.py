@@ -178,6 +178,18 @@ def allocate(size: int) -> Callable[[int], None]:
     return body
 
 
+def small_lives_big_dies(backend: _Backend, key: str, registry: list[int],
+                         small: int, big: int) -> None:
+    """In job ``key``: a child touching ``small`` bytes lives and says so, one touching
+    ``big`` bytes is SIGKILLed by the kernel before it can say anything."""
+    lives = start_in(backend, key, allocate(small), registry)
+    assert lives.output() == f"survived {small}".encode()
+    assert lives.wait() == 0
+    dies = start_in(backend, key, allocate(big), registry)
+    assert dies.output() == b""
+    assert dies.wait() == -signal.SIGKILL
+
+
 def fork_forever(out: int) -> None:
     """Fork sleeping children as fast as the kernel allows, retrying when refused."""
     os.close(out)

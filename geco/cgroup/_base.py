@@ -247,6 +247,18 @@ class Backend(ABC):
         """
 
     @abstractmethod
+    def set_parent_memory(self, limit: int) -> None:
+        """Cap the RAM of all jobs together at ``limit`` bytes (the GECO parent's limit),
+        leaving the rest of the node's memory to its own daemons.
+
+        Raises
+        ------
+        CgroupError
+            when the parent does not exist or the kernel refuses the limit (the jobs
+            already use more than that and it could not reclaim enough).
+        """
+
+    @abstractmethod
     def create(self, key: JobKey, limits: Limits) -> None:
         """Create the job's cgroups with ``limits``, ready for its first process.
 

@@ -116,13 +116,17 @@ def find_hierarchies(mounts: Iterable[Mount], prefer: Path) -> dict[str, Hierarc
         for ctrl in REQUIRED + OPTIONAL:
             if ctrl in mount.super_options:
                 found.setdefault(ctrl, []).append(mount)
+    return _preferred(found, prefer)
 
+
+def _preferred(found: Mapping[str, list[Mount]], prefer: Path) -> dict[str, Hierarchy]:
+    """One mount per hierarchy: below ``prefer`` first, then one showing the whole tree."""
     def rank(m: Mount) -> tuple[bool, bool]:
         under = m.mount_point == prefer or prefer in m.mount_point.parents
         return (not under, m.root != "/")
 
-    return {ctrl: Hierarchy(ctrl, best.mount_point, best.root)
-            for ctrl, cands in found.items()
+    return {key: Hierarchy(key, best.mount_point, best.root)
+            for key, cands in found.items()
             for best in [min(cands, key=rank)]}
 
 
@@ -136,14 +140,7 @@ def find_systemd_hierarchies(mounts: Iterable[Mount], prefer: Path) -> dict[str,
             found.setdefault("name=systemd", []).append(mount)
         elif mount.fstype == "cgroup2":
             found.setdefault("", []).append(mount)
-
-    def rank(m: Mount) -> tuple[bool, bool]:
-        under = m.mount_point == prefer or prefer in m.mount_point.parents
-        return (not under, m.root != "/")
-
-    return {key: Hierarchy(key, best.mount_point, best.root)
-            for key, cands in found.items()
-            for best in [min(cands, key=rank)]}
+    return _preferred(found, prefer)
 
 
 def _limit_text(value: float) -> bytes:
@@ -352,6 +349,18 @@ class V1Backend(Backend):
                   "them apart); write 1 to %s/cpuset.cpu_exclusive to get the kernel's check",
                   parent, parent)
         return False
+
+    def set_parent_memory(self, limit: int) -> None:
+        parent = self._parent("memory")
+        # the parent's limit covers the jobs only with use_hierarchy (always on since
+        # Linux 6.x; older kernels take it only while the parent has no child cgroup)
+        hierarchy = parent / "memory.use_hierarchy"
+        if hierarchy.exists():
+            set_value(hierarchy, "1", hints={errno.EBUSY: (
+                "job cgroups exist below it already; the reserve takes effect once it is "
+                "set while no job runs")})
+        set_value(parent / "memory.limit_in_bytes", str(limit),
+                  hints={errno.EBUSY: "the jobs already use more than that"})
 
     # -- one job --------------------------------------------------------------
 

@@ -283,6 +283,10 @@ class V2Backend(Backend):
                                   path=self.base / name) from exc
             raise
 
+    def set_parent_memory(self, limit: int) -> None:
+        set_value(self.base / "memory.max", str(limit),
+                  hints={errno.EBUSY: "the jobs already use more than that"})
+
     # -- one job --------------------------------------------------------------
 
     def create(self, key: JobKey, limits: Limits) -> None:

@@ -170,14 +170,18 @@ def contain(job: execd.JobRef, shepherd: int, hook: int, cfg: Config, logger: lo
                  else f"moved the shepherd {shepherd} into the job's cgroups")
     here = node.name if node is not None else os.uname().nodename
     slots = node.slots if node is not None else 0
+    default = node is not None and containment.MemoryDefault.from_config(cfg).applies(node)
     logger.info(
-        "job %s contained on %s: cores %s, NUMA nodes %s, memory %s, memory+swap %s, "
+        "job %s contained on %s: cores %s, NUMA nodes %s, memory %s, memory+swap %s%s, "
         "tasks %s, shepherd %d",
         job.key, here, limits.cpus, limits.mems, _human(limits.memory),
-        _human(limits.memory_swap), limits.pids or "unlimited", shepherd,
+        _human(limits.memory_swap),
+        " (this node's default for a job that requests no memory)" if default else "",
+        limits.pids or "unlimited", shepherd,
         extra=log.job_fields(job.job_id, job.task_id, "job-contained", CPUS=limits.cpus,
                              MEMS=limits.mems, MEMORY_LIMIT=limits.memory,
                              MEMSW_LIMIT=limits.memory_swap, PIDS_LIMIT=limits.pids,
+                             MEMORY_DEFAULT="yes" if default else "no",
                              SHEPHERD_PID=shepherd,
                              SLOTS=slots, OWNER=rs.owner))
     if len(rs.nodes) > 1 and not _other_hosts_ready(job, rs, cfg, logger):

@@ -146,6 +146,17 @@ def owner_message(event: OomEvent, request_hint: RequestHint | None) -> str:
                 f"the node as a whole ran out of memory. This is not the job's fault and a "
                 f"larger request would not help; if the job failed, resubmit it unchanged.")
     label = "Memory+swap limit" if event.limit_kind == "ram+swap" else "Memory limit"
+    if request_hint is not None and not (request_hint.m_mem_free or request_hint.h_vmem):
+        # no request: the limit is the node's default ([cgroup] memory_per_slot)
+        slots = request_hint.slots
+        default = -(-event.limit // slots)
+        return (f"geco: job {job} on node {event.node} used more memory than this node gives "
+                f"a job that requests none, and the kernel stopped {victim}. {label}: {limit} "
+                f"(the node's default: {format_memory(default)} per slot x "
+                f"{_plural(slots, 'slot')}); peak use: {peak}. Resubmit with a memory "
+                f"request, for example -l "
+                f"{'h_vmem' if event.limit_kind == 'ram+swap' else 'm_mem_free'}="
+                f"{suggest_request(-(-event.peak // slots), default)}.")
     binding = _binding_requests(event, request_hint) if request_hint is not None else []
     head = (f"geco: job {job} on node {event.node} used more memory than it requested and "
             f"the kernel stopped {victim}.")

@@ -178,7 +178,7 @@ write_hosts_files() { # every namespace resolves the qmaster and every host
   done
 }
 
-queue_up() { # the hosts of the cluster, a queue and a PE over them
+queue_up() { # the hosts of the cluster, a queue (m_mem_free to book per host) and a PE over them
   local k hosts=() f; f=$(mktemp)
   for k in $(nodes_up); do hosts+=("$(host "$k")"); done
   qconf -sp mpi | sed -e "s/^pe_name .*/pe_name $PE/" -e 's/^slots .*/slots 9999/' \
@@ -186,6 +186,7 @@ queue_up() { # the hosts of the cluster, a queue and a PE over them
   qconf -Ap "$f" >/dev/null 2>&1 || qconf -Mp "$f" >/dev/null
   qconf -sq all.q | sed -e "s/^qname .*/qname $QUEUE/" -e "s/^hostlist .*/hostlist ${hosts[*]}/" \
     -e 's/^slots .*/slots 1/' -e "s/^pe_list .*/pe_list $PE/" \
+    -e 's/^complex_values .*/complex_values m_mem_free=4G/' \
     -e "s|^prolog .*|prolog $HOOKS_PROLOG|" -e "s|^epilog .*|epilog $HOOKS_EPILOG|" \
     -e "s|^starter_method .*|starter_method $HOOKS_STARTER|" > "$f"
   qconf -Aq "$f" >/dev/null 2>&1 || qconf -Mq "$f" >/dev/null

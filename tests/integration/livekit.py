@@ -111,14 +111,20 @@ def job_cgroups(key: str) -> dict[str, Path]:
     return found
 
 
-def job_of(proc_cgroup: str) -> str:
-    """The job (``<job>.<task>``) a ``/proc/<pid>/cgroup`` text places its process in, ""
-    when none. On v1 the cpuset and memory hierarchies must name the same job."""
+def _paths_in(proc_cgroup: str) -> dict[str, str]:
+    """``{controller: path}`` of a ``/proc/<pid>/cgroup`` text (cgroup2: ``unified``)."""
     paths = {}
     for line in proc_cgroup.splitlines():
         _, controllers, path = line.split(":", 2)
         for controller in controllers.split(",") if controllers else ["unified"]:
             paths[controller] = path
+    return paths
+
+
+def job_of(proc_cgroup: str) -> str:
+    """The job (``<job>.<task>``) a ``/proc/<pid>/cgroup`` text places its process in, ""
+    when none. On v1 the cpuset and memory hierarchies must name the same job."""
+    paths = _paths_in(proc_cgroup)
     if V2:
         base = f"/{V2_JOBS.relative_to(CGROUP_ROOT)}/"
         where = paths.get("unified", "")
@@ -133,11 +139,7 @@ def job_of(proc_cgroup: str) -> str:
 def outside_the_job(proc_cgroup: str, key: str) -> list[str]:
     """The hierarchies of job ``key`` (every one geco made it a cgroup in; v2: the one)
     where a ``/proc/<pid>/cgroup`` text does not place its process in the job."""
-    paths = {}
-    for line in proc_cgroup.splitlines():
-        _, controllers, path = line.split(":", 2)
-        for controller in controllers.split(",") if controllers else ["unified"]:
-            paths[controller] = path
+    paths = _paths_in(proc_cgroup)
     if V2:
         where = f"/{(V2_JOBS / key).relative_to(CGROUP_ROOT)}"
         return [] if paths.get("unified") == where else [f"unified: {paths.get('unified')}"]

@@ -42,7 +42,6 @@ from geco.jobkey import JobKey
 # left to a conftest (tests/vm, the other user of cgroup_testkit, runs with --noconftest)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cgroup_testkit import (
-    allocate,
     count,
     counter_body,
     cpu_list,
@@ -52,6 +51,7 @@ from cgroup_testkit import (
     parse_list,
     read,
     report_affinity,
+    small_lives_big_dies,
     spin,
     start_in,
     usable_v1_hierarchies,
@@ -292,12 +292,7 @@ def test_given_an_exclusive_job_cpuset_when_a_sibling_overlaps_then_the_kernel_r
 def test_given_a_64mib_limit_when_a_child_touches_200mib_then_the_kernel_kills_only_it(
         backend: V1Backend, children: list[int], limits: Limits) -> None:
     backend.create("7.1", limits)
-    small = start_in(backend, "7.1", allocate(16 * MiB), children)
-    assert small.output() == f"survived {16 * MiB}".encode()
-    assert small.wait() == 0
-    big = start_in(backend, "7.1", allocate(200 * MiB), children)
-    assert big.output() == b""
-    assert big.wait() == -signal.SIGKILL
+    small_lives_big_dies(backend, "7.1", children, 16 * MiB, 200 * MiB)
     usage = backend.usage("7.1")
     assert usage["oom_kill"] >= 1
     assert 16 * MiB < usage["memory_peak"] <= 64 * MiB
@@ -309,6 +304,18 @@ def test_given_a_64mib_limit_when_a_child_touches_200mib_then_the_kernel_kills_o
     assert backend.read_limits("7.1") == Limits(
         cpus=backend.available_cpus(), mems=backend.available_mems(), memory=64 * MiB,
         memory_swap=limits.memory_swap if _has_memsw(backend) else 0)
+
+
+def test_given_a_reserve_when_a_job_without_a_limit_touches_more_than_the_rest_then_it_is_killed(
+        backend: V1Backend, children: list[int]) -> None:
+    """Given the parent held to 64 MiB (the node's RAM less the reserve, made small), when
+    a job with no limit of its own touches 200 MiB, then the kernel kills it at the parent's
+    limit, while one that touches 16 MiB lives: the reserve covers every job below."""
+    backend.set_parent_memory(64 * MiB)
+    assert read(backend.parent_paths()["memory"] / "memory.limit_in_bytes") == str(64 * MiB)
+    backend.create("9.1", Limits())
+    small_lives_big_dies(backend, "9.1", children, 16 * MiB, 200 * MiB)
+    assert backend.read_limits("9.1").memory == 0
 
 
 def _has_memsw(backend: V1Backend) -> bool:

@@ -38,7 +38,6 @@ from geco.teardown import tear_down
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cgroup_testkit import (
     Child,
-    allocate,
     count,
     counter_body,
     cpu_list,
@@ -49,6 +48,7 @@ from cgroup_testkit import (
     parse_list,
     read,
     report_affinity,
+    small_lives_big_dies,
     spin,
     start_in,
     usage_after_kill,
@@ -190,12 +190,7 @@ def test_given_a_64mib_limit_when_a_child_touches_200mib_then_the_kernel_kills_o
     d = backend.paths("7.1")["memory"]
     assert read(d / "memory.max") == str(64 * MiB)
     assert read(d / "memory.swap.max") == ("0" if limits.memory_swap else "max")
-    small = start_in(backend, "7.1", allocate(16 * MiB), children)
-    assert small.output() == f"survived {16 * MiB}".encode()
-    assert small.wait() == 0
-    big = start_in(backend, "7.1", allocate(200 * MiB), children)
-    assert big.output() == b""
-    assert big.wait() == -signal.SIGKILL
+    small_lives_big_dies(backend, "7.1", children, 16 * MiB, 200 * MiB)
     usage = backend.usage("7.1")
     assert usage["oom_kill"] >= 1
     assert usage["memory_max_events"] > 0
