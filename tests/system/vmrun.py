@@ -139,31 +139,34 @@ class Boot:
     append: str = ""
 
 
-# Boots run one at a time behind the host suite, from the moment the session has collected
-# them (conftest's pytest_collection_finish calls start()): the host tests mostly wait on
-# Grid Engine and leave the CPUs idle, the VM's emulated CPUs are busy throughout. Niced, so a
-# host test that wants a CPU gets it; run-in-vm's limits are wall time, with room for that.
+# Boots run behind the host suite, from the moment the session has collected them
+# (conftest's pytest_collection_finish calls start()): the host tests mostly wait on Grid
+# Engine and leave the CPUs idle, the VM's emulated CPUs are busy throughout. Two at a time:
+# the longest boot alone would otherwise be followed by the others, the suite waiting for
+# them at its end. Niced, so a host test that wants a CPU gets it; run-in-vm's limits are
+# wall time, with room for that.
 _NICE = 10
+_PARALLEL = 2
 _queue: list[Boot] = []
 _started: dict[Boot, threading.Event] = {}
 _results: dict[Boot, VmRun] = {}
 _procs: dict[Boot, subprocess.Popen[str]] = {}
 _lock = threading.Lock()
-_worker: threading.Thread | None = None
+_workers: list[threading.Thread] = []
 _over: list[bool] = []  # stop() was called: no boot starts after it
 
 
 def start(boot: Boot) -> None:
-    """Queue ``boot`` to run in the background (once; boots run in the order queued)."""
-    global _worker
+    """Queue ``boot`` to run in the background (once; boots start in the order queued)."""
     with _lock:
         if boot in _started:
             return
         _started[boot] = threading.Event()
         _queue.append(boot)
-        if _worker is None:
-            _worker = threading.Thread(target=_run_queue, name="vmrun", daemon=True)
-            _worker.start()
+        if len(_workers) < _PARALLEL:
+            worker = threading.Thread(target=_run_queue, name="vmrun", daemon=True)
+            _workers.append(worker)
+            worker.start()
 
 
 def result(boot: Boot) -> VmRun:
@@ -190,9 +193,8 @@ def stop() -> None:
 def _run_queue() -> None:
     while True:
         with _lock:
-            if not _queue:
-                global _worker
-                _worker = None
+            if not _queue:  # leave under the lock: start() then sees one worker fewer
+                _workers.remove(threading.current_thread())
                 return
             boot = _queue.pop(0)
         try:
