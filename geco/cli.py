@@ -357,21 +357,27 @@ def _add_check_command(sub: Any) -> None:
                                "running (unless at.allow/cron.allow admit only exempt users), "
                                "users with systemd linger, sshd's PAM stack without geco's "
                                "gate or with a module after it that moves sessions out of "
-                               "their job, and whether [strays] kill is on. "
+                               "their job, and whether [strays] kill is on; then what the "
+                               "node gives jobs: cores, memory and its reserve, the default "
+                               "for a job that requests none, GPUs and their devices. "
                                "Exit 0 when every door is closed, 1 when one is open, 2 when "
                                "geco.toml is not valid TOML.")
 
 
 def _check(args: argparse.Namespace) -> int:
-    from geco import strays  # see _keygen
+    from geco import cgroup, nodeview, strays  # see _keygen
     from geco.resourceset import short_hostname
 
     try:
-        found = strays.doors(_config.load())
+        cfg = _config.load()
+        found = strays.doors(cfg)
+        picture = nodeview.lines(cfg, cgroup.for_config(cfg))
     except GecoError as exc:
         return _failed("check", exc)
     for door in found:
         print(f"{'open' if door.open else 'ok':5} {door.text}")
+    for what, text in picture:
+        print(f"node  {what:8} {text}")
     opened = [d.name for d in found if d.open]
     if opened:
         print(f"geco check: {len(opened)} door(s) out of a job open on {short_hostname()}: "

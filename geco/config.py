@@ -52,8 +52,13 @@ class Config(NamedTuple):
     memory_per_slot: int = 0
     vmem_per_slot: int = 0
     memory_reserve: int = 0
+    cpus_reserve: str = ""
     # [cores]
     hardware_threads: bool = False
+    # [gpu]
+    gpu_complex: str = "gpu"
+    gpu_consumable: str = "slot"
+    gpu_devices: tuple[str, ...] = ()
     # [qstat]
     qstat: str = "qstat"
     qstat_timeout: float = 30.0
@@ -119,8 +124,9 @@ _SECTIONS: dict[str, tuple[str, ...]] = {
     "paths": ("state_dir", "execd_spool_dir"),
     "cgroup": ("cgroup_mount", "cgroup_name", "cgroup_version", "cgroup_v2_base",
                "cgroup_v1_systemd_base", "exclusive_cpus", "pids_per_slot", "pids_min",
-               "memory_per_slot", "vmem_per_slot", "memory_reserve"),
+               "memory_per_slot", "vmem_per_slot", "memory_reserve", "cpus_reserve"),
     "cores": ("hardware_threads",),
+    "gpu": ("gpu_complex", "gpu_consumable", "gpu_devices"),
     "qstat": ("qstat", "qstat_timeout", "qstat_retries", "sge_root", "sge_cell",
               "sge_qmaster_port", "sge_execd_port", "sge_cluster_name",
               "run_without_memory_limits"),
@@ -145,6 +151,7 @@ _TOML_NAME = {"cgroup_mount": "mount", "cgroup_name": "name", "cgroup_version": 
               "sge_qmaster_port": "qmaster_port", "sge_execd_port": "execd_port",
               "sge_cluster_name": "cluster_name",
               "log_level": "level",
+              **{f"gpu_{n}": n for n in ("complex", "consumable", "devices")},
               **{f"strays_{n}": n for n in ("kill", "min_uid", "exempt_users", "grace", "delay")},
               **{f"ssh_{n}": n for n in ("admins", "admin_groups", "several_jobs",
                                          "adopt_failure", "gecod_unreachable",
@@ -164,7 +171,8 @@ _CHOICES = {"cgroup_version": ("auto", "1", "2"),
             "ssh_several_jobs": ("newest", "refuse"),
             "ssh_adopt_failure": ("refuse", "allow"),
             "ssh_gecod_unreachable": ("decide-here", "refuse", "allow"),
-            "cluster_slaves": ("strict", "lenient")}
+            "cluster_slaves": ("strict", "lenient"),
+            "gpu_consumable": ("slot", "job")}
 # Whole-number settings whose smallest sensible value is above 0.
 _MINIMUM = {"gecod_workers": 1}
 # Byte counts given as Grid Engine memory values ("2G", "512M", 1073741824); 0 = none.
@@ -175,12 +183,15 @@ _OPTIONAL_PATHS = ("cgroup_v2_base", "cgroup_v1_systemd_base", "sge_root")
 # socket" / "none" (the privileged socket and its group).
 _OPTIONAL_STRINGS = ("sge_cell", "sge_cluster_name", "gecod_privileged_socket",
                      "gecod_privileged_group")
+# cpu lists in the kernel's syntax ("0-1,8"); "" = none.
+_CPU_LISTS = ("cpus_reserve",)
 # List settings: the type of their items, and whether an empty list is allowed.
 _LISTS: dict[str, tuple[type, bool]] = {"gecod_exec_filter": (str, False),
                                         "gecod_execd_uids": (int, True),
                                         "strays_exempt_users": (str, True),
                                         "ssh_admins": (str, True),
-                                        "ssh_admin_groups": (str, True)}
+                                        "ssh_admin_groups": (str, True),
+                                        "gpu_devices": (Path, True)}
 
 
 def _coerce_list(name: str, value: Any) -> tuple[Any, ...]:
@@ -196,6 +207,8 @@ def _coerce_list(name: str, value: Any) -> tuple[Any, ...]:
         if kind is str and (not isinstance(item, str) or not item or "/" in item
                             or "," in item):
             raise ValueError(f"must be a list of file names (no '/' or ','), got {value!r}")
+        if kind is Path and (not isinstance(item, str) or not item.startswith("/")):
+            raise ValueError(f"must be a list of absolute paths, got {value!r}")
     return tuple(value)
 
 
@@ -222,6 +235,16 @@ def _coerce(name: str, value: Any, default: Any) -> Any:
         if not isinstance(value, str) or (value and not value.startswith("/")):
             raise ValueError(f'must be an absolute path or "" (the default), got {value!r}')
         return os.path.normpath(value) if value else ""
+    if name in _CPU_LISTS:
+        from geco.topology import format_cpulist, parse_cpulist  # only where one is set
+
+        try:
+            if not isinstance(value, str):
+                raise TypeError(value)
+            return format_cpulist(parse_cpulist(value))
+        except (ValueError, TypeError):
+            raise ValueError(f'must be a cpu list such as "0" or "0-1,8" ("" = none), '
+                             f"got {value!r}") from None
     if name in _OPTIONAL_STRINGS:
         if not isinstance(value, str):
             raise ValueError(f'must be a string ("" = find it out), got {value!r}')

@@ -3,16 +3,17 @@
 :func:`contain` turns a job's record for this host into cgroups: it picks
 whole cores (packed by :mod:`geco.cores` on the hwloc topology), sets the
 memory limits (the node's default for a job that requests none:
-:class:`MemoryDefault`) and the task limit (:class:`PidsLimit`, from the
-configuration), and creates the cgroups in every managed controller.
+:class:`MemoryDefault`), the task limit (:class:`PidsLimit`, from the
+configuration) and, on a GPU node, the job's GPUs (:class:`GpuShare`: granted or
+picked, every other GPU denied), and creates the cgroups in every managed controller.
 :func:`release` is the other half: freeze, kill, thaw, wait until empty,
 remove (the epilog and gecod's reaper go through :mod:`geco.teardown`, which
 adds the journal record and the escalation when a process does not die).
 
-Core choice needs a node-wide lock: two prologs starting at the same moment
+Core and GPU choice need a node-wide lock: two prologs starting at the same moment
 would otherwise both see the same cores as free. The allocator's state is
-never kept in memory; it is read back from the job cpusets under the lock,
-so it survives any restart.
+never kept in memory; it is read back from the job cpusets (and the GPU lists of
+the running jobs' resource files) under the lock, so it survives any restart.
 """
 
 from __future__ import annotations
@@ -23,13 +24,13 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from geco import log
+from geco import gpus, log
 from geco._tuple import NamedTuple
 from geco.cgroup import Backend, Limits
 from geco.config import Config
 from geco.errors import CoresUnavailable, GecoError
 from geco.jobkey import JobKey
-from geco.resourceset import NodeResources, short_hostname
+from geco.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import lookup, resourcefile
 from geco.sge.execd import JobRef
 from geco.sge.lookup import Found
@@ -39,8 +40,9 @@ if TYPE_CHECKING:
     from geco.cores import Allocation
     from geco.topology import Topology
 
-__all__ = ["Contained", "MemoryDefault", "PidsLimit", "Release", "contain", "contain_job", "join",
-           "kill_and_remove", "last_changed", "pids_unenforced", "read_usage", "release"]
+__all__ = ["Contained", "GpuShare", "MemoryDefault", "PidsLimit", "Release", "contain",
+           "contain_job", "jobs_memory", "join", "kill_and_remove", "last_changed",
+           "pids_unenforced", "read_usage", "release"]
 
 _log = log.get("containment")
 # The most tasks a Linux pid namespace can ever hold (PID_MAX_LIMIT on 64-bit); the
@@ -114,6 +116,60 @@ class MemoryDefault(NamedTuple):
         slots = max(node.slots, 1)
         return node._replace(memory_limit=self.per_slot * slots,
                              vmem_limit=self.vmem_per_slot * slots)
+
+
+class GpuShare(NamedTuple):
+    """What a job's GPUs on a GPU node are decided from (under the node lock).
+
+    Attributes
+    ----------
+    table: the node's GPUs (:func:`geco.gpus.node_table`).
+    resources: the job's resource set; when geco picks the ids, this node's record
+        gets them and is saved (``resources_dir``), so they are known after a restart.
+    hostname: this node's name as the resource set spells it (None: this host's).
+    resources_dir: where the running jobs' resource files are.
+    """
+
+    table: tuple[gpus.Gpu, ...]
+    resources: ResourceSet
+    hostname: str | None
+    resources_dir: Path
+
+    def ids(self, key: JobKey, near: frozenset[int], backend: Backend) -> tuple[int, ...]:
+        """The job's GPUs here: those Grid Engine granted, else ``count`` picked among the
+        ones no other running job holds (nearest its NUMA nodes ``near``) and saved.
+
+        Raises
+        ------
+        GpusUnavailable
+            when fewer are free than the job counts.
+        GecoError
+            when a granted id is not one of this node's GPUs, or the pick cannot be saved.
+        """
+        node = self.resources.node(self.hostname)
+        count, ids = gpus.parse_share(node.gpus if node is not None else "")
+        if ids or not count:
+            gpus.check_granted(self.table, ids)
+            return ids
+        busy: set[int] = set()
+        for other in backend.job_keys():
+            if other != key:
+                busy.update(self._held_by(other))
+        ids = gpus.pick(self.table, count, busy, near)
+        assert node is not None  # a count comes from a record
+        picked = node._replace(gpus=gpus.format_ids(ids))
+        resourcefile.write(self.resources_dir, self.resources.replace(
+            nodes=tuple(picked if n is node else n for n in self.resources.nodes)))
+        return ids
+
+    def _held_by(self, key: JobKey) -> tuple[int, ...]:
+        try:
+            rs = resourcefile.read(self.resources_dir, key)
+            node = rs.node(self.hostname) if rs is not None else None
+            return gpus.parse_share(node.gpus)[1] if node is not None else ()
+        except GecoError as exc:  # unreadable: its GPUs look free, and it says so
+            _log.warning("job %s: cannot tell which GPUs it holds: %s", key, exc)
+            return ()
 
 
 def pids_unenforced(backend: Backend, rule: PidsLimit) -> str:
@@ -234,6 +290,7 @@ def _join_locked(key: JobKey, backend: Backend, pid: int | None) -> Limits | Non
 
 def contain(key: JobKey, node: NodeResources, backend: Backend, *, state_dir: Path,
             pids: PidsLimit, pid: int | None = None, hardware_threads: bool = False,
+            reserved_cpus: str = "",
             topology: Topology | None = None, active_jobs: Path | None = None,
             reclaim: Callable[[], None] | None = None) -> Limits:
     """Create the job's cgroups for this node's share, move ``pid`` in, return the limits.
@@ -253,6 +310,7 @@ def contain(key: JobKey, node: NodeResources, backend: Backend, *, state_dir: Pa
         that no other allocation ever sees the new cgroups empty. When the kernel
         refuses the move, cgroups made here are removed again.
     hardware_threads: one slot = one hardware thread instead of one whole core.
+    reserved_cpus: cpus no job gets (``[cgroup] cpus_reserve``: the node's own daemons').
     topology: the host topology (default: loaded through hwloc).
     active_jobs: the execd's ``active_jobs`` dir, to recognise stale cgroups.
     reclaim: called when the node is short of cores, before the empty cgroups of
@@ -268,28 +326,36 @@ def contain(key: JobKey, node: NodeResources, backend: Backend, *, state_dir: Pa
         when the kernel refuses a cgroup operation.
     """
     return _contain(key, node, backend, state_dir=state_dir, pids=pids, pid=pid,
-                    hardware_threads=hardware_threads, topology=topology,
-                    active_jobs=active_jobs, reclaim=reclaim)[0]
+                    hardware_threads=hardware_threads, reserved_cpus=reserved_cpus,
+                    topology=topology,
+                    active_jobs=active_jobs, reclaim=reclaim, gpu=None)[0]
 
 
 def _contain(key: JobKey, node: NodeResources, backend: Backend, *, state_dir: Path,
-             pids: PidsLimit, pid: int | None, hardware_threads: bool,
+             pids: PidsLimit, pid: int | None, hardware_threads: bool, reserved_cpus: str,
              topology: Topology | None, active_jobs: Path | None,
-             reclaim: Callable[[], None] | None) -> tuple[Limits, bool]:
-    """:func:`contain`; also say whether the cgroups were made here (False: they existed)."""
+             reclaim: Callable[[], None] | None,
+             gpu: GpuShare | None) -> tuple[Limits, bool, tuple[int, ...] | None]:
+    """:func:`contain`; also say whether the cgroups were made here (False: they existed),
+    and the job's GPUs when ``gpu`` (None: not a GPU node, or the cgroups existed)."""
     with _node_lock(state_dir):
         existing = _join_locked(key, backend, pid)
         if existing is not None:
-            return existing, False
+            return existing, False, None
         # here, not at the top: a hook that joins cgroups gecod made needs no hwloc
         from geco.topology import Topology, format_cpulist
 
         resources_dir = state_dir / "resources"  # Config.resources_dir
         _drop_stale(backend, active_jobs, keep=key, resources_dir=resources_dir)
         topo = topology or Topology.load()
+
+        def allocate() -> tuple[Allocation, tuple[int, ...] | None]:
+            chosen = _allocate(key, node, backend, topo, hardware_threads, reserved_cpus)
+            return chosen, gpu.ids(key, chosen.mems, backend) if gpu is not None else None
+
         try:
-            chosen = _allocate(key, node, backend, topo, hardware_threads)
-        except CoresUnavailable:
+            chosen, gpu_ids = allocate()
+        except (CoresUnavailable, gpus.GpusUnavailable):
             # a job that ended moments ago may still hold its cores: gecod's teardown
             # of it is under way, or a killed epilog left its cgroups empty
             if reclaim is not None:
@@ -297,19 +363,21 @@ def _contain(key: JobKey, node: NodeResources, backend: Backend, *, state_dir: P
             if not _drop_stale(backend, active_jobs, keep=key, resources_dir=resources_dir,
                                short=True) and reclaim is None:
                 raise
-            chosen = _allocate(key, node, backend, topo, hardware_threads)
+            chosen, gpu_ids = allocate()
         limits = Limits(cpus=format_cpulist(chosen.cpus), mems=format_cpulist(chosen.mems),
                         memory=node.memory_limit, memory_swap=node.vmem_limit,
                         pids=pids.for_slots(node.slots))
         backend.create(key, limits)
-        if pid is not None:
-            try:
+        try:
+            if gpu is not None:
+                backend.deny_devices(key, gpus.denied(gpu.table, gpu_ids or ()))
+            if pid is not None:
                 backend.add_pid(key, pid)
-            except GecoError:
-                with contextlib.suppress(GecoError):
-                    backend.destroy(key)
-                raise
-        return limits, True
+        except GecoError:
+            with contextlib.suppress(GecoError):
+                backend.destroy(key)
+            raise
+        return limits, True, gpu_ids
 
 
 class Contained(NamedTuple):
@@ -322,11 +390,13 @@ class Contained(NamedTuple):
         cgroups (made by gecod, an earlier hook or task) were joined.
     found: the job's resource set and where it came from; None when the existing
         cgroups were joined without it.
+    gpus: the job's GPU ids here when the cgroups were made now on a GPU node, else None.
     """
 
     limits: Limits
     created: bool
     found: Found | None
+    gpus: tuple[int, ...] | None = None
 
 
 def contain_job(job: JobRef, cfg: Config, backend: Backend, *, pid: int | None,
@@ -377,17 +447,38 @@ def contain_job(job: JobRef, cfg: Config, backend: Backend, *, pid: int | None,
     # make them again, as every job start does
     backend.ensure_root()
     if cfg.memory_reserve:
-        backend.set_parent_memory(_jobs_memory(cfg.memory_reserve))
+        backend.set_parent_memory(jobs_memory(cfg.memory_reserve))
     node = MemoryDefault.from_config(cfg).applied(node)
-    limits, created = _contain(job.key, node, backend, state_dir=cfg.state_dir,
-                               pids=PidsLimit.from_config(cfg), pid=pid,
-                               hardware_threads=cfg.hardware_threads, topology=topology,
-                               active_jobs=job.spool_dir.parent if job.spool_dir else None,
-                               reclaim=reclaim)
-    return Contained(limits, created, found)
+    limits, created, gpu_ids = _contain(
+        job.key, node, backend, state_dir=cfg.state_dir, pids=PidsLimit.from_config(cfg),
+        pid=pid, hardware_threads=cfg.hardware_threads, reserved_cpus=cfg.cpus_reserve,
+        topology=topology,
+        active_jobs=job.spool_dir.parent if job.spool_dir else None, reclaim=reclaim,
+        gpu=_gpu_share(cfg, found.resources, node, hostname))
+    return Contained(limits, created, found, gpu_ids)
 
 
-def _jobs_memory(reserve: int) -> int:
+def _gpu_share(cfg: Config, rs: ResourceSet, node: NodeResources,
+               hostname: str | None) -> GpuShare | None:
+    """How the job's GPUs here are decided; None on a node without GPUs.
+
+    Raises
+    ------
+    GecoError
+        when the job was granted GPUs on a node where geco knows of none: it must
+        not start believing it has them.
+    """
+    table = gpus.node_table(cfg.gpu_devices)
+    if table:
+        return GpuShare(table, rs, hostname, cfg.resources_dir)
+    if gpus.parse_share(node.gpus)[0]:
+        raise GecoError(f"job {rs.key} was granted GPUs ({node.gpus}) on "
+                        f"{hostname or short_hostname()}, which has none geco knows of: is "
+                        "the driver loaded, or [gpu] devices set?")
+    return None
+
+
+def jobs_memory(reserve: int) -> int:
     """The RAM all jobs together may use: the node's total less ``reserve`` for its own
     daemons (at least one page: a reserve past the RAM leaves jobs next to nothing,
     never unlimited)."""
@@ -396,7 +487,7 @@ def _jobs_memory(reserve: int) -> int:
 
 
 def _allocate(key: JobKey, node: NodeResources, backend: Backend, topo: Topology,
-              hardware_threads: bool) -> Allocation:
+              hardware_threads: bool, reserved_cpus: str) -> Allocation:
     """Whole cores for the job among those no other job cgroup holds (under the node lock)."""
     from geco import cores
     from geco.topology import parse_cpulist
@@ -404,7 +495,8 @@ def _allocate(key: JobKey, node: NodeResources, backend: Backend, topo: Topology
     busy = cores.busy_from_cpusets(backend.read_limits(k).cpus for k in backend.job_keys()
                                    if k != key)
     return cores.allocate(topo, node.slots, busy_pus=busy,
-                          allowed_pus=parse_cpulist(backend.available_cpus()),
+                          allowed_pus=parse_cpulist(backend.available_cpus())
+                          - parse_cpulist(reserved_cpus),
                           hardware_threads=hardware_threads)
 
 

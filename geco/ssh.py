@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from geco import containment, log, procfs
+from geco import containment, gpus, log, procfs
 from geco._tuple import NamedTuple
 from geco.cgroup import Backend
 from geco.config import Config
@@ -363,11 +363,14 @@ def _task_variable(job: NodeJob) -> str:
     return env.get(b"SGE_TASK_ID", str(job.key.task).encode()).decode(errors="replace")
 
 
-def _session_env(job: NodeJob, backend: Backend, pid: int) -> tuple[tuple[str, str], ...]:
-    """The job's variables as a process of it sees them: JOB_ID, SGE_TASK_ID, GECO_*."""
+def _session_env(job: NodeJob, cfg: Config, backend: Backend,
+                 pid: int) -> tuple[tuple[str, str], ...]:
+    """The job's variables as a process of it sees them: JOB_ID, SGE_TASK_ID, GECO_* (and
+    its GPUs on a GPU node)."""
     limits = backend.read_limits(job.key)
     return (("JOB_ID", str(job.key.job)), ("SGE_TASK_ID", _task_variable(job)),
-            *limits.environment(len(os.sched_getaffinity(pid)), os.uname().nodename).items())
+            *limits.environment(len(os.sched_getaffinity(pid)), os.uname().nodename).items(),
+            *gpus.job_environment(cfg, job.key).items())
 
 
 def _adopt(login: Login, verdict: Verdict, cfg: Config, backend: Backend, node: str,
@@ -381,7 +384,7 @@ def _adopt(login: Login, verdict: Verdict, cfg: Config, backend: Backend, node: 
         if not backend.contains(job.key, pid):
             raise GecoError("the session's process is still outside the job's cgroups",
                             pid=pid)
-        env = _session_env(job, backend, pid)
+        env = _session_env(job, cfg, backend, pid)
     except (GecoError, OSError) as exc:
         allow = cfg.ssh_adopt_failure == "allow"
         _journal(logger, "ssh-not-adopted", login, verdict,
@@ -447,7 +450,7 @@ def serve_exec(login: Login, wanted: JobKey | None, cfg: Config, backend: Backen
     else:
         inside = next((j for j in mine if backend.contains(j.key, pid)), None)
         if inside is not None:  # adopted at login: nothing new to journal
-            return Answer(True, job=inside, env=_session_env(inside, backend, pid))
+            return Answer(True, job=inside, env=_session_env(inside, cfg, backend, pid))
         verdict = login_verdict(login, cfg, backend, node)
         if not verdict.admit:
             _journal(logger, "ssh-refused", login, verdict,
@@ -458,5 +461,5 @@ def serve_exec(login: Login, wanted: JobKey | None, cfg: Config, backend: Backen
             return Answer(True)
     assert verdict.job is not None
     if backend.contains(verdict.job.key, pid):
-        return Answer(True, job=verdict.job, env=_session_env(verdict.job, backend, pid))
+        return Answer(True, job=verdict.job, env=_session_env(verdict.job, cfg, backend, pid))
     return _adopt(login, verdict, cfg, backend, node, pid, logger)

@@ -38,7 +38,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from geco import containment, log, procfs
+from geco import containment, gpus, log, procfs
 from geco._tuple import NamedTuple
 from geco.accounting import Accounting
 from geco.cgroup import Backend, check_key
@@ -173,6 +173,8 @@ def tear_down(key: JobKey, backend: Backend, cfg: Config, *, queue_instance: str
                                        **(whole.fields if whole else {})))
         return Teardown(key, 0, (), Accounting(), None)
     accounting = Accounting.from_usage(containment.read_usage(key, backend))
+    # a GPU node's record names the job's GPUs (its resource file goes after the teardown)
+    held = gpus.job_environment(cfg, key).get("GECO_GPUS")
     killed, error = 0, ""
     try:
         killed, left = containment.kill_and_remove(key, backend, timeout=cfg.kill_timeout)
@@ -183,9 +185,10 @@ def tear_down(key: JobKey, backend: Backend, cfg: Config, *, queue_instance: str
     if not left and not error:
         _forget(marker)
         whole = other_hosts(accounting) if other_hosts else None
-        _log.info("job %s ended: %s; cgroups removed, %d leftover process(es) killed%s", key,
-                  accounting.describe(), killed, f"; {whole.text}" if whole else "",
-                  extra=log.job_fields(job, task, event, KILLED=killed,
+        _log.info("job %s ended: %s%s; cgroups removed, %d leftover process(es) killed%s",
+                  key, accounting.describe(), f", GPUs {held}" if held else "", killed,
+                  f"; {whole.text}" if whole else "",
+                  extra=log.job_fields(job, task, event, KILLED=killed, GPUS=held or None,
                                        CLEANED_BY=cleaned_by, **accounting.journal_fields(),
                                        **(whole.fields if whole else {})))
         return Teardown(key, killed, (), accounting, None)

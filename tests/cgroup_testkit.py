@@ -43,6 +43,8 @@ __all__ = [
     "fork_forever",
     "forked_children",
     "fresh_name",
+    "gpu_story",
+    "open_verdicts",
     "parent_name",
     "parse_list",
     "raw_cleanup",
@@ -188,6 +190,104 @@ def small_lives_big_dies(backend: _Backend, key: str, registry: list[int],
     dies = start_in(backend, key, allocate(big), registry)
     assert dies.output() == b""
     assert dies.wait() == -signal.SIGKILL
+
+
+def open_verdicts(paths: Mapping[str, str]) -> Callable[[int], None]:
+    """A body that writes ``name=verdict`` lines, one per device in ``paths``: ``open``,
+    or the errno's name (ENXIO: the cgroup allows a device no driver serves; EPERM: the
+    cgroup denies it), then ``pty=open`` when a pseudo-terminal pair can be made."""
+    import errno
+
+    def verdict(path: str) -> str:
+        try:
+            os.close(os.open(path, os.O_RDWR))
+        except OSError as exc:
+            return errno.errorcode[exc.errno or 0]
+        return "open"
+
+    def body(out: int) -> None:
+        lines = [f"{name}={verdict(path)}" for name, path in paths.items()]
+        master, slave = os.openpty()
+        os.close(master)
+        os.close(slave)
+        os.write(out, "\n".join([*lines, "pty=open"]).encode())
+    return body
+
+
+def _verdicts(child: Child) -> dict[str, str]:
+    text = child.output().decode()
+    assert child.wait() == 0, text
+    return dict(line.split("=", 1) for line in text.splitlines())
+
+
+def gpu_story(backend: Any, registry: list[int], tmp: Path) -> None:
+    """Two fake GPUs (id 0 = ``c 195:1``, id 1 = ``c 195:0``: ids and minors crossed, as
+    the driver may number them) and nvidiactl, through :func:`geco.containment.contain_job`
+    with jobs Grid Engine counted GPUs for (``count:N``): each job opens its own GPU and
+    gets EPERM on the other (the kernel's verdict: no driver here), ordinary devices and
+    a pty keep working, a job asking more than is free is refused with nothing left, the
+    picks are saved in the resource files, and a GPU comes back when its job is gone."""
+    import stat
+
+    from geco import gpus
+    from geco.config import Config
+    from geco.containment import contain_job
+    from geco.errors import GecoError
+    from geco.resourceset import NodeResources, ResourceSet
+    from geco.sge import resourcefile
+    from geco.sge.execd import JobRef
+    from geco.sge.lookup import Found
+
+    devices = {"gpu0": 1, "gpu1": 0, "ctl": 255}
+    for name, minor in devices.items():
+        os.mknod(tmp / name, 0o600 | stat.S_IFCHR, os.makedev(195, minor))
+    paths = {name: str(tmp / name) for name in devices}
+    paths["null"] = "/dev/null"
+    cfg = Config(state_dir=tmp / "state", gpu_devices=(paths["gpu0"], paths["gpu1"]),
+                 pids_per_slot=0)
+
+    def start(job: int, share: str) -> tuple[Child, tuple[int, ...] | None]:
+        rs = ResourceSet(job, 1, owner="root", nodes=(NodeResources("here", gpus=share),))
+        child = Child(open_verdicts(paths), registry)
+        done = contain_job(JobRef(job, 1, None), cfg, backend, pid=child.pid,
+                           found=Found(rs, "file", 0.0), hostname="here")
+        return child, done.gpus
+
+    first, ids = start(601, "count:1")
+    assert ids == (0,)
+    try:
+        start(602, "count:2")
+    except gpus.GpusUnavailable as exc:
+        assert str(exc) == ("the job needs 2 GPU(s) here, but only 1 of this node's 2 are "
+                            "free")
+    else:
+        raise AssertionError("a job asking 2 GPUs with 1 free was contained")
+    assert not backend.exists("602.1")
+    second, ids = start(602, "count:1")
+    assert ids == (1,)
+    first.go()
+    second.go()
+    assert _verdicts(first) == {"gpu0": "ENXIO", "gpu1": "EPERM", "ctl": "ENXIO",
+                                "null": "open", "pty": "open"}
+    assert _verdicts(second) == {"gpu0": "EPERM", "gpu1": "ENXIO", "ctl": "ENXIO",
+                                 "null": "open", "pty": "open"}
+    saved = resourcefile.read(cfg.resources_dir, "601.1")
+    assert saved is not None and saved.nodes[0].gpus == "0"
+    assert gpus.job_environment(cfg, "602.1", "here") == {
+        "GECO_GPUS": "1", "CUDA_VISIBLE_DEVICES": "0", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+    backend.destroy("601.1")  # its process has exited: GPU 0 is free again
+    third, ids = start(603, "count:1")
+    assert ids == (0,)
+    third.go()
+    assert _verdicts(third)["gpu0"] == "ENXIO"
+    try:  # granted ids Grid Engine holds (RSMAP) must be GPUs of this node
+        start(604, "7")
+    except GecoError as exc:
+        assert "was granted GPU 7, which this node does not have (its GPUs: 0,1" in str(exc)
+    else:
+        raise AssertionError("a job granted a GPU the node lacks was contained")
+    assert not backend.exists("604.1")
 
 
 def fork_forever(out: int) -> None:

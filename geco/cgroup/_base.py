@@ -14,7 +14,7 @@ import posixpath
 import re
 import signal
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from geco import log
@@ -272,6 +272,20 @@ class Backend(ABC):
         ------
         CgroupError
             when the key is bad or the kernel refuses a directory or a limit.
+        """
+
+    @abstractmethod
+    def deny_devices(self, key: JobKey, devices: Sequence[tuple[str, int, int]]) -> None:
+        """Keep the job from opening (and making) ``devices``: ``(type, major, minor)``,
+        type ``c`` or ``b``; every other device stays as the parent allows it. Call it
+        between :meth:`create` and the first :meth:`add_pid`. Nothing to deny: no-op.
+
+        Raises
+        ------
+        CgroupError
+            when this node cannot deny devices (no v1 devices controller, no v2 device
+            programs) or the kernel refuses: a job must not start with GPUs it was not
+            granted.
         """
 
     @abstractmethod

@@ -1,10 +1,11 @@
 """cgroup v1: one hierarchy per controller, each with its own ``GECO/<job>.<task>`` directory.
 
 Layout: ``<hierarchy mount point>/<name>/<job>.<task>`` for cpuset and memory
-(required), and freezer, pids and cpuacct (CPU time accounting) when they are
-mounted. Where each controller is mounted comes from ``/proc/self/mountinfo``,
-never from a guess: ``/sys/fs/cgroup/<ctrl>`` today, ``/cgroup/<ctrl>`` on
-RHEL6, co-mounted ``cpuset,memory`` or ``cpu,cpuacct`` elsewhere. The
+(required), and freezer, pids, cpuacct (CPU time accounting) and devices (the GPUs a
+job was not granted) when they are mounted. Where each controller is mounted comes
+from ``/proc/self/mountinfo``, never from a guess: ``/sys/fs/cgroup/<ctrl>`` today,
+``/cgroup/<ctrl>`` on RHEL6, co-mounted ``cpuset,memory`` or ``cpu,cpuacct``
+elsewhere. The
 configured mount only says which mount wins when a controller is mounted twice.
 
 Kernel rules this module is shaped by (all checked on a real kernel by
@@ -42,7 +43,7 @@ import errno
 import math
 import os
 import posixpath
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from geco import log, procfs
@@ -73,7 +74,7 @@ REQUIRED = ("cpuset", "memory")
 # Jobs whose directories a backend remembers (a bound, not a working set: gecod serves
 # a node's running jobs, far fewer).
 _PATHS_KEPT = 4096
-OPTIONAL = ("freezer", "pids", "cpuacct")
+OPTIONAL = ("freezer", "pids", "cpuacct", "devices")
 # systemd's own hierarchies as /proc/<pid>/cgroup names them: its named v1 hierarchy,
 # and (hybrid layout) the cgroup2 it tracks units in
 SYSTEMD_HIERARCHIES = ("name=systemd", "")
@@ -88,7 +89,7 @@ class Hierarchy(NamedTuple):
 
     Attributes
     ----------
-    controller: ``cpuset``, ``memory``, ``freezer``, ``pids`` or ``cpuacct``.
+    controller: ``cpuset``, ``memory``, ``freezer``, ``pids``, ``cpuacct`` or ``devices``.
     mount_point: the directory the hierarchy is mounted on.
     root: the cgroup path shown at the mount point (``/`` unless only a
         subtree is visible); ``/proc/<pid>/cgroup`` paths start with it.
@@ -160,7 +161,7 @@ class V1Backend(Backend):
     Parameters
     ----------
     hierarchies: controller -> :class:`Hierarchy`; cpuset and memory are
-        required, freezer, pids and cpuacct are used when present.
+        required, freezer, pids, cpuacct and devices are used when present.
     name: the GECO parent's directory name in every hierarchy.
     exclusive_cpus: make a geco-created GECO cpuset and the job cpusets
         ``cpu_exclusive`` so the kernel refuses overlapping job cpus. An
@@ -424,6 +425,17 @@ class V1Backend(Backend):
             order.reverse()
         for path, value in order:
             write_bytes(path, _limit_text(value), hints=hints, key=key)
+
+    def deny_devices(self, key: JobKey, devices: Sequence[tuple[str, int, int]]) -> None:
+        if not devices:
+            return
+        if "devices" not in self._hier:
+            raise CgroupError("the devices controller is not mounted (cgroup v1), so the "
+                              "GPUs a job was not granted cannot be kept from it; mount it",
+                              key=key)
+        deny = self._dir("devices", key) / "devices.deny"
+        for kind, major, minor in devices:
+            write_bytes(deny, f"{kind} {major}:{minor} rwm".encode("ascii"), key=key)
 
     def read_limits(self, key: JobKey) -> Limits:
         self._require_dirs(key)

@@ -46,6 +46,7 @@ from __future__ import annotations
 import errno
 import os
 import posixpath
+from collections.abc import Sequence
 from pathlib import Path
 
 from geco import log, procfs
@@ -323,6 +324,12 @@ class V2Backend(Backend):
         elif limits.pids:
             warn_once("v2-no-pids", "the pids controller is not available: task limits "
                       "(pids.max, [cgroup] pids_per_slot) are not enforced on this node")
+
+    def deny_devices(self, key: JobKey, devices: Sequence[tuple[str, int, int]]) -> None:
+        if devices:
+            from geco.cgroup._bpfdev import deny_devices  # only on a GPU node
+
+            deny_devices(self._dir(key), devices)
 
     def read_limits(self, key: JobKey) -> Limits:
         d = self._dir(key)

@@ -44,7 +44,7 @@ import os
 import time
 from pathlib import Path
 
-from geco import log, procfs
+from geco import gpus, log, procfs
 from geco.daemon.quarantine import Context, Peer
 from geco.errors import GecoError
 from geco.hooks import Exit, epilog, journal_done, prolog, starter
@@ -130,6 +130,7 @@ def serve_starter(msg: Starter, nonce: bytes, peer: Peer, ctx: Context) -> Start
         node = os.uname().nodename
         facts = ctx.backend.read_limits(key).environment(
             len(os.sched_getaffinity(msg.pid)), node)
+        facts.update(gpus.job_environment(ctx.config, key))
         program, args = starter.plan(msg.argv, env, launch)
         reply = StarterReply(key.job, key.task, AckStatus.OK, nonce, program, tuple(args),
                              (*(f"{k}={v}" for k, v in facts.items()), *starter.FOR_THE_STARTER))

@@ -41,7 +41,7 @@ import sys
 import time
 from pathlib import Path
 
-from geco import cgroup, containment, log, procfs
+from geco import cgroup, containment, gpus, log, procfs
 from geco.config import Config
 from geco.errors import GecoError
 from geco.hooks import Exit, attach_trace, run
@@ -171,18 +171,22 @@ def contain(job: execd.JobRef, shepherd: int, hook: int, cfg: Config, logger: lo
     here = node.name if node is not None else os.uname().nodename
     slots = node.slots if node is not None else 0
     default = node is not None and containment.MemoryDefault.from_config(cfg).applies(node)
+    # a GPU node's record names the job's GPUs (none: every GPU is kept from it)
+    granted = gpus.format_ids(done.gpus) if done.gpus is not None \
+        else gpus.job_environment(cfg, job.key).get("GECO_GPUS")
     logger.info(
         "job %s contained on %s: cores %s, NUMA nodes %s, memory %s, memory+swap %s%s, "
-        "tasks %s, shepherd %d",
+        "tasks %s%s, shepherd %d",
         job.key, here, limits.cpus, limits.mems, _human(limits.memory),
         _human(limits.memory_swap),
         " (this node's default for a job that requests no memory)" if default else "",
-        limits.pids or "unlimited", shepherd,
+        limits.pids or "unlimited",
+        "" if granted is None else f", GPUs {granted or 'none'}", shepherd,
         extra=log.job_fields(job.job_id, job.task_id, "job-contained", CPUS=limits.cpus,
                              MEMS=limits.mems, MEMORY_LIMIT=limits.memory,
                              MEMSW_LIMIT=limits.memory_swap, PIDS_LIMIT=limits.pids,
                              MEMORY_DEFAULT="yes" if default else "no",
-                             SHEPHERD_PID=shepherd,
+                             GPUS=granted, SHEPHERD_PID=shepherd,
                              SLOTS=slots, OWNER=rs.owner))
     if len(rs.nodes) > 1 and not _other_hosts_ready(job, rs, cfg, logger):
         _undo(job, shepherd, hook, cfg, backend)

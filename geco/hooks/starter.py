@@ -22,7 +22,8 @@ Steps, in order:
    way, ``allow`` starts it uncontained with a journaled warning.
 4. Export ``GECO_*`` facts read back from the kernel (what is enforced, not
    what was asked for): ``GECO_CPUS``, ``GECO_NCPUS``, ``GECO_MEMS``,
-   ``GECO_MEMORY_LIMIT``, ``GECO_VMEM_LIMIT`` (bytes, 0 = none), ``GECO_NODE``.
+   ``GECO_MEMORY_LIMIT``, ``GECO_VMEM_LIMIT`` (bytes, 0 = none), ``GECO_NODE``; on a
+   GPU node ``GECO_GPUS``, ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER``.
 5. Start the job the way Grid Engine itself would: with a configured starter,
    Grid Engine hands over the job script and leaves ``shell_start_mode`` to us
    (``SGE_STARTER_SHELL_START_MODE``, ``..._SHELL_PATH``, ``..._USE_LOGIN_SHELL``).
@@ -43,7 +44,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from geco import cgroup, log, procfs
+from geco import cgroup, gpus, log, procfs
 from geco._tuple import NamedTuple
 from geco.config import Config
 from geco.errors import GecoError, NotContained
@@ -215,6 +216,7 @@ def _body(cfg: Config, logger: log.Logger) -> Exit:
     if not why:
         limits = backend.read_limits(job.key)
         env.update(limits.environment(len(os.sched_getaffinity(0)), node))
+        env.update(gpus.job_environment(cfg, job.key))
     elif qrsh and cfg.gecod_unreachable_policy == "allow":
         logger.warning("qrsh -inherit task of job %s started outside the job's cgroups on %s "
                        "([gecod] unreachable_policy = allow): %s", job.key, node, why,

@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal
 
+from geco.gpus import COUNT_PREFIX
 from geco.oom.watch import OomEvent
 from geco.resourceset import ResourceSet
 from geco.units import format_memory, parse_memory
@@ -39,12 +40,14 @@ class RequestHint:
     m_mem_free: per-slot ``-l m_mem_free`` in bytes (0 = not requested).
     h_vmem: per-slot ``-l h_vmem`` in bytes (0 = not requested).
     is_array: an array job is named ``42.1``, another job just ``42``.
+    gpus: its GPU ids on this node (``"1,3"``; "" = none or not picked), for the records.
     """
 
     slots: int = 1
     m_mem_free: int = 0
     h_vmem: int = 0
     is_array: bool = True
+    gpus: str = ""
 
 
 def request_hint(rs: ResourceSet | None, host: str | None = None) -> RequestHint | None:
@@ -56,7 +59,8 @@ def request_hint(rs: ResourceSet | None, host: str | None = None) -> RequestHint
         return None
     slots = max(node.slots, 1)
     return RequestHint(slots=slots, m_mem_free=-(-node.memory_limit // slots),
-                       h_vmem=-(-node.vmem_limit // slots), is_array=rs.is_array)
+                       h_vmem=-(-node.vmem_limit // slots), is_array=rs.is_array,
+                       gpus="" if node.gpus.startswith(COUNT_PREFIX) else node.gpus)
 
 
 # ---------------------------------------------------------------------------

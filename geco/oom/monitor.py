@@ -119,7 +119,8 @@ def handle(events: Sequence[OomEvent], policy: str, backend: Backend, *,
             event.job_id, event.task_id, "oom", LIMIT=event.limit, PEAK=event.peak,
             PID=event.pid or None, COMMAND=event.command or None,
             OOM_KILLS=event.kill_count, LIMIT_KIND=event.limit_kind,
-            OOM_SCOPE="node" if event.node_wide else "job", NODE=event.node))
+            OOM_SCOPE="node" if event.node_wide else "job", NODE=event.node,
+            GPUS=hint.gpus if hint is not None and hint.gpus else None))
     last = events[-1]
     killed: int | None = None
     if policy == "kill-job":

@@ -24,6 +24,7 @@ that is a race or a bogus request, not a reason to guess.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from geco import log
 from geco._tuple import NamedTuple
@@ -37,12 +38,16 @@ __all__ = ["Found", "find", "from_spool"]
 _log = log.get("sge.lookup")
 
 
-def from_spool(job: execd.JobRef) -> ResourceSet:
-    """Build what the node itself knows about the job: owner, name, hosts and slots.
+def from_spool(job: execd.JobRef, gpu_complex: str = "gpu") -> ResourceSet:
+    """Build what the node itself knows about the job: owner, name, hosts and slots, and
+    on the master node the GPU ids Grid Engine granted there (an RSMAP's
+    ``SGE_HGR_<complex>`` in the job's spooled environment, ids separated by spaces).
+    A count without ids (Son of Grid Engine) is not known here: no GPU, never a guess.
 
     Parameters
     ----------
     job: the job, with ``spool_dir`` = its execd ``active_jobs/<job>.<task>`` directory.
+    gpu_complex: ``[gpu] complex``.
 
     Raises
     ------
@@ -61,10 +66,22 @@ def from_spool(job: execd.JobRef) -> ResourceSet:
     except OSError as exc:
         raise GecoError.from_oserror("cannot read the job's pe_hostfile", exc,
                                      path=job.pe_hostfile) from exc
-    nodes = tuple(NodeResources(p.host, is_slave=not p.is_master, slots=p.slots)
+    granted = _granted_gpus(job.spool_dir, gpu_complex)
+    nodes = tuple(NodeResources(p.host, is_slave=not p.is_master, slots=p.slots,
+                                gpus=granted if p.is_master else "")
                   for p in parse_pe_hostfile(hostfile))
     return ResourceSet(job.job_id, job.task_id, job_name=conf.get("job_name", ""),
                        owner=conf.get("job_owner", ""), cwd=conf.get("cwd", ""), nodes=nodes)
+
+
+def _granted_gpus(spool_dir: Path, gpu_complex: str) -> str:
+    """``SGE_HGR_<complex>`` from the job's spooled environment as an id list ("" = none)."""
+    try:
+        env = execd.parse_key_values((spool_dir / "environment").read_bytes())
+    except OSError:
+        return ""
+    ids = env.get(f"SGE_HGR_{gpu_complex}".encode(), b"").decode(errors="replace").split()
+    return ",".join(ids) if all(i.isdigit() for i in ids) else ""
 
 
 class Found(NamedTuple):
@@ -147,7 +164,7 @@ def find(job: execd.JobRef, cfg: Config, logger: log.Logger | None = None, *,
         logger.warning("qmaster not reachable (%s): job %s is contained with its cores only, "
                        "WITHOUT memory limits", exc, job.key,
                        extra=log.job_fields(job.job_id, job.task_id, "degraded-containment"))
-        return Found(from_spool(job), "spool", time.monotonic() - started)
+        return Found(from_spool(job, cfg.gpu_complex), "spool", time.monotonic() - started)
     try:
         resourcefile.write(cfg.resources_dir, rs)
     except GecoError as exc:  # a full disk must not stop the job; later hooks ask qstat again

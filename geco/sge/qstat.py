@@ -11,8 +11,9 @@ Where the facts are:
   ``geco_trace_level``, ``standby*``, ``phi_config_for_user``; all per slot)
   and the job's tasks. Univa/Altair GE and Open Cluster Scheduler also print
   each task's granted hosts (``JAT_granted_destin_identifier_list``) and
-  granted resources per host (``grl``: ``m_mem_free``, ``nvidia_gpu``,
-  ``intel_phi``); Son of Grid Engine 8.1.9 prints neither.
+  granted resources per host (``grl``: ``m_mem_free``, the GPU complex's RSMAP ids,
+  ``intel_phi``); Son of Grid Engine 8.1.9 prints neither: a GPU request there is a
+  count (``count:N`` in the node's GPU list) whose ids geco picks (:mod:`geco.gpus`).
 * so the placement (hosts, slots per host, master) comes from the job's
   ``pe_hostfile`` (:func:`parse_pe_hostfile`; execd writes one for every job,
   serial ones too) or from ``qstat -xml -u '*' -g t`` (:func:`parse_placement_gt`).
@@ -60,6 +61,7 @@ from lxml import etree
 from geco import log
 from geco.config import Config
 from geco.errors import JobNotFound, QstatError, QstatParseError, TaskNotRunning
+from geco.gpus import COUNT_PREFIX, GpuComplex
 from geco.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge.pe_hostfile import U32 as _U32
 from geco.sge.pe_hostfile import Placement, merge, parse_pe_hostfile, shown, u32
@@ -99,8 +101,11 @@ _DIGITS = re.compile(r"[0-9]+")
 MAX_XML = 64 * 1024 * 1024
 # the longest memory or time text read (Grid Engine prints e.g. "1073741824.000000")
 _MAX_UNIT_TEXT = 64
-# granted per-host resources geco uses (UGE "grl" items)
-_GRANTED = ("m_mem_free", "nvidia_gpu", "intel_phi")
+# granted per-host resources geco uses (UGE "grl" items), beside the GPU complex
+_GRANTED = ("m_mem_free", "intel_phi")
+# the most GPUs one request may count (a typo such as 1e9 is an error, not a loop)
+_MAX_GPUS = 4096
+_DEFAULT_GPU = GpuComplex()
 
 
 # ---------------------------------------------------------------------------
@@ -248,6 +253,7 @@ class _Requests:
     trace_level: int = 0
     standby: bool = False
     phi_for_user: bool = False
+    gpus: int = 0
 
 
 @dataclass(slots=True)
@@ -328,7 +334,7 @@ def _request_seconds(req: etree._Element, name: str) -> float:
     return float(_request_value(req, name, parse_time, "seconds"))
 
 
-def _requests(job: etree._Element) -> _Requests:
+def _requests(job: etree._Element, gpu: GpuComplex) -> _Requests:
     """Read ``JB_hard_resource_list`` (items: ``qstat_l_requests`` SoGE, ``element`` UGE)."""
     result = _Requests()
     for req in job.iterfind("JB_hard_resource_list/*"):
@@ -348,6 +354,13 @@ def _requests(job: etree._Element) -> _Requests:
             result.standby = result.standby or _request_number(req, name) != 0
         elif name == "phi_config_for_user":
             result.phi_for_user = _request_number(req, name) != 0
+        elif name == gpu.name:
+            count = _request_number(req, name)
+            if count < 0 or count != count.to_integral_value() or count > _MAX_GPUS:
+                raise QstatParseError(f"request {name} must be a whole number of GPUs "
+                                      f"(0-{_MAX_GPUS}), got {shown(str(count))}",
+                                      element="CE_doubleval")
+            result.gpus = int(count)
     return result
 
 
@@ -409,8 +422,8 @@ def _granted_placement(task: etree._Element) -> list[Placement] | None:
     return merge(entries)
 
 
-def _granted_resources(task: etree._Element) -> dict[str, dict[str, str]]:
-    """Per-host granted ``m_mem_free``, ``nvidia_gpu``, ``intel_phi`` (UGE ``grl`` items).
+def _granted_resources(task: etree._Element, gpu: GpuComplex) -> dict[str, dict[str, str]]:
+    """Per-host granted ``m_mem_free``, GPU ids, ``intel_phi`` (UGE ``grl`` items).
 
     UGE prints GRU_host, GRU_name, GRU_value. Open Cluster Scheduler names the
     amount GRU_amount and lists RSMAP ids as RESL_value items; both are read
@@ -420,7 +433,7 @@ def _granted_resources(task: etree._Element) -> dict[str, dict[str, str]]:
     for item in task.iter():
         name = (_text(item, "GRU_name") or "").strip()
         host = (_text(item, "GRU_host") or "").strip()
-        if name not in _GRANTED or not host:
+        if (name not in _GRANTED and name != gpu.name) or not host:
             continue
         value = _text(item, "GRU_value")
         if value is None and name == "m_mem_free":
@@ -486,7 +499,7 @@ def job_number(xml: bytes) -> int:
     return _whole(_text(job, "JB_job_number"), "JB_job_number", minimum=1)
 
 
-def _read_job(xml: bytes, task_id: int, job_id: int | None) -> _Job:
+def _read_job(xml: bytes, task_id: int, job_id: int | None, gpu: GpuComplex) -> _Job:
     if task_id < 0:
         raise ValueError(f"task_id must be >= 0, got {task_id}")
     root = _parse_xml(xml, "qstat -xml -j output")
@@ -497,7 +510,7 @@ def _read_job(xml: bytes, task_id: int, job_id: int | None) -> _Job:
         raise QstatParseError("JB_owner is missing or empty; a job always has an owner",
                               element="JB_owner", job=number)
     is_array = _is_array(job)
-    requests = _requests(job)
+    requests = _requests(job, gpu)
     task, task_number = _task_element(job, number, task_id, is_array)
     return _Job(number=number, task=task_number, owner=owner,
                 group=(_text(job, "JB_group") or "").strip(),
@@ -506,7 +519,7 @@ def _read_job(xml: bytes, task_id: int, job_id: int | None) -> _Job:
                 cwd=_text(job, "JB_cwd") or "",
                 is_array=is_array, requests=requests,
                 granted_placement=_granted_placement(task),
-                granted=_granted_resources(task))
+                granted=_granted_resources(task, gpu))
 
 
 def _times_slots(per_slot: int, slots: int) -> int:
@@ -516,7 +529,17 @@ def _times_slots(per_slot: int, slots: int) -> int:
     return 0 if total >= _NO_LIMIT else total
 
 
-def _assemble(job: _Job, placement: Sequence[Placement] | None) -> ResourceSet:
+def _gpu_share(job: _Job, host: Placement, granted: dict[str, str], gpu: GpuComplex) -> str:
+    """A host's GPU list: the ids Grid Engine granted there (RSMAP), else the count it
+    booked (an INT consumable: per slot, or the job's on its master node)."""
+    if gpu.name in granted:
+        return granted[gpu.name].replace(" ", ",")
+    count = job.requests.gpus * (host.slots if gpu.per == "slot" else host.is_master)
+    return f"{COUNT_PREFIX}{count}" if count else ""
+
+
+def _assemble(job: _Job, placement: Sequence[Placement] | None,
+              gpu: GpuComplex) -> ResourceSet:
     hosts = job.granted_placement or (merge((p.host, p.slots, p.is_master) for p in placement)
                                       if placement else None)
     if not hosts:
@@ -541,7 +564,7 @@ def _assemble(job: _Job, placement: Sequence[Placement] | None) -> ResourceSet:
         nodes.append(NodeResources(name=host.host, is_slave=not host.is_master,
                                    slots=host.slots, memory_limit=memory,
                                    vmem_limit=_times_slots(req.h_vmem, host.slots),
-                                   gpus=granted.get("nvidia_gpu", ""),
+                                   gpus=_gpu_share(job, host, granted, gpu),
                                    phis=granted.get("intel_phi", "")))
     return ResourceSet(job_id=job.number, task_id=job.task, runtime_limit=req.h_rt,
                        is_standby=req.standby, per_slot_vmem=req.h_vmem,
@@ -551,7 +574,7 @@ def _assemble(job: _Job, placement: Sequence[Placement] | None) -> ResourceSet:
 
 
 def parse_job(xml: bytes, task_id: int, placement: Sequence[Placement] | None = None, *,
-              job_id: int | None = None) -> ResourceSet:
+              job_id: int | None = None, gpu: GpuComplex = _DEFAULT_GPU) -> ResourceSet:
     """Build one task's :class:`ResourceSet` from ``qstat -xml -j <job>``.
 
     Per host: ``slots``; ``memory_limit`` = the granted ``m_mem_free`` for that
@@ -571,6 +594,8 @@ def parse_job(xml: bytes, task_id: int, placement: Sequence[Placement] | None = 
         :func:`parse_placement_gt`; used when the XML has no granted host list.
     job_id:
         When given, the XML must describe this job.
+    gpu:
+        The GPU complex (``[gpu] complex`` and ``consumable``).
 
     Returns
     -------
@@ -589,7 +614,7 @@ def parse_job(xml: bytes, task_id: int, placement: Sequence[Placement] | None = 
     ValueError
         if ``task_id`` is negative.
     """
-    return _assemble(_read_job(xml, task_id, job_id), placement)
+    return _assemble(_read_job(xml, task_id, job_id, gpu), placement, gpu)
 
 
 # ---------------------------------------------------------------------------
@@ -775,10 +800,11 @@ def fetch(job_id: int, task_id: int, config: Config, pe_hostfile: Path | None = 
         as described for :func:`parse_job` and :func:`run_qstat`.
     """
     env = discover(config)  # once for both qstat calls
+    gpu = GpuComplex.from_config(config)
     job = _read_job(run_qstat(["-xml", "-j", str(job_id)], config, env=env, sleep=sleep),
-                    task_id, job_id)
+                    task_id, job_id, gpu)
     if job.granted_placement:
-        return _assemble(job, None)
+        return _assemble(job, None, gpu)
     placement: list[Placement] | None = None
     if pe_hostfile is not None:
         try:
@@ -793,4 +819,4 @@ def fetch(job_id: int, task_id: int, config: Config, pe_hostfile: Path | None = 
         if not placement:
             raise TaskNotRunning(f"task {job.task} of job {job.number} is not running "
                                  "according to qstat -g t", job=job.number, task=job.task)
-    return _assemble(job, placement)
+    return _assemble(job, placement, gpu)

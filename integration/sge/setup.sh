@@ -37,10 +37,11 @@
 #   SGE_SCHEDULE_INTERVAL scheduler interval (default 0:0:1: jobs start within ~1 s)
 #   SGE_TEST_USER      create this user (uid >= 1000, home dir) for submitting jobs
 #   SGE_START_TIMEOUT  seconds to wait for each daemon (default 90)
+#   SGE_GPUS           the host's count of the gpu consumable (default 2)
 #
 # What it configures: admin/submit/exec host = this host; complexes h_vmem (consumable,
 # default SGE_H_VMEM_DEFAULT), m_mem_free (consumable per slot), geco_trace_level (INT,
-# requestable, not consumable); host group @allhosts; PEs smp ($pe_slots) and mpi
+# requestable, not consumable), gpu (consumable INT per slot); host group @allhosts; PEs smp ($pe_slots) and mpi
 # ($round_robin); queue all.q with the hooks above; scheduler reacting within ~1 s;
 # accounting written at once (qacct -j right after a job ends).
 set -euo pipefail
@@ -92,6 +93,7 @@ SLOTS=${SGE_SLOTS:-$(nproc)}
 MEM=${SGE_MEM:-$(awk '/^MemTotal:/ {printf "%dM", $2 / 1024}' /proc/meminfo)}
 HVMEM_DEFAULT=${SGE_H_VMEM_DEFAULT:-2G}
 TRACE_MAX=${SGE_TRACE_LEVEL_MAX:-4}
+GPUS=${SGE_GPUS:-2}
 EXECD_PARAMS=${SGE_EXECD_PARAMS:-none}
 EXECD_PRELOAD=${GECO_EXECD_PRELOAD:-}
 SCHEDULE_INTERVAL=${SGE_SCHEDULE_INTERVAL:-0:0:1}
@@ -391,14 +393,17 @@ qconf -ss 2>/dev/null | grep -qx "$SGEH" || q qconf -as "$SGEH"
 #   h_vmem           consumable with a default: SGE kills jobs that request none otherwise
 #   m_mem_free       consumable per slot; SoGE has no such built-in, geco reads it
 #   geco_trace_level requestable INT, not consumable: a job's per-job trace log level
+#   gpu              consumable INT per slot, as Son of Grid Engine sites count GPUs (geco
+#                    picks the ids); the host books GPUS of them (a GPU test's fake devices)
 qconf -sc > "$TMPD/complex.orig"
 awk -v d="$HVMEM_DEFAULT" '
   function row(n, s, t, r, rq, c, df) { printf "%-19s %-10s %-9s %-5s %-11s %-10s %-8s %s\n", n, s, t, r, rq, c, df, "0" }
-  $1 == "m_mem_free" || $1 == "geco_trace_level" { next }
+  $1 == "m_mem_free" || $1 == "geco_trace_level" || $1 == "gpu" { next }
   $1 == "h_vmem" { row("h_vmem", "h_vmem", "MEMORY", "<=", "YES", "YES", d); next }
   { print }
   END { row("m_mem_free", "mmf", "MEMORY", "<=", "YES", "YES", "0")
-        row("geco_trace_level", "gtl", "INT", "<=", "YES", "NO", "0") }' "$TMPD/complex.orig" > "$TMPD/complex"
+        row("geco_trace_level", "gtl", "INT", "<=", "YES", "NO", "0")
+        row("gpu", "gpu", "INT", "<=", "YES", "YES", "0") }' "$TMPD/complex.orig" > "$TMPD/complex"
 same "$TMPD/complex.orig" "$TMPD/complex" || q qconf -Mc "$TMPD/complex"
 
 # global configuration (the file *name* must be "global"):
@@ -470,7 +475,7 @@ EOF
 }
 # cluster-wide: the trace levels any job may ask for; per host: its memory
 write_exechost global "geco_trace_level=$TRACE_MAX"
-write_exechost "$SGEH" "h_vmem=$MEM,m_mem_free=$MEM"
+write_exechost "$SGEH" "h_vmem=$MEM,m_mem_free=$MEM,gpu=$GPUS"
 
 cat > "$TMPD/queue" <<EOF
 qname                 $QUEUE

@@ -47,6 +47,7 @@ from cgroup_testkit import (
     cpu_list,
     eventually,
     fork_forever,
+    gpu_story,
     parent_name,
     parse_list,
     read,
@@ -654,3 +655,13 @@ def test_under_systemd_job_processes_also_go_into_systemds_hierarchies_below_the
         assert {k: _placed(child.pid)[k] for k in SYSTEMD} == {k: mine[k] for k in SYSTEMD}
         b.destroy(key)
         assert [d for d in b.paths(key).values() if d.exists()] == []
+
+
+# -- devices: the GPUs a job was not granted ---------------------------------------
+
+
+@pytest.mark.skipif("devices" not in HIER, reason="no v1 devices hierarchy here")
+def test_given_two_gpus_when_jobs_are_granted_one_each_then_each_opens_only_its_own(
+        backend: V1Backend, children: list[int], tmp_path: Path) -> None:
+    """Through contain_job on the v1 devices controller (cgroup_testkit.gpu_story)."""
+    gpu_story(backend, children, tmp_path)

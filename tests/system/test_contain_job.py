@@ -116,3 +116,26 @@ def test_a_job_without_slots_here_is_refused_naming_its_hosts_and_nothing_is_mad
     assert str(err.value) == (f"job 33.1 has no slots on this host ({short_hostname()}); "
                               "its hosts: n-other-1, n-other-2")
     assert not backend.exists(job.key)
+
+
+def test_cpus_kept_for_the_nodes_daemons_are_never_given_to_a_job(
+        backend: V1Backend, children: list[int], tmp_path: Path) -> None:
+    """Given [cgroup] cpus_reserve naming one of the GECO parent's cpus, then a job gets
+    another one, and when only reserved cpus are left, the next job is refused (its
+    cores unavailable) with nothing of it made."""
+    from geco.errors import CoresUnavailable
+    from geco.topology import format_cpulist, parse_cpulist
+
+    cpus = sorted(parse_cpulist(backend.available_cpus()))
+    if len(cpus) < 2:
+        pytest.skip("the GECO parent has fewer than 2 cpus")
+    kept = format_cpulist(cpus[:-1])
+    job, cfg = spooled(tmp_path, 41, NodeResources(short_hostname(), slots=1))
+    cfg = cfg._replace(cpus_reserve=kept)
+    made = contain_job(job, cfg, backend, pid=Child(lambda _: None, children).pid)
+    assert made.limits.cpus == str(cpus[-1])
+
+    other, _ = spooled(tmp_path, 42, NodeResources(short_hostname(), slots=1))
+    with pytest.raises(CoresUnavailable):
+        contain_job(other, cfg, backend, pid=Child(lambda _: None, children).pid)
+    assert not backend.exists(other.key)

@@ -95,3 +95,29 @@ def test_the_site_file_is_parsed_once_and_read_again_from_roots_cache(
     assert (config.load(site).cgroup_name, len(parsed)) == ("OTHER", 2)
     os.chown(kept, 65534, 65534)  # a copy root did not write (or a user replaced)
     assert (config.load(site).cgroup_name, len(parsed)) == ("OTHER", 3)
+
+
+def test_the_gpu_section_and_the_cpus_reserve_are_read(tmp_path: Path,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """Given [gpu] and [cgroup] cpus_reserve, then they are read (the cpu list made canonical);
+    a relative device path, an unknown consumable and a cpu list that is not one are each
+    logged and their default kept."""
+    path = tmp_path / "geco.toml"
+    path.write_text('[gpu]\ncomplex = "nvidia_gpu"\nconsumable = "job"\n'
+                    'devices = ["/dev/nvidia1", "/dev/nvidia0"]\n[cgroup]\ncpus_reserve = "1,0"\n')
+    cfg = config.load(path)
+    assert (cfg.gpu_complex, cfg.gpu_consumable, cfg.gpu_devices, cfg.cpus_reserve) == (
+        "nvidia_gpu", "job", ("/dev/nvidia1", "/dev/nvidia0"), "0-1")
+    path.write_text('[gpu]\nconsumable = "node"\ndevices = ["nvidia0"]\n'
+                    '[cgroup]\ncpus_reserve = "0 1"\n')
+    with caplog.at_level(logging.WARNING, logger="geco.config"):
+        cfg = config.load(path)
+    assert (cfg.gpu_consumable, cfg.gpu_devices, cfg.cpus_reserve) == ("slot", (), "")
+    assert caplog.messages == [
+        f"config {path}: gpu.consumable must be one of slot, job, got 'node'; using the "
+        "default 'slot'",
+        f"config {path}: gpu.devices must be a list of absolute paths, got ['nvidia0']; "
+        "using the default ()",
+        f"config {path}: cgroup.cpus_reserve must be a cpu list such as \"0\" or \"0-1,8\" "
+        "(\"\" = none), got '0 1'; using the default ''",
+    ]

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from geco.config import Config
 from geco.errors import JobNotFound, QstatError, QstatParseError
+from geco.gpus import GpuComplex
 from geco.resourceset import NodeResources, ResourceSet
 from geco.sge.pe_hostfile import Placement, parse_pe_hostfile
 from geco.sge.qstat import (
@@ -555,8 +556,9 @@ def test_uge_granted_list_gives_hosts_slots_gpus_and_phis() -> None:
     """
     xml = uge_xml(requests=UGE_REQUESTS, gdil=UGE_GDIL,
                   grl=grl("n001", "m_mem_free", "12.000G") + grl("n002", "m_mem_free", "4G")
-                  + grl("n001", "nvidia_gpu", "0,1") + grl("n002", "intel_phi", "mic0"))
-    rs = parse_job(xml, 1, [Placement("elsewhere", 9, True)], job_id=77)
+                  + grl("n001", "nvidia_gpu", "0 1") + grl("n002", "intel_phi", "mic0"))
+    rs = parse_job(xml, 1, [Placement("elsewhere", 9, True)], job_id=77,
+                   gpu=GpuComplex("nvidia_gpu"))
     assert (rs.owner, rs.group, rs.job_name, rs.cwd, rs.is_array) == (
         "alice", "users", "mpi-run", "/home/alice/run", False)
     assert rs.per_slot_vmem == 3 * G
@@ -582,7 +584,7 @@ def test_uge_granted_m_mem_free_is_the_hosts_total_taken_as_is() -> None:
 def test_ocs_granted_amount_and_resource_map_ids_are_read_too() -> None:
     ocs = ("<element><GRU_type>1</GRU_type><GRU_name>m_mem_free</GRU_name>"
            "<GRU_amount>8589934592.000000</GRU_amount><GRU_host>n001</GRU_host></element>"
-           "<element><GRU_type>2</GRU_type><GRU_name>nvidia_gpu</GRU_name>"
+           "<element><GRU_type>2</GRU_type><GRU_name>gpu</GRU_name>"
            "<GRU_amount>2.000000</GRU_amount><GRU_resource_map_list>"
            "<element><RESL_value>2</RESL_value><RESL_amount>1</RESL_amount></element>"
            "<element><RESL_value>3</RESL_value><RESL_amount>1</RESL_amount></element>"
@@ -981,3 +983,47 @@ def test_fetch_given_uge_granted_hosts_then_no_placement_call(tmp_path: Path) ->
                                                                  ("n002", 2, True)]
     assert calls(tmp_path) == ["-xml -j 77"]
 
+
+
+# ---------------------------------------------------------------------------
+# GPUs: Grid Engine's grant ([gpu] complex), ids or a count
+
+
+def soge_gpu_request(count: str) -> bytes:
+    """The combined fixture (2 slots on vm, -pe smp 2) with a SoGE request -l gpu=<count>."""
+    request = (f"<qstat_l_requests><CE_name>gpu</CE_name><CE_valtype>1</CE_valtype>"
+               f"<CE_stringval>{count}</CE_stringval><CE_doubleval>{count}</CE_doubleval>"
+               "<CE_consumable>1</CE_consumable></qstat_l_requests>")
+    return job_xml("combined").replace(b"<JB_hard_resource_list>",
+                                       b"<JB_hard_resource_list>" + request.encode(), 1)
+
+
+@pytest.mark.parametrize(("per", "placement", "shares"), [
+    ("slot", [Placement("vm", 2, True)], ["count:2"]),
+    ("slot", [Placement("vm", 2, True), Placement("n2", 3, False)], ["count:2", "count:3"]),
+    ("job", [Placement("vm", 2, True), Placement("n2", 3, False)], ["count:1", ""]),
+])
+def test_soge_counts_gpus_per_slot_or_per_job_and_geco_picks_the_ids(
+        per: str, placement: list[Placement], shares: list[str]) -> None:
+    """Given Son of Grid Engine's INT consumable (no ids), then each node's GPU list is the
+    count it booked there: the request x its slots (consumable YES), or the request on the
+    master node only (consumable JOB)."""
+    rs = parse_job(soge_gpu_request("1"), 1, placement, gpu=GpuComplex("gpu", per))
+    assert [n.gpus for n in rs.nodes] == shares
+
+
+def test_a_job_that_requests_no_gpu_has_an_empty_gpu_list() -> None:
+    assert [n.gpus for n in parsed("combined", 1).nodes] == [""]
+
+
+@pytest.mark.parametrize("count", ["-1", "1.5", "1e9"])
+def test_a_gpu_request_that_is_not_a_count_names_the_request(count: str) -> None:
+    with pytest.raises(QstatParseError) as info:
+        parse_job(soge_gpu_request(count), 1, VM1)
+    assert str(info.value).startswith("request gpu must be a whole number of GPUs (0-4096), ")
+
+
+def test_a_complex_of_another_name_is_not_counted() -> None:
+    """Given -l gpu=1 but [gpu] complex = "nvidia_gpu", then the job has no GPUs."""
+    rs = parse_job(soge_gpu_request("1"), 1, VM1, gpu=GpuComplex("nvidia_gpu"))
+    assert rs.nodes[0].gpus == ""

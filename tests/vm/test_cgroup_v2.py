@@ -44,6 +44,7 @@ from cgroup_testkit import (
     eventually,
     fork_forever,
     forked_children,
+    gpu_story,
     parent_name,
     parse_list,
     read,
@@ -362,3 +363,12 @@ def test_given_a_process_in_a_frozen_sub_cgroup_when_torn_down_then_v2_still_kil
     assert result.accounting.cpu_user is not None
     assert child.wait() == -signal.SIGKILL
     assert not backend.paths("18.1")["memory"].exists()
+
+
+# -- devices: the GPUs a job was not granted ---------------------------------------
+
+
+def test_given_two_gpus_when_jobs_are_granted_one_each_then_each_opens_only_its_own(
+        backend: V2Backend, children: list[int], tmp_path: Path) -> None:
+    """Through contain_job, with a BPF device program per job (cgroup_testkit.gpu_story)."""
+    gpu_story(backend, children, tmp_path)

@@ -1,0 +1,248 @@
+"""A node's GPUs and each job's share of them.
+
+A GPU's **id** on a node is its index in PCI bus order: the number ``nvidia-smi`` shows,
+the one CUDA uses under ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, and the one admins write in a
+Grid Engine RSMAP (``gpu=2(0 1)``). Its device is ``/dev/nvidia<minor>``, and the minor
+is *not* the id: the driver numbers devices as it probes them. The node's
+:class:`Gpu` table maps one to the other; it comes from the driver
+(``/proc/driver/nvidia/gpus/<bus>/information``, "Device Minor"), else from
+``[gpu] devices`` (device files in id order), else from the ``/dev/nvidia<N>`` files
+present (in minor order: without the driver's table nothing better is known).
+
+A job's share on a node travels in its resource set's per-node GPU list (the seed's
+``s#:`` field), in one of two forms:
+
+* ``"1,3"``: the ids Grid Engine granted (RSMAP: UGE, Altair, OCS) or geco picked;
+* ``"count:2"``: how many Grid Engine counted (Son of Grid Engine's INT consumable),
+  ids not yet picked. :func:`pick` chooses them under the node lock, among the GPUs no
+  other running job holds, nearest the job's cores first; the ids then replace the
+  count in this node's resource file, so the picture is rebuilt from the running
+  jobs' files after any restart.
+
+The kernel keeps a job off every GPU of the node it was not granted (cgroup v1
+``devices.deny``, a v2 device program): only those minors are denied, so ordinary
+devices and the shared control devices (``nvidiactl``, ``nvidia-uvm``) stay open.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from geco._tuple import NamedTuple
+from geco.errors import GecoError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from geco.config import Config
+    from geco.jobkey import JobKey
+
+__all__ = ["COUNT_PREFIX", "Gpu", "GpuComplex", "GpusUnavailable", "check_granted", "denied",
+           "environment", "format_ids", "job_environment", "node_table", "parse_share",
+           "pick"]
+
+COUNT_PREFIX = "count:"
+# NVIDIA's character major for /dev/nvidia<N> and nvidiactl (fixed by the driver)
+_NVIDIA_MAJOR = 195
+_DEV_NAME = re.compile(r"nvidia(\d+)")
+
+
+class GpusUnavailable(GecoError):
+    """Fewer GPUs are free on this node than the job was granted here."""
+
+
+class GpuComplex(NamedTuple):
+    """The Grid Engine complex that grants GPUs (``[gpu] complex`` and ``consumable``).
+
+    Attributes
+    ----------
+    name: the complex (an RSMAP, or Son of Grid Engine's INT consumable).
+    per: ``slot`` (consumable YES: the request x the job's slots on a node) or ``job``
+        (consumable JOB: the request, booked on the master node).
+    """
+
+    name: str = "gpu"
+    per: str = "slot"
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> GpuComplex:
+        """The complex the configuration names."""
+        return cls(cfg.gpu_complex, cfg.gpu_consumable)
+
+
+class Gpu(NamedTuple):
+    """One GPU of this node.
+
+    Attributes
+    ----------
+    id: its index in PCI bus order (what Grid Engine, nvidia-smi and CUDA call it).
+    path: its device file (``/dev/nvidia3``).
+    major, minor: the device numbers the kernel checks.
+    numa: the NUMA node of its PCI slot, -1 when unknown.
+    """
+
+    id: int
+    path: str
+    major: int
+    minor: int
+    numa: int = -1
+
+
+def node_table(devices: Sequence[str] = (), *, proc: Path = Path("/proc"),
+               sys: Path = Path("/sys"), dev: Path = Path("/dev")) -> tuple[Gpu, ...]:
+    """This node's GPUs in id order; empty on a node without any.
+
+    Parameters
+    ----------
+    devices: ``[gpu] devices``: device files in id order; empty = ask the driver, else
+        the ``/dev/nvidia<N>`` files present.
+
+    Raises
+    ------
+    GecoError
+        when a configured device is missing or not a character device.
+    """
+    if devices:
+        return tuple(_from_file(i, path) for i, path in enumerate(devices))
+    driver = _from_driver(proc / "driver/nvidia/gpus", sys, dev)
+    if driver:
+        return driver
+    try:
+        names = [m for n in os.listdir(dev) if (m := _DEV_NAME.fullmatch(n))]
+    except OSError:
+        return ()
+    names.sort(key=lambda m: int(m[1]))
+    return tuple(_from_file(i, str(dev / m[0])) for i, m in enumerate(names))
+
+
+def _from_file(gpu_id: int, path: str) -> Gpu:
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise GecoError.from_oserror("cannot use the GPU device in [gpu] devices", exc,
+                                     path=path) from exc
+    if not stat.S_ISCHR(st.st_mode):
+        raise GecoError("a GPU in [gpu] devices must be a character device", path=path)
+    return Gpu(gpu_id, path, os.major(st.st_rdev), os.minor(st.st_rdev))
+
+
+def _from_driver(gpus_dir: Path, sys: Path, dev: Path) -> tuple[Gpu, ...]:
+    """The driver's table: one ``<pci bus id>/information`` per GPU, with its minor."""
+    try:
+        buses = sorted(os.listdir(gpus_dir))
+    except OSError:
+        return ()
+    table: list[Gpu] = []
+    for bus in buses:
+        try:
+            info = (gpus_dir / bus / "information").read_text(errors="replace")
+        except OSError:
+            continue
+        found = re.search(r"^Device Minor:\s*(\d+)", info, re.MULTILINE)
+        if found is None:
+            continue
+        minor = int(found[1])
+        try:
+            numa = int((sys / "bus/pci/devices" / bus.lower() / "numa_node").read_text())
+        except (OSError, ValueError):
+            numa = -1
+        table.append(Gpu(len(table), str(dev / f"nvidia{minor}"), _NVIDIA_MAJOR, minor, numa))
+    return tuple(table)
+
+
+def parse_share(text: str) -> tuple[int, tuple[int, ...]]:
+    """A node record's GPU list as (how many, which ids); ids are () while unpicked.
+
+    ``""`` -> (0, ()); ``"count:2"`` -> (2, ()); ``"1,3"`` or ``"1 3"`` (Grid Engine's
+    ``SGE_HGR_<name>`` separates with spaces) -> (2, (1, 3)).
+
+    Raises
+    ------
+    GecoError
+        when the list is neither (the error names it).
+    """
+    text = text.strip()
+    if not text:
+        return 0, ()
+    if text.startswith(COUNT_PREFIX):
+        count = text[len(COUNT_PREFIX):]
+        if not count.isdigit():
+            raise GecoError(f"a GPU count must be a whole number, got {text!r}")
+        return int(count), ()
+    items = text.replace(",", " ").split()
+    if not all(i.isdigit() for i in items):
+        raise GecoError(f"a GPU list must be ids in PCI bus order such as 0,1, got {text!r}")
+    ids = tuple(sorted({int(i) for i in items}))
+    return len(ids), ids
+
+
+def format_ids(ids: Iterable[int]) -> str:
+    """Ids as the resource set and ``GECO_GPUS`` write them: ``"1,3"``."""
+    return ",".join(str(i) for i in sorted(ids))
+
+
+def pick(table: Sequence[Gpu], count: int, busy: Iterable[int],
+         near: Iterable[int] = ()) -> tuple[int, ...]:
+    """Choose ``count`` free GPUs: those on the job's NUMA nodes (``near``) first, then
+    the lowest ids (the caller holds the node lock from reading ``busy`` until the ids
+    are recorded).
+
+    Raises
+    ------
+    GpusUnavailable
+        when fewer than ``count`` are free.
+    """
+    taken, local = set(busy), set(near)
+    free = [g for g in table if g.id not in taken]
+    if len(free) < count:
+        raise GpusUnavailable(f"the job needs {count} GPU(s) here, but only {len(free)} of "
+                              f"this node's {len(table)} are free")
+    free.sort(key=lambda g: (g.numa not in local, g.id))
+    return tuple(sorted(g.id for g in free[:count]))
+
+
+def check_granted(table: Sequence[Gpu], ids: Iterable[int]) -> None:
+    """Raise GecoError when a granted id is not a GPU of this node's table."""
+    known = {g.id for g in table}
+    unknown = sorted(set(ids) - known)
+    if unknown:
+        raise GecoError(f"the job was granted GPU {format_ids(unknown)}, which this node "
+                        f"does not have (its GPUs: {format_ids(known) or 'none'}; see "
+                        "[gpu] devices)")
+
+
+def denied(table: Sequence[Gpu], ids: Iterable[int]) -> list[tuple[str, int, int]]:
+    """The devices a job granted ``ids`` may not open: every other GPU of the node."""
+    mine = set(ids)
+    return [("c", g.major, g.minor) for g in table if g.id not in mine]
+
+
+def job_environment(cfg: Config, key: JobKey, hostname: str | None = None) -> dict[str, str]:
+    """:func:`environment` for a running job, from its resource file ({} on a node without
+    GPUs: there the job is told nothing about them; no ids on record: it has none)."""
+    if not node_table(cfg.gpu_devices):
+        return {}
+    from geco.sge import resourcefile  # only on a GPU node
+
+    try:
+        rs = resourcefile.read(cfg.resources_dir, key)
+        node = rs.node(hostname) if rs is not None else None
+        ids = parse_share(node.gpus)[1] if node is not None else ()
+    except GecoError:
+        ids = ()
+    return environment(ids)
+
+
+def environment(ids: Sequence[int]) -> dict[str, str]:
+    """What a job on a GPU node is told: ``GECO_GPUS`` (the node's ids) and the CUDA view.
+
+    The kernel lets the job open its GPUs only, and CUDA numbers the GPUs it can open
+    from 0 in PCI bus order, so ``CUDA_VISIBLE_DEVICES`` is ``0..n-1`` (Slurm's
+    ConstrainDevices does the same); ``""`` hides every GPU from a job granted none.
+    """
+    return {"GECO_GPUS": format_ids(ids),
+            "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(len(ids))),
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}

@@ -1,0 +1,76 @@
+"""What this node gives jobs: the resource picture ``geco check`` prints.
+
+One line each for the cores jobs are bound to (the GECO parent's less ``[cgroup]
+cpus_reserve``), the memory all jobs together may use (the RAM less ``[cgroup]
+memory_reserve``), the default for a job that requests no memory, and the GPUs with
+their devices, so an admin sees at a glance what a job here can get and what it can
+never get, as the configuration and the kernel say it.
+"""
+
+from __future__ import annotations
+
+import os
+
+from geco import gpus
+from geco.cgroup import Backend
+from geco.config import Config
+from geco.containment import jobs_memory
+from geco.errors import GecoError
+from geco.topology import format_cpulist, parse_cpulist
+from geco.units import format_memory
+
+__all__ = ["lines"]
+
+
+def lines(cfg: Config, backend: Backend) -> list[tuple[str, str]]:
+    """``(what, text)`` for cores, memory, the default and the GPUs."""
+    return [("cores", _cores(cfg, backend)), ("memory", _memory(cfg)),
+            ("default", _default(cfg)), ("gpus", _gpus(cfg))]
+
+
+def _cores(cfg: Config, backend: Backend) -> str:
+    try:
+        parent = parse_cpulist(backend.available_cpus())
+    except GecoError:  # no job has run yet: the GECO parent gets the root's cpus then
+        parent = frozenset(os.sched_getaffinity(0))
+    reserved = parse_cpulist(cfg.cpus_reserve) & parent
+    jobs = parent - reserved
+    kept = (f"cpus {format_cpulist(reserved)} kept for the node's daemons ([cgroup] "
+            "cpus_reserve)") if reserved else "none kept back ([cgroup] cpus_reserve)"
+    return f"cpus {format_cpulist(jobs) or 'none'} for jobs ({len(jobs)}); {kept}"
+
+
+def _memory(cfg: Config) -> str:
+    ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if not cfg.memory_reserve:
+        return (f"all jobs together may use the node's RAM, {format_memory(ram)}; none "
+                "kept back ([cgroup] memory_reserve)")
+    return (f"all jobs together may use {format_memory(jobs_memory(cfg.memory_reserve))}: "
+            f"the node's RAM, {format_memory(ram)}, less {format_memory(cfg.memory_reserve)} "
+            "kept for its daemons ([cgroup] memory_reserve)")
+
+
+def _default(cfg: Config) -> str:
+    if not (cfg.memory_per_slot or cfg.vmem_per_slot):
+        return ("a job that requests no memory runs with no memory limit ([cgroup] "
+                "memory_per_slot, vmem_per_slot)")
+    return (f"a job that requests no memory gets RAM {_per_slot(cfg.memory_per_slot)}, "
+            f"RAM+swap {_per_slot(cfg.vmem_per_slot)} ([cgroup] memory_per_slot, "
+            "vmem_per_slot)")
+
+
+def _per_slot(n: int) -> str:
+    return f"{format_memory(n)} per slot" if n else "unlimited"
+
+
+def _gpus(cfg: Config) -> str:
+    try:
+        table = gpus.node_table(cfg.gpu_devices)
+    except GecoError as exc:
+        return f"unusable: {exc}"
+    if not table:
+        return "none (no NVIDIA driver table, /dev/nvidia<N> or [gpu] devices)"
+    listed = ", ".join(f"{g.id} = {g.path} (c {g.major}:{g.minor}"
+                       f"{f', NUMA {g.numa}' if g.numa >= 0 else ''})" for g in table)
+    return (f"{len(table)}, each job opens only those Grid Engine granted it "
+            f"([gpu] complex {cfg.gpu_complex}): {listed}")

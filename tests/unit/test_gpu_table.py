@@ -1,0 +1,164 @@
+"""A node's GPU table, a job's share of it, the pick and what the job is told (geco.gpus).
+
+The driver's table is read from a recorded ``/proc/driver/nvidia/gpus`` layout (one
+``<pci bus id>/information`` per GPU, "Device Minor: N") whose minors are not the ids,
+as the driver may number them; device files are made with mknod where the table is
+read from ``/dev`` or from ``[gpu] devices``. The Grid Engine side (RSMAP ids in qstat,
+``SGE_HGR_<name>``) is in test_qstat.py and below.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from geco import gpus
+from geco.errors import GecoError
+from geco.gpus import Gpu, GpusUnavailable
+from geco.sge import lookup
+from geco.sge.execd import JobRef
+
+# the "information" file as the driver prints it (trimmed)
+INFORMATION = """Model: \t\t NVIDIA A100-SXM4-40GB
+IRQ:   \t\t 180
+GPU UUID: \t GPU-3b1c1a3e-0000-0000-0000-000000000000
+Video BIOS: \t 92.00.25.00.08
+Bus Type: \t PCIe
+DMA Size: \t 47 bits
+DMA Mask: \t 0x7fffffffffff
+Bus Location: \t {bus}
+Device Minor: \t {minor}
+GPU Excluded:\t No
+"""
+
+
+def driver_tree(root: Path, gpus_by_bus: dict[str, tuple[int, int]]) -> tuple[Path, Path]:
+    """``proc`` and ``sys`` trees with the given ``bus: (minor, numa)`` GPUs."""
+    proc, sys = root / "proc", root / "sys"
+    for bus, (minor, numa) in gpus_by_bus.items():
+        d = proc / "driver/nvidia/gpus" / bus
+        d.mkdir(parents=True)
+        (d / "information").write_text(INFORMATION.format(bus=bus, minor=minor))
+        pci = sys / "bus/pci/devices" / bus.lower()
+        pci.mkdir(parents=True)
+        (pci / "numa_node").write_text(f"{numa}\n")
+    return proc, sys
+
+
+def test_the_drivers_table_gives_ids_in_pci_bus_order_and_each_ones_minor(
+        tmp_path: Path) -> None:
+    """Given four GPUs whose minors the driver gave out of bus order, then the ids follow
+    the bus order (nvidia-smi's index, CUDA's under PCI_BUS_ID) and map to those minors."""
+    proc, sys = driver_tree(tmp_path, {"0000:C1:00.0": (0, 1), "0000:07:00.0": (2, 0),
+                                       "0000:81:00.0": (1, 1), "0000:0F:00.0": (3, 0)})
+    table = gpus.node_table(proc=proc, sys=sys, dev=Path("/dev"))
+    assert table == (Gpu(0, "/dev/nvidia2", 195, 2, 0), Gpu(1, "/dev/nvidia3", 195, 3, 0),
+                     Gpu(2, "/dev/nvidia1", 195, 1, 1), Gpu(3, "/dev/nvidia0", 195, 0, 1))
+
+
+def test_without_the_driver_the_dev_files_are_the_table_in_minor_order(tmp_path: Path) -> None:
+    for name, minor in (("nvidia1", 1), ("nvidia0", 0), ("nvidiactl", 255), ("nvidia10", 10)):
+        os.mknod(tmp_path / name, 0o600 | stat.S_IFCHR, os.makedev(195, minor))
+    table = gpus.node_table(proc=tmp_path / "none", sys=tmp_path, dev=tmp_path)
+    assert [(g.id, g.minor) for g in table] == [(0, 0), (1, 1), (2, 10)]
+
+
+def test_a_node_without_gpus_has_an_empty_table(tmp_path: Path) -> None:
+    assert gpus.node_table(proc=tmp_path, sys=tmp_path, dev=tmp_path) == ()
+
+
+def test_configured_devices_are_ids_in_order_with_the_minors_they_really_have(
+        tmp_path: Path) -> None:
+    """Given [gpu] devices listing files whose minors are crossed, then id 0 is the first
+    file with its own minor (nothing assumed from the name)."""
+    for name, minor in (("a", 1), ("b", 0)):
+        os.mknod(tmp_path / name, 0o600 | stat.S_IFCHR, os.makedev(195, minor))
+    table = gpus.node_table([str(tmp_path / "a"), str(tmp_path / "b")])
+    assert [(g.id, g.minor) for g in table] == [(0, 1), (1, 0)]
+    assert gpus.denied(table, [0]) == [("c", 195, 0)]
+
+
+def test_a_configured_device_that_is_not_a_character_device_is_named(tmp_path: Path) -> None:
+    (tmp_path / "plain").write_text("")
+    with pytest.raises(GecoError) as info:
+        gpus.node_table([str(tmp_path / "plain")])
+    assert str(info.value) == ("a GPU in [gpu] devices must be a character device "
+                               f"(path={tmp_path / 'plain'})")
+    with pytest.raises(GecoError) as info:
+        gpus.node_table([str(tmp_path / "missing")])
+    assert str(info.value).startswith("cannot use the GPU device in [gpu] devices: No such ")
+
+
+@pytest.mark.parametrize(("text", "share"), [
+    ("", (0, ())), ("count:2", (2, ())), ("1,3", (2, (1, 3))), ("3 1", (2, (1, 3))),
+    (" 0 ", (1, (0,))), ("count:0", (0, ())),
+])
+def test_a_node_records_gpu_list_is_ids_or_a_count(text: str, share: tuple[int, tuple[int, ...]]
+                                                  ) -> None:
+    assert gpus.parse_share(text) == share
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("count:two", "a GPU count must be a whole number, got 'count:two'"),
+    ("gpu0,gpu1", "a GPU list must be ids in PCI bus order such as 0,1, got 'gpu0,gpu1'"),
+    ("-1", "a GPU list must be ids in PCI bus order such as 0,1, got '-1'"),
+])
+def test_a_gpu_list_of_anything_else_is_named(text: str, message: str) -> None:
+    with pytest.raises(GecoError) as info:
+        gpus.parse_share(text)
+    assert str(info.value) == message
+
+
+TWO_SOCKETS = tuple(Gpu(i, f"/dev/nvidia{i}", 195, i, i // 4) for i in range(8))
+
+
+def test_the_pick_prefers_gpus_on_the_jobs_numa_nodes_then_the_lowest_ids() -> None:
+    assert gpus.pick(TWO_SOCKETS, 2, busy=[], near=[1]) == (4, 5)
+    assert gpus.pick(TWO_SOCKETS, 2, busy=[4, 5, 6], near=[1]) == (0, 7)
+    assert gpus.pick(TWO_SOCKETS, 3, busy=[0], near=[]) == (1, 2, 3)
+    assert gpus.pick(TWO_SOCKETS, 0, busy=range(8)) == ()
+
+
+def test_a_pick_beyond_the_free_gpus_says_how_many_are_free() -> None:
+    with pytest.raises(GpusUnavailable) as info:
+        gpus.pick(TWO_SOCKETS, 3, busy=range(6))
+    assert str(info.value) == ("the job needs 3 GPU(s) here, but only 2 of this node's 8 "
+                               "are free")
+
+
+def test_a_granted_id_the_node_lacks_is_named() -> None:
+    gpus.check_granted(TWO_SOCKETS, (0, 7))
+    with pytest.raises(GecoError) as info:
+        gpus.check_granted(TWO_SOCKETS[:2], (1, 3))
+    assert str(info.value) == ("the job was granted GPU 3, which this node does not have "
+                               "(its GPUs: 0,1; see [gpu] devices)")
+
+
+def test_the_job_is_told_its_node_ids_and_cuda_counts_its_own_from_zero() -> None:
+    """SGE_HGR_gpu="1 3" (or RSMAP gpu=2(1 3)) -> CUDA_VISIBLE_DEVICES=0,1: the job's cgroup
+    lets CUDA open only those two, which it numbers from 0 in PCI bus order."""
+    assert gpus.environment(gpus.parse_share("1 3")[1]) == {
+        "GECO_GPUS": "1,3", "CUDA_VISIBLE_DEVICES": "0,1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    assert gpus.environment(()) == {"GECO_GPUS": "", "CUDA_VISIBLE_DEVICES": "",
+                                    "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
+@pytest.mark.parametrize(("hgr", "gpus_here"), [
+    ("SGE_HGR_gpu=1 3\n", "1,3"), ("", ""), ("SGE_HGR_gpu=gpu0\n", ""),
+    ("SGE_HGR_other=2\n", ""),
+])
+def test_without_qstat_the_master_node_takes_the_ids_from_sge_hgr(
+        tmp_path: Path, hgr: str, gpus_here: str) -> None:
+    """Given a job's spool (the qmaster unreachable, [qstat] run_without_memory_limits),
+    then the master node's GPUs are the ids Grid Engine put in SGE_HGR_<complex>, a slave
+    has none, and ids that are not numbers give none (never a guess)."""
+    spool = tmp_path / "7.1"
+    spool.mkdir()
+    (spool / "config").write_text("job_owner=alice\njob_name=gpu\n")
+    (spool / "pe_hostfile").write_text("n1 2 all.q@n1 UNDEFINED\nn2 1 all.q@n2 UNDEFINED\n")
+    (spool / "environment").write_text(f"JOB_ID=7\n{hgr}")
+    rs = lookup.from_spool(JobRef(7, 1, spool))
+    assert [n.gpus for n in rs.nodes] == [gpus_here, ""]
