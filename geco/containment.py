@@ -92,8 +92,10 @@ class MemoryDefault(NamedTuple):
 
     Attributes
     ----------
-    per_slot: config ``[cgroup] memory_per_slot``, bytes.
-    vmem_per_slot: config ``[cgroup] vmem_per_slot``, bytes.
+    per_slot: config ``[cgroup] memory_per_slot``, else Grid Engine's ``m_mem_free``
+        default (:mod:`geco.sge.complexes`), bytes.
+    vmem_per_slot: config ``[cgroup] vmem_per_slot``, else Grid Engine's ``h_vmem``
+        default, bytes.
     """
 
     per_slot: int = 0
@@ -103,6 +105,20 @@ class MemoryDefault(NamedTuple):
     def from_config(cls, cfg: Config) -> MemoryDefault:
         """The default the configuration sets."""
         return cls(cfg.memory_per_slot, cfg.vmem_per_slot)
+
+    @classmethod
+    def for_node(cls, cfg: Config, node: NodeResources) -> MemoryDefault:
+        """The default for ``node`` (a job's share of this host): the configuration's, and
+        where it sets none, the complex's default Grid Engine booked for the job (asked
+        only for a job that requests no memory)."""
+        rule = cls.from_config(cfg)
+        if (node.memory_limit or node.vmem_limit) or (rule.per_slot and rule.vmem_per_slot):
+            return rule
+        from geco.sge import complexes  # only for a job that requests no memory
+
+        booked = complexes.memory_defaults(cfg)
+        return cls(rule.per_slot or booked.get("m_mem_free", 0),
+                   rule.vmem_per_slot or booked.get("h_vmem", 0))
 
     def applies(self, node: NodeResources) -> bool:
         """True when ``node`` (a job's share of this host) gets the default."""
@@ -448,7 +464,7 @@ def contain_job(job: JobRef, cfg: Config, backend: Backend, *, pid: int | None,
     backend.ensure_root()
     if cfg.memory_reserve:
         backend.set_parent_memory(jobs_memory(cfg.memory_reserve))
-    node = MemoryDefault.from_config(cfg).applied(node)
+    node = MemoryDefault.for_node(cfg, node).applied(node)
     limits, created, gpu_ids = _contain(
         job.key, node, backend, state_dir=cfg.state_dir, pids=PidsLimit.from_config(cfg),
         pid=pid, hardware_threads=cfg.hardware_threads, reserved_cpus=cfg.cpus_reserve,

@@ -7,8 +7,6 @@ the job's, which its owner controls) and qstat's timeout.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from geco.config import Config
 from geco.errors import GecoError
 
@@ -35,7 +33,8 @@ def disable(instance: str, cfg: Config, qmod: str | None = None) -> str | None:
 
     try:
         env = siteenv.discover(cfg)
-        command = qstat.find_command(_command(cfg, qmod), env, what="qmod", remedy=_REMEDY)
+        command = qstat.find_command(qmod or qstat.beside_qstat(cfg, "qmod"), env,
+                                     what="qmod", remedy=_REMEDY)
         _, why, status = qstat.run_once([command, "-d", instance], cfg.qstat_timeout, env)
     except GecoError as exc:
         return str(exc)
@@ -43,11 +42,3 @@ def disable(instance: str, cfg: Config, qmod: str | None = None) -> str | None:
         return f"cannot execute it: {exc.strerror or exc}"
     return None if status == 0 else why
 
-
-def _command(cfg: Config, qmod: str | None) -> str:
-    """The qmod to run: the given one, else next to a fully given qstat, else ``qmod``."""
-    if qmod is not None:
-        return qmod
-    # a site that names /opt/sge/bin/lx-amd64/qstat has qmod in the same directory
-    configured = Path(cfg.qstat)
-    return str(configured.with_name("qmod")) if configured.is_absolute() else "qmod"

@@ -71,6 +71,7 @@ from geco.units import decimal_value, parse_memory, parse_time
 __all__ = [
     "MAX_XML",
     "TaskNotRunning",
+    "beside_qstat",
     "fetch",
     "find_command",
     "job_number",
@@ -642,6 +643,14 @@ def find_command(name: str, env: SgeEnv, *, what: str, remedy: str) -> str:
         raise QstatError(f"{what} command {name!r} not found in {env.path}; {remedy}",
                          command=name)
     return found
+
+
+def beside_qstat(config: Config, name: str) -> str:
+    """Another Grid Engine client (``qmod``, ``qconf``): next to a fully given qstat (a site
+    that names /opt/sge/bin/lx-amd64/qstat has them in the same directory), else ``name``
+    (looked up as :func:`find_command` does)."""
+    configured = Path(config.qstat)
+    return str(configured.with_name(name)) if configured.is_absolute() else name
 
 
 def _command(config: Config, env: SgeEnv) -> str:

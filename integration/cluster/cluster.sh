@@ -24,14 +24,17 @@
 #              state dir /var/lib/geco-test-node<k>, cgroup parent geco-test-node<k>,
 #              sockets /run/geco-test-node<k>/, strays off (every host sees every
 #              process: /proc is the machine's); the site's quarantine key, and one
-#              cluster key for all hosts (/run/geco-test-cluster/cluster.key, made by `up`)
+#              cluster key for all hosts (/run/geco-test-cluster/cluster.key, made by `up`);
+#              two GPUs, device nodes c 195:0 and 195:1 in /run/geco-test-cluster/dev
 #   qstat      a counting wrapper: each call appends "<host> <args>" to
-#              /run/geco-test-cluster/qstat.log, then runs Grid Engine's qstat
+#              /run/geco-test-cluster/qstat.log, then runs Grid Engine's qstat (and
+#              Grid Engine's qconf beside it)
 #   gecod      geco daemon in the namespace, pid in /run/geco-test-node<k>/gecod.pid
 #   cores      cpuset geco-test-node<k> made beforehand with core (k-1) mod ncores: on a
 #              machine with fewer cores than hosts, hosts share a core (to geco they are
 #              separate machines)
-# and the queue geco-test-cluster.q (1 slot per host, geco's prolog, epilog and starter)
+# and the queue geco-test-cluster.q (1 slot and 1 gpu per host, geco's prolog, epilog and
+# starter)
 # with the PE geco-test-cluster ($round_robin: a job of N slots gets one on each host).
 # `down` undoes all of it, also after an interrupted `up`; it ends only the processes
 # `up` started (by their pid files).
@@ -90,6 +93,9 @@ command = "$STATE/qstat"
 [cgroup]
 name = "geco-test-node$k"
 
+[gpu]
+devices = ["$STATE/dev/gpu0", "$STATE/dev/gpu1"]
+
 [log]
 trace_dir = "/var/log/geco-test-node$k/trace"
 
@@ -130,6 +136,13 @@ cluster_files() { # the cluster key all hosts share, and the counting qstat
     "echo \"\$(hostname) \$*\" >> $STATE/qstat.log" "exec $(command -v qstat) \"\$@\"" \
     > "$STATE/qstat"
   chmod 0755 "$STATE/qstat"
+  # geco takes qconf (Grid Engine's complex defaults) from beside the configured qstat
+  ln -sf "$(command -v qconf)" "$STATE/qconf"
+  # each host's two GPUs: device nodes with NVIDIA's numbers (no driver: the kernel answers
+  # ENXIO where a job's cgroup allows one, EPERM where it denies it)
+  install -d -m 0755 "$STATE/dev"
+  [ -c "$STATE/dev/gpu0" ] || mknod -m 0666 "$STATE/dev/gpu0" c 195 0
+  [ -c "$STATE/dev/gpu1" ] || mknod -m 0666 "$STATE/dev/gpu1" c 195 1
   touch "$STATE/qstat.log"
 }
 
@@ -186,7 +199,7 @@ queue_up() { # the hosts of the cluster, a queue (m_mem_free to book per host) a
   qconf -Ap "$f" >/dev/null 2>&1 || qconf -Mp "$f" >/dev/null
   qconf -sq all.q | sed -e "s/^qname .*/qname $QUEUE/" -e "s/^hostlist .*/hostlist ${hosts[*]}/" \
     -e 's/^slots .*/slots 1/' -e "s/^pe_list .*/pe_list $PE/" \
-    -e 's/^complex_values .*/complex_values m_mem_free=4G/' \
+    -e 's/^complex_values .*/complex_values m_mem_free=4G,gpu=1/' \
     -e "s|^prolog .*|prolog $HOOKS_PROLOG|" -e "s|^epilog .*|epilog $HOOKS_EPILOG|" \
     -e "s|^starter_method .*|starter_method $HOOKS_STARTER|" > "$f"
   qconf -Aq "$f" >/dev/null 2>&1 || qconf -Mq "$f" >/dev/null

@@ -65,3 +65,22 @@ def test_a_job_without_a_memory_request_gets_the_default_and_is_told_when_it_goe
                               "node gives a job that requests none, and the kernel stopped ")
     assert "(the node's default: 200M per slot x 1 slot)" in message
     assert "Resubmit with a memory request, for example -l m_mem_free=" in message
+
+
+def test_without_a_node_default_a_job_gets_grid_engines_complex_default(
+        sge: Any, gecod: Any, job_dir: Any, journal: Any) -> None:
+    """Given no [cgroup] memory default and the queue's h_vmem complex default of 2G
+    (integration/sge/setup.sh: a consumable with a default, which Grid Engine books for
+    every job that names none and qstat -j never lists), when a one-slot job requests no
+    memory, then it runs with RAM+swap (and so RAM) held to that 2G, is told so in
+    GECO_VMEM_LIMIT, and its job-contained record says a default applied."""
+    with kit.site_settings({("cgroup", "memory_per_slot"): 0, ("cgroup", "vmem_per_slot"): 0},
+                           gecod=gecod):
+        job = job_dir.submit("complexdefault", probe="")
+        [record] = sge.wait_finished(job, timeout=120)
+        [contained] = journal.wait_for(10, JOB_ID=str(job), GECO_EVENT="job-contained")
+    report = job_dir.reports("complexdefault", job)[0]
+    assert (record["exit_status"], record["failed"]) == ("0", "0")
+    assert int(report["memsw_limit"]) == int(report["memory_limit"]) == 2 << 30
+    assert report["env"]["GECO_VMEM_LIMIT"] == str(2 << 30)
+    assert (contained["MEMSW_LIMIT"], contained["MEMORY_DEFAULT"]) == (str(2 << 30), "yes")

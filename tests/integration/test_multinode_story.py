@@ -104,3 +104,41 @@ echo "task on geco-node2 ended with $?"
     assert relayed["PEER"].startswith("10.77.2.11:")
     assert end["JOB_OOM_KILLS"] == "1"
     assert json.loads(end["NODE_FIGURES"])["geco-node2"]["oom_kills"] == 1
+
+
+# run on every host of the job: its GPUs as it is told them and as the kernel lets it open
+GPU_TASK = """import errno, os, socket
+def verdict(path):
+    try:
+        os.close(os.open(path, os.O_RDWR))
+        return "open"
+    except OSError as exc:
+        return errno.errorcode[exc.errno]
+print("gpus", socket.gethostname(), os.environ.get("GECO_GPUS"),
+      os.environ.get("CUDA_VISIBLE_DEVICES"),
+      *(verdict(f"/run/geco-test-cluster/dev/gpu{i}") for i in (0, 1)))
+"""
+
+
+def test_every_host_of_a_parallel_job_gives_its_task_only_the_gpus_it_picked_there(
+        sge: Any, three_hosts: None, job_owner: Any) -> None:
+    """Given hosts with two GPUs each and a queue booking one per host (Son of Grid Engine's
+    count: geco picks the ids on each host from the state its master PREPAREd), when a
+    3-host job asks -l gpu=1 (one per slot), then every task, the master's and the two
+    `qrsh -inherit` ones, is told GPU 0 of its host (CUDA's 0) and opens it (ENXIO: no
+    driver) while the kernel refuses it the other (EPERM)."""
+    job, out = submit_pe(sge, job_owner, "story-gpus", f"""#!/bin/bash
+cat > gpus.py <<'EOF'
+{GPU_TASK}EOF
+python3 gpus.py
+for h in $(awk 'NR > 1 {{ print $1 }}' "$PE_HOSTFILE"); do
+  qrsh -inherit "$h" "cd $PWD && python3 gpus.py" &
+done
+wait
+""", "-l", "gpu=1")
+    [record] = sge.wait_finished(job, timeout=180)
+    text = (out / "out").read_text()
+    tasks = {line.split()[1]: line.split()[2:] for line in text.splitlines()
+             if line.startswith("gpus ")}
+    assert record["exit_status"] == "0", text
+    assert tasks == {h: ["0", "0", "ENXIO", "EPERM"] for h in HOSTS}, text

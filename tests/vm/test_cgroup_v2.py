@@ -372,3 +372,37 @@ def test_given_two_gpus_when_jobs_are_granted_one_each_then_each_opens_only_its_
         backend: V2Backend, children: list[int], tmp_path: Path) -> None:
     """Through contain_job, with a BPF device program per job (cgroup_testkit.gpu_story)."""
     gpu_story(backend, children, tmp_path)
+
+
+# -- the node's reserve ---------------------------------------------------------------
+
+
+def test_given_a_reserve_when_a_job_without_a_limit_touches_more_than_the_rest_then_it_is_killed(
+        backend: V2Backend, children: list[int]) -> None:
+    """Given the base held to 64 MiB (the node's RAM less the reserve, made small), when a
+    job with no limit of its own touches 200 MiB, then the kernel kills it at the base's
+    limit, while one that touches 16 MiB lives: the reserve covers every job below."""
+    backend.set_parent_memory(64 * MiB)
+    assert read(backend.base / "memory.max") == str(64 * MiB)
+    backend.create("9.1", Limits())
+    small_lives_big_dies(backend, "9.1", children, 16 * MiB, 200 * MiB)
+    assert backend.read_limits("9.1").memory == 0
+
+
+def test_given_memory_reserve_in_the_config_then_contain_job_holds_the_base_to_ram_less_it(
+        backend: V2Backend, children: list[int], tmp_path: Path) -> None:
+    """Through contain_job, as the prolog and gecod set it: the base's memory.max is the
+    node's RAM less [cgroup] memory_reserve, in whole pages."""
+    from geco.containment import contain_job
+    from geco.resourceset import NodeResources, ResourceSet
+    from geco.sge.execd import JobRef
+    from geco.sge.lookup import Found
+
+    reserve = 256 * MiB
+    cfg = Config(state_dir=tmp_path / "state", memory_reserve=reserve, pids_per_slot=0)
+    rs = ResourceSet(10, 1, owner="root", nodes=(NodeResources("here"),))
+    contain_job(JobRef(10, 1, None), cfg, backend, pid=Child(lambda _: None, children).pid,
+                found=Found(rs, "file", 0.0), hostname="here")
+    page = os.sysconf("SC_PAGE_SIZE")
+    ram = os.sysconf("SC_PHYS_PAGES") * page
+    assert int(read(backend.base / "memory.max")) == (ram - reserve) // page * page
