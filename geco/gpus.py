@@ -149,7 +149,13 @@ def _from_driver(gpus_dir: Path, sys: Path, dev: Path) -> tuple[Gpu, ...]:
             numa = int((sys / "bus/pci/devices" / bus.lower() / "numa_node").read_text())
         except (OSError, ValueError):
             numa = -1
-        table.append(Gpu(len(table), str(dev / f"nvidia{minor}"), _NVIDIA_MAJOR, minor, numa))
+        path = dev / f"nvidia{minor}"
+        try:  # the device file's own numbers where it exists (a driver may move the major)
+            rdev = os.stat(path).st_rdev
+            major, minor = os.major(rdev), os.minor(rdev)
+        except OSError:
+            major = _NVIDIA_MAJOR
+        table.append(Gpu(len(table), str(path), major, minor, numa))
     return tuple(table)
 
 

@@ -16,6 +16,7 @@ What is shown, and where it comes from:
   -- the same record the job-end journal entry gets;
 * processes: the pids in the job's cgroups with their ``comm``;
 * owner, job name and ``h_rt``: the resource file, when there is one;
+* GPUs (on a node with GPUs): this node's ids in the resource file;
 * running time: from the mtime of the job's spooled ``config`` (Grid Engine
   writes it when it starts the job), else of the resource file (the prolog's).
 """
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from geco import procfs
+from geco import gpus, procfs
 from geco.accounting import Accounting
 from geco.cgroup import Backend, check_key
 from geco.config import Config
@@ -84,6 +85,7 @@ class JobStatus:
     notes: things that could not be read, one sentence each.
     hosts: every host of the job as the resource file names them (this one included;
         more than one for a parallel job over several hosts), () when unknown.
+    gpus: its GPU ids on this node (``"1,3"``, "" = none); None on a node without GPUs.
     """
 
     key: JobKey
@@ -108,6 +110,7 @@ class JobStatus:
     runtime_limit: float
     notes: tuple[str, ...] = ()
     hosts: tuple[str, ...] = ()
+    gpus: str | None = None
 
     @property
     def accounting(self) -> Accounting:
@@ -222,7 +225,18 @@ def read(cfg: Config, backend: Backend, key: JobKey, *, now: float | None = None
         processes=tuple(Process(pid, procfs.comm(pid)) for pid in pids),
         running_for=None if started is None else max(0.0, now - started),
         runtime_limit=rs.runtime_limit if rs else 0.0, notes=tuple(notes),
-        hosts=tuple(n.name for n in rs.nodes) if rs else ())
+        hosts=tuple(n.name for n in rs.nodes) if rs else (), gpus=_gpus(cfg, rs))
+
+
+def _gpus(cfg: Config, rs: ResourceSet | None) -> str | None:
+    """The job's GPU ids here from its resource file; None on a node without GPUs."""
+    try:
+        if not gpus.node_table(cfg.gpu_devices):
+            return None
+        node = rs.node() if rs is not None else None
+        return gpus.format_ids(gpus.parse_share(node.gpus)[1]) if node is not None else ""
+    except GecoError:
+        return ""
 
 
 def format_duration(seconds: float) -> str:
@@ -313,6 +327,8 @@ def format_table(st: JobStatus, *, verbose: bool = False) -> str:
         ("tasks", _tasks(st)),
         ("processes", str(len(st.processes))),
     ]
+    if st.gpus is not None:
+        rows.insert(4, ("GPUs", st.gpus or "none"))
     if len(st.hosts) > 1:
         rows.insert(2, ("hosts", f"{len(st.hosts)}: {', '.join(st.hosts)}"))
     width = max(len(label) for label, _ in [*rows, ("running for", "")])
@@ -340,7 +356,7 @@ def to_dict(st: JobStatus) -> Mapping[str, object]:
         "pids_peak": st.pids_peak, "pids_refused": st.pids_refused,
         "processes": [{"pid": p.pid, "command": p.command} for p in st.processes],
         "running_for": st.running_for, "runtime_limit": st.runtime_limit,
-        "notes": list(st.notes), "hosts": list(st.hosts),
+        "notes": list(st.notes), "hosts": list(st.hosts), "gpus": st.gpus,
     }
 
 
@@ -369,7 +385,8 @@ def from_dict(doc: Mapping[str, Any]) -> JobStatus:
                             for p in doc["processes"]),
             running_for=_maybe(float, doc["running_for"]),
             runtime_limit=float(doc["runtime_limit"]),
-            notes=tuple(map(str, doc["notes"])), hosts=tuple(map(str, doc.get("hosts", ()))))
+            notes=tuple(map(str, doc["notes"])), hosts=tuple(map(str, doc.get("hosts", ()))),
+            gpus=_maybe(str, doc.get("gpus")))
     except (KeyError, TypeError, ValueError) as exc:
         raise GecoError(f"not a job status document: {type(exc).__name__}: {exc}") from None
 

@@ -23,6 +23,7 @@ import pytest
 from tests.integration import livekit as kit
 
 pytestmark = pytest.mark.sge
+GECO = "/opt/geco/venv/bin/geco"
 
 # the job's view: each device's open() verdict, /dev/null, and what it is told
 PROBE = """/usr/bin/python3 - <<'EOF'
@@ -128,10 +129,11 @@ def test_a_job_without_a_gpu_request_opens_no_gpu_and_the_restriction_ends_with_
     assert contained["GPUS"] == "0,1"
 
 
-def test_the_ids_go_into_the_jobs_resource_file(
+def test_the_ids_go_into_the_jobs_resource_file_and_geco_status(
         sge: Any, job_dir: Any, gpu_node: dict[str, str]) -> None:
     """Given a one-GPU job, while it runs its resource file's record for this node lists
-    the id geco picked (the seed's GPU list), as geco rsrcinfo shows it."""
+    the id geco picked (the seed's GPU list), geco rsrcinfo shows it on this node's line,
+    and geco status --job says it."""
     script = PROBE.format(names=gpu_node, barrier="") + "sleep 30\n"
     job = job_dir.submit("rsrc", "-l", "gpu=1", script=script)
     path = Path(f"/var/lib/geco/resources/{job}.1")
@@ -139,12 +141,18 @@ def test_the_ids_go_into_the_jobs_resource_file(
         kit.wait_until(lambda: _report_or_none(job_dir, job) is not None, 120,
                        "the job's report")
         text = path.read_text()
+        shown = subprocess.run([GECO, "rsrcinfo", "-u", str(path)], capture_output=True,
+                               text=True, check=True).stdout
+        status = json.loads(subprocess.run([GECO, "status", "--job", str(job), "--json"],
+                                           capture_output=True, text=True, check=True).stdout)
     finally:
         subprocess.run(["qdel", "-f", str(job)], capture_output=True, check=False)
         sge.wait_finished(job, timeout=60, accounting=False)
     picked = _report_or_none(job_dir, job)["env"]["GECO_GPUS"]
     assert picked in ("0", "1")
     assert f",s{len(picked)}:{picked},s0:}}" in text
+    assert f"gpus {picked}" in shown, shown
+    assert [j["gpus"] for j in status["jobs"]] == [picked], status
 
 
 def _report_or_none(job_dir: Any, job: int) -> Any:

@@ -200,6 +200,15 @@ def test_the_table_has_one_line_per_figure() -> None:
         ""]
 
 
+def test_on_a_gpu_node_the_table_names_the_jobs_gpus() -> None:
+    """Given a job on a node with GPUs, then a GPUs line follows the NUMA nodes: its ids, or
+    "none" for a job that was granted none (and so can open none)."""
+    assert format_table(dataclasses.replace(STATUS, gpus="1,3")).split("\n")[5] == \
+        "  GPUs         1,3"
+    assert format_table(dataclasses.replace(STATUS, gpus="")).split("\n")[5] == \
+        "  GPUs         none"
+
+
 def test_verbose_lists_each_process_under_the_count() -> None:
     lines = format_table(STATUS, verbose=True).split("\n")
     assert lines[10:14] == ["  processes    2",
@@ -260,7 +269,8 @@ def test_json_form_has_bytes_seconds_and_nulls() -> None:
         "pids_limit": 4096, "pids_current": 7, "pids_peak": 9, "pids_refused": 0,
         "processes": [{"pid": 101, "command": "sge_shepherd"},
                       {"pid": 20345, "command": "sim.sh"}],
-        "running_for": 3723.0, "runtime_limit": 7200.0, "notes": [], "hosts": []}
+        "running_for": 3723.0, "runtime_limit": 7200.0, "notes": [], "hosts": [],
+            "gpus": None}
 
 
 def test_another_hosts_json_form_reads_back_as_the_same_status() -> None:
@@ -269,6 +279,9 @@ def test_another_hosts_json_form_reads_back_as_the_same_status() -> None:
     st = dataclasses.replace(STATUS, cpu_user=None, memory_peak=None, notes=("x",),
                              hosts=("n001", "n002"))
     assert jobstatus.from_dict(json.loads(json.dumps(jobstatus.to_dict(st)))) == st
+    on_a_gpu_node = dataclasses.replace(STATUS, gpus="1,3")
+    assert jobstatus.from_dict(json.loads(json.dumps(jobstatus.to_dict(on_a_gpu_node)))) \
+        == on_a_gpu_node
     with pytest.raises(GecoError, match="not a job status document: KeyError: 'key'"):
         jobstatus.from_dict({"host": "n002"})
 
