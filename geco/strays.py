@@ -54,7 +54,7 @@ from pathlib import Path
 
 from geco import log, procfs
 from geco._tuple import NamedTuple
-from geco.cgroup import Backend, check_key
+from geco.cgroup import SYSTEMD_RUN, Backend, check_key
 from geco.cgroup._base import is_under
 from geco.cgroup._fs import proc_cgroups
 from geco.config import Config
@@ -435,10 +435,6 @@ def after_job(cfg: Config, backend: Backend, key: JobKey, owner: str | None, *,
 # ---------------------------------------------------------------------------
 
 
-# Exists when systemd is the init system (sd_booted(3)).
-_SYSTEMD_RUN = Path("/run/systemd/system")
-
-
 class Door(NamedTuple):
     """One way out of a job on this node, and whether it is open.
 
@@ -488,7 +484,7 @@ def _allow_list(path: Path) -> list[str] | None:
 
 def doors(cfg: Config, *, proc: Path = procfs.ROOT, etc: Path = Path("/etc"),
           linger: Path = Path("/var/lib/systemd/linger"),
-          systemd: Path = _SYSTEMD_RUN) -> list[Door]:
+          systemd: Path = SYSTEMD_RUN) -> list[Door]:
     """The doors out of a job on this node: atd, cron, systemd linger, sshd's PAM stack
     (:func:`geco.pamstack.sshd_gate`), systemd's own cgroup moves, and the stray killing.
 

@@ -36,6 +36,7 @@ from geco.errors import CgroupError
 
 __all__ = [
     "HOLDER",
+    "SYSTEMD_RUN",
     "Backend",
     "Hierarchy",
     "Limits",
@@ -51,6 +52,9 @@ __all__ = [
 ]
 
 _VERSIONS = ("auto", "1", "2")
+#: Exists when systemd is the init system (sd_booted(3)), whose units own cgroups geco
+#: must keep its jobs out of.
+SYSTEMD_RUN = Path("/run/systemd/system")
 
 
 def _cgroup2_at(mounts: list[Mount], mount: Path) -> tuple[Mount | None, str]:

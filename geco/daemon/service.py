@@ -63,8 +63,6 @@ __all__ = ["Daemon", "notify", "run"]
 _log = log.get("gecod")
 
 EXIT_OK, EXIT_FAILED = 0, 1
-# Exists when systemd is the init system (sd_booted(3)).
-_SYSTEMD_RUN_DIR = Path("/run/systemd/system")
 # Seconds SIGTERM waits for requests already in a worker to be answered.
 _DRAIN_GRACE = 10.0
 # Worker threads of the public socket (geco status, the starter's fallback): few, so
@@ -217,7 +215,7 @@ class Daemon:
         """Warn when systemd runs this node but the v2 job cgroups are in no delegated unit."""
         backend = self.backend
         if isinstance(backend, cgroup.V2Backend) and backend.delegated_root is None \
-                and _SYSTEMD_RUN_DIR.is_dir():
+                and cgroup.SYSTEMD_RUN.is_dir():
             _log.warning("job cgroups live in %s, outside any delegated systemd unit: systemd "
                          "owns that part of the tree and may undo geco's settings there (drop "
                          "+cpuset on a daemon-reload); install conf/geco-jobs.service and set "
