@@ -34,7 +34,7 @@
 #              machine with fewer cores than hosts, hosts share a core (to geco they are
 #              separate machines)
 # and the queue geco-test-cluster.q (1 slot and 1 gpu per host, geco's prolog, epilog and
-# starter)
+# starter, each host's tmpdir /tmp/geco-test-node<k>: jobs see separate /tmp dirs)
 # with the PE geco-test-cluster ($round_robin: a job of N slots gets one on each host).
 # `down` undoes all of it, also after an interrupted `up`; it ends only the processes
 # `up` started (by their pid files).
@@ -110,6 +110,7 @@ EOF
 }
 
 cpuset_dir() { echo "/sys/fs/cgroup/cpuset/geco-test-node$1"; }
+tmp_dir() { echo "/tmp/geco-test-node$1"; }
 
 net_node() { # k: its network, names, directories and geco config
   local k=$1 n h addr run etc
@@ -125,6 +126,7 @@ net_node() { # k: its network, names, directories and geco config
   ip -n "$n" route add default via "10.77.$k.1"
   grep -q "^$addr $h " /etc/hosts || echo "$addr $h $MARK" >> /etc/hosts
   install -d -m 0755 "$etc/geco" "$run" "/var/lib/geco-test-node$k"
+  install -d -m 1777 "$(tmp_dir "$k")"
   node_config "$k" > "$etc/geco/geco.toml"
   install -m 0600 /etc/geco/quarantine.key "$etc/geco/quarantine.key"
   install -m 0600 "$STATE/cluster.key" "$etc/geco/cluster.key"
@@ -192,13 +194,16 @@ write_hosts_files() { # every namespace resolves the qmaster and every host
 }
 
 queue_up() { # the hosts of the cluster, a queue (m_mem_free to book per host) and a PE over them
-  local k hosts=() f; f=$(mktemp)
-  for k in $(nodes_up); do hosts+=("$(host "$k")"); done
+  local k hosts=() tmpdirs="/tmp" f; f=$(mktemp)
+  # each host its own tmpdir, as real hosts have their own /tmp: a job's TMPDIR is
+  # <tmpdir>/<job>.<task>.<queue> on every host of it, and the execd of the host whose task
+  # ends first removes it (with the qrsh exit code files the master's qrsh reads)
+  for k in $(nodes_up); do hosts+=("$(host "$k")"); tmpdirs+=",[$(host "$k")=$(tmp_dir "$k")]"; done
   qconf -sp mpi | sed -e "s/^pe_name .*/pe_name $PE/" -e 's/^slots .*/slots 9999/' \
     -e 's/^allocation_rule .*/allocation_rule $round_robin/' > "$f"
   qconf -Ap "$f" >/dev/null 2>&1 || qconf -Mp "$f" >/dev/null
   qconf -sq all.q | sed -e "s/^qname .*/qname $QUEUE/" -e "s/^hostlist .*/hostlist ${hosts[*]}/" \
-    -e 's/^slots .*/slots 1/' -e "s/^pe_list .*/pe_list $PE/" \
+    -e 's/^slots .*/slots 1/' -e "s/^pe_list .*/pe_list $PE/" -e "s|^tmpdir .*|tmpdir $tmpdirs|" \
     -e 's/^complex_values .*/complex_values m_mem_free=4G,gpu=1/' \
     -e "s|^prolog .*|prolog $HOOKS_PROLOG|" -e "s|^epilog .*|epilog $HOOKS_EPILOG|" \
     -e "s|^starter_method .*|starter_method $HOOKS_STARTER|" > "$f"
@@ -286,7 +291,7 @@ down_node() { # k
   qconf -de "$h" >/dev/null 2>&1 || true
   qconf -dh "$h" >/dev/null 2>&1 || true
   rm -rf "${SPOOL:?}/$h" "/etc/netns/$(ns "$k")" "$(run_dir "$k")" "/var/lib/geco-test-node$k" \
-    "/var/log/geco-test-node$k"
+    "/var/log/geco-test-node$k" "$(tmp_dir "$k")"
   ip netns del "$(ns "$k")" 2>/dev/null || true
   ip link del "gecotv$k" 2>/dev/null || true
   rm -f "$STATE/node$k"

@@ -26,6 +26,17 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 V2 = (CGROUP_ROOT / "cgroup.controllers").exists()  # one unified hierarchy, nothing else
 V2_JOBS = CGROUP_ROOT / "system.slice" / "geco-jobs.service" / "jobs"  # install.sh's v2_base
 CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+# Python for a job script: verdict(path) is "open", or the errno's name the kernel gave
+# (a GPU device node without a driver: ENXIO where the job's cgroup allows it, EPERM where
+# it denies it)
+OPEN_VERDICT = """import errno, os
+def verdict(path):
+    try:
+        os.close(os.open(path, os.O_RDWR))
+        return "open"
+    except OSError as exc:
+        return errno.errorcode[exc.errno]
+"""
 
 
 def sh(argv: list[str], check: bool = True,

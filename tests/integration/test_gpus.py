@@ -27,13 +27,7 @@ GECO = "/opt/geco/venv/bin/geco"
 
 # the job's view: each device's open() verdict, /dev/null, and what it is told
 PROBE = """/usr/bin/python3 - <<'EOF'
-import errno, json, os, sys, time
-def verdict(path):
-    try:
-        os.close(os.open(path, os.O_RDWR))
-        return "open"
-    except OSError as exc:
-        return errno.errorcode[exc.errno]
+""" + kit.OPEN_VERDICT.replace("{", "{{").replace("}", "}}") + """import json, time
 names = {names}
 barrier = {barrier!r}
 if barrier:  # both jobs of a pair hold their GPUs at the same time

@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 from clusterkit import cluster, submit_pe
 
+from tests.integration import livekit as kit
+
 pytestmark = pytest.mark.sge
 
 GECO = "/opt/geco/venv/bin/geco"
@@ -107,13 +109,7 @@ echo "task on geco-node2 ended with $?"
 
 
 # run on every host of the job: its GPUs as it is told them and as the kernel lets it open
-GPU_TASK = """import errno, os, socket
-def verdict(path):
-    try:
-        os.close(os.open(path, os.O_RDWR))
-        return "open"
-    except OSError as exc:
-        return errno.errorcode[exc.errno]
+GPU_TASK = kit.OPEN_VERDICT + """import socket
 print("gpus", socket.gethostname(), os.environ.get("GECO_GPUS"),
       os.environ.get("CUDA_VISIBLE_DEVICES"),
       *(verdict(f"/run/geco-test-cluster/dev/gpu{i}") for i in (0, 1)))
