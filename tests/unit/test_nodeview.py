@@ -1,0 +1,52 @@
+"""What `geco check` says the node gives jobs (geco.nodeview): cores, memory, the default
+for a job that requests none, and the GPUs with their devices, as the configuration and
+the kernel say them."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from geco import nodeview
+from geco.cgroup import Backend, detect
+from geco.config import Config
+from geco.topology import format_cpulist
+
+M = 1 << 20
+
+
+def _before_any_job() -> Backend:
+    """This machine's backend with a GECO parent no job has made yet (nothing is created):
+    the cores are then the ones this process may run on."""
+    return detect(name=f"geco-test-nodeview-{os.getpid()}")
+
+
+def test_the_picture_names_the_reserves_the_default_and_each_gpus_device(
+        tmp_path: Path) -> None:
+    for name, minor in (("a", 1), ("b", 0)):
+        os.mknod(tmp_path / name, 0o600 | stat.S_IFCHR, os.makedev(195, minor))
+    cpus = sorted(os.sched_getaffinity(0))
+    cfg = Config(cpus_reserve=str(cpus[0]), memory_reserve=256 * M, memory_per_slot=2 << 30,
+                 gpu_devices=(str(tmp_path / "a"), str(tmp_path / "b")))
+    lines = dict(nodeview.lines(cfg, _before_any_job()))
+    rest = cpus[1:]
+    assert lines["cores"] == (f"cpus {format_cpulist(rest) or 'none'} for jobs ({len(rest)}); "
+                              f"cpus {cpus[0]} kept for the node's daemons ([cgroup] "
+                              "cpus_reserve)")
+    assert lines["memory"].startswith("all jobs together may use ")
+    assert lines["memory"].endswith("less 256M kept for its daemons ([cgroup] memory_reserve)")
+    assert lines["default"] == ("a job that requests no memory gets RAM 2G per slot, RAM+swap "
+                                "unlimited ([cgroup] memory_per_slot, vmem_per_slot)")
+    assert lines["gpus"] == (
+        f"2, each job opens only those Grid Engine granted it ([gpu] complex gpu): "
+        f"0 = {tmp_path / 'a'} (c 195:1), 1 = {tmp_path / 'b'} (c 195:0)")
+
+
+def test_a_node_without_reserves_defaults_or_gpus_says_so(tmp_path: Path) -> None:
+    cfg = Config(gpu_devices=(str(tmp_path / "missing"),))
+    lines = dict(nodeview.lines(cfg, _before_any_job()))
+    assert lines["cores"].endswith("none kept back ([cgroup] cpus_reserve)")
+    assert lines["default"] == ("a job that requests no memory runs with no memory limit "
+                                "([cgroup] memory_per_slot, vmem_per_slot)")
+    assert lines["gpus"].startswith("unusable: cannot use the GPU device in [gpu] devices: ")
