@@ -152,37 +152,54 @@ class GpuShare(NamedTuple):
     resources_dir: Path
 
     def ids(self, key: JobKey, near: frozenset[int], backend: Backend) -> tuple[int, ...]:
-        """The job's GPUs here: those Grid Engine granted, else ``count`` picked among the
-        ones no other running job holds (nearest its NUMA nodes ``near``) and saved.
+        """The job's GPUs here: those Grid Engine granted, else as many as it counted,
+        picked among the ones no other running job holds (nearest its NUMA nodes ``near``).
 
         Raises
         ------
         GpusUnavailable
             when fewer are free than the job counts.
         GecoError
-            when a granted id is not one of this node's GPUs, or the pick cannot be saved.
+            when a granted id is not one of this node's GPUs.
         """
-        node = self.resources.node(self.hostname)
-        count, ids = gpus.parse_share(node.gpus if node is not None else "")
-        if ids or not count:
-            gpus.check_granted(self.table, ids)
-            return ids
+        share = self._share()
+        if not share.counted:
+            gpus.check_granted(self.table, share.ids)
+            return share.ids
         busy: set[int] = set()
         for other in backend.job_keys():
             if other != key:
                 busy.update(self._held_by(other))
-        ids = gpus.pick(self.table, count, busy, near)
-        assert node is not None  # a count comes from a record
-        picked = node._replace(gpus=gpus.format_ids(ids))
+        return gpus.pick(self.table, share.amount, busy, near)
+
+    def save(self, ids: tuple[int, ...]) -> None:
+        """Record picked ids in this node's resource file (once the job's cgroups deny the
+        other GPUs: a pick that never took effect is never on record); nothing to record
+        for ids Grid Engine granted.
+
+        Raises
+        ------
+        GecoError
+            when the file cannot be written: the job must not run with GPUs no later
+            allocation would know it holds.
+        """
+        share = self._share()
+        node = self.resources.node(self.hostname)
+        if not share.counted or node is None:
+            return
+        picked = node._replace(gpus=str(share._replace(ids=ids)))
         resourcefile.write(self.resources_dir, self.resources.replace(
             nodes=tuple(picked if n is node else n for n in self.resources.nodes)))
-        return ids
+
+    def _share(self) -> gpus.Share:
+        node = self.resources.node(self.hostname)
+        return gpus.parse_share(node.gpus) if node is not None else gpus.Share()
 
     def _held_by(self, key: JobKey) -> tuple[int, ...]:
         try:
             rs = resourcefile.read(self.resources_dir, key)
             node = rs.node(self.hostname) if rs is not None else None
-            return gpus.parse_share(node.gpus)[1] if node is not None else ()
+            return gpus.parse_share(node.gpus).ids if node is not None else ()
         except GecoError as exc:  # unreadable: its GPUs look free, and it says so
             _log.warning("job %s: cannot tell which GPUs it holds: %s", key, exc)
             return ()
@@ -387,6 +404,7 @@ def _contain(key: JobKey, node: NodeResources, backend: Backend, *, state_dir: P
         try:
             if gpu is not None:
                 backend.deny_devices(key, gpus.denied(gpu.table, gpu_ids or ()))
+                gpu.save(gpu_ids or ())
             if pid is not None:
                 backend.add_pid(key, pid)
         except GecoError:
@@ -487,7 +505,7 @@ def _gpu_share(cfg: Config, rs: ResourceSet, node: NodeResources,
     table = gpus.node_table(cfg.gpu_devices)
     if table:
         return GpuShare(table, rs, hostname, cfg.resources_dir)
-    if gpus.parse_share(node.gpus)[0]:
+    if gpus.parse_share(node.gpus).amount:
         raise GecoError(f"job {rs.key} was granted GPUs ({node.gpus}) on "
                         f"{hostname or short_hostname()}, which has none geco knows of: is "
                         "the driver loaded, or [gpu] devices set?")

@@ -13,11 +13,12 @@ A job's share on a node travels in its resource set's per-node GPU list (the see
 ``s#:`` field), in one of two forms:
 
 * ``"1,3"``: the ids Grid Engine granted (RSMAP: UGE, Altair, OCS) or geco picked;
-* ``"count:2"``: how many Grid Engine counted (Son of Grid Engine's INT consumable),
-  ids not yet picked. :func:`pick` chooses them under the node lock, among the GPUs no
-  other running job holds, nearest the job's cores first; the ids then replace the
-  count in this node's resource file, so the picture is rebuilt from the running
-  jobs' files after any restart.
+* ``"count:2"``: how many Grid Engine counted (Son of Grid Engine's INT consumable).
+  :func:`pick` chooses the ids under the node lock, among the GPUs no other running job
+  holds, nearest the job's cores first, and they are saved beside the count in this
+  node's resource file (``"count:2=1,3"``), so the picture is rebuilt from the running
+  jobs' files after any restart. A new containment of the job (its cgroups were gone)
+  picks again: ids it held before may be another job's by then.
 
 The kernel keeps a job off every GPU of the node it was not granted (cgroup v1
 ``devices.deny``, a v2 device program): only those minors are denied, so ordinary
@@ -40,9 +41,9 @@ if TYPE_CHECKING:
     from geco.config import Config
     from geco.jobkey import JobKey
 
-__all__ = ["COUNT_PREFIX", "Gpu", "GpuComplex", "GpusUnavailable", "check_granted", "denied",
-           "environment", "format_ids", "job_environment", "node_table", "parse_share",
-           "pick"]
+__all__ = ["COUNT_PREFIX", "Gpu", "GpuComplex", "GpusUnavailable", "Share", "check_granted",
+           "denied", "environment", "format_ids", "job_environment", "node_table",
+           "parse_share", "pick"]
 
 COUNT_PREFIX = "count:"
 # NVIDIA's character major for /dev/nvidia<N> and nvidiactl (fixed by the driver)
@@ -159,30 +160,51 @@ def _from_driver(gpus_dir: Path, sys: Path, dev: Path) -> tuple[Gpu, ...]:
     return tuple(table)
 
 
-def parse_share(text: str) -> tuple[int, tuple[int, ...]]:
-    """A node record's GPU list as (how many, which ids); ids are () while unpicked.
+class Share(NamedTuple):
+    """A job's GPUs on one node, as its resource set's GPU list says them.
 
-    ``""`` -> (0, ()); ``"count:2"`` -> (2, ()); ``"1,3"`` or ``"1 3"`` (Grid Engine's
-    ``SGE_HGR_<name>`` separates with spaces) -> (2, (1, 3)).
+    Attributes
+    ----------
+    amount: how many.
+    ids: which (``()`` while a count is not picked yet).
+    counted: Grid Engine only counted them (geco picks the ids, anew at each containment);
+        False: Grid Engine granted the ids themselves (an RSMAP).
+    """
+
+    amount: int = 0
+    ids: tuple[int, ...] = ()
+    counted: bool = False
+
+    def __str__(self) -> str:
+        if not self.counted:
+            return format_ids(self.ids)
+        return f"{COUNT_PREFIX}{self.amount}" + (f"={format_ids(self.ids)}" if self.ids else "")
+
+
+def parse_share(text: str) -> Share:
+    """A node record's GPU list.
+
+    ``""`` -> none; ``"count:2"`` -> 2 counted; ``"count:2=1,3"`` -> 2 counted, picked as 1
+    and 3; ``"1,3"`` or ``"1 3"`` (Grid Engine's ``SGE_HGR_<name>`` separates with spaces)
+    -> ids 1 and 3 granted.
 
     Raises
     ------
     GecoError
-        when the list is neither (the error names it).
+        when the list is none of these (the error names it).
     """
     text = text.strip()
     if not text:
-        return 0, ()
-    if text.startswith(COUNT_PREFIX):
-        count = text[len(COUNT_PREFIX):]
-        if not count.isdigit():
-            raise GecoError(f"a GPU count must be a whole number, got {text!r}")
-        return int(count), ()
-    items = text.replace(",", " ").split()
+        return Share()
+    counted = text.startswith(COUNT_PREFIX)
+    count, _, listed = text[len(COUNT_PREFIX):].partition("=") if counted else ("", "", text)
+    if counted and not count.isdigit():
+        raise GecoError(f"a GPU count must be a whole number, got {text!r}")
+    items = listed.replace(",", " ").split()
     if not all(i.isdigit() for i in items):
         raise GecoError(f"a GPU list must be ids in PCI bus order such as 0,1, got {text!r}")
     ids = tuple(sorted({int(i) for i in items}))
-    return len(ids), ids
+    return Share(int(count) if counted else len(ids), ids, counted)
 
 
 def format_ids(ids: Iterable[int]) -> str:
@@ -236,7 +258,7 @@ def job_environment(cfg: Config, key: JobKey, hostname: str | None = None) -> di
     try:
         rs = resourcefile.read(cfg.resources_dir, key)
         node = rs.node(hostname) if rs is not None else None
-        ids = parse_share(node.gpus)[1] if node is not None else ()
+        ids = parse_share(node.gpus).ids if node is not None else ()
     except GecoError:
         ids = ()
     return environment(ids)

@@ -234,7 +234,7 @@ def _gpus(cfg: Config, rs: ResourceSet | None) -> str | None:
         if not gpus.node_table(cfg.gpu_devices):
             return None
         node = rs.node() if rs is not None else None
-        return gpus.format_ids(gpus.parse_share(node.gpus)[1]) if node is not None else ""
+        return gpus.format_ids(gpus.parse_share(node.gpus).ids) if node is not None else ""
     except GecoError:
         return ""
 

@@ -226,7 +226,8 @@ def gpu_story(backend: Any, registry: list[int], tmp: Path) -> None:
     with jobs Grid Engine counted GPUs for (``count:N``): each job opens its own GPU and
     gets EPERM on the other (the kernel's verdict: no driver here), ordinary devices and
     a pty keep working, a job asking more than is free is refused with nothing left, the
-    picks are saved in the resource files, and a GPU comes back when its job is gone."""
+    picks are saved in the resource files, a GPU comes back when its job is gone, and a
+    job contained anew picks again (what it held before may be another job's by then)."""
     import stat
 
     from geco import gpus
@@ -255,6 +256,13 @@ def gpu_story(backend: Any, registry: list[int], tmp: Path) -> None:
 
     first, ids = start(601, "count:1")
     assert ids == (0,)
+    try:  # granted ids Grid Engine holds (RSMAP) must be GPUs of this node
+        start(604, "7")
+    except GecoError as exc:
+        assert "was granted GPU 7, which this node does not have (its GPUs: 0,1" in str(exc)
+    else:
+        raise AssertionError("a job granted a GPU the node lacks was contained")
+    assert not backend.exists("604.1")
     try:
         start(602, "count:2")
     except gpus.GpusUnavailable as exc:
@@ -272,7 +280,7 @@ def gpu_story(backend: Any, registry: list[int], tmp: Path) -> None:
     assert _verdicts(second) == {"gpu0": "EPERM", "gpu1": "ENXIO", "ctl": "ENXIO",
                                  "null": "open", "pty": "open"}
     saved = resourcefile.read(cfg.resources_dir, "601.1")
-    assert saved is not None and saved.nodes[0].gpus == "0"
+    assert saved is not None and saved.nodes[0].gpus == "count:1=0"
     assert gpus.job_environment(cfg, "602.1", "here") == {
         "GECO_GPUS": "1", "CUDA_VISIBLE_DEVICES": "0", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
@@ -281,13 +289,16 @@ def gpu_story(backend: Any, registry: list[int], tmp: Path) -> None:
     assert ids == (0,)
     third.go()
     assert _verdicts(third)["gpu0"] == "ENXIO"
-    try:  # granted ids Grid Engine holds (RSMAP) must be GPUs of this node
-        start(604, "7")
-    except GecoError as exc:
-        assert "was granted GPU 7, which this node does not have (its GPUs: 0,1" in str(exc)
-    else:
-        raise AssertionError("a job granted a GPU the node lacks was contained")
-    assert not backend.exists("604.1")
+    # 601 contained anew (a parallel job's next task after its empty cgroups were reclaimed)
+    # picks again: the GPU it held is 603's now (603 keeps a process; 602's cgroups are
+    # empty, so a node short of cores takes them back), so it gets GPU 1, never 0 again
+    start_in(backend, "603.1", lambda _: time.sleep(60), registry)
+    again = ResourceSet(601, 1, owner="root", nodes=(NodeResources("here", gpus="count:1=0"),))
+    done = contain_job(JobRef(601, 1, None), cfg, backend,
+                       pid=Child(open_verdicts(paths), registry).pid,
+                       found=Found(again, "file", 0.0), hostname="here")
+    assert done.gpus == (1,)
+    assert not backend.exists("602.1")
 
 
 def fork_forever(out: int) -> None:

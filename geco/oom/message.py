@@ -13,7 +13,8 @@ import os
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal
 
-from geco.gpus import COUNT_PREFIX
+from geco.errors import GecoError
+from geco.gpus import format_ids, parse_share
 from geco.oom.watch import OomEvent
 from geco.resourceset import ResourceSet
 from geco.units import format_memory, parse_memory
@@ -60,7 +61,14 @@ def request_hint(rs: ResourceSet | None, host: str | None = None) -> RequestHint
     slots = max(node.slots, 1)
     return RequestHint(slots=slots, m_mem_free=-(-node.memory_limit // slots),
                        h_vmem=-(-node.vmem_limit // slots), is_array=rs.is_array,
-                       gpus="" if node.gpus.startswith(COUNT_PREFIX) else node.gpus)
+                       gpus=_gpu_ids(node.gpus))
+
+
+def _gpu_ids(text: str) -> str:
+    try:
+        return format_ids(parse_share(text).ids)
+    except GecoError:  # an OOM report goes out whatever the GPU list says
+        return ""
 
 
 # ---------------------------------------------------------------------------

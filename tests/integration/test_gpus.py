@@ -126,8 +126,8 @@ def test_a_job_without_a_gpu_request_opens_no_gpu_and_the_restriction_ends_with_
 def test_the_ids_go_into_the_jobs_resource_file_and_geco_status(
         sge: Any, job_dir: Any, gpu_node: dict[str, str]) -> None:
     """Given a one-GPU job, while it runs its resource file's record for this node lists
-    the id geco picked (the seed's GPU list), geco rsrcinfo shows it on this node's line,
-    and geco status --job says it."""
+    the id geco picked beside Grid Engine's count (the seed's GPU list), geco rsrcinfo
+    shows it on this node's line, and geco status --job says it."""
     script = PROBE.format(names=gpu_node, barrier="") + "sleep 30\n"
     job = job_dir.submit("rsrc", "-l", "gpu=1", script=script)
     path = Path(f"/var/lib/geco/resources/{job}.1")
@@ -144,8 +144,8 @@ def test_the_ids_go_into_the_jobs_resource_file_and_geco_status(
         sge.wait_finished(job, timeout=60, accounting=False)
     picked = _report_or_none(job_dir, job)["env"]["GECO_GPUS"]
     assert picked in ("0", "1")
-    assert f",s{len(picked)}:{picked},s0:}}" in text
-    assert f"gpus {picked}" in shown, shown
+    assert f",s{len('count:1=') + len(picked)}:count:1={picked},s0:}}" in text
+    assert f"gpus count:1={picked}" in shown, shown
     assert [j["gpus"] for j in status["jobs"]] == [picked], status
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from geco import gpus
 from geco.errors import GecoError
-from geco.gpus import Gpu, GpusUnavailable
+from geco.gpus import Gpu, GpusUnavailable, Share
 from geco.sge import lookup
 from geco.sge.execd import JobRef
 
@@ -92,17 +92,21 @@ def test_a_configured_device_that_is_not_a_character_device_is_named(tmp_path: P
     assert str(info.value).startswith("cannot use the GPU device in [gpu] devices: No such ")
 
 
-@pytest.mark.parametrize(("text", "share"), [
-    ("", (0, ())), ("count:2", (2, ())), ("1,3", (2, (1, 3))), ("3 1", (2, (1, 3))),
-    (" 0 ", (1, (0,))), ("count:0", (0, ())),
+@pytest.mark.parametrize(("text", "share", "canonical"), [
+    ("", Share(), ""), ("count:2", Share(2, (), True), "count:2"),
+    ("count:2=3,1", Share(2, (1, 3), True), "count:2=1,3"),
+    ("1,3", Share(2, (1, 3)), "1,3"), ("3 1", Share(2, (1, 3)), "1,3"),
+    (" 0 ", Share(1, (0,)), "0"), ("count:0", Share(0, (), True), "count:0"),
 ])
-def test_a_node_records_gpu_list_is_ids_or_a_count(text: str, share: tuple[int, tuple[int, ...]]
-                                                  ) -> None:
+def test_a_node_records_gpu_list_is_granted_ids_or_a_count_and_its_pick(
+        text: str, share: Share, canonical: str) -> None:
     assert gpus.parse_share(text) == share
+    assert str(share) == canonical
 
 
 @pytest.mark.parametrize(("text", "message"), [
     ("count:two", "a GPU count must be a whole number, got 'count:two'"),
+    ("count:1=gpu0", "a GPU list must be ids in PCI bus order such as 0,1, got 'count:1=gpu0'"),
     ("gpu0,gpu1", "a GPU list must be ids in PCI bus order such as 0,1, got 'gpu0,gpu1'"),
     ("-1", "a GPU list must be ids in PCI bus order such as 0,1, got '-1'"),
 ])
@@ -140,7 +144,7 @@ def test_a_granted_id_the_node_lacks_is_named() -> None:
 def test_the_job_is_told_its_node_ids_and_cuda_counts_its_own_from_zero() -> None:
     """SGE_HGR_gpu="1 3" (or RSMAP gpu=2(1 3)) -> CUDA_VISIBLE_DEVICES=0,1: the job's cgroup
     lets CUDA open only those two, which it numbers from 0 in PCI bus order."""
-    assert gpus.environment(gpus.parse_share("1 3")[1]) == {
+    assert gpus.environment(gpus.parse_share("1 3").ids) == {
         "GECO_GPUS": "1,3", "CUDA_VISIBLE_DEVICES": "0,1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     assert gpus.environment(()) == {"GECO_GPUS": "", "CUDA_VISIBLE_DEVICES": "",
                                     "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
