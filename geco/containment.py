@@ -107,10 +107,15 @@ class MemoryDefault(NamedTuple):
         return cls(cfg.memory_per_slot, cfg.vmem_per_slot)
 
     @classmethod
-    def for_node(cls, cfg: Config, node: NodeResources) -> MemoryDefault:
-        """The default for ``node`` (a job's share of this host): the configuration's, and
-        where it sets none, the complex's default Grid Engine booked for the job (asked
-        only for a job that requests no memory)."""
+    def for_job(cls, cfg: Config, found: Found, node: NodeResources) -> MemoryDefault:
+        """The default for ``node`` (a job's share of this host, ``found`` its resource
+        set): the configuration's, and where it sets none, the complex's default Grid
+        Engine booked for the job (asked only for a job that requests no memory). None
+        for a job known from the spool alone (the qmaster unreachable): its requests are
+        unknown, not absent, and a default could cap what it was granted; the site chose
+        to run such jobs without memory limits."""
+        if found.source == "spool":
+            return cls()
         rule = cls.from_config(cfg)
         if (node.memory_limit or node.vmem_limit) or (rule.per_slot and rule.vmem_per_slot):
             return rule
@@ -482,7 +487,7 @@ def contain_job(job: JobRef, cfg: Config, backend: Backend, *, pid: int | None,
     backend.ensure_root()
     if cfg.memory_reserve:
         backend.set_parent_memory(jobs_memory(cfg.memory_reserve))
-    node = MemoryDefault.for_node(cfg, node).applied(node)
+    node = MemoryDefault.for_job(cfg, found, node).applied(node)
     limits, created, gpu_ids = _contain(
         job.key, node, backend, state_dir=cfg.state_dir, pids=PidsLimit.from_config(cfg),
         pid=pid, hardware_threads=cfg.hardware_threads, reserved_cpus=cfg.cpus_reserve,

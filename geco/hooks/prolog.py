@@ -170,7 +170,8 @@ def contain(job: execd.JobRef, shepherd: int, hook: int, cfg: Config, logger: lo
                  else f"moved the shepherd {shepherd} into the job's cgroups")
     here = node.name if node is not None else os.uname().nodename
     slots = node.slots if node is not None else 0
-    default = node is not None and containment.MemoryDefault.for_node(cfg, node).applies(node)
+    default = node is not None and \
+        containment.MemoryDefault.for_job(cfg, found, node).applies(node)
     # a GPU node's record names the job's GPUs (none: every GPU is kept from it)
     granted = gpus.format_ids(done.gpus) if done.gpus is not None \
         else gpus.job_environment(cfg, job.key).get("GECO_GPUS")

@@ -12,8 +12,9 @@ import pytest
 
 from geco.config import Config
 from geco.containment import MemoryDefault
-from geco.resourceset import NodeResources
+from geco.resourceset import NodeResources, ResourceSet
 from geco.sge import complexes
+from geco.sge.lookup import Found
 
 G = 1 << 30
 M = 1 << 20
@@ -64,10 +65,24 @@ def test_the_node_default_comes_first_and_the_complex_fills_in(tmp_path: Path) -
     (tmp_path / "complexes").write_text(QCONF_SC)
     cfg = Config(state_dir=tmp_path, memory_per_slot=G)
     none = NodeResources("n1", slots=2)
-    assert MemoryDefault.for_node(cfg, none) == MemoryDefault(G, 2 * G)
-    assert MemoryDefault.for_node(cfg, none).applied(none) == none._replace(
+    assert MemoryDefault.for_job(cfg, found(none), none) == MemoryDefault(G, 2 * G)
+    assert MemoryDefault.for_job(cfg, found(none), none).applied(none) == none._replace(
         memory_limit=2 * G, vmem_limit=4 * G)
     (tmp_path / "complexes").unlink()
     asked = NodeResources("n1", slots=2, memory_limit=G)
-    assert MemoryDefault.for_node(cfg, asked) == MemoryDefault(G, 0)
+    assert MemoryDefault.for_job(cfg, found(asked), asked) == MemoryDefault(G, 0)
     assert not (tmp_path / "complexes").exists()
+
+
+def test_a_job_known_from_the_spool_alone_gets_no_default(tmp_path: Path) -> None:
+    """Given the qmaster unreachable (the job's requests unknown, not absent), then no
+    default applies, neither the node's nor Grid Engine's: it could cap what the job was
+    granted, and the site runs such jobs without memory limits."""
+    (tmp_path / "complexes").write_text(QCONF_SC)
+    cfg = Config(state_dir=tmp_path, memory_per_slot=G)
+    none = NodeResources("n1", slots=2)
+    assert MemoryDefault.for_job(cfg, found(none, "spool"), none) == MemoryDefault()
+
+
+def found(node: NodeResources, source: str = "qstat") -> Found:
+    return Found(ResourceSet(7, 1, nodes=(node,)), source, 0.0)
