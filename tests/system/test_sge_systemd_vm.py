@@ -19,6 +19,7 @@ the jobs.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from typing import Any
@@ -35,7 +36,8 @@ GUEST_COMMAND = (
     f"set -e; {vmrun.COPY_TO_GUEST}; cd /root/geco; since=$(date +%s); "
     "GECO_SYSTEM_PACKAGES=1 scripts/install.sh; rc=0; "
     "GECO_KEEP_SGE=1 GECO_TEST_HOOKS=starter "
-    f"{vmrun.guest_pytest(GUEST_TESTS, '/opt/geco/venv/bin/python', '')} || rc=$?; "
+    f"{vmrun.guest_pytest(GUEST_TESTS, '/opt/geco/venv/bin/python', '--durations=12')} "
+    "|| rc=$?; "
     f"/opt/geco/venv/bin/python {BENCH} --since \"$since\" | sed 's/^/guest: /'; exit $rc")
 
 # 6 GiB: Grid Engine's h_vmem default (2G a slot) must fit twice in the host's capacity;
@@ -52,6 +54,9 @@ def test_given_the_qemu_machine_when_grid_engine_runs_geco_under_systemd_then_jo
     figures.append(result.figure("tests/vm_sge (Grid Engine with geco's systemd units)"))
     figures.extend(f"in the VM: {line.removeprefix('guest: ')}"
                    for line in result.stdout.splitlines() if line.startswith("guest: "))
+    # where the boot's time goes (it is the longest of the suite's): the slowest guest tests
+    figures.extend(f"in the VM, slowest: {line}" for line in result.stdout.splitlines()
+                   if re.match(r"\d+\.\d+s (call|setup|teardown) ", line))
     host = subprocess.run([sys.executable, str(vmrun.REPO / BENCH), "--since",
                            str(journal.since)], capture_output=True, text=True, check=False)
     figures.extend(f"this host: {line}" for line in host.stdout.splitlines())
