@@ -531,12 +531,26 @@ def _allocate(key: JobKey, node: NodeResources, backend: Backend, topo: Topology
     from geco import cores
     from geco.topology import parse_cpulist
 
-    busy = cores.busy_from_cpusets(backend.read_limits(k).cpus for k in backend.job_keys()
-                                   if k != key)
+    busy = cores.busy_from_cpusets(_cpus_held(backend, key))
     return cores.allocate(topo, node.slots, busy_pus=busy,
                           allowed_pus=parse_cpulist(backend.available_cpus())
                           - parse_cpulist(reserved_cpus),
                           hardware_threads=hardware_threads)
+
+
+def _cpus_held(backend: Backend, key: JobKey) -> Iterator[str]:
+    """The cpus of every other job's cgroups. A job whose cpuset cgroup is gone holds none:
+    its teardown is removing its cgroups right now, one hierarchy after the other (outside
+    the node lock), and the others still list it."""
+    for other in backend.job_keys():
+        if other == key:
+            continue
+        try:
+            yield backend.read_limits(other).cpus
+        except GecoError:
+            if backend.paths(other)["cpuset"].is_dir():
+                raise
+            _log.debug("job %s: its cgroups are being removed; its cores are free", other)
 
 
 class Release(NamedTuple):

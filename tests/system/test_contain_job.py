@@ -19,6 +19,7 @@ from geco.cgroup import V1Backend, find_hierarchies, parse_mountinfo
 from geco.config import Config
 from geco.containment import contain_job
 from geco.errors import GecoError
+from geco.jobkey import JobKey
 from geco.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import resourcefile
 from geco.sge.execd import JobRef
@@ -139,3 +140,20 @@ def test_cpus_kept_for_the_nodes_daemons_are_never_given_to_a_job(
     with pytest.raises(CoresUnavailable):
         contain_job(other, cfg, backend, pid=Child(lambda _: None, children).pid)
     assert not backend.exists(other.key)
+
+
+def test_a_job_whose_teardown_is_removing_its_cgroups_does_not_stop_another_from_starting(
+        backend: V1Backend, children: list[int], tmp_path: Path) -> None:
+    """Given a job whose cpuset cgroup its teardown has just removed while its other
+    hierarchies still list it (teardown removes them one after the other, outside the node
+    lock), when another job is contained, then that succeeds: the vanishing job holds no
+    cores (before, its half-removed cgroups made the other job's start fail and Grid Engine
+    re-queue it)."""
+    from geco.cgroup import Limits
+
+    spooled(tmp_path, 50, NodeResources(short_hostname(), slots=1))  # still Grid Engine's
+    backend.create(JobKey(50, 1), Limits())
+    backend.paths(JobKey(50, 1))["cpuset"].rmdir()
+    job, cfg = spooled(tmp_path, 51, NodeResources(short_hostname(), slots=1))
+    made = contain_job(job, cfg, backend, pid=Child(lambda _: None, children).pid)
+    assert made.created and made.limits.cpus
