@@ -76,8 +76,10 @@ def v1_backend(name: str, cls: type[B]) -> B:
 
 
 def remove_test_cgroups(backend: V1Backend) -> None:
-    """Kill whatever is left in the backend's parent (thawing it first) and remove it all."""
-    raw_cleanup(dict.fromkeys(backend.parent_paths().values()))
+    """Kill whatever is left in the backend's parent (thawing it first) and remove it all;
+    say on stderr what could not be removed."""
+    for what in raw_cleanup(backend.parent_paths().values()):
+        print(f"cannot remove a test cgroup: {what}", file=sys.stderr)
 
 
 def run_in_cgroups(prog: str, backend: V1Backend, body: Callable[[], None]) -> int:

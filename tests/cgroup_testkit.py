@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import itertools
 import mmap
 import os
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Child",
     "allocate",
+    "cgroup_mounts",
     "count",
     "counter_body",
     "cpu_list",
@@ -431,7 +433,8 @@ def parent_name(mount_points: Iterable[Path]) -> Iterator[str]:
     try:
         yield name
     finally:
-        raw_cleanup(top / name for top in tops)
+        left = raw_cleanup(top / name for top in tops)
+        assert not left, f"test cgroups left behind: {left}"
 
 
 @contextlib.contextmanager
@@ -455,15 +458,30 @@ def _write(path: Path, data: bytes) -> None:
             os.close(fd)
 
 
-def raw_cleanup(tops: Iterable[Path]) -> None:
-    """Remove test cgroups (``tops`` and all below) with plain syscalls, whatever their state.
+def cgroup_mounts(mountinfo: Path = Path("/proc/self/mountinfo")) -> list[Path]:
+    """The mount point of every cgroup hierarchy of this machine, each once: v1 whatever its
+    controllers (named ones such as systemd's too) and cgroup2. Where a test's parent
+    ``<mount point>/<name>`` may be, made by the test or by the geco it runs: a cleanup
+    over all of them covers a controller geco starts to use tomorrow as well."""
+    from geco.cgroup import parse_mountinfo  # here: most helpers need no geco
+
+    return list(dict.fromkeys(m.mount_point for m in parse_mountinfo(mountinfo.read_bytes())
+                              if m.fstype in ("cgroup", "cgroup2")))
+
+
+def raw_cleanup(tops: Iterable[Path]) -> list[str]:
+    """Remove test cgroups (``tops`` and all below) with plain syscalls, whatever their state;
+    return what could not be removed, as ``<directory>: <error>`` (empty: all gone).
 
     v1 freezers are thawed first (a frozen task would not die of SIGKILL
     before it is thawed); every process in them is SIGKILLed until none is
     left, then the directories are removed deepest first. Only test children
-    are ever put below a test cgroup, so killing what is there is safe.
+    (and the job processes of a gecod a test runs) are ever put below a test
+    cgroup, so killing what is there is safe. A directory that is not there, or
+    vanishes meanwhile (the gecod under test may be removing a job's right now),
+    is no failure.
     """
-    dirs = list(tops)
+    dirs = list(dict.fromkeys(tops))
     for top in dirs:
         for dirpath, _, files in os.walk(top):
             if "freezer.state" in files:
@@ -480,10 +498,15 @@ def raw_cleanup(tops: Iterable[Path]) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.05)
+    left = []
     for top in dirs:
         for dirpath, _, _ in sorted(os.walk(top), key=lambda w: -len(w[0])):
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 os.rmdir(dirpath)
+            except OSError as exc:  # ENODEV: the kernel is removing it already
+                if exc.errno not in (errno.ENOENT, errno.ENODEV):
+                    left.append(f"{dirpath}: {exc}")
+    return left
 
 
 def usable_v1_hierarchies(mounted: dict[str, Any]) -> tuple[dict[str, Any], str]:

@@ -16,14 +16,15 @@ it go. What is checked is the kernel's word: ``/proc/<pid>/cgroup``, the
 cgroup files, and journald's entries.
 
 Every cgroup and process a test creates is removed with plain syscalls (not
-with the code under test) after each test, so a broken gecod cannot leak them.
+with the code under test) after each test, so a broken gecod cannot leak them: in
+every cgroup hierarchy mounted here (:func:`cgroup_testkit.raw_cleanup` over
+:func:`cgroup_testkit.cgroup_mounts`), not only in those a test knows of.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import errno
 import itertools
 import json
 import os
@@ -48,6 +49,8 @@ from typing import Any, TypeVar
 import pytest
 
 from geco import address, client, config, protocol
+from geco.cgroup import find_hierarchies, parse_mountinfo
+from geco.cgroup._v1 import OPTIONAL, REQUIRED
 from geco.errors import GecoError, ProtocolError
 from geco.jobkey import JobKey
 from geco.protocol import AckStatus, JobStarted, MsgType
@@ -55,9 +58,17 @@ from geco.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import resourcefile
 from geco.topology import parse_cpulist
 
+# pytest puts only this file's own directory on sys.path (tests/ for cgroup_testkit)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from cgroup_testkit import cgroup_mounts, raw_cleanup
+
 REPO = Path(__file__).resolve().parents[2]
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-CONTROLLERS = ("cpuset", "memory", "freezer", "pids", "cpuacct")
+# The v1 hierarchies gecod makes job cgroups in here: geco's own list, as mounted (a list
+# of its own here would miss the next controller geco takes up, as it missed devices)
+MOUNTED = find_hierarchies(parse_mountinfo(Path("/proc/self/mountinfo").read_bytes()),
+                           CGROUP_ROOT)
+CONTROLLERS = tuple(c for c in (*REQUIRED, *OPTIONAL) if c in MOUNTED)
 HOST = short_hostname()
 MiB = 1 << 20
 NOBODY = 65534
@@ -202,8 +213,17 @@ class Node:
         return config.Config()._replace(gecod_socket=sock)
 
     def cgroup(self, controller: str, key: str = "") -> Path:
-        return CGROUP_ROOT / controller / self.name / key if key else \
-            CGROUP_ROOT / controller / self.name
+        parent = MOUNTED[controller].mount_point / self.name
+        return parent / key if key else parent
+
+    def parents(self) -> list[Path]:
+        """The node's cgroup parent in every hierarchy mounted here (whether it exists or
+        not), those geco does not use included: where anything of the node's may be."""
+        return [mount / self.name for mount in cgroup_mounts()]
+
+    def job_cgroups_left(self, key: str) -> list[Path]:
+        """The directories of job ``key`` that exist, in any hierarchy mounted here."""
+        return [d for parent in self.parents() if (d := parent / key).exists()]
 
     def job_process(self, job: int, task: int = 1, *, cwd: Path | None = None,
                     mode: str = "plain", sock: str | None = None,
@@ -282,41 +302,17 @@ def _wait_readable(fd: int, timeout: float) -> bool:
     return bool(select.select([fd], [], [], timeout)[0])
 
 
-def kill_and_remove(top: Path) -> list[str]:
-    """SIGKILL every process in cgroup ``top`` and below, remove them all (deepest first);
-    return what could not be removed. A directory that vanishes meanwhile is no failure:
-    gecod may be removing it right now (a job whose first process exited has ended, and
-    test_gecod_reaper's reaper removes jobs it finds gone)."""
-    left: list[str] = []
-    try:
-        below = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
-    except FileNotFoundError:
-        return left
-    for d in [*below, top]:
-        try:
-            for _ in range(50):
-                pids = [int(p) for p in (d / "cgroup.procs").read_text().split()]
-                if not pids:
-                    break
-                for pid in pids:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
-                time.sleep(0.05)
-            d.rmdir()
-        except OSError as exc:
-            if exc.errno not in (errno.ENOENT, errno.ENODEV):  # vanished, or being removed
-                left.append(f"{d}: {exc}")
-    return left
-
-
 NodeT = TypeVar("NodeT", bound=Node)
 
 
 @contextlib.contextmanager
 def make_node(kind: type[NodeT], tag: str, name: str) -> Iterator[NodeT]:
     """A ``kind`` of node in a fresh ``/tmp/geco-test-<tag>-*`` with a new key file and the
-    cgroup parent ``name``; afterwards its processes end and its cgroups (see
-    :func:`kill_and_remove`) and directory go."""
+    cgroup parent ``name``; afterwards its processes end, its cgroups in every hierarchy
+    (:func:`cgroup_testkit.raw_cleanup`: thawed, emptied, removed) and its directory go.
+    A cgroup that vanishes meanwhile is no failure: gecod may be removing it right now (a
+    job whose first process exited has ended, and test_gecod_reaper's reaper removes jobs
+    it finds gone)."""
     # /tmp, not pytest's 0700 tmp dirs: nobody's processes (a client, test_gecod_reaper's
     # fake shepherd) must reach the socket and the binaries in it
     base = Path(tempfile.mkdtemp(prefix=f"geco-test-{tag}-"))
@@ -332,15 +328,14 @@ def make_node(kind: type[NodeT], tag: str, name: str) -> Iterator[NodeT]:
         for proc in n.processes:
             proc.kill()
             proc.wait()
-        left = [x for c in CONTROLLERS
-                for x in kill_and_remove(n.cgroup(c))]
+        left = raw_cleanup(n.parents())
         shutil.rmtree(base, ignore_errors=True)
         assert not left, left
 
 
 def end_jobs(node: Node) -> None:
-    """What a test leaves: its job processes end, its job cgroups (see :func:`kill_and_remove`),
-    spool dirs and resource files go."""
+    """What a test leaves: its job processes end, its job cgroups in every hierarchy (see
+    :func:`make_node`), spool dirs and resource files go."""
     for proc in node.processes:
         if proc.poll() is None:
             proc.kill()
@@ -349,12 +344,9 @@ def end_jobs(node: Node) -> None:
             if stream is not None:
                 stream.close()
     node.processes.clear()
-    for c in CONTROLLERS:
-        parent = node.cgroup(c)
-        if parent.is_dir():
-            left = [x for job in parent.iterdir() if job.is_dir()
-                    for x in kill_and_remove(job)]
-            assert not left, left
+    left = raw_cleanup(job for parent in node.parents() if parent.is_dir()
+                       for job in parent.iterdir() if job.is_dir())
+    assert not left, left
     shutil.rmtree(node.spool, ignore_errors=True)
     shutil.rmtree(node.state_dir / "resources", ignore_errors=True)
 
@@ -538,7 +530,7 @@ def test_a_geco_parent_removed_while_gecod_runs_is_made_again_for_the_next_job(
     """Given gecod running and its empty GECO parent cgroups removed behind its back (an
     admin's cleanup script), when a job's process asks, then it is contained all the same."""
     for c in CONTROLLERS:
-        parent = CGROUP_ROOT / c / node.name
+        parent = node.cgroup(c)
         assert not [d for d in parent.iterdir() if d.is_dir()], parent  # no job left in it
         parent.rmdir()
     job = new_job()
@@ -587,10 +579,10 @@ def test_an_array_task_gets_its_own_cgroups_and_cores(node: Node, gecod: Gecod) 
 
 
 def wait_gone(node: Node, key: str, timeout: float = 15.0) -> None:
-    """Wait until the job's cgroups are gone in every controller."""
+    """Wait until no directory of the job is left in any cgroup hierarchy mounted here."""
     deadline = time.monotonic() + timeout
-    while any(node.cgroup(c, key).exists() for c in CONTROLLERS):
-        assert time.monotonic() < deadline, f"job {key}'s cgroups are still there"
+    while left := node.job_cgroups_left(key):
+        assert time.monotonic() < deadline, f"job {key}'s cgroups are still there: {left}"
         time.sleep(0.05)
 
 
@@ -661,7 +653,7 @@ def test_a_job_short_of_cores_gets_those_empty_cgroups_of_ended_jobs_hold(
     their spool dirs are still there), when a new job's shepherd asks, then gecod removes
     them (stale-cgroup-removed) and contains the new job at once, instead of refusing it
     for lack of cores."""
-    ncores = len(parse_cpulist((CGROUP_ROOT / "cpuset" / node.name / "cpuset.cpus")
+    ncores = len(parse_cpulist((node.cgroup("cpuset") / "cpuset.cpus")
                                .read_text().strip()))
     ended = [new_job() for _ in range(ncores)]
     for job in ended:
