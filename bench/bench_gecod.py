@@ -18,9 +18,11 @@ resource file, so no qstat is involved. Then:
   times, with 1 and with 64 clients at once. The first request of a client
   moves it into the job's cgroups; later ones find it there and move it again
   (the same kernel writes). Time = connect to verified ACK, in the client.
-  gecod journals every success, as in production, when journald runs.
+  gecod journals every success, as in production: journald runs (started here when
+  none does).
 * **floors**, measured in the same run by the same program: a bare Unix-socket
-  round trip of the same sizes against a server that does no work, and one
+  round trip of the same sizes against servers that do no work (as many as gecod
+  has lane threads), with 1 and with 64 clients, and one
   ``cgroup.procs`` write (a move into the job's cpuset cgroup); beside them, one
   such write 0.2 s after the last (what a quiet node's first job start pays: the
   kernel's cgroup lock waits for an RCU grace period when it was not taken lately).
@@ -51,7 +53,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from _common import REPO
+from _common import REPO, journald
 from _table import Row, add_json_option, write_rows
 
 from geco.resourceset import NodeResources, ResourceSet, short_hostname
@@ -200,6 +202,17 @@ def round_trip_figures(f: dict[str, float | str]) -> str:
             f"{f['rate_per_s']:,.0f} req/s ({f['requests']:,} requests)")
 
 
+def move_targets(g: BenchGecod) -> list[Path]:
+    """Every ``cgroup.procs`` of the job (one per hierarchy on v1, one on v2): a quarantine
+    writes each of them."""
+    key = f"{JOB}.{TASK}"
+    found = sorted(CGROUP_ROOT.glob(f"*/{g.cgroup_name}/{key}/cgroup.procs")) or \
+        sorted(CGROUP_ROOT.glob(f"{g.cgroup_name}/{key}/cgroup.procs"))
+    if not found:
+        raise SystemExit(f"bench_gecod: no cgroup of job {key} under {g.cgroup_name}")
+    return found
+
+
 def cgroup_procs(g: BenchGecod) -> Path:
     """The job's cgroup.procs in the cpuset hierarchy (v1; the one file on v2): the
     costliest move, since the kernel re-binds the task's CPUs."""
@@ -243,22 +256,30 @@ def main() -> int:
         return 2
     rows: list[tuple[str, str]] = []
     binary = qbench()
-    with bench_gecod() as g:
+    with journald(), bench_gecod() as g:
         rss_start = _status_field(g.pid, "VmRSS")
         # the first request builds the job's cgroups; the rounds measure steady state
         round_trips(binary, g, 1, 1)
         one, many = (round_trips(binary, g, clients, args.requests) for clients in (1, 64))
         rss_after = _status_field(g.pid, "VmRSS")
         floor = run_qbench(binary, "floor-socket", "--requests", "2000")
+        floor_many = run_qbench(binary, "floor-socket", "--clients", "64", "--requests",
+                                str(args.requests))
         move = run_qbench(binary, "floor-cgroup", "--cgroup-procs", str(cgroup_procs(g)),
                           "--requests", "500")
+        targets = move_targets(g)
+        moves = run_qbench(binary, "floor-cgroup", "--cgroup-procs",
+                           ",".join(map(str, targets)), "--requests", "500")
         quiet_move = idle_move_ms(cgroup_procs(g))
         for clients, got in ((1, one), (64, many)):
             rows.append((f"JOB_STARTED round trip, {clients} client(s) (C, as the preload)",
                          round_trip_figures(got)))
         rows.append(("floor: bare Unix-socket round trip (same sizes, no work)",
                      round_trip_figures(floor)))
+        rows.append(("floor: the same, 64 clients", round_trip_figures(floor_many)))
         rows.append(("floor: one cgroup.procs write (cpuset, a move)", round_trip_figures(move)))
+        rows.append((f"floor: a quarantine's moves ({len(targets)} hierarchies; the kernel "
+                     "serializes them)", round_trip_figures(moves)))
         rows.append(("one cgroup.procs write 0.2 s after the last", f"p50 {quiet_move:.2f} ms"))
         time.sleep(1.0)  # let the last replies and journal writes settle
         before = _switches(g.pid)
@@ -269,18 +290,23 @@ def main() -> int:
         rows.append(("gecod VmRSS after the load", f"{rss_after / 1024:.1f} MiB"))
         rows.append((f"idle wake-ups (ctxt switches, all threads, {args.idle_seconds:g} s"
                      " window)", f"{per_minute:.1f} per minute"))
-        journald = Path("/run/systemd/journal/socket").is_socket()
-        rows.append(("journald receiving gecod's entries", "yes" if journald else "no"))
+        journaling = Path("/run/systemd/journal/socket").is_socket()
+        rows.append(("journald receiving gecod's entries", "yes" if journaling else "no"))
     rtt = float(floor["p50_us"])
     write_rows(args.json, [
         Row("quarantine round trip, 1 client, p50", float(one["p50_us"]), "us", "<= 200",
             rtt, "bare Unix-socket round trip"),
         Row("quarantine round trip, 64 clients, p99", float(many["p99_us"]) / 1e3, "ms",
-            "<= 10", float(floor["p99_us"]) / 1e3, "bare Unix-socket round trip, p99"),
+            "<= 10", float(floor_many["p99_us"]) / 1e3,
+            "bare Unix-socket round trip, 64 clients, p99"),
         Row("quarantine requests per second, 64 clients", float(many["rate_per_s"]), "/s",
-            ">= 10,000", float(floor["rate_per_s"]), "bare round trips per second"),
-        Row("one cgroup.procs move (the kernel's part of a quarantine), p50",
-            float(move["p50_us"]), "us"),
+            ">= 10,000", float(floor_many["rate_per_s"]),
+            "bare round trips per second, 64 clients"),
+        Row("one cgroup.procs move (cpuset), p50", float(move["p50_us"]), "us"),
+        Row(f"a quarantine's moves ({len(targets)} cgroup.procs writes), p50",
+            float(moves["p50_us"]), "us"),
+        Row("a quarantine's moves per second, back to back (the kernel's ceiling)",
+            float(moves["rate_per_s"]), "/s"),
         Row("one cgroup.procs move 0.2 s after the last (a quiet node's first job), p50",
             quiet_move, "ms"),
         Row("gecod RSS after start-up", rss_start / 1024, "MiB"),

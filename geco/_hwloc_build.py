@@ -26,11 +26,8 @@ falls back to ``-lhwloc`` and the default include path.
 
 from __future__ import annotations
 
-import os
 import shlex
-import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 from cffi import FFI
@@ -232,19 +229,10 @@ ffibuilder.set_source(MODULE_NAME, C_SOURCE, **_hwloc_flags())
 
 def main() -> None:
     """Build the extension in place: ``geco/_hwloc_cffi.*.so`` beside this file."""
-    package_dir = Path(__file__).resolve().parent
-    # cffi compiles inside (and chdirs into) tmpdir; a scratch directory keeps the
-    # generated .c/.o out of the tree and setuptools from reading our pyproject.toml
-    with tempfile.TemporaryDirectory(prefix="geco-hwloc-build-") as tmp:
-        built = Path(ffibuilder.compile(tmpdir=tmp, verbose=False))
-        target = package_dir / built.name
-        # copy beside the target, then rename over it: running processes (a gecod, a
-        # test session) have the old file mapped, and rewriting it in place would
-        # crash them (SIGSEGV); a rename leaves their inode alone
-        staged = package_dir / f".{built.name}.new"
-        shutil.copyfile(built, staged)
-        os.replace(staged, target)
-    print(target)
+    # here, not at the top: setup.py runs this file as a script, with no geco to import
+    from geco._cffi_inplace import build_in_place
+
+    print(build_in_place(ffibuilder, Path(__file__).resolve().parent))
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 from geco.errors import ProtocolError
 
@@ -76,6 +76,7 @@ __all__ = [
     "Message",
     "MsgType",
     "NodeRequest",
+    "Replay",
     "ReplayCache",
     "Starter",
     "StarterReply",
@@ -850,7 +851,7 @@ def _check_skew(ts_ns: int, now_ns: int | None, max_skew: float) -> None:
 
 
 def decode(frame: bytes, secret: bytes, *, now_ns: int | None = None, max_skew: float = 30.0,
-           replay: ReplayCache | None = None, peercred: bool | None = None,
+           replay: Replay | None = None, peercred: bool | None = None,
            header: Header | None = None, max_payload: int = MAX_PAYLOAD) -> Frame:
     """Verify one frame and return it; the checks run in the documented order.
 
@@ -994,6 +995,13 @@ def ack_for_error(received: bytes, error: ProtocolError, secret: bytes) -> bytes
     if error.reason != "version" and len(received) >= 8:
         flags = int.from_bytes(received[6:8], "little") & PEERCRED
     return encode(MsgType.ACK, Ack(0, 0, status, nonce), secret, flags=flags)
+
+
+class Replay(Protocol):
+    """What :func:`decode` asks of a replay cache: record a nonce, or refuse it."""
+
+    def check(self, nonce: bytes, now_ns: int) -> None:
+        """Record ``nonce``; raise ProtocolError (reason ``nonce``) to refuse the frame."""
 
 
 class ReplayCache:

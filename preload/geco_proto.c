@@ -313,6 +313,42 @@ int geco_decode_starter_reply(const uint8_t *buf, size_t len,
                         GECO_STARTER_REPLY, GECO_PEERCRED, out, strings, cap, strings_len);
 }
 
+int geco_decode_job_started(const uint8_t *buf, size_t len, const uint8_t key[GECO_KEY_BYTES],
+                            int64_t now, int64_t max_skew_ns, geco_job_started_t *out)
+{
+    /* the receiver's order (docs/wire-format.md, "Receiving"): shape, MAC, then the rest */
+    if (len < GECO_HEADER_BYTES + GECO_MAC_BYTES)
+        return GECO_E_SHORT;
+    if (memcmp(buf + OFF_MAGIC, MAGIC, sizeof MAGIC) != 0)
+        return GECO_E_MAGIC;
+    if (buf[OFF_VERSION] != GECO_PROTO_VERSION)
+        return GECO_E_VERSION;
+    if (load16(buf + OFF_FLAGS) != 0)
+        return GECO_E_FLAGS;
+    uint32_t n = load32(buf + OFF_LENGTH);
+    if (n > GECO_MAX_PAYLOAD || len != GECO_HEADER_BYTES + (size_t)n + GECO_MAC_BYTES)
+        return GECO_E_LENGTH;
+    uint8_t mac[GECO_MAC_BYTES];
+    size_t body = GECO_HEADER_BYTES + (size_t)n;
+    crypto_generichash(mac, sizeof mac, buf, body, key, GECO_KEY_BYTES);
+    if (sodium_memcmp(mac, buf + body, GECO_MAC_BYTES) != 0)
+        return GECO_E_MAC;
+    if (buf[OFF_TYPE] != GECO_JOB_STARTED)
+        return GECO_E_TYPE;
+    const uint8_t *p = buf + GECO_HEADER_BYTES;
+    if (n != JOB_STARTED_BYTES || load32(p + 20) != 0)
+        return GECO_E_PAYLOAD;
+    int64_t ts = (int64_t)load64(buf + OFF_TIMESTAMP);
+    if (now == 0)
+        now = now_ns();
+    if (distance(ts, now) > (uint64_t)(max_skew_ns > 0 ? max_skew_ns : 0))
+        return GECO_E_STALE;
+    out->job_id = load64(p);
+    out->task_id = load64(p + 8);
+    out->pid = load32(p + 16);
+    return 0;
+}
+
 const uint8_t *geco_frame_nonce(const uint8_t *frame)
 {
     return frame + OFF_NONCE;

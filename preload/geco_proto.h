@@ -128,6 +128,10 @@ int geco_decode_starter_reply(const uint8_t *buf, size_t len,
                               const uint8_t request_nonce[GECO_NONCE_BYTES], int64_t now_ns,
                               int64_t max_skew_ns, geco_ack_t *out, char *strings, size_t cap,
                               size_t *strings_len);
+/* Verify and decode a JOB_STARTED request (no flags), as gecod receives it. now_ns == 0:
+   now. Returns 0 or a negative enum geco_err (the replay cache is the caller's). */
+int geco_decode_job_started(const uint8_t *buf, size_t len, const uint8_t key[GECO_KEY_BYTES],
+                            int64_t now_ns, int64_t max_skew_ns, geco_job_started_t *out);
 /* Nonce of an encoded frame (bytes 12..27), for the client to remember. */
 const uint8_t *geco_frame_nonce(const uint8_t *frame);
 

@@ -10,13 +10,15 @@
  *       before connect to after the verified ack. DIR: each client's cwd
  *       (gecod finds the job from the client's cwd). MS: the deadline of
  *       one request (30000; a refused connect is retried until then).
- *   geco_qbench floor-socket --requests R
+ *   geco_qbench floor-socket --requests R [--clients C]
  *       a bare Unix-socket round trip of the same sizes (a JOB_STARTED frame
- *       out, an ACK frame back) against a forked server that does no work.
- *   geco_qbench floor-cgroup --cgroup-procs PATH --requests R
- *       one write of our pid into PATH (open O_WRONLY, write, close, as gecod
- *       moves a process): the kernel's share of a quarantine. Before each, an
- *       untimed write moves us back to PATH's parent cgroup, so each is a move.
+ *       out, an ACK frame back) against forked servers that do no work, as
+ *       many as gecod has lane threads (one per cpu, at most 4).
+ *   geco_qbench floor-cgroup --cgroup-procs PATH[,PATH...] --requests R
+ *       one write of our pid into each PATH (open O_WRONLY, write, close, as
+ *       gecod moves a process): the kernel's share of a quarantine (all of a
+ *       job's hierarchies: every move it makes). Before each, untimed writes
+ *       move us back to each PATH's parent cgroup, so each is a real move.
  *
  * Why: gecod's figures mean little without the floor beside them -- what a
  * socket round trip and a cgroup.procs write cost here, with no gecod at all.
@@ -201,7 +203,10 @@ static void serve(int lfd)
     }
 }
 
-static char parent_procs[4096]; /* cgroup.procs of the target's parent cgroup */
+#define MAX_TARGETS 16
+static char targets[MAX_TARGETS][4096]; /* the cgroup.procs files a move writes */
+static char parents[MAX_TARGETS][4096]; /* cgroup.procs of each one's parent cgroup */
+static int ntargets;
 
 /* Write our pid into a cgroup.procs as gecod does: open, one write, close. */
 static int write_pid(const char *procs, const char *what, first_error_t *err)
@@ -224,12 +229,18 @@ static int write_pid(const char *procs, const char *what, first_error_t *err)
    timed write is a real move, as gecod's is. */
 static int cgroup_once(first_error_t *err)
 {
-    return write_pid(opt.procs, "cgroup.procs", err);
+    for (int i = 0; i < ntargets; i++)
+        if (write_pid(targets[i], "cgroup.procs", err) != 0)
+            return -1;
+    return 0;
 }
 
 static int cgroup_back(first_error_t *err)
 {
-    return write_pid(parent_procs, "moving back to the parent cgroup", err);
+    for (int i = 0; i < ntargets; i++)
+        if (write_pid(parents[i], "moving back to the parent cgroup", err) != 0)
+            return -1;
+    return 0;
 }
 
 /* ------------------------------------------------------------------------- */
@@ -335,14 +346,20 @@ int main(int argc, char **argv)
     if (strcmp(opt.mode, "floor-cgroup") == 0) {
         if (opt.procs == NULL)
             usage();
-        /* <parent>/<cgroup>/cgroup.procs -> <parent>/cgroup.procs */
-        const char *slash = strrchr(opt.procs, '/');
-        int dirlen = slash != NULL ? (int)(slash - opt.procs) : 0;
-        while (dirlen > 0 && opt.procs[dirlen - 1] != '/')
-            dirlen--;
-        if (dirlen == 0)
-            die("--cgroup-procs must be a path <parent cgroup>/<cgroup>/cgroup.procs");
-        snprintf(parent_procs, sizeof parent_procs, "%.*scgroup.procs", dirlen, opt.procs);
+        for (const char *p = opt.procs; *p != '\0' && ntargets < MAX_TARGETS;) {
+            size_t len = strcspn(p, ",");
+            char *t = targets[ntargets];
+            snprintf(t, sizeof targets[0], "%.*s", (int)len, p);
+            /* <parent>/<cgroup>/cgroup.procs -> <parent>/cgroup.procs */
+            const char *slash = strrchr(t, '/');
+            int dirlen = slash != NULL ? (int)(slash - t) : 0;
+            while (dirlen > 0 && t[dirlen - 1] != '/')
+                dirlen--;
+            if (dirlen == 0)
+                die("--cgroup-procs takes paths <parent cgroup>/<cgroup>/cgroup.procs");
+            snprintf(parents[ntargets++], sizeof parents[0], "%.*scgroup.procs", dirlen, t);
+            p += len + (p[len] == ',');
+        }
         opt.clients = 1;
         return run(cgroup_once, cgroup_back);
     }
@@ -364,16 +381,22 @@ int main(int argc, char **argv)
     if (lfd < 0 || bind(lfd, (struct sockaddr *)&floor_addr, sizeof floor_addr) != 0
         || listen(lfd, 128) != 0)
         die("cannot listen on the floor-socket socket");
-    pid_t server = fork();
-    if (server == 0)
-        serve(lfd);
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int nservers = cpus < 1 ? 1 : cpus > 4 ? 4 : (int)cpus;
+    pid_t servers[4];
+    for (int i = 0; i < nservers; i++) {
+        servers[i] = fork();
+        if (servers[i] == 0)
+            serve(lfd);
+        if (servers[i] < 0)
+            die("fork failed");
+    }
     close(lfd);
-    opt.clients = 1;
-    if (server < 0)
-        die("fork failed");
     int rc = run(socket_once, NULL);
-    kill(server, SIGKILL);
-    waitpid(server, NULL, 0);
+    for (int i = 0; i < nservers; i++) {
+        kill(servers[i], SIGKILL);
+        waitpid(servers[i], NULL, 0);
+    }
     unlink(floor_addr.sun_path);
     rmdir(dir);
     return rc;

@@ -179,11 +179,13 @@ log "pip: geco $("$PY" -c 'import importlib.metadata as m; print(m.version("geco
 # ---------------------------------------------------------------------------
 # 4. in-place extension for tests that import the checkout
 # ---------------------------------------------------------------------------
-if [ -f "$REPO/geco/_hwloc_build.py" ]; then
-  (cd "$REPO" && "$PY" -m geco._hwloc_build >"$TMPD/build.log" 2>&1) \
-    || { cat "$TMPD/build.log" >&2; die "in-place build of geco._hwloc_cffi failed"; }
+for builder in "$REPO"/geco/_*_build.py; do
+  [ -f "$builder" ] || continue
+  module="geco.$(basename "$builder" .py)"
+  (cd "$REPO" && "$PY" -m "$module" >"$TMPD/build.log" 2>&1) \
+    || { cat "$TMPD/build.log" >&2; die "in-place build of $module failed"; }
   log "extension: $(tail -n 1 "$TMPD/build.log")"
-fi
+done
 
 # ---------------------------------------------------------------------------
 # 5. hooks

@@ -309,6 +309,11 @@ class Backend(ABC):
         """
 
     @abstractmethod
+    def move_targets(self, key: JobKey) -> tuple[str, ...]:
+        """The ``cgroup.procs`` files :meth:`add_pid` writes, in its order (gecod's C lane
+        moves a job's later tasks with them)."""
+
+    @abstractmethod
     def move_to_cgroups_of(self, pid: int, other_pid: int) -> None:
         """Put process ``pid`` into the cgroups ``other_pid`` is in, in every managed controller.
 

@@ -449,6 +449,10 @@ class V1Backend(Backend):
                       memory=_read_limit(md / "memory.limit_in_bytes"),
                       memory_swap=_read_limit(memsw) if memsw.exists() else 0, pids=pids)
 
+    def move_targets(self, key: JobKey) -> tuple[str, ...]:
+        paths = self._paths_of(key)
+        return tuple(f"{paths[ctrl]}/cgroup.procs" for ctrl in self._movers)
+
     def add_pid(self, key: JobKey, pid: int) -> None:
         paths = self._paths_of(key)
         hints = {errno.ESRCH: f"process {pid} is gone (it exited before it could be moved)",

@@ -344,6 +344,9 @@ class V2Backend(Backend):
         return Limits(cpus=read_str(d / "cpuset.cpus"), mems=read_str(d / "cpuset.mems"),
                       memory=memory, memory_swap=memory_swap, pids=pids)
 
+    def move_targets(self, key: JobKey) -> tuple[str, ...]:
+        return (f"{self._dir(key)}/cgroup.procs",)
+
     def add_pid(self, key: JobKey, pid: int) -> None:
         d = self._dir(key)
         write_bytes(d / "cgroup.procs", str(pid).encode("ascii"), key=key, pid=pid, hints={

@@ -57,6 +57,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from geco import containment, log, procfs
 from geco.cgroup import Backend, Limits
@@ -68,8 +69,11 @@ from geco.resourceset import short_hostname
 from geco.sge import execd
 from geco.topology import Topology
 
+if TYPE_CHECKING:
+    from geco.daemon.fastlane import FastLane
+
 __all__ = ["Context", "Outcome", "Peer", "Request", "Shepherd", "WouldWait", "job_dir_of",
-           "quarantine", "spool_root"]
+           "pid_reused", "quarantine", "spool_root"]
 
 _log = log.get("gecod.quarantine")
 
@@ -173,14 +177,19 @@ class Context:
     # job -> (identity of its cgroups, their limits), learnt when a process first went in:
     # later tasks of the job join with one stat and the moves, nothing read again
     ready: dict[JobKey, tuple[int, Limits]] = field(default_factory=dict)
+    # the C lane that serves later tasks of the jobs in ``ready`` (None: Python serves all)
+    lane: FastLane | None = None
     _locks: dict[str, _KeyLock] = field(default_factory=dict)
     _locks_guard: threading.Lock = field(default_factory=threading.Lock)
 
     @contextlib.contextmanager
-    def job_lock(self, key: JobKey, *, wait: bool = True) -> Iterator[None]:
+    def job_lock(self, key: JobKey, *, wait: bool = True, moves: bool = False
+                 ) -> Iterator[None]:
         """Hold the lock of job ``key``: created on first use, forgotten when nobody holds
         or waits for it, so the table does not grow with every job the node ever ran.
-        ``wait=False``: raise :class:`WouldWait` instead of waiting for it."""
+        ``wait=False``: raise :class:`WouldWait` instead of waiting for it. Unless the
+        holder only ``moves`` processes in, the fast lane stops serving the job first (a
+        teardown must not find a task moved in behind it)."""
         with self._locks_guard:
             entry = self._locks.setdefault(key, _KeyLock())
             entry.users += 1
@@ -188,6 +197,8 @@ class Context:
             if not entry.lock.acquire(blocking=wait):
                 raise WouldWait(f"job {key}'s lock is held")
             try:
+                if not moves and self.lane is not None:
+                    self.lane.withdraw(key)
                 yield
             finally:
                 entry.lock.release()
@@ -434,12 +445,14 @@ def _contain(key: JobKey, req: Request, job_dir: str | Path, ctx: Context,
     Holding the lock until the pid is in keeps gecod's end of the job's previous
     run (:mod:`geco.daemon.jobend`) from removing the cgroups in between.
     """
-    with ctx.job_lock(key, wait=wait):
+    with ctx.job_lock(key, wait=wait, moves=True):
         known = ctx.ready.get(key)
         if known is not None and known[0] == ctx.backend.identity(key):
             # a later task of a job whose cgroups this gecod has seen: the same
             # cgroups (same identity), so their limits still hold
             ctx.backend.add_pid(key, req.pid)
+            if ctx.lane is not None:  # the next ones are the lane's
+                ctx.lane.publish(key, known[0], known[1], ctx.backend)
             return known[1], False, False
         if not wait:
             raise WouldWait(f"job {key}'s cgroups are new to gecod")
@@ -452,7 +465,18 @@ def _contain(key: JobKey, req: Request, job_dir: str | Path, ctx: Context,
         identity = ctx.backend.identity(key)
         if identity is not None:
             ctx.ready[key] = (identity, done.limits)
+            if ctx.lane is not None:
+                ctx.lane.publish(key, identity, done.limits, ctx.backend)
     return done.limits, done.created, True
+
+
+def pid_reused(req: Request) -> Outcome:
+    """The pid was moved, and then its process was found gone: say so, and fail."""
+    _log.warning("process %d exited while being quarantined; its pid may have been "
+                 "reused by the process now moved into job %s.%s", req.pid, req.job_id,
+                 req.task_id, extra=log.job_fields(req.job_id, req.task_id, "pid-reused",
+                                                   PID=req.pid))
+    return Outcome(AckStatus.FAILED, f"process {req.pid} exited while being moved")
 
 
 def quarantine(req: Request, ctx: Context, *, wait: bool = True) -> Outcome:
@@ -494,11 +518,7 @@ def quarantine(req: Request, ctx: Context, *, wait: bool = True) -> Outcome:
         limits, created, first = _contain(key, req, job_dir, ctx, wait, master)
         # the pidfd pins the peer: alive now means the pid we wrote was still the peer's
         if req.pidfd >= 0 and not _alive(req.pidfd):
-            _log.warning("process %d exited while being quarantined; its pid may have been "
-                         "reused by the process now moved into job %s", req.pid, key,
-                         extra=log.job_fields(req.job_id, req.task_id, "pid-reused",
-                                              PID=req.pid))
-            return Outcome(AckStatus.FAILED, f"process {req.pid} exited while being moved")
+            return pid_reused(req)
     except _Refused as exc:
         return Outcome(exc.status, exc.reason)
     except (TaskNotRunning, JobNotFound) as exc:

@@ -61,6 +61,7 @@ import concurrent.futures
 import contextlib
 import enum
 import errno
+import functools
 import os
 import selectors
 import socket
@@ -73,6 +74,7 @@ from dataclasses import dataclass, field
 from geco import __version__, log
 from geco.address import Address
 from geco.daemon import hookserve, sshlogin, status
+from geco.daemon.fastlane import FastLane, Handoff
 from geco.daemon.quarantine import (
     Context,
     Outcome,
@@ -80,6 +82,7 @@ from geco.daemon.quarantine import (
     Request,
     Shepherd,
     WouldWait,
+    pid_reused,
     quarantine,
 )
 from geco.daemon.ratelimit import RefusalBudget
@@ -99,6 +102,7 @@ from geco.protocol import (
     HookName,
     JobStarted,
     MsgType,
+    Replay,
     ReplayCache,
     Starter,
     StarterReply,
@@ -173,6 +177,8 @@ class Lane:
     budget: what its clients may hold at once.
     inline: JOB_STARTED for a job gecod has seen is served in the loop, not a worker
         (root's lane: its clients are trusted; the public lane's could queue the loop).
+    fast: the C lane that accepts this socket (:mod:`geco.daemon.fastlane`): the loop then
+        gets only the connections it hands back.
     """
 
     name: str
@@ -181,6 +187,7 @@ class Lane:
     executor: concurrent.futures.ThreadPoolExecutor
     budget: Budget
     inline: bool = False
+    fast: FastLane | None = None
     connections: set[_Connection] = field(default_factory=set)
     working: int = 0
     open_by_uid: Counter[int | None] = field(default_factory=Counter)
@@ -202,6 +209,8 @@ class _Connection:
     accepted: float = field(default_factory=time.monotonic)
     claimed: tuple[int | None, int | None, int | None] = (None, None, None)
     peercred: bool = False  # the header has the PEERCRED flag (answer in kind)
+    recorded: bool = False  # the fast lane put the nonce in the replay cache already
+    died: bool = False  # the fast lane moved the pid, then found the process gone
     watched: bool = False  # registered with the loop (it had to wait for bytes or room)
 
     @property
@@ -257,19 +266,26 @@ class Server:
         self.on_change = on_change
         self.on_contained = on_contained
         self.on_shepherd = on_shepherd
-        self.replay = ReplayCache.for_skew(ctx.config.gecod_max_skew)
+        fast = next((lane.fast for lane in self.lanes if lane.fast is not None), None)
+        # one cache for every frame MAC'd with the secret key: the C lane's, when it runs
+        self.replay: Replay = (
+            fast.replay if fast is not None else ReplayCache.for_skew(ctx.config.gecod_max_skew))
         # PEERCRED frames can be minted by anyone: their own cache, which forgets when full
         self.replay_peercred = ReplayCache.for_skew(ctx.config.gecod_max_skew,
                                                     forget_when_full=True)
         self.started = time.time()
-        self.served = 0
+        self._served = 0
         self.refused = 0
         self.refusal_budget = RefusalBudget()
         self._on_idle: Callable[[], None] | None = None
         for lane in self.lanes:
             assert lane.listener is not None
             lane.listener.setblocking(False)
-            self._accept_on(lane)
+            if lane.fast is not None:
+                loop.add_source(lane.fast.notify_fd, selectors.EVENT_READ,
+                                functools.partial(self._on_handoff_event, lane))
+            else:
+                self._accept_on(lane)
         loop.add_timer(self.refusal_budget.window, self._summarize_refusals,
                        repeat=self.refusal_budget.window)
 
@@ -277,6 +293,11 @@ class Server:
     def connections(self) -> set[_Connection]:
         """Every open connection, of every lane."""
         return set().union(*(lane.connections for lane in self.lanes))
+
+    @property
+    def served(self) -> int:
+        """Requests answered, here and in the fast lane."""
+        return self._served + sum(lane.fast.served for lane in self.lanes if lane.fast)
 
     @property
     def working(self) -> int:
@@ -310,7 +331,18 @@ class Server:
             self.loop.add_source(lane.listener, selectors.EVENT_READ,
                                  lambda s, ev: self._on_accept(lane))
 
-    def _start(self, lane: Lane, sock: socket.socket) -> None:
+    def _on_handoff_event(self, lane: Lane, _fd: object, _events: int) -> None:
+        self._on_handoff(lane)
+
+    def _on_handoff(self, lane: Lane) -> None:
+        """The fast lane left connections to the loop (or served requests meanwhile)."""
+        assert lane.fast is not None
+        for handoff in lane.fast.take():
+            self._start(lane, handoff.sock, handoff)
+        if lane.fast.changed() and self.on_change is not None:
+            self.on_change()
+
+    def _start(self, lane: Lane, sock: socket.socket, handoff: Handoff | None = None) -> None:
         sock.setblocking(False)
         if len(lane.connections) >= lane.budget.connections:
             if not lane.warned_full:
@@ -318,14 +350,19 @@ class Server:
                              lane.budget.connections, lane.address)
                 lane.warned_full = True
             sock.close()
+            if handoff is not None and handoff.pidfd >= 0:
+                os.close(handoff.pidfd)
             return
         lane.warned_full = False
-        try:
-            peer = _peer_of(sock)
-        except OSError as exc:
-            _log.debug("no peer credentials: %s", exc)
-            sock.close()
-            return
+        if handoff is not None:
+            peer: Peer | None = Peer(handoff.pid, handoff.uid, handoff.gid)
+        else:
+            try:
+                peer = _peer_of(sock)
+            except OSError as exc:
+                _log.debug("no peer credentials: %s", exc)
+                sock.close()
+                return
         conn = _Connection(sock, peer, lane)
         share = lane.budget.per_uid_connections
         if share is not None and lane.open_by_uid[conn.uid] >= share:
@@ -334,13 +371,22 @@ class Server:
             self._journal_refusal(conn, "over-budget", f"{share} connections of this uid are "
                                                        f"open already; closed", None)
             return
-        if peer is not None:
+        if handoff is not None:
+            conn.pidfd, conn.accepted = handoff.pidfd, handoff.accepted
+            conn.recorded, conn.died = handoff.recorded, handoff.died
+        elif peer is not None:
             # pins the peer's identity for the worker: a pidfd names this very process,
             # so "still alive" after the move means the pid was not reused meanwhile
             with contextlib.suppress(OSError):
                 conn.pidfd = os.pidfd_open(peer.pid)
         lane.connections.add(conn)
         lane.open_by_uid[conn.uid] += 1
+        if handoff is not None and handoff.data:
+            # what the lane read first: the loop goes on from there
+            conn.buf += handoff.data
+            self._took(conn, more=True)
+            if conn.phase is not _Phase.READING:
+                return
         # a client sends its frame right after connecting: mostly it is here already,
         # and is served without a deadline timer or a turn through epoll
         self._on_readable(conn)
@@ -382,6 +428,11 @@ class Server:
                 self._close(conn)
             return False
         conn.buf += chunk
+        return self._took(conn, more=len(chunk) == need)  # short read: the rest is not here
+
+    def _took(self, conn: _Connection, *, more: bool) -> bool:
+        """What follows from the bytes in ``conn.buf``; False when nothing more can be read
+        now (``more``: the last read filled what it asked for)."""
         if conn.header is None:
             try:
                 if len(conn.buf) < HEADER_BYTES:
@@ -395,7 +446,7 @@ class Server:
         if len(conn.buf) >= conn.header.frame_bytes:
             self._received(conn)
             return False
-        return len(chunk) == need  # short read: the rest is not here yet
+        return more
 
     def _check_transport(self, conn: _Connection) -> None:
         """A PEERCRED frame is believed only where the kernel names its sender."""
@@ -425,10 +476,12 @@ class Server:
         if conn.deadline is not None:
             conn.deadline.cancel()
         conn.phase = _Phase.WORKING
+        # a frame the fast lane began to serve is in the replay cache already
+        replay = None if conn.recorded else \
+            self.replay_peercred if conn.peercred else self.replay
         try:
             got = decode(frame, self.secret, max_skew=self.ctx.config.gecod_max_skew,
-                         replay=self.replay_peercred if conn.peercred else self.replay,
-                         header=conn.header)
+                         replay=replay, header=conn.header)
         except ProtocolError as exc:
             self._reject(conn, exc)
             return
@@ -438,6 +491,9 @@ class Server:
             msg = got.message
             assert isinstance(msg, JobStarted)
             req = Request(got.type, msg.job_id, msg.task_id, msg.pid, conn.peer, conn.pidfd)
+            if conn.died:
+                self._answer(conn, got, pid_reused(req))
+                return
             if conn.lane.inline and got.type is MsgType.JOB_STARTED:
                 # a later task of a job gecod has seen is a few /proc reads and cgroup
                 # writes: done here, without the round trip through a worker thread
@@ -513,16 +569,16 @@ class Server:
         except Exception as exc:
             result = self._internal_error(conn, got, exc)
         if isinstance(result, bytes):
-            self.served += 1
+            self._served += 1
             self._send(conn, encode(MsgType.STATUS_REPLY, result, self.secret, flags=got.flags))
         elif isinstance(result, AdoptReply):  # journaled by the worker (ssh-* events)
-            self.served += 1
+            self._served += 1
             self._send(conn, encode(MsgType.ADOPT_REPLY, result, self.secret, flags=got.flags))
         elif isinstance(result, StarterReply):  # journaled by the worker, as the starter
-            self.served += 1
+            self._served += 1
             self._send(conn, encode(MsgType.STARTER_REPLY, result, self.secret, flags=got.flags))
         elif isinstance(result, tuple):  # a HOOK: journaled by the worker, as the hook
-            self.served += 1
+            self._served += 1
             job, task, _ = conn.claimed
             ack = Ack(job or 0, task or 0, result[0], got.nonce)
             self._send(conn, encode(MsgType.ACK, ack, self.secret, flags=got.flags))
@@ -548,7 +604,7 @@ class Server:
         """Journal the outcome of a verified request and send its ACK."""
         job, task, pid = conn.claimed
         if outcome.ok:
-            self.served += 1
+            self._served += 1
             limits = outcome.limits
             _log.info("quarantined process %s into job %s.%s (%s)%s", pid, job, task,
                       conn.describe(), "; created its cgroups" if outcome.created else "",
@@ -702,8 +758,13 @@ class Server:
         gecod rebuilds everything from the cgroup tree.
         """
         for lane in self.lanes:
-            if lane.listener is not None:
+            if lane.fast is not None:
+                lane.fast.stop()
+                self._on_handoff(lane)  # what it accepted last is answered too
+                self.loop.remove_source(lane.fast.notify_fd)
+            elif lane.listener is not None:
                 self.loop.remove_source(lane.listener)
+            if lane.listener is not None:
                 lane.listener.close()
                 lane.listener = None
         for conn in list(self.connections):

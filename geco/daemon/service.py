@@ -45,10 +45,11 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 from geco import __version__, address, cgroup, cluster, keys, log, oom, trace
 from geco import config as _config
-from geco.daemon import clusterserve, status
+from geco.daemon import clusterserve, fastlane, status
 from geco.daemon.jobend import JobEnds
 from geco.daemon.quarantine import Context, spool_root
 from geco.daemon.reaper import Reaper
@@ -187,8 +188,11 @@ class Daemon:
         self.jobends = JobEnds(self.loop, self.ctx, self.jobend_executor,
                                before_end=self.oom.check, on_ended=self._job_reaped)
         self.ctx.reclaim = self._reclaim
+        # later tasks of contained jobs: served in C threads (geco.daemon.fastlane)
+        self.lane = self.ctx.lane = fastlane.open_lane(
+            self.root_listener, cfg, self.secret, **self._lane_settings(cfg))
         lanes = [Lane("root", self.root_listener, self.root_address, self.executor,
-                      root_budget(cfg.gecod_workers), inline=True),
+                      root_budget(cfg.gecod_workers), inline=True, fast=self.lane),
                  Lane("public", self.listener, self.address, self.public_executor,
                       PUBLIC_BUDGET)]
         self.server = Server(self.loop, lanes, self.secret, self.ctx,
@@ -302,8 +306,13 @@ class Daemon:
         notify(f"STATUS=serving on {self.address}: {jobs} job(s) contained, "
                f"{self.server.served} request(s) answered, {self.server.refused} refused")
 
+    def _lane_settings(self, cfg: _config.Config) -> dict[str, Any]:
+        level = _stderr_level(self.log_level, cfg)
+        return {"spool_root": str(spool_root(cfg)),
+                "stderr_level": log.LEVELS.get(level.lower(), log.ERROR)}
+
     def _report_log_drops(self) -> None:
-        now = log.dropped()
+        now = log.dropped() + (self.lane.journal_drops if self.lane is not None else 0)
         if now > self._log_drops:
             _log.warning("%d log record(s) dropped in the last %g s: journald is stopped or "
                          "too slow (gecod never waits for it)", now - self._log_drops,
@@ -362,6 +371,12 @@ class Daemon:
         log.setup(_stderr_level(self.log_level, new), identifier="gecod")
         _route_traces(new)
         log.in_background()
+        if self.lane is not None:
+            try:
+                self.lane.configure(new, secret, journal=log.journal_socket(),
+                                    **self._lane_settings(new))
+            except OSError as exc:
+                _log.error("SIGHUP: %s", exc)
         _log.info("SIGHUP: configuration re-read from %s", self.config_path,
                   extra=log.job_fields(None, None, "gecod-reloaded"))
 
@@ -392,6 +407,8 @@ class Daemon:
         self.reaper.start()
         if self.cluster is not None:
             self.cluster.start()
+        if self.lane is not None:
+            self.lane.start()
         notify("READY=1")
         self._report_status()
         try:
@@ -421,6 +438,8 @@ class Daemon:
         self.jobend_executor.shutdown(wait=True, cancel_futures=True)
         # waits for a round's teardown in progress: one cut short could leave a job frozen
         self.reaper_executor.shutdown(wait=True, cancel_futures=True)
+        if self.lane is not None:  # nothing publishes or withdraws jobs any more
+            self.lane.close()
 
 
 def _group(name: str) -> int:

@@ -85,6 +85,8 @@ long geco_encode_ack(uint8_t *buf, size_t cap, const uint8_t key[32],
 int geco_decode_ack(const uint8_t *buf, size_t len, const uint8_t key[32],
                     const uint8_t request_nonce[16], int64_t now_ns,
                     int64_t max_skew_ns, geco_ack_t *out);
+int geco_decode_job_started(const uint8_t *buf, size_t len, const uint8_t key[32],
+                            int64_t now_ns, int64_t max_skew_ns, geco_job_started_t *out);
 const uint8_t *geco_frame_nonce(const uint8_t *frame);
 const char *geco_strerror(int err);
 """
@@ -135,6 +137,14 @@ class C:
             return rc, None
         return rc, P.Ack(out.job_id, out.task_id, P.AckStatus(out.status),
                          bytes(out.request_nonce))
+
+    def decode_job_started(self, frame: bytes, *, now: int, skew: int = SKEW_NS
+                           ) -> tuple[int, P.JobStarted | None]:
+        """gecod's fast lane's decoding of a request (preload/geco_lane.c)."""
+        out = self.ffi.new("geco_job_started_t *")
+        rc = self.lib.geco_decode_job_started(self._in(frame or b"\0"), len(frame),
+                                              self._in(KEY), now, skew, out)
+        return rc, (P.JobStarted(out.job_id, out.task_id, out.pid) if rc == 0 else None)
 
     def encode_adopt(self, adopt: P.Adopt, *, nonce: bytes | None, ts: int,
                      peercred: bool = False) -> bytes | int:
@@ -350,6 +360,31 @@ def test_python_decodes_what_c_encodes(c: C, job: int, task: int, pid: int, nonc
     got = P.decode(frame, KEY, now_ns=ts)
     assert (got.type, got.nonce, got.timestamp_ns) == (type_, nonce, ts)
     assert got.message == P.JobStarted(job, task, pid)
+
+
+def test_c_decodes_a_job_started_request_as_gecod_does_and_nothing_else(c: C) -> None:
+    """The fast lane's decoder takes the JOB_STARTED vector, and refuses what gecod's Python
+    decoding refuses (another type, another key, a bad MAC, the clock)."""
+    v = BY_NAME["job_started"]
+    frame, ts = bytes.fromhex(v["frame"]), v["timestamp_ns"]
+    assert c.decode_job_started(frame, now=ts) == (0, P.JobStarted(**v["fields"]))
+    for other in ("quarantine_self", "hook", "ack"):
+        o = BY_NAME[other]
+        assert c.decode_job_started(bytes.fromhex(o["frame"]), now=o["timestamp_ns"])[0] \
+            == c.lib.GECO_E_TYPE
+    forged = frame[:-1] + bytes([frame[-1] ^ 1])
+    assert c.decode_job_started(forged, now=ts)[0] == c.lib.GECO_E_MAC
+    assert c.decode_job_started(frame, now=ts + SKEW_NS + 1)[0] == c.lib.GECO_E_STALE
+    assert c.decode_job_started(frame[:-1], now=ts)[0] == c.lib.GECO_E_LENGTH
+    for neg in VECTORS["negative"]:  # C takes one only where Python reads a JOB_STARTED
+        data = bytes.fromhex(neg["frame"])
+        try:
+            got = P.decode(data, KEY, now_ns=neg["now_ns"], max_skew=neg["max_skew_ns"] / 1e9)
+        except P.ProtocolError:
+            got = None
+        rc, msg = c.decode_job_started(data, now=neg["now_ns"], skew=neg["max_skew_ns"])
+        assert (rc == 0) == (got is not None and got.type is P.MsgType.JOB_STARTED), neg["name"]
+        assert msg == (got.message if rc == 0 and got is not None else None)
 
 
 @given(u64, u64, u32, u32, st.sampled_from(list(P.AdoptStage)),

@@ -1,0 +1,218 @@
+"""gecod's fast lane: later tasks of a contained job served in C, everything else as before.
+
+gecod runs as in ``test_gecod.py`` (its :class:`Node`, :func:`start_gecod`,
+:func:`end_jobs` are reused), and the requests come on root's socket, where the
+preload sends them and the lane accepts. A job's first process (its shepherd,
+in the job's spool dir) is always Python's; a ``qrsh -inherit`` task's process
+(a PE task dir below it) of a job gecod holds is the lane's. What a user or an
+admin sees must not tell the two apart: the same ACK, cgroups, journal fields
+and stderr line; the lane's entries differ only in ``CODE_*``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import test_gecod as gecod_tests
+from test_gecod import (
+    CONTROLLERS,
+    HOST,
+    Gecod,
+    Node,
+    end_jobs,
+    logged,
+    make_node,
+    new_job,
+    start_gecod,
+    status,
+    wait_gone,
+)
+
+pytestmark = gecod_tests.pytestmark
+
+REPO = Path(__file__).resolve().parents[2]
+LANE = "preload/geco_lane.c"
+
+# A process that sends one JOB_STARTED frame for itself twice, on root's socket; prints
+# both ACK statuses (the second is the replay).
+TWICE = r"""
+import os, sys
+from geco import address, client, protocol
+key_file, where, job = sys.argv[1:4]
+key = open(key_file, "rb").read()
+frame = protocol.encode(protocol.MsgType.JOB_STARTED,
+                        protocol.JobStarted(int(job), 1, os.getpid()), key)
+for _ in range(2):
+    reply = client.request(address.parse(where), frame, 30)
+    print(protocol.decode_ack(reply, key, frame[12:28]).status.name, flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def node() -> Iterator[Node]:
+    with make_node(Node, "lane", f"geco-test-{os.getpid()}-lane") as n:
+        yield n
+
+
+@pytest.fixture(autouse=True)
+def _clean_jobs(node: Node) -> Iterator[None]:
+    yield
+    end_jobs(node)
+
+
+@pytest.fixture(scope="module")
+def gecod(node: Node, journal: Any) -> Iterator[Gecod]:
+    g = start_gecod(node)
+    try:
+        yield g
+    finally:
+        code = g.stop()
+        assert code == 0, g.output()
+
+
+def root_sock(node: Node) -> str:
+    return str(node.base / "gecod-root.sock")
+
+
+def contained_job(node: Node) -> tuple[int, gecod_tests.JobProcess]:
+    """A spooled job whose shepherd gecod moved in (Python: the first process of a job)."""
+    job = new_job()
+    node.make_job(job)
+    shepherd = node.job_process(job, sock=root_sock(node))
+    assert shepherd.answer() == "OK"
+    return job, shepherd
+
+
+def task_of(node: Node, job: int, petask: str = f"1.{HOST}") -> gecod_tests.JobProcess:
+    """A qrsh -inherit task's process asking from its PE task dir, on root's socket."""
+    return node.job_process(job, cwd=node.make_pe_task_dir(job, petask=petask),
+                            sock=root_sock(node))
+
+
+def entry_of(journal: Any, gecod: Gecod, job: int, pid: int) -> dict[str, Any]:
+    [entry] = journal.wait_for(GECO_EVENT="quarantined", JOB_ID=str(job), PID=str(pid),
+                               _PID=str(gecod.pid))
+    return dict(entry)
+
+
+def public(entry: dict[str, Any]) -> set[str]:
+    """The fields an admin reads (journald's own and the source location left out)."""
+    return {k for k in entry if not k.startswith("_") and not k.startswith("CODE_")}
+
+
+def test_a_later_task_is_served_by_the_lane_and_looks_as_if_python_had_served_it(
+        node: Node, gecod: Gecod, journal: Any) -> None:
+    """Given a job whose shepherd gecod moved in, when two qrsh -inherit tasks ask from
+    their PE task dirs, then each is OK and in the job's cgroups in every controller; their
+    journal entries come from the lane with the fields Python's entry has (CGROUP_CREATED
+    0, the job's cpus and memory limit, LANE root), gecod's stderr has the same line as for
+    Python's, and STATUS counts them as answered."""
+    job, shepherd = contained_job(node)
+    served_before = status(node, gecod.sock)["served"]
+    tasks = [task_of(node, job, f"{n}.{HOST}") for n in (1, 2)]
+
+    for task in tasks:
+        assert task.answer() == "OK"
+        for c in CONTROLLERS:
+            assert task.cgroups()[c] == f"/{node.name}/{job}.1", c
+    first = entry_of(journal, gecod, job, shepherd.pid)
+    later = [entry_of(journal, gecod, job, t.pid) for t in tasks]
+    assert first["CODE_FILE"].endswith("server.py") and first["CGROUP_CREATED"] == "1"
+    for entry, task in zip(later, tasks, strict=True):
+        assert entry["CODE_FILE"] == LANE
+        assert public(entry) == public(first)
+        assert (entry["CGROUP_CREATED"], entry["LANE"], entry["REQUEST"], entry["PEER_PID"]) \
+            == ("0", "root", "JOB_STARTED", str(task.pid))
+        assert (entry["CPUS"], entry["MEMS"], entry["MEMORY_LIMIT"], entry["MEMSW_LIMIT"]) \
+            == (first["CPUS"], first["MEMS"], first["MEMORY_LIMIT"], first["MEMSW_LIMIT"])
+        assert entry["MESSAGE"] == f"quarantined process {task.pid} into job {job}.1 " \
+                                   f"(pid {task.pid} uid 0)"
+        assert float(entry["ELAPSED_MS"]) >= 0
+    lines = gecod.output().splitlines()
+    for task in tasks:
+        assert any("|INFO ]: (geco_lane.c:" in line and
+                   f"quarantined process {task.pid} into job {job}.1" in line for line in lines)
+    assert status(node, gecod.sock)["served"] >= served_before + 2
+
+
+def test_a_frame_is_taken_once_whichever_side_served_it(
+        node: Node, gecod: Gecod, journal: Any) -> None:
+    """Given one frame sent twice by the same process, from a PE task dir (the lane serves
+    the first) and from the job's own dir (Python serves it), then the second is refused as
+    a replay (BAD_REQUEST, journaled REASON=nonce) in both cases: one replay cache."""
+    since = time.time()
+    job, _shepherd = contained_job(node)
+    for cwd in (node.make_pe_task_dir(job), node.job_dir(job)):
+        proc = gecod_tests.subprocess.run(
+            [sys.executable, "-c", TWICE, str(node.key_file), root_sock(node), str(job)],
+            cwd=cwd, capture_output=True, text=True, timeout=60, check=False,
+            env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin"})
+        assert proc.stdout.split() == ["OK", "BAD_REQUEST"], proc.stderr
+    refused = logged(journal, since, GECO_EVENT="quarantine-refused", REASON="nonce",
+                     _PID=str(gecod.pid))
+    assert len(refused) == 2
+
+
+def test_what_the_lane_cannot_vouch_for_is_refused_by_python_in_its_own_words(
+        node: Node, gecod: Gecod, journal: Any) -> None:
+    """Given a contained job, when a task asks from a PE task dir whose environment names
+    another job, or asks for another pid, then Python refuses it as without the lane, with
+    its sentence in the journal."""
+    since = time.time()
+    job, _shepherd = contained_job(node)
+    d = node.make_pe_task_dir(job)
+    (d / "environment").write_text("JOB_ID=1\nSGE_TASK_ID=undefined\n")
+    assert node.job_process(job, cwd=d, sock=root_sock(node)).answer() == "REFUSED"
+    other = node.job_process(job, cwd=node.make_pe_task_dir(job, petask=f"2.{HOST}"),
+                             sock=root_sock(node), mode="pid=1")
+    assert other.answer() == "REFUSED"
+    refused = logged(journal, since, GECO_EVENT="quarantine-refused", JOB_ID=str(job),
+                     _PID=str(gecod.pid))
+    assert len(refused) == 2
+    assert all(e["CODE_FILE"].endswith("server.py") for e in refused)
+    text = " ".join(e["MESSAGE"] for e in refused)
+    assert "environment names job 1" in text and "a process may only ask for itself" in text
+
+
+def test_once_a_job_has_ended_the_lane_no_longer_serves_it(
+        node: Node, gecod: Gecod, journal: Any) -> None:
+    """Given a job whose task the lane served, when its shepherd exits (gecod ends the job
+    under its lock, which withdraws it from the lane), then its cgroups go, and a task
+    asking afterwards is Python's (the lane never moves a process into a job being torn
+    down or gone)."""
+    job, shepherd = contained_job(node)
+    task = task_of(node, job)
+    assert task.answer() == "OK"
+    assert entry_of(journal, gecod, job, task.pid)["CODE_FILE"] == LANE
+    task.exit()
+    shepherd.exit()
+    wait_gone(node, f"{job}.1")
+
+    late = node.job_process(job, cwd=node.job_dir(job) / f"1.{HOST}", sock=root_sock(node))
+    late.answer()
+    entries = journal.entries(JOB_ID=str(job), PID=str(late.pid), _PID=str(gecod.pid))
+    assert entries and all(e["CODE_FILE"] != LANE for e in entries), entries
+
+
+def test_a_traced_jobs_tasks_are_pythons_so_its_trace_file_gets_their_lines(
+        node: Node, gecod: Gecod, journal: Any) -> None:
+    """Given a job traced at level 4 (its records go to its trace file, which only Python
+    writes), when a qrsh -inherit task asks, then Python serves it and the trace file has
+    the task's line."""
+    job = new_job()
+    node.make_job(job, trace_level=4)
+    assert node.job_process(job, sock=root_sock(node)).answer() == "OK"
+    task = task_of(node, job)
+    assert task.answer() == "OK"
+
+    assert entry_of(journal, gecod, job, task.pid)["CODE_FILE"].endswith("server.py")
+    trace = (node.base / "trace" / f"{job}.1.trace").read_text()
+    assert f"quarantined process {task.pid} into job {job}.1" in trace

@@ -1,0 +1,106 @@
+"""The fast lane's replay cache (preload/geco_lane.c) keeps geco.protocol.ReplayCache's rules.
+
+gecod's decoding of every frame MAC'd with the secret key asks the lane's cache
+when the lane runs, so the two must agree on every sequence: a nonce is taken
+once within the window, forgotten after it, and a cache full of live nonces
+refuses (fails closed) rather than forgetting one.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from geco import _lane_cffi as lane_cffi  # built by scripts/install.sh (python -m geco._lane_build)
+from geco import config, protocol
+from geco.daemon import fastlane
+
+WINDOW_NS = 1_000_000_000
+CAPACITY = 3
+
+
+@pytest.fixture(scope="module")
+def listener() -> Iterator[socket.socket]:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def small(listener: socket.socket) -> Iterator[Any]:
+    """A lane (never started) whose cache holds 3 nonces for 1 s."""
+    notify = os.eventfd(0)
+    lane = lane_cffi.lib.geco_lane_new(listener.fileno(), notify, WINDOW_NS, CAPACITY)
+    assert lane != lane_cffi.ffi.NULL
+    yield lane
+    lane_cffi.lib.geco_lane_free(lane)
+    os.close(notify)
+
+
+def _python_verdict(cache: protocol.ReplayCache, nonce: bytes, now: int) -> int:
+    try:
+        cache.check(nonce, now)
+    except protocol.ProtocolError as exc:
+        return 1 if "already used" in str(exc) else 2
+    return 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 700_000_000)), max_size=40))
+def test_the_c_cache_answers_every_sequence_as_the_python_one(
+        listener: socket.socket, steps: list[tuple[int, int]]) -> None:
+    """Given the same nonces at the same (rising) times, both caches take, refuse as a
+    replay, refuse as full, and forget after the window alike."""
+    notify = os.eventfd(0)
+    lane = lane_cffi.lib.geco_lane_new(listener.fileno(), notify, WINDOW_NS, CAPACITY)
+    try:
+        python = protocol.ReplayCache(WINDOW_NS / 1e9, capacity=CAPACITY)
+        now = 10**18
+        for which, gap in steps:
+            now += gap
+            nonce = bytes([which]) * 16
+            c = lane_cffi.lib.geco_lane_replay_check(lane, nonce, now)
+            assert c == _python_verdict(python, nonce, now)
+            assert lane_cffi.lib.geco_lane_replay_size(lane) == len(python)
+    finally:
+        lane_cffi.lib.geco_lane_free(lane)
+        os.close(notify)
+
+
+def test_a_full_cache_refuses_until_its_oldest_nonce_is_older_than_the_window(small: Any) -> None:
+    lib, now = lane_cffi.lib, 2 * 10**18
+    for n in range(CAPACITY):
+        assert lib.geco_lane_replay_check(small, bytes([n]) * 16, now + n) == 0
+    assert lib.geco_lane_replay_check(small, b"\x09" * 16, now + 5) == 2
+    assert lib.geco_lane_replay_check(small, b"\x00" * 16, now + 5) == 1
+    # the first one leaves the window: room for one
+    assert lib.geco_lane_replay_check(small, b"\x09" * 16, now + WINDOW_NS + 1) == 0
+    assert lib.geco_lane_replay_check(small, b"\x0a" * 16, now + WINDOW_NS + 1) == 2
+
+
+def test_gecods_decoding_through_the_lanes_cache_refuses_a_replay_in_pythons_words(
+        listener: socket.socket) -> None:
+    """The server decodes with the lane's cache: a frame seen once is refused the second
+    time, with the sentence and reason Python's own cache gives."""
+    key = os.urandom(32)
+    lane = fastlane.FastLane(lane_cffi.ffi, lane_cffi.lib, listener, config.Config(), key,
+                             spool_root="/var/spool/gridengine/execd", journal=None,
+                             stderr_level=40)
+    try:
+        frame = protocol.encode(protocol.MsgType.JOB_STARTED, protocol.JobStarted(7, 1, 99), key)
+        protocol.decode(frame, key, replay=lane.replay)
+        with pytest.raises(protocol.ProtocolError) as got:
+            protocol.decode(frame, key, replay=lane.replay)
+        python = protocol.ReplayCache.for_skew(config.Config().gecod_max_skew)
+        protocol.decode(frame, key, replay=python)
+        with pytest.raises(protocol.ProtocolError) as want:
+            protocol.decode(frame, key, replay=python)
+        assert (got.value.reason, str(got.value)) == (want.value.reason, str(want.value))
+        assert len(lane.replay) == 1
+    finally:
+        lane.close()
