@@ -15,6 +15,7 @@ libsodium (``libsodium-dev``).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from cffi import FFI
@@ -24,47 +25,27 @@ __all__ = ["ffibuilder"]
 MODULE_NAME = "geco._lane_cffi"
 PRELOAD = Path(__file__).resolve().parent.parent / "preload"
 
-CDEF = """
-#define GECO_KEY_BYTES 32
-#define GECO_NONCE_BYTES 16
-#define GECO_MAX_FRAME 4164
-typedef struct geco_lane geco_lane_t;
-typedef struct {
-    int fd;
-    int pidfd;
-    int pid, uid, gid;
-    double accepted;
-    uint32_t len;
-    int recorded;
-    int died;
-    uint8_t buf[4164];
-} geco_handoff_t;
-geco_lane_t *geco_lane_new(int listen_fd, int notify_fd, int64_t replay_window_ns,
-                           uint32_t replay_capacity);
-int geco_lane_configure(geco_lane_t *lane, const uint8_t *key, int64_t max_skew_ns,
-                        const char *spool_root, const uint32_t *uids, int nuids,
-                        const char *journal, int seed_lines);
-int geco_lane_publish(geco_lane_t *lane, uint64_t job, uint64_t task, const char *procs,
-                      const char *resources, int64_t res_mtime_ns, uint64_t res_ino,
-                      const char *fields);
-void geco_lane_withdraw(geco_lane_t *lane, uint64_t job, uint64_t task);
-void geco_lane_run(geco_lane_t *lane);
-void geco_lane_stop(geco_lane_t *lane);
-int geco_lane_take(geco_lane_t *lane, geco_handoff_t *out);
-uint64_t geco_lane_served(geco_lane_t *lane);
-uint64_t geco_lane_journal_drops(geco_lane_t *lane);
-int geco_lane_changed(geco_lane_t *lane);
-int geco_lane_replay_check(geco_lane_t *lane, const uint8_t *nonce, int64_t now_ns);
-uint32_t geco_lane_replay_size(geco_lane_t *lane);
-void geco_lane_free(geco_lane_t *lane);
-"""
+
+
+def _cdef() -> str:
+    """The declarations ``geco_lane.h`` marks for Python, its constants spelled out from
+    ``geco_proto.h`` (cffi's parser expands no macros): one text, in the header."""
+    header = (PRELOAD / "geco_lane.h").read_text()
+    text = header.split("/* cffi: from here", 1)[1].split("*/", 1)[1]
+    text = text.split("/* cffi: to here */", 1)[0]
+    constants = dict(re.findall(r"^#define (GECO_\w+) (.+)$",
+                                (PRELOAD / "geco_proto.h").read_text(), re.MULTILINE))
+    while (name := next((n for n in constants if re.search(rf"\b{n}\b", text)), None)):
+        text = re.sub(rf"\b{name}\b", f"({constants[name]})", text)
+    return text
+
 
 
 def _builder(preload: str) -> FFI:
     """The module's builder with its C sources in ``preload`` (setuptools wants a path
     relative to setup.py; the in-place build compiles elsewhere and needs it absolute)."""
     builder = FFI()
-    builder.cdef(CDEF)
+    builder.cdef(_cdef())
     builder.set_source(
         MODULE_NAME, '#include "geco_lane.h"\n',
         sources=[f"{preload}/geco_lane.c", f"{preload}/geco_proto.c"],

@@ -20,6 +20,7 @@
 extern "C" {
 #endif
 
+/* cffi: from here (geco/_lane_build.py declares what lies between these lines to Python) */
 typedef struct geco_lane geco_lane_t;
 
 /* A connection the lane leaves to Python. */
@@ -73,6 +74,7 @@ int geco_lane_replay_check(geco_lane_t *lane, const uint8_t nonce[GECO_NONCE_BYT
 uint32_t geco_lane_replay_size(geco_lane_t *lane);
 /* After every thread has returned from geco_lane_run: closes handoffs never taken. */
 void geco_lane_free(geco_lane_t *lane);
+/* cffi: to here */
 
 #ifdef __cplusplus
 }

@@ -208,6 +208,45 @@ static uint64_t distance(int64_t a, int64_t b)
     return a > b ? (uint64_t)a - (uint64_t)b : (uint64_t)b - (uint64_t)a;
 }
 
+/* 1 when the frame's timestamp is more than max_skew_ns (a negative skew is 0) from now
+   (0: the clock's now). */
+static int stale(const uint8_t *buf, int64_t now, int64_t max_skew_ns)
+{
+    int64_t ts = (int64_t)load64(buf + OFF_TIMESTAMP);
+    if (now == 0)
+        now = now_ns();
+    return distance(ts, now) > (uint64_t)(max_skew_ns > 0 ? max_skew_ns : 0);
+}
+
+/* The checks every received frame passes first, in the protocol's order
+   (docs/wire-format.md, "Receiving"): everything up to the MAC is about the frame's
+   shape, so an unauthenticated sender learns nothing but that; the rest is trusted only
+   after the MAC matched. flags: the only flags word accepted. 0 and the payload length in
+   *payload, or a negative enum geco_err. */
+static int check_frame(const uint8_t *buf, size_t len, const uint8_t key[GECO_KEY_BYTES],
+                       uint16_t flags, uint32_t *payload)
+{
+    if (len < GECO_HEADER_BYTES + GECO_MAC_BYTES)
+        return GECO_E_SHORT;
+    if (memcmp(buf + OFF_MAGIC, MAGIC, sizeof MAGIC) != 0)
+        return GECO_E_MAGIC;
+    if (buf[OFF_VERSION] != GECO_PROTO_VERSION)
+        return GECO_E_VERSION;
+    if (load16(buf + OFF_FLAGS) != flags)
+        return GECO_E_FLAGS;
+    uint32_t n = load32(buf + OFF_LENGTH);
+    if (n > GECO_MAX_PAYLOAD || len != GECO_HEADER_BYTES + (size_t)n + GECO_MAC_BYTES)
+        return GECO_E_LENGTH;
+    uint8_t mac[GECO_MAC_BYTES];
+    size_t body = GECO_HEADER_BYTES + (size_t)n;
+    crypto_generichash(mac, sizeof mac, buf, body, key, GECO_KEY_BYTES);
+    /* constant time: a byte-by-byte memcmp would tell a forger how much is right */
+    if (sodium_memcmp(mac, buf + body, GECO_MAC_BYTES) != 0)
+        return GECO_E_MAC;
+    *payload = n;
+    return 0;
+}
+
 /* An ACK, an ADOPT_REPLY (its ack part, then text) or a STARTER_REPLY (its ack part, then
    strings, their length in *text_len), checked in the protocol's order. */
 static int decode_reply(const uint8_t *buf, size_t len, const uint8_t key[GECO_KEY_BYTES],
@@ -215,29 +254,11 @@ static int decode_reply(const uint8_t *buf, size_t len, const uint8_t key[GECO_K
                         int64_t max_skew_ns, int want, uint16_t flags, geco_ack_t *out,
                         char *text, size_t cap, size_t *text_len)
 {
-    /* The order of these checks is part of the protocol (docs/wire-format.md,
-       "Receiving"): everything up to the MAC is about the frame's shape, so an
-       unauthenticated sender learns nothing but that; the rest is trusted only
-       after the MAC matched. */
-    if (len < GECO_HEADER_BYTES + GECO_MAC_BYTES)
-        return GECO_E_SHORT;
-    if (memcmp(buf + OFF_MAGIC, MAGIC, sizeof MAGIC) != 0)
-        return GECO_E_MAGIC;
-    if (buf[OFF_VERSION] != GECO_PROTO_VERSION)
-        return GECO_E_VERSION;
+    uint32_t n;
     /* a reply has the flag its request had */
-    if (load16(buf + OFF_FLAGS) != flags)
-        return GECO_E_FLAGS;
-    uint32_t n = load32(buf + OFF_LENGTH);
-    if (n > GECO_MAX_PAYLOAD || len != GECO_HEADER_BYTES + (size_t)n + GECO_MAC_BYTES)
-        return GECO_E_LENGTH;
-
-    uint8_t mac[GECO_MAC_BYTES];
-    size_t body = GECO_HEADER_BYTES + (size_t)n;
-    crypto_generichash(mac, sizeof mac, buf, body, key, GECO_KEY_BYTES);
-    /* constant time: a byte-by-byte memcmp would tell a forger how much is right */
-    if (sodium_memcmp(mac, buf + body, GECO_MAC_BYTES) != 0)
-        return GECO_E_MAC;
+    int rc = check_frame(buf, len, key, flags, &n);
+    if (rc != 0)
+        return rc;
 
     int type = buf[OFF_TYPE];
     if (type < GECO_JOB_STARTED || type > GECO_STARTER_REPLY)
@@ -258,10 +279,7 @@ static int decode_reply(const uint8_t *buf, size_t len, const uint8_t key[GECO_K
         return GECO_E_PAYLOAD;
     }
 
-    int64_t ts = (int64_t)load64(buf + OFF_TIMESTAMP);
-    if (now == 0)
-        now = now_ns();
-    if (distance(ts, now) > (uint64_t)(max_skew_ns > 0 ? max_skew_ns : 0))
+    if (stale(buf, now, max_skew_ns))
         return GECO_E_STALE;
     /* binds this reply to our request: one recorded for another request (a
        replay, or a confused server) does not answer this one */
@@ -316,32 +334,16 @@ int geco_decode_starter_reply(const uint8_t *buf, size_t len,
 int geco_decode_job_started(const uint8_t *buf, size_t len, const uint8_t key[GECO_KEY_BYTES],
                             int64_t now, int64_t max_skew_ns, geco_job_started_t *out)
 {
-    /* the receiver's order (docs/wire-format.md, "Receiving"): shape, MAC, then the rest */
-    if (len < GECO_HEADER_BYTES + GECO_MAC_BYTES)
-        return GECO_E_SHORT;
-    if (memcmp(buf + OFF_MAGIC, MAGIC, sizeof MAGIC) != 0)
-        return GECO_E_MAGIC;
-    if (buf[OFF_VERSION] != GECO_PROTO_VERSION)
-        return GECO_E_VERSION;
-    if (load16(buf + OFF_FLAGS) != 0)
-        return GECO_E_FLAGS;
-    uint32_t n = load32(buf + OFF_LENGTH);
-    if (n > GECO_MAX_PAYLOAD || len != GECO_HEADER_BYTES + (size_t)n + GECO_MAC_BYTES)
-        return GECO_E_LENGTH;
-    uint8_t mac[GECO_MAC_BYTES];
-    size_t body = GECO_HEADER_BYTES + (size_t)n;
-    crypto_generichash(mac, sizeof mac, buf, body, key, GECO_KEY_BYTES);
-    if (sodium_memcmp(mac, buf + body, GECO_MAC_BYTES) != 0)
-        return GECO_E_MAC;
+    uint32_t n;
+    int rc = check_frame(buf, len, key, 0, &n);
+    if (rc != 0)
+        return rc;
     if (buf[OFF_TYPE] != GECO_JOB_STARTED)
         return GECO_E_TYPE;
     const uint8_t *p = buf + GECO_HEADER_BYTES;
     if (n != JOB_STARTED_BYTES || load32(p + 20) != 0)
         return GECO_E_PAYLOAD;
-    int64_t ts = (int64_t)load64(buf + OFF_TIMESTAMP);
-    if (now == 0)
-        now = now_ns();
-    if (distance(ts, now) > (uint64_t)(max_skew_ns > 0 ? max_skew_ns : 0))
+    if (stale(buf, now, max_skew_ns))
         return GECO_E_STALE;
     out->job_id = load64(p);
     out->task_id = load64(p + 8);

@@ -27,14 +27,14 @@ from test_gecod import (
     HOST,
     Gecod,
     Node,
-    end_jobs,
     logged,
     make_node,
     new_job,
-    start_gecod,
     status,
     wait_gone,
 )
+from test_gecod import _clean_jobs as _clean_jobs  # after each test, on this module's node
+from test_gecod import gecod as gecod  # the module's gecod, on this module's node
 
 pytestmark = gecod_tests.pytestmark
 
@@ -60,22 +60,6 @@ for _ in range(2):
 def node() -> Iterator[Node]:
     with make_node(Node, "lane", f"geco-test-{os.getpid()}-lane") as n:
         yield n
-
-
-@pytest.fixture(autouse=True)
-def _clean_jobs(node: Node) -> Iterator[None]:
-    yield
-    end_jobs(node)
-
-
-@pytest.fixture(scope="module")
-def gecod(node: Node, journal: Any) -> Iterator[Gecod]:
-    g = start_gecod(node)
-    try:
-        yield g
-    finally:
-        code = g.stop()
-        assert code == 0, g.output()
 
 
 def root_sock(node: Node) -> str:
