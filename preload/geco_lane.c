@@ -100,7 +100,7 @@ struct geco_lane {
     size_t spool_len;
     uint32_t uids[MAX_UIDS];
     int nuids, seed_lines;
-    struct sockaddr_un journal;
+    struct sockaddr_un journal; /* where entries go: journal_len 0 = nowhere */
     socklen_t journal_len;
     struct job *jobs[JOB_BUCKETS];
     pthread_mutex_t queue_lock;
@@ -227,12 +227,12 @@ geco_lane_t *geco_lane_new(int listen_fd, int notify_fd, int64_t replay_window_n
         return NULL;
     lane->listen_fd = listen_fd;
     lane->notify_fd = notify_fd;
-    lane->journal_fd = -1;
     lane->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    lane->journal_fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     pthread_rwlockattr_t attr;
     pthread_rwlockattr_init(&attr);
     pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
-    int ok = lane->stop_fd >= 0 && pthread_rwlock_init(&lane->lock, &attr) == 0
+    int ok = lane->stop_fd >= 0 && lane->journal_fd >= 0 && pthread_rwlock_init(&lane->lock, &attr) == 0
              && pthread_mutex_init(&lane->queue_lock, NULL) == 0
              && replay_init(&lane->replay, replay_window_ns, replay_capacity) == 0;
     pthread_rwlockattr_destroy(&attr);
@@ -240,6 +240,8 @@ geco_lane_t *geco_lane_new(int listen_fd, int notify_fd, int64_t replay_window_n
         int saved = errno ? errno : ENOMEM;
         if (lane->stop_fd >= 0)
             close(lane->stop_fd);
+        if (lane->journal_fd >= 0)
+            close(lane->journal_fd);
         replay_free(&lane->replay);
         free(lane);
         errno = saved;
@@ -260,12 +262,6 @@ int geco_lane_configure(geco_lane_t *lane, const uint8_t key[GECO_KEY_BYTES],
         errno = EINVAL;
         return -1;
     }
-    int fd = -1;
-    if (journal[0] != '\0') {
-        fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-        if (fd < 0)
-            return -1;
-    }
     pthread_rwlock_wrlock(&lane->lock);
     memcpy(lane->key, key, GECO_KEY_BYTES);
     lane->max_skew_ns = max_skew_ns;
@@ -276,13 +272,11 @@ int geco_lane_configure(geco_lane_t *lane, const uint8_t key[GECO_KEY_BYTES],
     memcpy(lane->uids, uids, (size_t)nuids * sizeof *uids);
     lane->nuids = nuids;
     lane->seed_lines = seed_lines;
-    if (lane->journal_fd >= 0)
-        close(lane->journal_fd);
-    lane->journal_fd = fd;
     memset(&lane->journal, 0, sizeof lane->journal);
     lane->journal.sun_family = AF_UNIX;
     strcpy(lane->journal.sun_path, journal);
-    lane->journal_len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + strlen(journal));
+    lane->journal_len = journal[0] == '\0' ? 0
+        : (socklen_t)(offsetof(struct sockaddr_un, sun_path) + strlen(journal));
     pthread_rwlock_unlock(&lane->lock);
     return 0;
 }
@@ -555,10 +549,11 @@ static void seed_line(const geco_handoff_t *h, const geco_job_started_t *m)
     }
 }
 
-static void journal_success(geco_lane_t *lane, int journal_fd, const geco_handoff_t *h,
-                            const geco_job_started_t *m, const char *fields)
+static void journal_success(geco_lane_t *lane, const struct sockaddr_un *to, socklen_t to_len,
+                            const geco_handoff_t *h, const geco_job_started_t *m,
+                            const char *fields)
 {
-    if (journal_fd < 0)
+    if (to_len == 0)
         return;
     char entry[2048];
     int n = snprintf(entry, sizeof entry,
@@ -574,8 +569,8 @@ static void journal_success(geco_lane_t *lane, int journal_fd, const geco_handof
                      (monotonic_s() - h->accepted) * 1000.0, fields);
     if (n <= 0 || (size_t)n >= sizeof entry)
         return;
-    if (sendto(journal_fd, entry, (size_t)n, MSG_DONTWAIT | MSG_NOSIGNAL,
-               (const struct sockaddr *)&lane->journal, lane->journal_len) < 0
+    if (sendto(lane->journal_fd, entry, (size_t)n, MSG_DONTWAIT | MSG_NOSIGNAL,
+               (const struct sockaddr *)to, to_len) < 0
         && (errno == EAGAIN || errno == EWOULDBLOCK))
         atomic_fetch_add(&lane->drops, 1); /* never waits: journald full drops, counted */
 }
@@ -598,7 +593,9 @@ static int serve(geco_lane_t *lane, geco_handoff_t *h)
     geco_job_started_t m;
     char key[48], cwd[PATH_MAX], link[64], pid[16], fields[1024];
     uint8_t ack[GECO_HEADER_BYTES + 40 + GECO_MAC_BYTES], secret[GECO_KEY_BYTES];
-    int served = 0, journal_fd = -1, seed = 0;
+    int served = 0, seed = 0;
+    struct sockaddr_un journal;
+    socklen_t journal_len = 0;
 
     pthread_rwlock_rdlock(&lane->lock);
     if (h->pidfd < 0
@@ -630,16 +627,16 @@ static int serve(geco_lane_t *lane, geco_handoff_t *h)
     }
     snprintf(fields, sizeof fields, "%s", j->fields);
     memcpy(secret, lane->key, sizeof secret);
-    journal_fd = lane->journal_fd >= 0 ? dup(lane->journal_fd) : -1;
+    /* copied under the lock: geco_lane_configure may change them meanwhile */
+    journal = lane->journal;
+    journal_len = lane->journal_len;
     seed = lane->seed_lines;
     served = 1;
 out:
     pthread_rwlock_unlock(&lane->lock);
     if (!served)
         return 0;
-    journal_success(lane, journal_fd, h, &m, fields);
-    if (journal_fd >= 0)
-        close(journal_fd);
+    journal_success(lane, &journal, journal_len, h, &m, fields);
     if (seed)
         seed_line(h, &m);
     geco_ack_t reply = {m.job_id, m.task_id, GECO_OK, {0}};
@@ -831,8 +828,7 @@ void geco_lane_free(geco_lane_t *lane)
             job_free(j);
         }
     }
-    if (lane->journal_fd >= 0)
-        close(lane->journal_fd);
+    close(lane->journal_fd);
     close(lane->stop_fd);
     sodium_memzero(lane->key, sizeof lane->key);
     replay_free(&lane->replay);
