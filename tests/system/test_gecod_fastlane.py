@@ -12,6 +12,7 @@ and stderr line; the lane's entries differ only in ``CODE_*``.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -30,6 +31,7 @@ from test_gecod import (
     logged,
     make_node,
     new_job,
+    start_gecod,
     status,
     wait_gone,
 )
@@ -200,3 +202,34 @@ def test_a_traced_jobs_tasks_are_pythons_so_its_trace_file_gets_their_lines(
     assert entry_of(journal, gecod, job, task.pid)["CODE_FILE"].endswith("server.py")
     trace = (node.base / "trace" / f"{job}.1.trace").read_text()
     assert f"quarantined process {task.pid} into job {job}.1" in trace
+
+
+def test_a_new_key_after_sighup_is_the_lanes_key_too(node: Node, journal: Any) -> None:
+    """Given a gecod whose lane serves a job's tasks, when the quarantine key is replaced
+    and gecod gets SIGHUP, then a task signed with the new key is served by the lane, and
+    one signed with the old key is refused (BAD_REQUEST, journaled REASON=mac)."""
+    g = start_gecod(node, "hupkey")
+    old = node.key_file.read_bytes()
+    root = str(node.base / "hupkey-root.sock")
+    try:
+        job = new_job()
+        node.make_job(job)
+        assert node.job_process(job, sock=root).answer() == "OK"
+        node.key_file.write_bytes(os.urandom(32))
+        g.proc.send_signal(signal.SIGHUP)
+        journal.wait_for(GECO_EVENT="gecod-reloaded", _PID=str(g.pid))
+
+        tasks = [node.job_process(job, cwd=node.make_pe_task_dir(job, petask=f"{n}.{HOST}"),
+                                  sock=root) for n in (1, 2)]
+        assert [t.answer() for t in tasks] == ["OK", "OK"]
+        assert entry_of(journal, g, job, tasks[1].pid)["CODE_FILE"] == LANE
+        node.key_file.write_bytes(old)
+        stale = node.job_process(job, cwd=node.make_pe_task_dir(job, petask=f"3.{HOST}"),
+                                 sock=root)
+        # its client cannot check the answer (MAC'd with the new key): the journal says it
+        [refused] = journal.wait_for(GECO_EVENT="quarantine-refused", REASON="mac",
+                                     _PID=str(g.pid))
+        assert refused["PEER_PID"] == str(stale.pid) and refused["ACK_STATUS"] == "BAD_REQUEST"
+    finally:
+        node.key_file.write_bytes(old)
+        assert g.stop() == 0, g.output()
