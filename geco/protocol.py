@@ -1030,7 +1030,9 @@ class ReplayCache:
     Thread-safe (one lock around each check).
     """
 
-    def __init__(self, window: float, *, capacity: int = 65536,
+    CAPACITY = 65536  # nonces kept at most, by default
+
+    def __init__(self, window: float, *, capacity: int = CAPACITY,
                  forget_when_full: bool = False) -> None:
         if window <= 0 or capacity <= 0:
             raise ValueError(f"window and capacity must be > 0, got {window}, {capacity}")
@@ -1042,7 +1044,7 @@ class ReplayCache:
         self._lock = threading.Lock()
 
     @classmethod
-    def for_skew(cls, max_skew: float, *, capacity: int = 65536,
+    def for_skew(cls, max_skew: float, *, capacity: int = CAPACITY,
                  forget_when_full: bool = False) -> ReplayCache:
         """Return a cache whose window (``2 * max_skew``) matches :func:`decode`'s clock check."""
         return cls(2 * max_skew, capacity=capacity, forget_when_full=forget_when_full)
@@ -1067,15 +1069,25 @@ class ReplayCache:
                     break
                 del self._seen[oldest]
             if nonce in self._seen:
-                raise ProtocolError(f"nonce {nonce.hex()} was already used within the last "
-                                    f"{self.window:g} s: a replayed frame", reason="nonce")
+                raise self.replayed(nonce, self.window)
             if len(self._seen) >= self.capacity and self.forget_when_full:
                 self._seen.popitem(last=False)
             elif len(self._seen) >= self.capacity:
-                raise ProtocolError(f"the replay cache holds {self.capacity} nonces younger "
-                                    f"than {self.window:g} s; refusing the frame rather than "
-                                    f"forgetting one", reason="nonce")
+                raise self.full(self.capacity, self.window)
             self._seen[nonce] = now_ns
+
+    @staticmethod
+    def replayed(nonce: bytes, window: float) -> ProtocolError:
+        """The refusal of a nonce seen within the window (any cache with these rules)."""
+        return ProtocolError(f"nonce {nonce.hex()} was already used within the last "
+                             f"{window:g} s: a replayed frame", reason="nonce")
+
+    @staticmethod
+    def full(capacity: int, window: float) -> ProtocolError:
+        """The refusal when ``capacity`` nonces younger than the window are kept."""
+        return ProtocolError(f"the replay cache holds {capacity} nonces younger than "
+                             f"{window:g} s; refusing the frame rather than forgetting one",
+                             reason="nonce")
 
 
 def read_frame(sock: socket.socket, deadline: float, max_payload: int = MAX_PAYLOAD) -> bytes:

@@ -41,8 +41,8 @@ from typing import Any, NamedTuple
 from geco import log
 from geco.cgroup import Backend, Limits
 from geco.config import Config
-from geco.errors import ProtocolError
 from geco.jobkey import JobKey
+from geco.protocol import ReplayCache
 
 __all__ = ["FastLane", "Handoff", "open_lane"]
 
@@ -93,12 +93,9 @@ class _Replay:  # a geco.protocol.Replay
     def check(self, nonce: bytes, now_ns: int) -> None:
         verdict = self._lane.lib.geco_lane_replay_check(self._lane.handle, nonce, now_ns)
         if verdict == 1:
-            raise ProtocolError(f"nonce {nonce.hex()} was already used within the last "
-                                f"{self.window:g} s: a replayed frame", reason="nonce")
+            raise ReplayCache.replayed(nonce, self.window)
         if verdict == 2:
-            raise ProtocolError(f"the replay cache holds {self._lane.capacity} nonces "
-                                f"younger than {self.window:g} s; refusing the frame rather "
-                                "than forgetting one", reason="nonce")
+            raise ReplayCache.full(ReplayCache.CAPACITY, self.window)
 
     def __len__(self) -> int:
         return int(self._lane.lib.geco_lane_replay_size(self._lane.handle))
@@ -107,18 +104,15 @@ class _Replay:  # a geco.protocol.Replay
 class FastLane:
     """The C lane on root's listening socket (see the module docstring)."""
 
-    capacity = 65536  # nonces, as geco.protocol.ReplayCache
-
     def __init__(self, ffi: Any, lib: Any, listener: socket.socket, cfg: Config,
                  secret: bytes, *, spool_root: str, journal: str | None,
                  stderr_level: int) -> None:
         self.ffi, self.lib = ffi, lib
         self.notify_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
-        self._listener = listener
         listener.setblocking(False)
         window = 2 * cfg.gecod_max_skew
         self.handle = lib.geco_lane_new(listener.fileno(), self.notify_fd,
-                                        round(window * 1e9), self.capacity)
+                                        round(window * 1e9), ReplayCache.CAPACITY)
         if self.handle == ffi.NULL:
             os.close(self.notify_fd)
             raise OSError(ffi.errno, f"cannot start gecod's fast lane: "
