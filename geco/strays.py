@@ -76,6 +76,10 @@ _PASSES = 20
 # Seconds (for all passes together) to wait for SIGKILLed processes to be gone before
 # they are reported left (stuck in the kernel).
 _KILL_WAIT = 5.0
+# PF_KTHREAD (include/linux/sched.h) in the flags of /proc/<pid>/stat: a kernel thread,
+# never anyone's stray. Most of a node's pids are kernel threads (a few per CPU), and
+# knowing it from stat spares their /proc/<pid>/status, the scan's dearest read.
+_PF_KTHREAD = 0x00200000
 
 
 class Outcome(enum.Enum):
@@ -209,10 +213,12 @@ class _Pinned(NamedTuple):
 
 
 def _status(pid: int, proc: Path) -> tuple[int, int, str] | None:
-    """(real uid, parent pid, state letter) of ``pid``; None when gone."""
+    """(real uid, parent pid, state letter) of ``pid``; None when gone or a kernel thread."""
     fields = procfs.stat_fields(pid, proc)
+    if fields is None or len(fields) < 7 or int(fields[6]) & _PF_KTHREAD:
+        return None
     uid = procfs.real_uid(pid, proc)
-    if fields is None or len(fields) < 2 or uid is None:
+    if uid is None:
         return None
     return uid, int(fields[1]), fields[0].decode("ascii", "replace")
 
