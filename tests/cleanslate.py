@@ -16,7 +16,11 @@ session runs on this machine. Each step acts only on what a test or the demo mak
 4. job cgroups (``<mount>/<controller>/GECO/<job>.<task>``) of jobs that no longer
    run: one round of gecod's own reaper decides (execd spool, then qstat; a failing
    qstat keeps them) and tears them down. A frozen ``geco-test-*`` sub-cgroup (a
-   test's unkillable process) is thawed first, else teardown would leave it.
+   test's unkillable process) is thawed first, else teardown would leave it;
+5. the cgroup parents a test makes, ``<mount>/geco-test-<pid>[-<n>]`` in any hierarchy
+   (named after its session's pid), of a session that is gone: one killed outright
+   never ran its own clean-up. What is in them is killed, then they are removed
+   (:func:`cgroup_testkit.raw_cleanup`); a live session's are not looked into.
 
 What was done comes back as phrases for one line of pytest's output.
 """
@@ -26,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import signal
 import socket
 import struct
@@ -47,6 +52,8 @@ TEST_PREFIX = "geco-test-"  # queues and sub-cgroups the tests make are named so
 CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 # Rounds "every second": the reaper judges only cgroups older than two rounds.
 REAPER_INTERVAL = 1.0
+# a test's cgroup parent, named after its session's pid (cgroup_testkit.fresh_name)
+SESSION_CGROUP = re.compile(r"geco-test-(\d+)(-.*)?")
 
 
 def plural(count: int, word: str) -> str:
@@ -343,6 +350,26 @@ def remove_stale_cgroups() -> list[str]:
     return done
 
 
+def remove_orphaned_test_cgroups() -> list[str]:
+    """Remove the test cgroup parents of sessions that are gone (step 5 of the docstring)."""
+    from cgroup_testkit import cgroup_mounts, raw_cleanup
+
+    tops = []
+    for mount in cgroup_mounts():
+        with contextlib.suppress(OSError), os.scandir(mount) as entries:
+            tops += [Path(e.path) for e in entries if e.is_dir(follow_symlinks=False)
+                     and (m := SESSION_CGROUP.fullmatch(e.name)) and not alive(int(m[1]))]
+    if not tops:
+        return []
+    names = sorted({top.name for top in tops})
+    left = raw_cleanup(tops)
+    done = [f"removed {plural(len(names), 'test cgroup parent')} of sessions that are gone "
+            f"({' '.join(names)})"]
+    if left:
+        done.append(f"could not remove {'; '.join(left)}")
+    return done
+
+
 # ---------------------------------------------------------------------------
 
 def clean_slate() -> list[str]:
@@ -357,6 +384,7 @@ def clean_slate() -> list[str]:
     done += delete_leftover_jobs()
     done += delete_test_queues()
     done += remove_stale_cgroups()
+    done += remove_orphaned_test_cgroups()
     return done
 
 
