@@ -2,8 +2,9 @@
 
 The program is built with the preload's Makefile into a scratch directory once per
 module. Each test runs it as the benchmark does and reads the one JSON line it
-prints: ``floor-socket`` (a bare Unix-socket round trip), ``floor-cgroup`` (writes of
-its own pid into a ``cgroup.procs`` this module creates and removes) and ``rtt``
+prints: ``floor-socket`` (a bare Unix-socket round trip), ``floor-cgroup`` and
+``floor-cgroup-again`` (writes of its own pid into a ``cgroup.procs`` this module creates
+and removes) and ``rtt``
 against a fake gecod written here (the real protocol, :mod:`geco.protocol`) or
 against no socket at all.
 """
@@ -96,20 +97,24 @@ def cgroup() -> Iterator[Path]:
         path.rmdir()
 
 
-def test_floor_cgroup_moves_itself_into_the_cgroup(qbench: Path, cgroup: Path) -> None:
-    """Given an empty cgroup, when floor-cgroup writes its pid 200 times, then every
-    write succeeds, and the cgroup is empty again once the program has exited."""
-    rc, result = run(qbench, "floor-cgroup", "--cgroup-procs", str(cgroup / "cgroup.procs"),
+@pytest.mark.parametrize("mode", ["floor-cgroup", "floor-cgroup-again"])
+def test_floor_cgroup_moves_itself_into_the_cgroup(qbench: Path, cgroup: Path,
+                                                   mode: str) -> None:
+    """Given an empty cgroup, when floor-cgroup writes its pid 200 times (moved back to the
+    parent before each, or, -again, left where it is), then every write succeeds, and the
+    cgroup is empty again once the program has exited."""
+    rc, result = run(qbench, mode, "--cgroup-procs", str(cgroup / "cgroup.procs"),
                      "--requests", "200")
     assert rc == 0, result
     assert result["ok"] == 200 and result["failed"] == 0 and result["p50_us"] > 0
     assert (cgroup / "cgroup.procs").read_text() == ""
 
 
-def test_floor_cgroup_names_a_write_that_fails(qbench: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["floor-cgroup", "floor-cgroup-again"])
+def test_floor_cgroup_names_a_write_that_fails(qbench: Path, tmp_path: Path, mode: str) -> None:
     """Given a cgroup.procs that does not exist, then every request fails, exit 1, and
     first_error names the failing step."""
-    rc, result = run(qbench, "floor-cgroup", "--cgroup-procs",
+    rc, result = run(qbench, mode, "--cgroup-procs",
                      str(tmp_path / "gone" / "cgroup.procs"), "--requests", "3")
     assert rc == 1
     assert result["ok"] == 0 and result["failed"] == 3 and "open: ENOENT" in result["first_error"]
