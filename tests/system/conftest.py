@@ -27,6 +27,12 @@ def children() -> Iterator[list[int]]:
         yield pids
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The VM tests last (in their order): each waits for its boot, so a host test after
+    one waits with it; run last, the host tests all run while the boots do."""
+    items.sort(key=lambda item: item.get_closest_marker("vm") is not None)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start the VM boots of the collected ``vm`` tests now, in the background (the longest
     first): they run while the host tests do, and each VM test waits for its own result."""
