@@ -55,7 +55,6 @@
 #define MAX_QUEUED 1024
 /* a spooled environment file larger than this is Python's to read */
 #define MAX_ENVIRONMENT (1 << 20)
-#define DISCARD_CHUNKS 4
 
 /* A job's cgroup.procs files stay open while it is published: a move is one write per
    hierarchy, no path walk. Cgroups removed meanwhile (by anything but gecod's own job
@@ -473,15 +472,22 @@ static int environment_names(const char *dir, uint64_t job, uint64_t task)
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return 0;
-    struct stat st;
-    char *data = NULL;
-    ssize_t n = -1;
-    if (fstat(fd, &st) == 0 && st.st_size < MAX_ENVIRONMENT
-        && (data = malloc((size_t)st.st_size + 1)) != NULL)
-        n = read(fd, data, (size_t)st.st_size + 1);
+    /* one read for the usual few kilobytes; a larger file is read whole after an fstat */
+    char small[16384], *data = small;
+    ssize_t n = read(fd, small, sizeof small);
+    if (n == (ssize_t)sizeof small) {
+        struct stat st;
+        data = NULL;
+        n = -1;
+        if (fstat(fd, &st) == 0 && st.st_size < MAX_ENVIRONMENT
+            && (data = malloc((size_t)st.st_size + 1)) != NULL
+            && (n = pread(fd, data, (size_t)st.st_size + 1, 0)) > st.st_size)
+            n = -1; /* grown meanwhile: Python reads it */
+    }
     close(fd);
-    if (n < 0 || n > st.st_size) { /* unreadable, or grown meanwhile: Python reads it */
-        free(data);
+    if (n < 0) { /* unreadable, or too large: Python reads it */
+        if (data != small)
+            free(data);
         return 0;
     }
     const char *job_v = "", *task_v = "";
@@ -506,7 +512,8 @@ static int environment_names(const char *dir, uint64_t job, uint64_t task)
     ok = ok && ((task_n == (size_t)k && memcmp(task_v, want, task_n) == 0)
                 || (task == 1 && (task_n == 0 || (task_n == 9
                                                   && memcmp(task_v, "undefined", 9) == 0))));
-    free(data);
+    if (data != small)
+        free(data);
     return ok;
 }
 
@@ -577,11 +584,8 @@ static void journal_success(geco_lane_t *lane, const struct sockaddr_un *to, soc
 
 static void finish(int fd, int pidfd)
 {
-    /* unread bytes would make close() reset the connection, and the client lose its ACK */
-    char sink[512];
-    shutdown(fd, SHUT_WR);
-    for (int i = 0; i < DISCARD_CHUNKS && recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0; i++) {
-    }
+    /* No drain before close: on a Unix stream socket the peer reads what is queued for it
+       (the ACK) before the reset that unread bytes here would give it. */
     close(fd);
     if (pidfd >= 0)
         close(pidfd);
@@ -655,42 +659,49 @@ out:
     return 1;
 }
 
-/* What the frame still lacks after len bytes (0: whole); -1 when its header is bad
+/* The frame's length by its header: 0 while the header is not all here, -1 when it is bad
    (Python answers that). */
-static long missing(const geco_handoff_t *h)
+static long frame_bytes(const geco_handoff_t *h)
 {
     if (h->len < GECO_HEADER_BYTES)
-        return GECO_HEADER_BYTES - h->len;
+        return 0;
     uint32_t n = (uint32_t)h->buf[8] | (uint32_t)h->buf[9] << 8 | (uint32_t)h->buf[10] << 16
                  | (uint32_t)h->buf[11] << 24;
-    if (n > GECO_MAX_PAYLOAD)
-        return -1;
-    return (long)(GECO_HEADER_BYTES + n + GECO_MAC_BYTES) - (long)h->len;
+    return n > GECO_MAX_PAYLOAD ? -1 : (long)(GECO_HEADER_BYTES + n + GECO_MAC_BYTES);
 }
 
 /* Read what is here of the frame: 1 when more is to come, 0 when it is the lane's to
-   serve or Python's to take (whole, bad, closed early, or failed). */
+   serve or Python's to take (whole, bad, closed early, or failed). The first read asks
+   for a whole JOB_STARTED, the lane's one request, so it comes in one recv; a client that
+   sent a shorter frame and more bytes after it loses those (see complete()). */
 static int read_more(geco_handoff_t *h)
 {
-    long want;
-    while ((want = missing(h)) > 0) {
-        ssize_t got = recv(h->fd, h->buf + h->len, (size_t)want, MSG_DONTWAIT);
+    for (;;) {
+        long whole = frame_bytes(h);
+        if (whole < 0 || (whole > 0 && h->len >= (uint32_t)whole))
+            return 0;
+        size_t want = whole > 0 ? (size_t)whole - h->len
+                      : h->len == 0 ? GECO_HEADER_BYTES + GECO_JOB_STARTED_BYTES + GECO_MAC_BYTES
+                                    : GECO_HEADER_BYTES - h->len;
+        ssize_t got = recv(h->fd, h->buf + h->len, want, MSG_DONTWAIT);
         if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
             return 1;
         if (got <= 0)
             return 0; /* closed or failed: Python's state machine says so */
         h->len += (uint32_t)got;
     }
-    return 0;
 }
 
 /* A connection whose frame has all come (or never will): served, or Python's. */
 static void complete(geco_lane_t *lane, struct queued *q)
 {
-    if (missing(&q->h) == 0 && serve(lane, &q->h)) {
+    long whole = frame_bytes(&q->h);
+    if (whole > 0 && q->h.len == (uint32_t)whole && serve(lane, &q->h)) {
         free(q);
         return;
     }
+    if (whole > 0 && q->h.len > (uint32_t)whole)
+        q->h.len = (uint32_t)whole; /* Python reads one frame and leaves what follows */
     hand_off(lane, q);
 }
 

@@ -32,7 +32,6 @@
 #define OFF_NONCE 12
 #define OFF_TIMESTAMP 28
 
-#define JOB_STARTED_BYTES 24
 #define ACK_BYTES 40
 
 static const uint8_t MAGIC[4] = {'G', 'E', 'C', 'Q'};
@@ -115,14 +114,14 @@ static long encode_ids(uint8_t *buf, size_t cap, int type, const uint8_t key[GEC
                        const uint8_t *nonce, int64_t ts_ns, const geco_job_started_t *msg,
                        uint32_t last)
 {
-    if (cap < GECO_HEADER_BYTES + JOB_STARTED_BYTES + GECO_MAC_BYTES)
+    if (cap < GECO_HEADER_BYTES + GECO_JOB_STARTED_BYTES + GECO_MAC_BYTES)
         return GECO_E_SHORT;
     uint8_t *p = buf + GECO_HEADER_BYTES;
     store64(p, msg->job_id);
     store64(p + 8, msg->task_id);
     store32(p + 16, msg->pid);
     store32(p + 20, last);
-    return seal(buf, type, 0, key, nonce, ts_ns, JOB_STARTED_BYTES);
+    return seal(buf, type, 0, key, nonce, ts_ns, GECO_JOB_STARTED_BYTES);
 }
 
 long geco_encode_job_started(uint8_t *buf, size_t cap, int type, const uint8_t key[GECO_KEY_BYTES],
@@ -165,8 +164,8 @@ long geco_encode_starter(uint8_t *buf, size_t cap, const uint8_t *nonce, int64_t
                          const geco_starter_t *msg)
 {
     static const uint8_t public_key[GECO_KEY_BYTES];
-    size_t n = JOB_STARTED_BYTES, room;
-    if (cap < GECO_HEADER_BYTES + JOB_STARTED_BYTES + GECO_MAC_BYTES)
+    size_t n = GECO_JOB_STARTED_BYTES, room;
+    if (cap < GECO_HEADER_BYTES + GECO_JOB_STARTED_BYTES + GECO_MAC_BYTES)
         return GECO_E_SHORT;
     room = cap - GECO_HEADER_BYTES - GECO_MAC_BYTES;
     if (room > GECO_MAX_PAYLOAD)
@@ -341,7 +340,7 @@ int geco_decode_job_started(const uint8_t *buf, size_t len, const uint8_t key[GE
     if (buf[OFF_TYPE] != GECO_JOB_STARTED)
         return GECO_E_TYPE;
     const uint8_t *p = buf + GECO_HEADER_BYTES;
-    if (n != JOB_STARTED_BYTES || load32(p + 20) != 0)
+    if (n != GECO_JOB_STARTED_BYTES || load32(p + 20) != 0)
         return GECO_E_PAYLOAD;
     if (stale(buf, now, max_skew_ns))
         return GECO_E_STALE;

@@ -57,6 +57,46 @@ for _ in range(2):
     print(protocol.decode_ack(reply, key, frame[12:28]).status.name, flush=True)
 """
 
+# A process that sends its JOB_STARTED frame and more bytes after it, in one write, on
+# root's socket; prints the ACK's status and its pid.
+TRAILING = r"""
+import os, socket, sys
+from geco import protocol
+key_file, where, job = sys.argv[1:4]
+key = open(key_file, "rb").read()
+frame = protocol.encode(protocol.MsgType.JOB_STARTED,
+                        protocol.JobStarted(int(job), 1, os.getpid()), key)
+reply = b""
+with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+    s.connect(where)
+    s.sendall(frame + bytes(64))
+    try:
+        while chunk := s.recv(4096):
+            reply += chunk
+    except ConnectionResetError:  # gecod closed with our extra bytes unread: after the ACK
+        pass
+print(protocol.decode_ack(reply, key, frame[12:28]).status.name, os.getpid(), flush=True)
+"""
+
+# STATUS (a frame shorter than a JOB_STARTED) and more bytes after it, in one write, on
+# root's socket; prints the reply's type.
+STATUS_TRAILING = r"""
+import socket, sys
+from geco import protocol
+frame = protocol.encode(protocol.MsgType.STATUS, b"", protocol.PUBLIC_KEY,
+                        flags=protocol.PEERCRED)
+reply = b""
+with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+    s.connect(sys.argv[1])
+    s.sendall(frame + bytes(64))
+    try:
+        while chunk := s.recv(65536):
+            reply += chunk
+    except ConnectionResetError:
+        pass
+print(protocol.decode(reply, protocol.PUBLIC_KEY).type.name, flush=True)
+"""
+
 
 @pytest.fixture(scope="module")
 def node() -> Iterator[Node]:
@@ -127,6 +167,45 @@ def test_a_later_task_is_served_by_the_lane_and_looks_as_if_python_had_served_it
         assert any("|INFO ]: (geco_lane.c:" in line and
                    f"quarantined process {task.pid} into job {job}.1" in line for line in lines)
     assert status(node, gecod.sock)["served"] >= served_before + 2
+
+
+def test_a_task_that_sends_more_than_its_frame_still_reads_the_lanes_ack(
+        node: Node, gecod: Gecod, journal: Any) -> None:
+    """Given a contained job, when a task sends its JOB_STARTED and 64 more bytes in one
+    write, then the lane serves the frame and the task reads its OK before the connection
+    ends."""
+    job, _shepherd = contained_job(node)
+    proc = gecod_tests.subprocess.run(
+        [sys.executable, "-c", TRAILING, str(node.key_file), root_sock(node), str(job)],
+        cwd=node.make_pe_task_dir(job), capture_output=True, text=True, timeout=60,
+        check=False, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin"})
+    assert proc.stdout.split()[:1] == ["OK"], proc.stderr
+    pid = int(proc.stdout.split()[1])
+    assert entry_of(journal, gecod, job, pid)["CODE_FILE"] == LANE
+
+
+def test_a_shorter_frame_with_more_bytes_after_it_is_answered_as_without_the_lane(
+        node: Node, gecod: Gecod) -> None:
+    """Given STATUS (shorter than the JOB_STARTED the lane reads at once) followed by 64
+    more bytes in one write on root's socket, then Python answers the STATUS: the bytes the
+    lane read past the frame are not taken for part of it."""
+    proc = gecod_tests.subprocess.run(
+        [sys.executable, "-c", STATUS_TRAILING, root_sock(node)], capture_output=True,
+        text=True, timeout=60, check=False, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin"})
+    assert proc.stdout.split() == ["STATUS_REPLY"], proc.stderr
+
+
+def test_a_task_dir_with_a_large_environment_file_is_still_the_lanes(
+        node: Node, gecod: Gecod, journal: Any) -> None:
+    """Given a contained job whose PE task dir has a 40 KB environment file (a job with a
+    large environment), naming the job on its last lines, then the lane serves the task."""
+    job, _shepherd = contained_job(node)
+    d = node.make_pe_task_dir(job)
+    padding = "".join(f"GECO_TEST_PAD_{n}={'x' * 200}\n" for n in range(200))
+    (d / "environment").write_text(f"{padding}JOB_ID={job}\nSGE_TASK_ID=undefined\n")
+    task = node.job_process(job, cwd=d, sock=root_sock(node))
+    assert task.answer() == "OK"
+    assert entry_of(journal, gecod, job, task.pid)["CODE_FILE"] == LANE
 
 
 def test_a_frame_is_taken_once_whichever_side_served_it(
