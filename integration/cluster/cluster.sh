@@ -105,7 +105,7 @@ kill = false
 [gecod]
 socket = "path:$run/gecod.sock"
 privileged_socket = "path:$run/gecod-root.sock"
-reaper_interval = 30.0
+reaper_interval = 10.0
 EOF
 }
 

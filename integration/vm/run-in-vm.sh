@@ -367,8 +367,9 @@ boot_vm() {
     append="root=/dev/vda rw console=ttyS0 systemd.unified_cgroup_hierarchy=1 panic=-1 runvm_mode=$mode"
     # TCG: the TSC is fine and much cheaper than the HPET the kernel would pick
     [[ $accel == tcg ]] && append+=" tsc=reliable"
-    # run mode: nobody needs the root autologin shell on the console
-    [[ $mode == run ]] && append+=" systemd.mask=serial-getty@ttyS0.service"
+    # run mode: nobody needs the root autologin shell on the console, nor a mail server
+    # (exim4 comes with Grid Engine's mailx and sat on the boot's critical chain: ~5 s)
+    [[ $mode == run ]] && append+=" systemd.mask=serial-getty@ttyS0.service systemd.mask=exim4.service"
     [[ -n $VM_APPEND ]] && append+=" $VM_APPEND"
     # shellcheck disable=SC2206
     [[ -n $VM_QEMU_ARGS ]] && q+=($VM_QEMU_ARGS)

@@ -225,7 +225,8 @@ def test_a_slave_whose_gecod_is_down_at_the_end_is_named_missing_and_its_reaper_
     assert record["exit_status"] == "0"
     assert end["NODES"] == "3" and end["NODES_MISSING"] == "geco-node3"
     assert sorted(json.loads(end["NODE_FIGURES"])) == ["geco-node1", "geco-node2"]
-    deadline = time.monotonic() + 90  # the cluster's reaper_interval is 30 s
+    # the cluster's reaper_interval is 10 s: a round every 10 s, cgroups judged after 20 s
+    deadline = time.monotonic() + 90
     while job_cgroups(job) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert job_cgroups(job) == []

@@ -62,15 +62,16 @@ IMAGE_BUILD_ALLOWANCE = 900
 def guest_pytest(target: str, python: str = "python3", options: str = "--noconftest") -> str:
     """pytest as every guest runs it, for one ``bash -c`` string.
 
-    Nothing is written to the share (no bytecode, no cache); output is unbuffered, so a run
-    cut off by the time limit shows how far it got; a test stuck for 10 minutes dumps every
+    Nothing is written to the share: bytecode goes to the guest's own /var/tmp, compiled
+    once for every Python process the tests start, and no cache. Output is unbuffered, so a
+    run cut off by the time limit shows how far it got; a test stuck for 10 minutes dumps every
     thread's traceback (pytest's faulthandler_timeout) instead of hanging silently. The
     limit counts a test's fixtures too: Grid Engine's set-up plus one ssh test took 280 s on
     CI's slower host, and the dump of a running thread can itself crash Python 3.11 (a
     segfault ended that run), so it fires only at 10 minutes, where a test is stuck.
     """
-    return (f"PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 {python} -m pytest -q "
-            f"-p no:cacheprovider {options} -o addopts= -o faulthandler_timeout=600 "
+    return (f"PYTHONPYCACHEPREFIX=/var/tmp/geco-pycache PYTHONUNBUFFERED=1 {python} -m pytest "
+            f"-q -p no:cacheprovider {options} -o addopts= -o faulthandler_timeout=600 "
             f"-rfEs {target}")
 
 
