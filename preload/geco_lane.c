@@ -77,15 +77,17 @@ struct queued {
 };
 
 /* The nonces accepted within the window, in arrival order (a ring), found by a chained
-   hash; the same rules as geco.protocol.ReplayCache (full of live nonces: refuse). */
+   hash; the same rules as geco.protocol.ReplayCache (full of live nonces: refuse). Links
+   are a slot + 1 (0: none), so every array starts as calloc's untouched zero pages: a
+   cache sized for a minute of the busiest node costs memory only as it fills. */
 struct replay {
     pthread_mutex_t mu;
     int64_t window_ns;
     uint32_t cap, nbuckets, head, count;
     uint8_t (*nonce)[GECO_NONCE_BYTES];
     int64_t *seen;
-    int32_t *chain;
-    int32_t *bucket;
+    uint32_t *chain;
+    uint32_t *bucket;
 };
 
 struct geco_lane {
@@ -124,17 +126,16 @@ static int replay_init(struct replay *r, int64_t window_ns, uint32_t cap)
 {
     r->window_ns = window_ns;
     r->cap = cap;
-    r->nbuckets = 1;
-    while (r->nbuckets < 2 * cap)
+    r->nbuckets = 1; /* chains of one nonce on average when full */
+    while (r->nbuckets < cap)
         r->nbuckets <<= 1;
     r->head = r->count = 0;
     r->nonce = calloc(cap, GECO_NONCE_BYTES);
     r->seen = calloc(cap, sizeof *r->seen);
     r->chain = calloc(cap, sizeof *r->chain);
-    r->bucket = malloc(r->nbuckets * sizeof *r->bucket);
+    r->bucket = calloc(r->nbuckets, sizeof *r->bucket);
     if (!r->nonce || !r->seen || !r->chain || !r->bucket)
         return -1;
-    memset(r->bucket, 0xff, r->nbuckets * sizeof *r->bucket); /* -1: empty */
     return pthread_mutex_init(&r->mu, NULL) == 0 ? 0 : -1;
 }
 
@@ -148,9 +149,9 @@ static void replay_free(struct replay *r)
 
 static void replay_drop_oldest(struct replay *r)
 {
-    int32_t old = (int32_t)r->head, *link = &r->bucket[nonce_hash(r->nonce[old], r->nbuckets)];
-    while (*link != old)
-        link = &r->chain[*link];
+    uint32_t old = r->head, *link = &r->bucket[nonce_hash(r->nonce[old], r->nbuckets)];
+    while (*link != old + 1)
+        link = &r->chain[*link - 1];
     *link = r->chain[old];
     r->head = (r->head + 1) % r->cap;
     r->count--;
@@ -163,8 +164,8 @@ static int replay_check(struct replay *r, const uint8_t *nonce, int64_t now)
         replay_drop_oldest(r);
     uint32_t b = nonce_hash(nonce, r->nbuckets);
     int rc = 0;
-    for (int32_t i = r->bucket[b]; i >= 0; i = r->chain[i]) {
-        if (memcmp(r->nonce[i], nonce, GECO_NONCE_BYTES) == 0) {
+    for (uint32_t link = r->bucket[b]; link != 0; link = r->chain[link - 1]) {
+        if (memcmp(r->nonce[link - 1], nonce, GECO_NONCE_BYTES) == 0) {
             rc = 1;
             goto out;
         }
@@ -173,11 +174,11 @@ static int replay_check(struct replay *r, const uint8_t *nonce, int64_t now)
         rc = 2;
         goto out;
     }
-    int32_t slot = (int32_t)((r->head + r->count) % r->cap);
+    uint32_t slot = (r->head + r->count) % r->cap;
     memcpy(r->nonce[slot], nonce, GECO_NONCE_BYTES);
     r->seen[slot] = now;
     r->chain[slot] = r->bucket[b];
-    r->bucket[b] = slot;
+    r->bucket[b] = slot + 1;
     r->count++;
 out:
     pthread_mutex_unlock(&r->mu);
@@ -217,7 +218,8 @@ static double monotonic_s(void)
 geco_lane_t *geco_lane_new(int listen_fd, int notify_fd, int64_t replay_window_ns,
                            uint32_t replay_capacity)
 {
-    if (geco_proto_init() != 0 || replay_window_ns <= 0 || replay_capacity == 0) {
+    if (geco_proto_init() != 0 || replay_window_ns <= 0 || replay_capacity == 0
+        || replay_capacity > (1u << 28)) {
         errno = EINVAL;
         return NULL;
     }

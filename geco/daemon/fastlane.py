@@ -24,7 +24,10 @@ What the lane may serve is published from here, by gecod's Python side:
   lines (``--log-level info``), writes the same line there.
 
 The lane's replay cache is the one the server's decoding uses for every frame
-MAC'd with the secret key, so a nonce is accepted once whichever side saw it.
+MAC'd with the secret key, so a nonce is accepted once whichever side saw it. It
+holds ``REPLAY_CAPACITY`` nonces, Python's own cache 65,536: full of live ones, it
+refuses (fails closed), so its size is the request rate a node can sustain over a
+window (``2 * max_skew``).
 Without the compiled module (``geco._lane_cffi``) gecod serves everything in
 Python, as before, and says so once.
 """
@@ -44,13 +47,19 @@ from geco.config import Config
 from geco.jobkey import JobKey
 from geco.protocol import ReplayCache
 
-__all__ = ["FastLane", "Handoff", "open_lane"]
+__all__ = ["REPLAY_CAPACITY", "FastLane", "Handoff", "open_lane"]
 
 _log = log.get("gecod.fastlane")
 
 # Lane threads: each accepts and serves on its own (the kernel's cgroup lock serializes
 # the moves themselves; two keep both cores of a small node busy, more only contend).
 _THREADS = max(1, min(4, len(os.sched_getaffinity(0))))
+# Nonces the lane's replay cache holds: 17,476 requests a second sustained over the default
+# 60 s window (max_skew 30 s), the quarantine goal's 10,000 with room; Python's 65,536 would
+# refuse everything after 6.5 s at that rate. 32 bytes a nonce, in zero pages that become
+# memory only as they are used: up to 4 MiB for the hash under load, the rest with the
+# rate (32 MiB at most).
+REPLAY_CAPACITY = 1 << 20
 # Published jobs remembered on the Python side (withdrawn ones leave; the rest of a
 # node's ended jobs are forgotten in a batch past this).
 _PUBLISHED_KEPT = 4096
@@ -95,7 +104,7 @@ class _Replay:  # a geco.protocol.Replay
         if verdict == 1:
             raise ReplayCache.replayed(nonce, self.window)
         if verdict == 2:
-            raise ReplayCache.full(ReplayCache.CAPACITY, self.window)
+            raise ReplayCache.full(REPLAY_CAPACITY, self.window)
 
     def __len__(self) -> int:
         return int(self._lane.lib.geco_lane_replay_size(self._lane.handle))
@@ -112,7 +121,7 @@ class FastLane:
         listener.setblocking(False)
         window = 2 * cfg.gecod_max_skew
         self.handle = lib.geco_lane_new(listener.fileno(), self.notify_fd,
-                                        round(window * 1e9), ReplayCache.CAPACITY)
+                                        round(window * 1e9), REPLAY_CAPACITY)
         if self.handle == ffi.NULL:
             os.close(self.notify_fd)
             raise OSError(ffi.errno, f"cannot start gecod's fast lane: "

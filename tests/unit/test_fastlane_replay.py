@@ -104,3 +104,26 @@ def test_gecods_decoding_through_the_lanes_cache_refuses_a_replay_in_pythons_wor
         assert len(lane.replay) == 1
     finally:
         lane.close()
+
+
+def test_gecods_lane_takes_the_quarantine_goals_rate_for_a_whole_window_without_refusing(
+        listener: socket.socket) -> None:
+    """Given the lane as gecod makes it (the default 60 s window), when 10,000 frames a
+    second arrive for a whole window, each with its own nonce, then none is refused as
+    full: the node sustains the goal's rate, not only its first seconds (a cache of
+    Python's 65,536 would refuse after 6.5 s); a repeat is still refused."""
+    lane = fastlane.FastLane(lane_cffi.ffi, lane_cffi.lib, listener, config.Config(),
+                             os.urandom(32), spool_root="/var/spool/gridengine/execd",
+                             journal=None, stderr_level=40)
+    try:
+        check, handle = lane_cffi.lib.geco_lane_replay_check, lane.handle
+        count = round(10_000 * lane.replay.window)
+        nonces = os.urandom(16 * count)
+        start = 3 * 10**18
+        refused = sum(check(handle, nonces[16 * n:16 * n + 16], start + n * 100_000) != 0
+                      for n in range(count))
+        assert refused == 0
+        assert len(lane.replay) == count
+        assert check(handle, nonces[:16], start + count * 50_000) == 1  # mid-window
+    finally:
+        lane.close()
