@@ -41,7 +41,8 @@ GUEST_COMMAND = (
     f"/opt/geco/venv/bin/python {BENCH} --since \"$since\" | sed 's/^/guest: /'; exit $rc")
 
 # 6 GiB: Grid Engine's h_vmem default (2G a slot) must fit twice in the host's capacity;
-# ~600 s alone, ~1,030 s beside the host's suite here: the limit leaves room for a slower host
+# ~1,530 s beside the host's suite here (the suite's longest part): the limit leaves room
+# for a slower host
 BOOT = vmrun.Boot(GUEST_COMMAND, timeout=2100, mem_mib=6144)
 
 pytestmark = pytest.mark.vm
