@@ -18,8 +18,9 @@ resource file, so no qstat is involved. Then:
   times, with 1 and with 64 clients at once. The first request of a client
   moves it into the job's cgroups; later ones find it there and move it again
   (the same kernel writes). Time = connect to verified ACK, in the client.
-  gecod journals every success, as in production: journald runs (started here when
-  none does).
+  gecod journals the successes as in production (a job's first 200 of each 10 s
+  window one by one, then one summary for the rest): journald runs (started here
+  when none does).
 * **floors**, measured in the same run by the same program: a bare Unix-socket
   round trip of the same sizes against servers that do no work (as many as gecod
   has lane threads), with 1 and with 64 clients, and one

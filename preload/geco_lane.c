@@ -68,6 +68,9 @@ struct job {
     const char *resources, *fields;
     int64_t res_mtime_ns;
     uint64_t res_ino;
+    /* this window's successes: journaled one by one up to the lane's journal_burst, the
+       rest held for Python's one summary of the job (geco_lane_window) */
+    atomic_uint_fast64_t journaled, held;
     char strings[]; /* the two strings above, back to back */
 };
 
@@ -101,6 +104,7 @@ struct geco_lane {
     size_t spool_len;
     uint32_t uids[MAX_UIDS];
     int nuids, seed_lines;
+    uint64_t journal_burst; /* successes journaled one by one per job and window */
     struct sockaddr_un journal; /* where entries go: journal_len 0 = nowhere */
     socklen_t journal_len;
     struct job *jobs[JOB_BUCKETS];
@@ -253,7 +257,8 @@ geco_lane_t *geco_lane_new(int listen_fd, int notify_fd, int64_t replay_window_n
 
 int geco_lane_configure(geco_lane_t *lane, const uint8_t key[GECO_KEY_BYTES],
                         int64_t max_skew_ns, const char *spool_root, const uint32_t *uids,
-                        int nuids, const char *journal, int seed_lines)
+                        int nuids, const char *journal, int seed_lines,
+                        uint64_t journal_burst)
 {
     size_t n = strlen(spool_root);
     while (n > 0 && spool_root[n - 1] == '/')
@@ -273,6 +278,7 @@ int geco_lane_configure(geco_lane_t *lane, const uint8_t key[GECO_KEY_BYTES],
     memcpy(lane->uids, uids, (size_t)nuids * sizeof *uids);
     lane->nuids = nuids;
     lane->seed_lines = seed_lines;
+    lane->journal_burst = journal_burst;
     memset(&lane->journal, 0, sizeof lane->journal);
     lane->journal.sun_family = AF_UNIX;
     strcpy(lane->journal.sun_path, journal);
@@ -314,6 +320,8 @@ int geco_lane_publish(geco_lane_t *lane, uint64_t job, uint64_t task, const char
     j->res_ino = res_ino;
     j->resources = memcpy(j->strings, resources, c);
     j->fields = memcpy(j->strings + c, fields, d);
+    atomic_init(&j->journaled, 0);
+    atomic_init(&j->held, 0);
     for (const char *p = procs; *p != '\0'; p += strlen(p) + 1) {
         int fd = j->nprocs < MAX_TARGETS ? open(p, O_WRONLY | O_CLOEXEC) : -1;
         if (fd < 0) {
@@ -327,20 +335,46 @@ int geco_lane_publish(geco_lane_t *lane, uint64_t job, uint64_t task, const char
     pthread_rwlock_wrlock(&lane->lock);
     struct job **link = job_slot(lane, job, task), *old = *link;
     j->next = old != NULL ? old->next : NULL;
+    if (old != NULL) { /* published again: the same job, the same window */
+        atomic_store(&j->journaled, atomic_load(&old->journaled));
+        atomic_store(&j->held, atomic_load(&old->held));
+    }
     *link = j;
     pthread_rwlock_unlock(&lane->lock);
     job_free(old);
     return 0;
 }
 
-void geco_lane_withdraw(geco_lane_t *lane, uint64_t job, uint64_t task)
+uint64_t geco_lane_withdraw(geco_lane_t *lane, uint64_t job, uint64_t task)
 {
     pthread_rwlock_wrlock(&lane->lock);
     struct job **link = job_slot(lane, job, task), *old = *link;
     if (old != NULL)
         *link = old->next;
     pthread_rwlock_unlock(&lane->lock);
+    /* no thread holds it now: its count is final */
+    uint64_t held = old != NULL ? atomic_load(&old->held) : 0;
     job_free(old);
+    return held;
+}
+
+uint64_t geco_lane_window(geco_lane_t *lane, uint64_t *jobs, uint64_t *tasks, uint64_t *held,
+                          uint64_t max)
+{
+    uint64_t n = 0;
+    pthread_rwlock_rdlock(&lane->lock); /* serving goes on: the counts are atomic */
+    for (int b = 0; b < JOB_BUCKETS && n < max; b++)
+        for (struct job *j = lane->jobs[b]; j != NULL && n < max; j = j->next) {
+            atomic_store(&j->journaled, 0);
+            uint64_t h = atomic_exchange(&j->held, 0);
+            if (h > 0) {
+                jobs[n] = j->job;
+                tasks[n] = j->task;
+                held[n++] = h;
+            }
+        }
+    pthread_rwlock_unlock(&lane->lock);
+    return n;
 }
 
 static void notify(geco_lane_t *lane)
@@ -599,7 +633,7 @@ static int serve(geco_lane_t *lane, geco_handoff_t *h)
     geco_job_started_t m;
     char key[48], cwd[PATH_MAX], link[64], pid[16], fields[1024];
     uint8_t ack[GECO_HEADER_BYTES + 40 + GECO_MAC_BYTES], secret[GECO_KEY_BYTES];
-    int served = 0, seed = 0;
+    int served = 0, seed = 0, journal_it = 0;
     struct sockaddr_un journal;
     socklen_t journal_len = 0;
 
@@ -618,7 +652,7 @@ static int serve(geco_lane_t *lane, geco_handoff_t *h)
     if (!pe_task_dir(lane, cwd, key) || !environment_names(cwd, m.job_id, m.task_id)
         || !alive(h->pidfd))
         goto out;
-    const struct job *j = *job_slot(lane, m.job_id, m.task_id);
+    struct job *j = *job_slot(lane, m.job_id, m.task_id);
     if (j == NULL || !resources_unchanged(j))
         goto out;
     if (replay_check(&lane->replay, geco_frame_nonce(h->buf), realtime_ns()) != 0)
@@ -637,14 +671,19 @@ static int serve(geco_lane_t *lane, geco_handoff_t *h)
     journal = lane->journal;
     journal_len = lane->journal_len;
     seed = lane->seed_lines;
+    journal_it = atomic_fetch_add(&j->journaled, 1) < lane->journal_burst;
+    if (!journal_it)
+        atomic_fetch_add(&j->held, 1);
     served = 1;
 out:
     pthread_rwlock_unlock(&lane->lock);
     if (!served)
         return 0;
-    journal_success(lane, &journal, journal_len, h, &m, fields);
-    if (seed)
-        seed_line(h, &m);
+    if (journal_it) {
+        journal_success(lane, &journal, journal_len, h, &m, fields);
+        if (seed)
+            seed_line(h, &m);
+    }
     geco_ack_t reply = {m.job_id, m.task_id, GECO_OK, {0}};
     memcpy(reply.request_nonce, geco_frame_nonce(h->buf), GECO_NONCE_BYTES);
     long len = geco_encode_ack(ack, sizeof ack, secret, NULL, 0, &reply);

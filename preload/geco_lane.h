@@ -42,11 +42,13 @@ geco_lane_t *geco_lane_new(int listen_fd, int notify_fd, int64_t replay_window_n
                            uint32_t replay_capacity);
 /* Settings, replaceable at any time: the key, the clock's allowed skew, the execd
    spool dir as the kernel spells it, the uids that start jobs besides root, where
-   journal entries go ("" none), and whether a success is also a line on stderr (gecod's
-   own stderr at info). */
+   journal entries go ("" none), whether a success is also a line on stderr (gecod's
+   own stderr at info), and how many of a job's successes a window journals one by one
+   (the rest are counted for geco_lane_window). */
 int geco_lane_configure(geco_lane_t *lane, const uint8_t key[GECO_KEY_BYTES],
                         int64_t max_skew_ns, const char *spool_root, const uint32_t *uids,
-                        int nuids, const char *journal, int seed_lines);
+                        int nuids, const char *journal, int seed_lines,
+                        uint64_t journal_burst);
 /* Serve job.task from now on. procs: the cgroup.procs files a move writes, in order,
    each NUL-terminated, an empty one last (opened here, kept open while published);
    resources: the job's resource file and its (mtime_ns, ino) when published, both 0 when
@@ -55,8 +57,13 @@ int geco_lane_configure(geco_lane_t *lane, const uint8_t key[GECO_KEY_BYTES],
 int geco_lane_publish(geco_lane_t *lane, uint64_t job, uint64_t task, const char *procs,
                       const char *resources, int64_t res_mtime_ns, uint64_t res_ino,
                       const char *fields);
-/* Serve job.task no more; returns once no lane thread is moving a process into it. */
-void geco_lane_withdraw(geco_lane_t *lane, uint64_t job, uint64_t task);
+/* Serve job.task no more; returns once no lane thread is moving a process into it, with
+   the successes of its window that were not journaled one by one. */
+uint64_t geco_lane_withdraw(geco_lane_t *lane, uint64_t job, uint64_t task);
+/* End the journal window of every published job: up to max jobs whose successes were not
+   all journaled, into jobs/tasks/held; returns how many (the rest wait for the next). */
+uint64_t geco_lane_window(geco_lane_t *lane, uint64_t *jobs, uint64_t *tasks, uint64_t *held,
+                          uint64_t max);
 /* A thread's body: accept and serve until geco_lane_stop. Several threads may run it. */
 void geco_lane_run(geco_lane_t *lane);
 void geco_lane_stop(geco_lane_t *lane);

@@ -21,7 +21,10 @@ What the lane may serve is published from here, by gecod's Python side:
 * a job whose trace admits info records is not published (its records go to
   its trace file, which only Python writes). The lane journals its successes
   itself (the fields Python's records have) and, when gecod's stderr takes info
-  lines (``--log-level info``), writes the same line there.
+  lines (``--log-level info``), writes the same line there: a job's first
+  ``SUCCESS_BURST`` of a window one by one, as Python does
+  (:mod:`geco.daemon.ratelimit`); the rest it counts, and :meth:`FastLane.held`
+  hands the counts to Python's summary when the window ends.
 
 The lane's replay cache is the one the server's decoding uses for every frame
 MAC'd with the secret key, so a nonce is accepted once whichever side saw it. It
@@ -39,11 +42,13 @@ import logging
 import os
 import socket
 import threading
+from collections import Counter
 from typing import Any, NamedTuple
 
 from geco import log
 from geco.cgroup import Backend, Limits
 from geco.config import Config
+from geco.daemon.ratelimit import SUCCESS_BURST
 from geco.jobkey import JobKey
 from geco.protocol import ReplayCache
 
@@ -63,6 +68,8 @@ REPLAY_CAPACITY = 1 << 20
 # Published jobs remembered on the Python side (withdrawn ones leave; the rest of a
 # node's ended jobs are forgotten in a batch past this).
 _PUBLISHED_KEPT = 4096
+# Jobs whose held-back successes one call of geco_lane_window returns at most.
+_WINDOW_BATCH = 256
 
 
 class Handoff(NamedTuple):
@@ -128,6 +135,8 @@ class FastLane:
                                      f"{os.strerror(ffi.errno)}")
         self.replay = _Replay(self, window)
         self._published: dict[JobKey, int] = {}
+        self._withdrawn_held: Counter[JobKey] = Counter()  # withdrawn in this window
+        self._held_lock = threading.Lock()  # withdraw runs in workers, held in the loop
         self._threads: list[threading.Thread] = []
         self.configure(cfg, secret, spool_root=spool_root, journal=journal,
                        stderr_level=stderr_level)
@@ -141,7 +150,8 @@ class FastLane:
         if self.lib.geco_lane_configure(
                 self.handle, secret, round(cfg.gecod_max_skew * 1e9), spool_root.encode(),
                 self.ffi.new("uint32_t[]", uids or [0]), len(uids),
-                (journal or "").encode(), int(stderr_level <= logging.INFO)) != 0:
+                (journal or "").encode(), int(stderr_level <= logging.INFO),
+                SUCCESS_BURST) != 0:
             raise OSError(self.ffi.errno, f"cannot configure gecod's fast lane: "
                                           f"{os.strerror(self.ffi.errno)}")
 
@@ -187,7 +197,25 @@ class FastLane:
     def withdraw(self, key: JobKey) -> None:
         """Serve ``key`` no more; returns once no lane thread moves a process into it."""
         self._published.pop(key, None)
-        self.lib.geco_lane_withdraw(self.handle, key.job, key.task)
+        held = int(self.lib.geco_lane_withdraw(self.handle, key.job, key.task))
+        if held:
+            with self._held_lock:
+                self._withdrawn_held[key] += held
+
+    def held(self) -> Counter[JobKey]:
+        """End the journal window: the successes served here that were not journaled one
+        by one since the last call, by job."""
+        with self._held_lock:
+            held, self._withdrawn_held = self._withdrawn_held, Counter()
+        if self.handle == self.ffi.NULL:
+            return held
+        jobs, tasks, counts = (self.ffi.new("uint64_t[]", _WINDOW_BATCH) for _ in range(3))
+        while True:
+            n = int(self.lib.geco_lane_window(self.handle, jobs, tasks, counts, _WINDOW_BATCH))
+            for i in range(n):
+                held[JobKey(int(jobs[i]), int(tasks[i]))] += int(counts[i])
+            if n < _WINDOW_BATCH:
+                return held
 
     # -- what comes back --------------------------------------------------------
 

@@ -1,74 +1,104 @@
-"""How many of a peer's refusals gecod journals one by one.
+"""How many of a kind of record gecod journals one by one: a budget per peer, or per job.
 
-Anyone on the node can connect to gecod's public socket and send garbage:
-one journal record per refusal would let a single process write thousands of
-records a second, push gecod's real events (a job's OOM kill) past journald's
-rate limit and make the journal useless. So each peer (a uid; every TCP client
-counts as one peer, since the kernel cannot name it) gets ``burst`` records per
-``window`` seconds; the rest are counted by reason and summed up in one record
-per peer when the window ends (root has no budget: its refusals are few, and
-each one matters)::
+journald takes so many records of a service per interval and drops the rest
+(``RateLimitBurst=``, 10,000 per 30 s scaled up with free disk space), whatever they
+are: a flood of routine records would push gecod's real events (a job's OOM kill, its
+accounting) past that limit. So two kinds of record have a budget:
 
-    uid 65534: 9,977 more refusals in 10 s (closed 9,000, timeout 977)
+* **refusals**: anyone on the node can connect to gecod's public socket and send
+  garbage. Each peer (a uid; every TCP client counts as one peer, since the kernel
+  cannot name it) gets ``burst`` records per ``window`` seconds (root has no budget:
+  its refusals are few, and each one matters)::
 
-The server owns the clock: it calls :meth:`RefusalBudget.end_window` from a
-runloop timer every ``window`` seconds.
+      uid 65534: 9,977 more refusals in 10 s (closed 9,000, timeout 977)
+
+* **successes**: a job whose tasks start faster than journald can take one record
+  each (the quarantine goal is 10,000 a second) gets ``burst`` ``quarantined`` records
+  per window, one per process, and one summary for the rest::
+
+      job 42.1: 9,800 more processes quarantined in 10 s
+
+The rest are counted by reason and summed up in one record per peer or job when the
+window ends. The server owns the clock: it calls :meth:`JournalBudget.end_window` from
+a runloop timer every ``window`` seconds.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
-__all__ = ["RefusalBudget", "Summary"]
+__all__ = ["REFUSAL_BURST", "SUCCESS_BURST", "WINDOW", "Held", "JournalBudget",
+           "describe_refusals"]
+
+K = TypeVar("K", bound=Hashable)
+
+# seconds between summaries, for both kinds
+WINDOW = 10.0
+# a peer's refusals journaled one by one per window
+REFUSAL_BURST = 10
+# a job's successes journaled one by one per window, by Python and by the fast lane each:
+# every task of a job as wide as a big node, then 20 a second
+SUCCESS_BURST = 200
 
 
 @dataclass(frozen=True, slots=True)
-class Summary:
-    """The refusals of one peer not journaled one by one in a window."""
+class Held(Generic[K]):
+    """The records of one peer or job not journaled one by one in a window, by reason."""
 
-    peer: int | None  # uid; None = TCP clients
+    key: K
     reasons: dict[str, int]
 
     @property
     def count(self) -> int:
         return sum(self.reasons.values())
 
-    def describe(self, window: float) -> str:
-        who = "TCP clients" if self.peer is None else f"uid {self.peer}"
-        parts = ", ".join(f"{reason} {n:,}" for reason, n in
-                          sorted(self.reasons.items(), key=lambda item: -item[1]))
-        return f"{who}: {self.count:,} more refusals in {window:g} s ({parts})"
+
+def describe_refusals(held: Held[int | None], window: float) -> str:
+    """The summary's text for a peer's refusals (key: its uid; None = TCP clients)."""
+    who = "TCP clients" if held.key is None else f"uid {held.key}"
+    parts = ", ".join(f"{reason} {n:,}" for reason, n in
+                      sorted(held.reasons.items(), key=lambda item: -item[1]))
+    return f"{who}: {held.count:,} more refusals in {window:g} s ({parts})"
 
 
 @dataclass(slots=True)
-class _Peer:
+class _Window:
     logged: int = 0
     held_back: Counter[str] = field(default_factory=Counter)
 
 
-class RefusalBudget:
-    """Per-peer budgets of journal records for refusals (see the module docstring)."""
+class JournalBudget(Generic[K]):
+    """Per-key budgets of journal records (see the module docstring); ``exempt`` keys
+    have none."""
 
-    def __init__(self, burst: int = 10, window: float = 10.0) -> None:
+    def __init__(self, burst: int, window: float = WINDOW, exempt: Iterable[K] = ()) -> None:
         self.burst = burst
         self.window = window
-        self._peers: dict[int | None, _Peer] = {}
+        self.exempt = frozenset(exempt)
+        self._keys: dict[K, _Window] = {}
 
-    def allow(self, peer: int | None, reason: str) -> bool:
-        """Count one refusal; True when it may be journaled on its own."""
-        if peer == 0:
+    def allow(self, key: K, reason: str) -> bool:
+        """Count one record; True when it may be journaled on its own."""
+        if key in self.exempt:
             return True
-        state = self._peers.setdefault(peer, _Peer())
+        state = self._keys.setdefault(key, _Window())
         if state.logged < self.burst:
             state.logged += 1
             return True
         state.held_back[reason] += 1
         return False
 
-    def end_window(self) -> list[Summary]:
-        """Start a new window; return what each peer had held back in the old one."""
-        summaries = [Summary(peer, dict(state.held_back))
-                     for peer, state in self._peers.items() if state.held_back]
-        self._peers.clear()
-        return summaries
+    def hold(self, key: K, reason: str, count: int) -> None:
+        """Add ``count`` records held back elsewhere (the fast lane's) to this window's."""
+        if count > 0:
+            self._keys.setdefault(key, _Window()).held_back[reason] += count
+
+    def end_window(self) -> list[Held[K]]:
+        """Start a new window; return what each key had held back in the old one."""
+        held = [Held(key, dict(state.held_back))
+                for key, state in self._keys.items() if state.held_back]
+        self._keys.clear()
+        return held

@@ -50,7 +50,8 @@ job, task and pid, and the reason; every success as ``GECO_EVENT=quarantined``
 (``ELAPSED_MS``: from the connection's accept to the answer); both with
 ``LANE`` and with ``PEERCRED=1`` when the frame was peer-credentialed. A peer
 gets a few refusal records per window, then one summary
-(``GECO_EVENT=quarantine-refused-summary``; :mod:`geco.daemon.ratelimit`).
+(``GECO_EVENT=quarantine-refused-summary``), and a job a few hundred successes,
+then one summary (``GECO_EVENT=quarantined-summary``; :mod:`geco.daemon.ratelimit`).
 Nothing a client sends can stop the server: a bad client costs one socket
 until its deadline.
 """
@@ -85,7 +86,12 @@ from geco.daemon.quarantine import (
     pid_reused,
     quarantine,
 )
-from geco.daemon.ratelimit import RefusalBudget
+from geco.daemon.ratelimit import (
+    REFUSAL_BURST,
+    SUCCESS_BURST,
+    JournalBudget,
+    describe_refusals,
+)
 from geco.daemon.runloop import RunLoop, Timer
 from geco.errors import ProtocolError
 from geco.jobkey import JobKey
@@ -276,7 +282,8 @@ class Server:
         self.started = time.time()
         self._served = 0
         self.refused = 0
-        self.refusal_budget = RefusalBudget()
+        self.refusal_budget = JournalBudget[int | None](REFUSAL_BURST, exempt=(0,))
+        self.success_budget = JournalBudget[JobKey](SUCCESS_BURST)
         self._on_idle: Callable[[], None] | None = None
         for lane in self.lanes:
             assert lane.listener is not None
@@ -286,7 +293,7 @@ class Server:
                                 functools.partial(self._on_handoff_event, lane))
             else:
                 self._accept_on(lane)
-        loop.add_timer(self.refusal_budget.window, self._summarize_refusals,
+        loop.add_timer(self.refusal_budget.window, self._end_journal_window,
                        repeat=self.refusal_budget.window)
 
     @property
@@ -602,22 +609,12 @@ class Server:
 
     def _answer(self, conn: _Connection, got: Frame, outcome: Outcome) -> None:
         """Journal the outcome of a verified request and send its ACK."""
-        job, task, pid = conn.claimed
+        job, task, _ = conn.claimed
         if outcome.ok:
             self._served += 1
-            limits = outcome.limits
-            _log.info("quarantined process %s into job %s.%s (%s)%s", pid, job, task,
-                      conn.describe(), "; created its cgroups" if outcome.created else "",
-                      extra=log.job_fields(
-                          job, task, "quarantined", PID=pid, PEER_PID=_pid(conn),
-                          PEER_UID=conn.uid, REQUEST=got.type.name, LANE=conn.lane.name,
-                          ELAPSED_MS=round((time.monotonic() - conn.accepted) * 1000, 1),
-                          PEERCRED=1 if got.peercred else None,
-                          CGROUP_CREATED=int(outcome.created),
-                          CPUS=limits.cpus if limits else None,
-                          MEMS=limits.mems if limits else None,
-                          MEMORY_LIMIT=limits.memory if limits else None,
-                          MEMSW_LIMIT=limits.memory_swap if limits else None))
+            if job is None or task is None \
+                    or self.success_budget.allow(JobKey(job, task), "python"):
+                self._journal_success(conn, got, outcome)
             if self.on_contained is not None and outcome.first and job is not None \
                     and task is not None:
                 self.on_contained(JobKey(job, task))
@@ -641,6 +638,22 @@ class Server:
         ack = Ack(job or 0, task or 0, outcome.status, got.nonce)
         # in kind: a PEERCRED asker has no secret key to check any other MAC
         self._send(conn, encode(MsgType.ACK, ack, self.secret, flags=got.flags))
+
+    def _journal_success(self, conn: _Connection, got: Frame, outcome: Outcome) -> None:
+        job, task, pid = conn.claimed
+        limits = outcome.limits
+        _log.info("quarantined process %s into job %s.%s (%s)%s", pid, job, task,
+                  conn.describe(), "; created its cgroups" if outcome.created else "",
+                  extra=log.job_fields(
+                      job, task, "quarantined", PID=pid, PEER_PID=_pid(conn),
+                      PEER_UID=conn.uid, REQUEST=got.type.name, LANE=conn.lane.name,
+                      ELAPSED_MS=round((time.monotonic() - conn.accepted) * 1000, 1),
+                      PEERCRED=1 if got.peercred else None,
+                      CGROUP_CREATED=int(outcome.created),
+                      CPUS=limits.cpus if limits else None,
+                      MEMS=limits.mems if limits else None,
+                      MEMORY_LIMIT=limits.memory if limits else None,
+                      MEMSW_LIMIT=limits.memory_swap if limits else None))
 
     # -- refusals -------------------------------------------------------------
 
@@ -673,15 +686,27 @@ class Server:
             conn.deadline.cancel()
         self._send(conn, reply)
 
-    def _summarize_refusals(self) -> None:
+    def _end_journal_window(self) -> None:
+        """Journal what the window's budgets held back: one summary per peer and per job."""
         window = self.refusal_budget.window
-        for summary in self.refusal_budget.end_window():
-            _log.warning("%s", summary.describe(window),
+        for held in self.refusal_budget.end_window():
+            _log.warning("%s", describe_refusals(held, window),
                          extra=log.job_fields(None, None, "quarantine-refused-summary",
-                                              PEER_UID=summary.peer, REFUSED=summary.count,
+                                              PEER_UID=held.key, REFUSED=held.count,
                                               WINDOW_S=window,
                                               REASONS=",".join(f"{r}:{n}" for r, n in
-                                                               summary.reasons.items())))
+                                                               held.reasons.items())))
+        for lane in self.lanes:
+            if lane.fast is not None:
+                for key, count in lane.fast.held().items():
+                    self.success_budget.hold(key, "lane", count)
+        for job in self.success_budget.end_window():
+            key = job.key
+            _log.info("job %s: %s more processes quarantined in %g s (a job's first %d a "
+                      "window are journaled one by one)", key, f"{job.count:,}", window,
+                      self.success_budget.burst,
+                      extra=log.job_fields(key.job, key.task, "quarantined-summary",
+                                           QUARANTINED=job.count, WINDOW_S=window))
 
     def _refuse_unanswered(self, conn: _Connection, reason: str, text: str) -> None:
         """A client that never completed a frame: journal it and close without a reply."""
@@ -770,6 +795,7 @@ class Server:
         for conn in list(self.connections):
             if conn.phase is _Phase.READING:
                 self._close(conn)
+        self._end_journal_window()  # what the last window held back is not lost
         self._on_idle = on_idle
         self._maybe_idle()
 

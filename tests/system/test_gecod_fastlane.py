@@ -57,6 +57,22 @@ for _ in range(2):
     print(protocol.decode_ack(reply, key, frame[12:28]).status.name, flush=True)
 """
 
+# A process that sends JOB_STARTED for itself N times (fresh frames), on root's socket;
+# prints how many were answered OK.
+MANY = r"""
+import os, sys
+from geco import address, client, protocol
+key_file, where, job, n = sys.argv[1:5]
+key = open(key_file, "rb").read()
+ok = 0
+for _ in range(int(n)):
+    frame = protocol.encode(protocol.MsgType.JOB_STARTED,
+                            protocol.JobStarted(int(job), 1, os.getpid()), key)
+    reply = client.request(address.parse(where), frame, 30)
+    ok += protocol.decode_ack(reply, key, frame[12:28]).status.name == "OK"
+print(ok, flush=True)
+"""
+
 # A process that sends its JOB_STARTED frame and more bytes after it, in one write, on
 # root's socket; prints the ACK's status and its pid.
 TRAILING = r"""
@@ -312,3 +328,51 @@ def test_a_new_key_after_sighup_is_the_lanes_key_too(node: Node, journal: Any) -
     finally:
         node.key_file.write_bytes(old)
         assert g.stop() == 0, g.output()
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["lane", "python"])
+def test_a_flood_of_a_jobs_tasks_is_journaled_as_a_few_entries_and_a_summary(
+        node: Node, gecod: Gecod, journal: Any, traced: bool) -> None:
+    """Given a contained job, when one of its tasks sends 450 JOB_STARTED in a row (served
+    by the lane; by Python for a traced job) and the job ends, then all were answered OK,
+    and the journal
+    has the job's first 200 successes of each 10 s window one by one and one summary per
+    window for the rest (GECO_EVENT=quarantined-summary, QUARANTINED): every success
+    counted once, journald spared one record each (its rate limit would drop a later
+    OOM kill's)."""
+    since = time.time()
+    job = new_job()
+    node.make_job(job, trace_level=4 if traced else 0)
+    shepherd = node.job_process(job, sock=root_sock(node))
+    assert shepherd.answer() == "OK"
+    proc = gecod_tests.subprocess.run(
+        [sys.executable, "-c", MANY, str(node.key_file), root_sock(node), str(job), "450"],
+        cwd=node.make_pe_task_dir(job), capture_output=True, text=True, timeout=120,
+        check=False, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin"})
+    assert proc.stdout.split() == ["450"], proc.stderr
+    shepherd.exit()  # the job ends within the window: what the lane held is still told
+    wait_gone(node, f"{job}.1")
+
+    def counted() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        about = logged(journal, since, JOB_ID=str(job), _PID=str(gecod.pid))
+        return ([e for e in about if e["GECO_EVENT"] == "quarantined"],
+                [e for e in about if e["GECO_EVENT"] == "quarantined-summary"])
+
+    deadline = time.monotonic() + 25  # the window ends within 10 s
+    while True:
+        single, summaries = counted()
+        if len(single) + sum(int(e["QUARANTINED"]) for e in summaries) >= 451:
+            break
+        assert time.monotonic() < deadline, (len(single), summaries)
+        time.sleep(0.5)
+    windows = int((time.time() - since) // 10) + 2  # each (partial) 10 s window since
+    assert len(single) + sum(int(e["QUARANTINED"]) for e in summaries) == 451
+    assert summaries and len(single) <= 200 * windows, (len(single), windows)
+    assert all(e["WINDOW_S"] == "10.0" and e["SGE_TASK_ID"] == "1" for e in summaries)
+    code = "server.py" if traced else LANE
+    assert [e for e in single[1:] if not e["CODE_FILE"].endswith(code)] == []
+    summary = summaries[0]
+    assert summary["MESSAGE"] == (f"job {job}.1: {int(summary['QUARANTINED']):,} more "
+                                  "processes quarantined in 10 s (a job's first 200 a "
+                                  "window are journaled one by one)")
+    assert summary["PRIORITY"] == "6"
