@@ -33,7 +33,8 @@ resource file, so no qstat is involved. Then:
   after the load.
 * **idle wake-ups**: the sum over gecod's threads (``/proc/<pid>/task/*/status``)
   of ``voluntary_ctxt_switches + nonvoluntary_ctxt_switches`` across
-  ``--idle-seconds`` with no client, scaled to one minute. No watchdog is set
+  ``--idle-seconds`` with no client, scaled to one minute, from the end of the
+  load's journal window (its summary is written then). No watchdog is set
   (systemd's ``WatchdogSec=30`` adds 4 wake-ups a minute).
 
 Prints a table. Cleans up its cgroups, processes and files.
@@ -59,6 +60,7 @@ from pathlib import Path
 from _common import REPO, journald
 from _table import Row, add_json_option, write_rows
 
+from geco.daemon.ratelimit import WINDOW
 from geco.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import resourcefile
 
@@ -287,7 +289,9 @@ def main() -> int:
         rows.append(("floor: the same writes, the process already there (the round trips' "
                      "later requests)", round_trip_figures(again)))
         rows.append(("one cgroup.procs write 0.2 s after the last", f"p50 {quiet_move:.2f} ms"))
-        time.sleep(1.0)  # let the last replies and journal writes settle
+        # let the last replies settle and the load's journal window end (its summary is
+        # the load's, not idling's)
+        time.sleep(WINDOW + 1.0)
         before = _switches(g.pid)
         time.sleep(args.idle_seconds)
         after = _switches(g.pid)
