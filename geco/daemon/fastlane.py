@@ -28,7 +28,7 @@ What the lane may serve is published from here, by gecod's Python side:
 
 The lane's replay cache is the one the server's decoding uses for every frame
 MAC'd with the secret key, so a nonce is accepted once whichever side saw it. It
-holds ``REPLAY_CAPACITY`` nonces, Python's own cache 65,536: full of live ones, it
+holds ``REPLAY_CAPACITY`` nonces, Python's own cache 524,288: full of live ones, it
 refuses (fails closed), so its size is the request rate a node can sustain over a
 window (``2 * max_skew``).
 Without the compiled module (``geco._lane_cffi``) gecod serves everything in
@@ -60,8 +60,8 @@ _log = log.get("gecod.fastlane")
 # the moves themselves; two keep both cores of a small node busy, more only contend).
 _THREADS = max(1, min(4, len(os.sched_getaffinity(0))))
 # Nonces the lane's replay cache holds: 17,476 requests a second sustained over the default
-# 60 s window (max_skew 30 s), the quarantine goal's 10,000 with room; Python's 65,536 would
-# refuse everything after 6.5 s at that rate. 32 bytes a nonce, in zero pages that become
+# 60 s window (max_skew 30 s), the quarantine goal's 10,000 with room; Python's 524,288 would
+# refuse everything after 52 s at that rate. 32 bytes a nonce, in zero pages that become
 # memory only as they are used: up to 4 MiB for the hash under load, the rest with the
 # rate (32 MiB at most).
 REPLAY_CAPACITY = 1 << 20

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from geco import _lane_cffi as lane_cffi  # built by scripts/install.sh (python -m geco._lane_build)
 from geco import config, protocol
-from geco.daemon import fastlane
+from geco.daemon import fastlane, server
 
 WINDOW_NS = 1_000_000_000
 CAPACITY = 3
@@ -127,3 +127,19 @@ def test_gecods_lane_takes_the_quarantine_goals_rate_for_a_whole_window_without_
         assert check(handle, nonces[:16], start + count * 50_000) == 1  # mid-window
     finally:
         lane.close()
+
+
+def test_without_the_lane_gecods_cache_takes_pythons_own_ceiling_for_a_whole_window() -> None:
+    """Given gecod's cache for a node without the fast lane (the default 60 s window), when
+    5,000 frames a second arrive for a whole window (Python alone answers up to about
+    that many), each with its own nonce, then none is refused as full (a cache of 65,536
+    refused every request after 13 s at that rate); a repeat is still refused."""
+    cache = server.python_replay(config.Config())
+    count = round(5_000 * cache.window)
+    nonces = os.urandom(16 * count)
+    start = 3 * 10**18
+    refused = sum(_python_verdict(cache, nonces[16 * n:16 * n + 16], start + n * 200_000) != 0
+                  for n in range(count))
+    assert refused == 0
+    assert len(cache) == count
+    assert _python_verdict(cache, nonces[:16], start + count * 100_000) == 1  # mid-window
