@@ -52,11 +52,16 @@ ERROR_REASON = re.compile(r"^error reason\s+\d+:\s+.*?\[\d+:\d+\]:\s*(.*)$", re.
 
 T = TypeVar("T")
 
-# Grid Engine's qrsh/qlogin client, once a session has ended, asks qmaster about the job;
-# when qmaster has already removed the finished job, the client prints this and exits 1
-# instead of with the job's exit status (source/clients/qsh/qsh.c, the polling loop): a
-# race inside Grid Engine, met on either queue. A try that meets it is run again.
+# Races inside Grid Engine's qrsh/qlogin client at a session's end, met on either queue
+# (plain Grid Engine too); a try that meets one in a job that ran to its end is run again:
+# * once a session has ended, the client asks qmaster about the job; when qmaster has
+#   already removed the finished job, the client prints the first and exits 1 instead of
+#   with the job's exit status (source/clients/qsh/qsh.c, the polling loop);
+# * the builtin interactive job support's connection to the shepherd (shepherd_ijs) may be
+#   closed by the shepherd before the client's last read: commlib prints the second on
+#   the client's stderr, the client exits 0 all the same (seen on the plain queue).
 CLIENT_RACE = "request could not be scheduled, try again later"
+CLIENT_RACES = (CLIENT_RACE, 'commlib error: got pipe error (closing "')
 RACE_TRIES = 3
 
 
@@ -119,10 +124,11 @@ def _swap(action: Callable[[str, str], Outcome], name: str, side: str) -> Outcom
 
 
 def raced(outcome: Outcome) -> bool:
-    """True when the client met Grid Engine's end-of-session race (``CLIENT_RACE``) in a
-    job that ran to its end (accounting ``failed 0``)."""
+    """True when the client met one of Grid Engine's end-of-session races
+    (``CLIENT_RACES``) in a job that ran to its end (accounting ``failed 0``)."""
     said = " ".join([*outcome.outputs.values(), *map(str, outcome.extra.values())])
-    return CLIENT_RACE in said and [a[1] for a in outcome.accounting] == ["0"]
+    return any(race in said for race in CLIENT_RACES) \
+        and [a[1] for a in outcome.accounting] == ["0"]
 
 
 def describe(outcome: Outcome) -> str:
@@ -376,7 +382,8 @@ class Same:
     def both_interactive(self, action: Callable[[str, str], Outcome],
                          name: str) -> dict[str, Outcome]:
         """:meth:`both` for an interactive client, ``action(side, job name)``: a try in
-        which either side's client met Grid Engine's end-of-session race (``CLIENT_RACE``)
+        which either side's client met an end-of-session race of Grid Engine's
+        (``CLIENT_RACES``)
         although its job ran to its end is run again under a new name, up to
         ``RACE_TRIES`` times; the last try's outcomes are returned."""
         for attempt in range(RACE_TRIES):

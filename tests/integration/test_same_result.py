@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 from samekit import (
-    CLIENT_RACE,
+    CLIENT_RACES,
     QUEUES,
     Batch,
     Outcome,
@@ -435,8 +435,8 @@ def login_session(same: Same, side: str, client: str, name: str) -> tuple[int | 
                                     marker=found.group(1).strip() if found else
                                     f"no marker in {term.transcript!r}",
                                     # Grid Engine's own race, if met (samekit.raced)
-                                    race=CLIENT_RACE if CLIENT_RACE in term.transcript
-                                    else "")
+                                    race=next((race for race in CLIENT_RACES
+                                               if race in term.transcript), ""))
 
 
 @pytest.mark.parametrize("client", ["qlogin", "qrsh"])
