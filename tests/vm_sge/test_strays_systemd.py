@@ -62,7 +62,15 @@ def test_a_process_a_job_starts_with_systemd_run_user_under_linger_dies_with_the
         pid = int(pidfile.read_text())
         cgroup = Path(f"/proc/{pid}/cgroup").read_text()
         [record] = sge.wait_finished(job, timeout=SLOW)
-        [entry] = journal.wait_for(SLOW, JOB_ID=str(job), GECO_EVENT="strays-killed")
+        try:
+            [entry] = journal.wait_for(SLOW, JOB_ID=str(job), GECO_EVENT="strays-killed")
+        except TimeoutError:  # say what happened instead: kept (why), or killed for another job
+            story = [f"{e.get('GECO_EVENT')}: {e.get('MESSAGE')}"
+                     for e in journal.entries(JOB_ID=str(job))]
+            others = [f"job {e.get('JOB_ID')}: {e.get('MESSAGE')}"
+                      for e in journal.entries(GECO_EVENT="strays-killed", USER=owner.name)]
+            raise AssertionError(f"no strays-killed for job {job}; its journal: {story}; "
+                                 f"strays-killed of {owner.name}: {others}") from None
         kit.wait_until(lambda: not alive(pid), SLOW, f"the door's process {pid} gone")
     finally:
         subprocess.run(["loginctl", "disable-linger", owner.name], check=False)
