@@ -28,7 +28,9 @@ resource file, so no qstat is involved. Then:
   (one per hierarchy) as real moves and as the round trips' later requests make them
   (the process already there: the kernel takes its lock all the same); beside them, one
   such write 0.2 s after the last (what a quiet node's first job start pays: the
-  kernel's cgroup lock waits for an RCU grace period when it was not taken lately).
+  kernel's cgroup lock waits for an RCU grace period when it was not taken lately,
+  unless the kernel is in its ``favordynmods`` mode: README, "Busy nodes"; the mode
+  mountinfo shows is printed too).
 * **RSS**: ``VmRSS`` of gecod from ``/proc/<pid>/status``, after start-up and
   after the load.
 * **idle wake-ups**: the sum over gecod's threads (``/proc/<pid>/task/*/status``)
@@ -60,6 +62,7 @@ from pathlib import Path
 from _common import REPO, journald
 from _table import Row, add_json_option, write_rows
 
+from geco.cgroup import favors_dynmods, parse_mountinfo
 from geco.daemon.ratelimit import WINDOW
 from geco.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import resourcefile
@@ -289,6 +292,9 @@ def main() -> int:
         rows.append(("floor: the same writes, the process already there (the round trips' "
                      "later requests)", round_trip_figures(again)))
         rows.append(("one cgroup.procs write 0.2 s after the last", f"p50 {quiet_move:.2f} ms"))
+        rows.append(("the kernel's mode for moves, as mountinfo shows it",
+                     "favordynmods" if favors_dynmods(parse_mountinfo(
+                         Path("/proc/self/mountinfo").read_bytes())) else "its default"))
         # let the last replies settle and the load's journal window end (its summary is
         # the load's, not idling's)
         time.sleep(WINDOW + 1.0)

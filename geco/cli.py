@@ -359,7 +359,9 @@ def _add_check_command(sub: Any) -> None:
                                "gate or with a module after it that moves sessions out of "
                                "their job, and whether [strays] kill is on; then what the "
                                "node gives jobs: cores, memory and its reserve, the default "
-                               "for a job that requests none, GPUs and their devices. "
+                               "for a job that requests none, GPUs and their devices, and whether "
+                               "the kernel moves a process into its job at once "
+                               "(favordynmods). "
                                "Exit 0 when every door is closed, 1 when one is open, 2 when "
                                "geco.toml is not valid TOML.")
 

@@ -4,15 +4,17 @@ One line each for the cores jobs are bound to (the GECO parent's less ``[cgroup]
 cpus_reserve``), the memory all jobs together may use (the RAM less ``[cgroup]
 memory_reserve``), the default for a job that requests no memory, and the GPUs with
 their devices, so an admin sees at a glance what a job here can get and what it can
-never get, as the configuration and the kernel say it.
+never get, as the configuration and the kernel say it; and how the kernel moves a
+process into its job (``favordynmods``: README, "Busy nodes").
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
-from geco import gpus
-from geco.cgroup import Backend
+from geco import gpus, procfs
+from geco.cgroup import Backend, favors_dynmods, parse_mountinfo
 from geco.config import Config
 from geco.containment import jobs_memory
 from geco.errors import GecoError
@@ -22,10 +24,10 @@ from geco.units import format_memory
 __all__ = ["lines"]
 
 
-def lines(cfg: Config, backend: Backend) -> list[tuple[str, str]]:
-    """``(what, text)`` for cores, memory, the default and the GPUs."""
+def lines(cfg: Config, backend: Backend, proc: Path = procfs.ROOT) -> list[tuple[str, str]]:
+    """``(what, text)`` for cores, memory, the default, the GPUs and the kernel's moves."""
     return [("cores", _cores(cfg, backend)), ("memory", _memory(cfg)),
-            ("default", _default(cfg)), ("gpus", _gpus(cfg))]
+            ("default", _default(cfg)), ("gpus", _gpus(cfg)), ("moves", _moves(proc))]
 
 
 def _cores(cfg: Config, backend: Backend) -> str:
@@ -57,6 +59,15 @@ def _default(cfg: Config) -> str:
     return (f"a job that requests no memory gets RAM {_per_slot(cfg.memory_per_slot)}, "
             f"RAM+swap {_per_slot(cfg.vmem_per_slot)} ([cgroup] memory_per_slot, "
             "vmem_per_slot)")
+
+
+def _moves(proc: Path) -> str:
+    if favors_dynmods(parse_mountinfo((proc / "self" / "mountinfo").read_bytes())):
+        return ("favordynmods: the kernel moves a process into its job at once, also after "
+                "a quiet moment (forks and exits pay a little for it)")
+    return ("the kernel's default: after a quiet moment, the first process moved into a job "
+            "waits for an RCU grace period (milliseconds) and those behind it too; a node "
+            "that starts many processes a second wants favordynmods (README: Busy nodes)")
 
 
 def _per_slot(n: int) -> str:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from geco import procfs
 from geco.cgroup._base import Backend, Limits, check_key
-from geco.cgroup._fs import Mount, parse_mountinfo, read_bytes, read_str
+from geco.cgroup._fs import Mount, favors_dynmods, parse_mountinfo, read_bytes, read_str
 from geco.cgroup._v1 import Hierarchy, V1Backend, find_hierarchies, find_systemd_hierarchies
 from geco.cgroup._v2 import HOLDER, V2Backend, unit_cgroup
 from geco.config import Config
@@ -45,6 +45,7 @@ __all__ = [
     "V2Backend",
     "check_key",
     "detect",
+    "favors_dynmods",
     "find_hierarchies",
     "for_config",
     "parse_mountinfo",

@@ -23,6 +23,7 @@ from geco.errors import CgroupError
 __all__ = [
     "Mount",
     "cgroup_error",
+    "favors_dynmods",
     "make_dir",
     "parse_mountinfo",
     "poll_until",
@@ -96,6 +97,21 @@ def parse_mountinfo(data: bytes) -> list[Mount]:
                             super_options=tuple(fields[dash + 3].decode("ascii", "replace")
                                                 .split(","))))
     return mounts
+
+
+def favors_dynmods(mounts: Iterable[Mount]) -> bool:
+    """True when a cgroup hierarchy is mounted ``favordynmods`` (or the kernel was booted
+    with ``cgroup_favordynmods=true``, which shows the same way).
+
+    The kernel serializes every move between cgroups with one lock for the whole
+    machine (``cgroup_threadgroup_rwsem``). In its default mode the lock's first
+    taker after a quiet moment (a grace period without moves, often under 1 ms)
+    waits for an RCU grace period, milliseconds, and every move queued behind it
+    waits too. One hierarchy mounted ``favordynmods`` keeps the lock ready for
+    good, at the cost of a slower fork and exit everywhere.
+    """
+    return any(m.fstype in ("cgroup", "cgroup2") and "favordynmods" in m.super_options
+               for m in mounts)
 
 
 def proc_cgroups(proc: Path, pid: int) -> dict[str, str] | None:

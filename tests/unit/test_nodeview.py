@@ -1,6 +1,6 @@
 """What `geco check` says the node gives jobs (geco.nodeview): cores, memory, the default
-for a job that requests none, and the GPUs with their devices, as the configuration and
-the kernel say them."""
+for a job that requests none, the GPUs with their devices, and how the kernel moves a
+process into its job, as the configuration and the kernel say them."""
 
 from __future__ import annotations
 
@@ -50,3 +50,31 @@ def test_a_node_without_reserves_defaults_or_gpus_says_so(tmp_path: Path) -> Non
     assert lines["default"] == ("a job that requests no memory runs with no memory limit "
                                 "([cgroup] memory_per_slot, vmem_per_slot)")
     assert lines["gpus"].startswith("unusable: cannot use the GPU device in [gpu] devices: ")
+
+
+
+def _proc_with(tmp_path: Path, mountinfo: bytes) -> Path:
+    (tmp_path / "proc" / "self").mkdir(parents=True)
+    (tmp_path / "proc" / "self" / "mountinfo").write_bytes(mountinfo)
+    return tmp_path / "proc"
+
+
+# A v1 hierarchy mounted favordynmods, as this kernel shows it in mountinfo. The tests do
+# not mount one: the kernel's lock leaves that mode when every such hierarchy is gone,
+# and one unmounted on Linux 6.18 here left it on until the next boot.
+FAVOR = (b"45 27 0:39 / /tmp/favor rw,relatime shared:23 - cgroup cgroup "
+         b"rw,relatime,favordynmods,name=geco-favor\n")
+
+
+def test_the_picture_says_whether_the_kernel_moves_a_process_at_once(tmp_path: Path) -> None:
+    """The line follows the kernel's mount table: this machine's own, without and then with a
+    hierarchy mounted favordynmods."""
+    mine = Path("/proc/self/mountinfo").read_bytes().replace(b",favordynmods", b"")
+    off = dict(nodeview.lines(Config(), _before_any_job(), _proc_with(tmp_path / "a", mine)))
+    on = dict(nodeview.lines(Config(), _before_any_job(),
+                             _proc_with(tmp_path / "b", mine + FAVOR)))
+    assert off["moves"].startswith("the kernel's default: after a quiet moment, the first "
+                                   "process moved into a job waits for an RCU grace period")
+    assert off["moves"].endswith("wants favordynmods (README: Busy nodes)")
+    assert on["moves"].startswith("favordynmods: the kernel moves a process into its job at "
+                                  "once")

@@ -18,9 +18,11 @@ time ``cpu.stat`` charges, and a teardown through a frozen sub-cgroup.
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -116,6 +118,37 @@ def test_given_a_pure_cgroup2_when_detecting_then_v2_is_chosen() -> None:
     assert (b.version, b.base) == (2, MOUNT / "geco-test-detect")
     assert {"cpuset", "memory"} <= set(b.controllers)
     assert not b.base.exists()  # detect() itself creates nothing
+
+
+def _remount(options: str) -> None:
+    """mount(2) with MS_REMOUNT and exactly ``options`` for the cgroup2 at MOUNT."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mount(b"cgroup2", bytes(MOUNT), b"cgroup2", 32, options.encode()) != 0:  # MS_REMOUNT
+        raise OSError(ctypes.get_errno(), f"remount {MOUNT} with {options}")
+
+
+def test_given_the_readmes_remount_then_geco_check_says_the_kernel_moves_at_once() -> None:
+    """README, Busy nodes: on cgroup v2, ``mount -o remount,favordynmods /sys/fs/cgroup``
+    puts the kernel's moves in favordynmods mode and ``geco check`` says so; a remount with
+    the boot's own options (mount(2): mount(8) would keep the options it finds) puts the
+    kernel's default back, and the line follows."""
+    from geco import nodeview
+
+    def moves() -> str:
+        return dict(nodeview.lines(Config(), detect(name="geco-test-moves")))["moves"]
+
+    boot = [m for m in parse_mountinfo(Path("/proc/self/mountinfo").read_bytes())
+            if m.mount_point == MOUNT][-1].super_options
+    assert "favordynmods" not in boot, boot  # a stock kernel and systemd leave it off
+    before = moves()
+    subprocess.run(["mount", "-o", "remount,favordynmods", str(MOUNT)], check=True)
+    try:
+        during = moves()
+    finally:
+        _remount(",".join(boot))
+    assert before.startswith("the kernel's default: "), before
+    assert during.startswith("favordynmods: the kernel moves a process into its job at once")
+    assert moves() == before
 
 
 def test_given_a_nested_base_when_ensure_root_then_controllers_are_enabled_down_to_it(
