@@ -380,6 +380,15 @@ class Gecod:
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
+    def output_with(self, *lines: str, timeout: float = 30.0) -> str:
+        """The log once it holds every one of ``lines``: gecod journals from a thread
+        of its own, so a line can reach the file just after the reply it explains."""
+        deadline = time.monotonic() + timeout
+        while not all(line in (log := self.output()) for line in lines) \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return log
+
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
@@ -1097,9 +1106,11 @@ def test_adopts_exec_stage_is_refused_to_a_user_process_that_is_no_ssh_session(
     me = os.getpid()
     secret_exec = protocol.Adopt(0, 0, me, 0, protocol.AdoptStage.EXEC)
     assert _adopt_frame(_root_socket(gecod), node.key, secret_exec).status is AckStatus.REFUSED
-    log = gecod.output()
-    assert "ADOPT's EXEC stage comes from an ssh session: sshd, under root's sshd" in log
-    assert "ADOPT's EXEC stage is peer-credentialed (an ssh session's own process)" in log
+    from_user = "ADOPT's EXEC stage comes from an ssh session: sshd, under root's sshd"
+    with_key = "ADOPT's EXEC stage is peer-credentialed (an ssh session's own process)"
+    log = gecod.output_with(from_user, with_key)
+    assert from_user in log
+    assert with_key in log
 
 
 # -- peer-credentialed requests: users without the key ------------------------------
@@ -1563,8 +1574,8 @@ def test_sighup_rereads_the_configuration_and_says_what_needs_a_restart(
 
         assert int(reloaded["__REALTIME_TIMESTAMP"]) >= since * 1e6
         assert node.job_process(job, mode="nobody", sock=g.sock).answer() == "OK"
-        assert "SIGHUP: gecod_workers changed to 2; it takes effect when gecod restarts" \
-            in g.output()
+        changed = "SIGHUP: gecod_workers changed to 2; it takes effect when gecod restarts"
+        assert changed in g.output_with(changed)
     finally:
         assert g.stop() == 0, g.output()
 

@@ -178,7 +178,8 @@ def test_a_later_task_is_served_by_the_lane_and_looks_as_if_python_had_served_it
         assert entry["MESSAGE"] == f"quarantined process {task.pid} into job {job}.1 " \
                                    f"(pid {task.pid} uid 0)"
         assert float(entry["ELAPSED_MS"]) >= 0
-    lines = gecod.output().splitlines()
+    lines = gecod.output_with(*(f"quarantined process {t.pid} into job {job}.1"
+                                for t in tasks)).splitlines()
     for task in tasks:
         assert any("|INFO ]: (geco_lane.c:" in line and
                    f"quarantined process {task.pid} into job {job}.1" in line for line in lines)
