@@ -42,8 +42,11 @@ from _table import Row, add_json_option, write_rows
 from geco import cluster, keys
 from geco.cgroup import V1Backend
 from geco.config import Config
-from geco.daemon.clusterserve import ClusterServer
+from geco.daemon import clusterserve
+from geco.daemon.pools import Pools
 from geco.daemon.quarantine import Context
+from geco.daemon.runloop import RunLoop
+from geco.daemon.server import Server
 from geco.protocol import MsgType
 from geco.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.topology import Topology
@@ -112,20 +115,28 @@ def main() -> int:
     topology = Topology.load()
     base = Config(state_dir=tmp / "master", cluster_key_file=key_file,
                   cluster_address=f"port:{PORT}", execd_spool_dir=tmp / "spool")
-    servers: list[ClusterServer] = []
     backends: list[V1Backend] = []
     rows: list[Row] = []
+    loop = RunLoop(1.0)
+    every_pools: list[Pools] = []
+    serving = threading.Thread(target=loop.run, name="bench-barrier-loop", daemon=True)
     try:
         hosts_lines(most)
         for k in range(1, most + 1):
             backend = v1_backend(f"geco-test-bench-sim{k}", V1Backend)
             backend.ensure_root()
             backends.append(backend)
-            cfg = base._replace(state_dir=tmp / name(k), cgroup_name=f"geco-test-bench-sim{k}")
+            cfg = base._replace(state_dir=tmp / name(k), cgroup_name=f"geco-test-bench-sim{k}",
+                                cluster_bind=f"127.0.1.{k}")
             ctx = Context(cfg, backend, topology, hostname=name(k))
-            server = ClusterServer(ctx, key, ClusterServer.listen(PORT, f"127.0.1.{k}"))
-            server.start()
-            servers.append(server)
+            # each simulated host has pools of its own, as a real one has (their caps are
+            # per job and per asking host: shared, the hosts' PREPAREs of one job would
+            # take turns on one thread)
+            pools = Pools.open(1)
+            every_pools.append(pools)
+            channel = clusterserve.ClusterChannel(ctx, key, clusterserve.listen(cfg), pools)
+            Server(loop, [channel.lane], bytes(32), ctx, pools)
+        serving.start()
         floor = tcp_floor(200)
         job = 880000
         for n in counts:
@@ -166,8 +177,11 @@ def main() -> int:
                             median * 1000, "ms", "linear", floor * 1000, "TCP round trip"))
         write_rows(args.json, rows)
     finally:
-        for server in servers:
-            server.close()
+        loop.call_soon_threadsafe(loop.stop)
+        serving.join(timeout=10)
+        loop.close()
+        for pools in every_pools:
+            pools.shutdown(cancel_futures=True)
         for backend in backends:
             remove_test_cgroups(backend)
         unhosts()

@@ -151,8 +151,9 @@ class TimedV1Backend(V1Backend):
     def kill_except(self, key: str, spare: Callable[[int], bool]) -> int:
         return self._timed("kill_except", functools.partial(super().kill_except, key, spare))
 
-    def wait_empty(self, key: str, timeout: float) -> bool:
-        return self._timed("wait_empty", functools.partial(super().wait_empty, key, timeout))
+    def wait_empty(self, key: str, timeout: float, *, kill_late: bool = False) -> bool:
+        return self._timed("wait_empty", functools.partial(super().wait_empty, key, timeout,
+                                                           kill_late=kill_late))
 
     def destroy(self, key: str) -> None:
         self._timed("destroy", functools.partial(super().destroy, key))

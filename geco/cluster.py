@@ -285,15 +285,16 @@ def report_oom(host: str, job: JobKey, text: str, cfg: Config) -> None:
 
 
 def caller(host: str, job: JobKey, ends: tuple[str, int, str, int], uid: int,
-           cfg: Config) -> bool:
+           cfg: Config, *, timeout: float = _SHORT_TIMEOUT) -> bool:
     """Whether a process of ``uid`` in job ``job`` on ``host`` made the TCP connection
-    ``ends`` (source, port, destination, port), as that host's gecod finds it. Any
-    failure to ask (no key here, no answer) is a no, logged: the login then follows the
-    other rules."""
+    ``ends`` (source, port, destination, port), as that host's gecod finds it, within
+    ``timeout`` seconds (a login's budget). Any failure to ask (no key here, no answer) is
+    a no, logged: the login then follows the other rules."""
     body = " ".join(map(str, (*ends, uid))).encode("ascii")
     try:
         answer = ask(host, MsgType.CALLERID, NodeRequest(job.job, job.task, host, body),
-                     load_key(cfg), port(cfg), min(cfg.cluster_timeout, _SHORT_TIMEOUT))
+                     load_key(cfg), port(cfg),
+                     max(0.001, min(cfg.cluster_timeout, _SHORT_TIMEOUT, timeout)))
     except GecoError as exc:
         answer = Answer(host, "unreachable", str(exc))
     if answer.status not in ("found", "refused"):

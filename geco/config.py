@@ -107,8 +107,11 @@ class Config(NamedTuple):
     ssh_adopt_failure: str = "refuse"
     ssh_gecod_unreachable: str = "decide-here"
     ssh_bypass_file: Path = Path("/etc/geco/ssh-bypass")
+    ssh_callerid_budget: float = 0.2
     # [cluster]
     cluster_address: str = "port:6446"
+    cluster_bind: str = ""
+    cluster_allow: tuple[str, ...] = ()
     cluster_key_file: Path = Path("/etc/geco/cluster.key")
     cluster_slaves: str = "strict"
     cluster_timeout: float = 10.0
@@ -135,8 +138,9 @@ _SECTIONS: dict[str, tuple[str, ...]] = {
     "strays": ("strays_kill", "strays_min_uid", "strays_exempt_users", "strays_grace",
                "strays_delay"),
     "ssh": ("ssh_admins", "ssh_admin_groups", "ssh_several_jobs", "ssh_adopt_failure",
-            "ssh_gecod_unreachable", "ssh_bypass_file"),
-    "cluster": ("cluster_address", "cluster_key_file", "cluster_slaves", "cluster_timeout"),
+            "ssh_gecod_unreachable", "ssh_bypass_file", "ssh_callerid_budget"),
+    "cluster": ("cluster_address", "cluster_bind", "cluster_allow", "cluster_key_file",
+                "cluster_slaves", "cluster_timeout"),
     "gecod": ("gecod_socket", "gecod_privileged_socket", "gecod_privileged_group",
               "gecod_key_file", "gecod_request_timeout",
               "gecod_unreachable_policy", "gecod_exec_filter", "gecod_max_skew",
@@ -155,8 +159,9 @@ _TOML_NAME = {"cgroup_mount": "mount", "cgroup_name": "name", "cgroup_version": 
               **{f"strays_{n}": n for n in ("kill", "min_uid", "exempt_users", "grace", "delay")},
               **{f"ssh_{n}": n for n in ("admins", "admin_groups", "several_jobs",
                                          "adopt_failure", "gecod_unreachable",
-                                         "bypass_file")},
-              **{f"cluster_{n}": n for n in ("address", "key_file", "slaves", "timeout")},
+                                         "bypass_file", "callerid_budget")},
+              **{f"cluster_{n}": n for n in ("address", "bind", "allow", "key_file",
+                                             "slaves", "timeout")},
               **{f"gecod_{n}": n for n in (
                   "socket", "privileged_socket", "privileged_group", "key_file",
                   "request_timeout", "unreachable_policy", "exec_filter",
@@ -182,15 +187,35 @@ _OPTIONAL_PATHS = ("cgroup_v2_base", "cgroup_v1_systemd_base", "sge_root")
 # String settings where "" means "find it out" (geco.sge.siteenv) or "beside the public
 # socket" / "none" (the privileged socket and its group).
 _OPTIONAL_STRINGS = ("sge_cell", "sge_cluster_name", "gecod_privileged_socket",
-                     "gecod_privileged_group")
+                     "gecod_privileged_group", "cluster_bind")
 # cpu lists in the kernel's syntax ("0-1,8"); "" = none.
 _CPU_LISTS = ("cpus_reserve",)
+class _Host(str):
+    """A list item that names hosts: a host name, an address, or a network (10.77.0.0/16)."""
+
+    __slots__ = ()
+
+
+def _is_host(item: object) -> bool:
+    import ipaddress
+    import re
+
+    if not isinstance(item, str) or not item:
+        return False
+    try:
+        ipaddress.ip_network(item, strict=False)
+    except ValueError:
+        return re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?", item) is not None
+    return True
+
+
 # List settings: the type of their items, and whether an empty list is allowed.
 _LISTS: dict[str, tuple[type, bool]] = {"gecod_exec_filter": (str, False),
                                         "gecod_execd_uids": (int, True),
                                         "strays_exempt_users": (str, True),
                                         "ssh_admins": (str, True),
                                         "ssh_admin_groups": (str, True),
+                                        "cluster_allow": (_Host, True),
                                         "gpu_devices": (Path, True)}
 
 
@@ -209,6 +234,9 @@ def _coerce_list(name: str, value: Any) -> tuple[Any, ...]:
             raise ValueError(f"must be a list of file names (no '/' or ','), got {value!r}")
         if kind is Path and (not isinstance(item, str) or not item.startswith("/")):
             raise ValueError(f"must be a list of absolute paths, got {value!r}")
+        if kind is _Host and not _is_host(item):
+            raise ValueError(f"must be a list of host names, addresses or networks "
+                             f"(10.1.0.0/16), got {value!r}")
     return tuple(value)
 
 

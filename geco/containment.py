@@ -4,8 +4,9 @@
 whole cores (packed by :mod:`geco.cores` on the hwloc topology), sets the
 memory limits (the node's default for a job that requests none:
 :class:`MemoryDefault`), the task limit (:class:`PidsLimit`, from the
-configuration) and, on a GPU node, the job's GPUs (:class:`GpuShare`: granted or
-picked, every other GPU denied), and creates the cgroups in every managed controller.
+configuration) and the job's GPUs (:class:`GpuShare`: granted or picked, every other
+GPU and its MIG caps denied; on a node where geco knows no GPU, every NVIDIA device),
+and creates the cgroups in every managed controller.
 :func:`release` is the other half: freeze, kill, thaw, wait until empty,
 remove (the epilog and gecod's reaper go through :mod:`geco.teardown`, which
 adds the journal record and the escalation when a process does not die).
@@ -28,7 +29,7 @@ from geco import gpus, log
 from geco._tuple import NamedTuple
 from geco.cgroup import Backend, Limits
 from geco.config import Config
-from geco.errors import CoresUnavailable, GecoError
+from geco.errors import CgroupError, CoresUnavailable, GecoError
 from geco.jobkey import JobKey
 from geco.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import lookup, resourcefile
@@ -140,25 +141,30 @@ class MemoryDefault(NamedTuple):
 
 
 class GpuShare(NamedTuple):
-    """What a job's GPUs on a GPU node are decided from (under the node lock).
+    """What a job's GPUs on this node are decided from (under the node lock).
 
     Attributes
     ----------
-    table: the node's GPUs (:func:`geco.gpus.node_table`).
+    table: the node's GPUs (:func:`geco.gpus.node_table`); empty on a node where geco
+        knows none (the job has none, and is denied every NVIDIA device).
     resources: the job's resource set; when geco picks the ids, this node's record
         gets them and is saved (``resources_dir``), so they are known after a restart.
     hostname: this node's name as the resource set spells it (None: this host's).
     resources_dir: where the running jobs' resource files are.
+    caps: the node's MIG capability devices (:func:`geco.gpus.mig_caps`), None: none.
     """
 
     table: tuple[gpus.Gpu, ...]
     resources: ResourceSet
     hostname: str | None
     resources_dir: Path
+    caps: gpus.MigCaps | None = None
 
-    def ids(self, key: JobKey, near: frozenset[int], backend: Backend) -> tuple[int, ...]:
+    def ids(self, key: JobKey, near: frozenset[int],
+            backend: Backend) -> tuple[int, ...] | None:
         """The job's GPUs here: those Grid Engine granted, else as many as it counted,
-        picked among the ones no other running job holds (nearest its NUMA nodes ``near``).
+        picked among the ones no other running job holds (nearest its NUMA nodes ``near``);
+        None on a node without GPUs (where a job granted some was refused).
 
         Raises
         ------
@@ -167,6 +173,8 @@ class GpuShare(NamedTuple):
         GecoError
             when a granted id is not one of this node's GPUs.
         """
+        if not self.table:
+            return None
         share = self._share()
         if not share.counted:
             gpus.check_granted(self.table, share.ids)
@@ -177,10 +185,14 @@ class GpuShare(NamedTuple):
                 busy.update(self._held_by(other))
         return gpus.pick(self.table, share.amount, busy, near)
 
-    def save(self, ids: tuple[int, ...]) -> None:
+    def denied(self, ids: tuple[int, ...] | None) -> list[tuple[str, int, int | None]]:
+        """The devices the job may not open, granted ``ids`` (:func:`geco.gpus.denied`)."""
+        return gpus.denied(self.table, ids or (), self.caps)
+
+    def save(self, ids: tuple[int, ...] | None) -> None:
         """Record picked ids in this node's resource file (once the job's cgroups deny the
         other GPUs: a pick that never took effect is never on record); nothing to record
-        for ids Grid Engine granted.
+        for ids Grid Engine granted, nor on a node without GPUs (``ids`` None).
 
         Raises
         ------
@@ -190,7 +202,7 @@ class GpuShare(NamedTuple):
         """
         share = self._share()
         node = self.resources.node(self.hostname)
-        if not share.counted or node is None:
+        if ids is None or not share.counted or node is None:
             return
         picked = node._replace(gpus=str(share._replace(ids=ids)))
         resourcefile.write(self.resources_dir, self.resources.replace(
@@ -375,7 +387,8 @@ def _contain(key: JobKey, node: NodeResources, backend: Backend, *, state_dir: P
              reclaim: Callable[[], None] | None,
              gpu: GpuShare | None) -> tuple[Limits, bool, tuple[int, ...] | None]:
     """:func:`contain`; also say whether the cgroups were made here (False: they existed),
-    and the job's GPUs when ``gpu`` (None: not a GPU node, or the cgroups existed)."""
+    and the job's GPUs (None: not a GPU node, or the cgroups existed). ``gpu`` None denies
+    no device (:func:`contain`'s callers, which know no configuration)."""
     with _node_lock(state_dir):
         existing = _join_locked(key, backend, pid)
         if existing is not None:
@@ -408,8 +421,8 @@ def _contain(key: JobKey, node: NodeResources, backend: Backend, *, state_dir: P
         backend.create(key, limits)
         try:
             if gpu is not None:
-                backend.deny_devices(key, gpus.denied(gpu.table, gpu_ids or ()))
-                gpu.save(gpu_ids or ())
+                _deny_devices(key, backend, gpu, gpu_ids)
+                gpu.save(gpu_ids)
             if pid is not None:
                 backend.add_pid(key, pid)
         except GecoError:
@@ -417,6 +430,39 @@ def _contain(key: JobKey, node: NodeResources, backend: Backend, *, state_dir: P
                 backend.destroy(key)
             raise
         return limits, True, gpu_ids
+
+
+def _deny_devices(key: JobKey, backend: Backend, gpu: GpuShare,
+                  ids: tuple[int, ...] | None) -> None:
+    """Keep the job off the devices of the GPUs it was not granted (:meth:`GpuShare.denied`).
+
+    Raises
+    ------
+    CgroupError
+        when the kernel refuses on a GPU node: a job must not start with GPUs it was not
+        granted. On a node without GPUs, where every NVIDIA device is denied in case a
+        driver comes later, a process the kernel refuses device rules (gecod under its
+        unit, which has no CAP_SYS_ADMIN) contains the job as before that rule, and says
+        so once: refusing every job of every node would be the greater harm.
+    """
+    global _devices_open_said
+    try:
+        backend.deny_devices(key, gpu.denied(ids))
+    except CgroupError as exc:
+        if gpu.table:
+            raise
+        if not _devices_open_said:
+            _devices_open_said = True
+            _log.warning("job %s: NVIDIA's devices are not denied to the jobs this process "
+                         "contains on this node, which has no GPU geco knows of (a driver "
+                         "loaded later would let them open every GPU): %s; gecod needs "
+                         "CAP_SYS_ADMIN for it (v2: or CAP_BPF)", key, exc,
+                         extra=log.job_fields(key.job, key.task, "nvidia-devices-open",
+                                              REASON=str(exc)))
+
+
+# the warning that this process cannot deny NVIDIA's devices on a node without GPUs: given
+_devices_open_said = False
 
 
 class Contained(NamedTuple):
@@ -498,8 +544,13 @@ def contain_job(job: JobRef, cfg: Config, backend: Backend, *, pid: int | None,
 
 
 def _gpu_share(cfg: Config, rs: ResourceSet, node: NodeResources,
-               hostname: str | None) -> GpuShare | None:
-    """How the job's GPUs here are decided; None on a node without GPUs.
+               hostname: str | None) -> GpuShare:
+    """How the job's GPUs here are decided, and the devices it is denied.
+
+    On a node where geco knows no GPU the table is empty and the job is denied every
+    NVIDIA device (:func:`geco.gpus.denied`): the driver may load, and nvidia-modprobe
+    make the device files, after the job started. That costs every job there one more
+    devices write (v1) or device program (v2) at its start.
 
     Raises
     ------
@@ -508,13 +559,11 @@ def _gpu_share(cfg: Config, rs: ResourceSet, node: NodeResources,
         not start believing it has them.
     """
     table = gpus.node_table(cfg.gpu_devices)
-    if table:
-        return GpuShare(table, rs, hostname, cfg.resources_dir)
-    if gpus.parse_share(node.gpus).amount:
+    if not table and gpus.parse_share(node.gpus).amount:
         raise GecoError(f"job {rs.key} was granted GPUs ({node.gpus}) on "
                         f"{hostname or short_hostname()}, which has none geco knows of: is "
                         "the driver loaded, or [gpu] devices set?")
-    return None
+    return GpuShare(table, rs, hostname, cfg.resources_dir, gpus.mig_caps())
 
 
 def jobs_memory(reserve: int) -> int:
@@ -600,7 +649,7 @@ def kill_and_remove(key: JobKey, backend: Backend, *,
     # kill() freezes first on its own (best effort: a missing freezer or a process
     # stuck in D must not stop the SIGKILLs), so nothing can fork away meanwhile
     killed = backend.kill(key)
-    if not backend.wait_empty(key, timeout):
+    if not backend.wait_empty(key, timeout, kill_late=True):
         return killed, tuple(backend.pids(key))
     backend.destroy(key)
     return killed, ()

@@ -22,7 +22,13 @@ A job's share on a node travels in its resource set's per-node GPU list (the see
 
 The kernel keeps a job off every GPU of the node it was not granted (cgroup v1
 ``devices.deny``, a v2 device program): only those minors are denied, so ordinary
-devices and the shared control devices (``nvidiactl``, ``nvidia-uvm``) stay open.
+devices and the shared control devices (``nvidiactl``, ``nvidia-uvm``) stay open. With
+MIG, a GPU instance is reached through its GPU's device and its capability devices
+(``/dev/nvidia-caps/nvidia-cap<minor>``, :func:`mig_caps`): a job is denied those of the
+GPUs it was not granted, and the node-wide ``config`` and ``monitor`` always. A node
+where geco knows no GPU fails closed (:func:`denied`): NVIDIA makes ``/dev/nvidia<N>``
+on first use (nvidia-modprobe) and its driver may load after a job started, so a job
+there is denied every minor of NVIDIA's major and every capability device.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from __future__ import annotations
 import os
 import re
 import stat
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 
 from geco._tuple import NamedTuple
@@ -41,13 +47,18 @@ if TYPE_CHECKING:
     from geco.config import Config
     from geco.jobkey import JobKey
 
-__all__ = ["COUNT_PREFIX", "Gpu", "GpuComplex", "GpusUnavailable", "Share", "check_granted",
-           "denied", "environment", "format_ids", "job_environment", "node_table",
-           "parse_share", "pick"]
+__all__ = ["COUNT_PREFIX", "Gpu", "GpuComplex", "GpusUnavailable", "MigCaps", "Share",
+           "check_granted", "denied", "environment", "format_ids", "job_environment",
+           "mig_caps", "node_table", "parse_share", "pick"]
 
 COUNT_PREFIX = "count:"
 # NVIDIA's character major for /dev/nvidia<N> and nvidiactl (fixed by the driver)
 _NVIDIA_MAJOR = 195
+# The MIG capability devices' driver in /proc/devices (its major is handed out at load),
+# and their table below /proc: "<name> <minor>" per line (NVIDIA's MIG user guide, "Device
+# Nodes and Capabilities")
+_CAPS_DRIVER = b"nvidia-caps"
+_CAPS_TABLE = "driver/nvidia-caps/mig-minors"
 _DEV_NAME = re.compile(r"nvidia(\d+)")
 
 
@@ -242,10 +253,99 @@ def check_granted(table: Sequence[Gpu], ids: Iterable[int]) -> None:
                         "[gpu] devices)")
 
 
-def denied(table: Sequence[Gpu], ids: Iterable[int]) -> list[tuple[str, int, int]]:
-    """The devices a job granted ``ids`` may not open: every other GPU of the node."""
+class MigCaps(NamedTuple):
+    """The node's MIG capability devices (``/dev/nvidia-caps/nvidia-cap<minor>``).
+
+    A process reaches a MIG instance through its GPU's device and the instance's caps
+    (``gpu0/gi1/access``, ``gpu0/gi1/ci0/access``); ``config`` (make and remove instances
+    on any GPU) and ``monitor`` (watch them all) are the node's.
+
+    Attributes
+    ----------
+    major: their character major, handed out when the driver loads (the ``nvidia-caps``
+        line of ``/proc/devices``).
+    table: ``/proc/driver/nvidia-caps/mig-minors`` as read, ``<name> <minor>`` per line;
+        None when it cannot be read. Kept unparsed: the driver lists every cap it could
+        ever make (135 per possible GPU, some 4,300 lines), and only a job granted GPUs
+        needs any of it (:meth:`minors`, a few ms).
+    """
+
+    major: int
+    table: bytes | None = None
+
+    def minors(self, gpus: Collection[int]) -> list[int] | None:
+        """The minors of the node's caps and of those of the GPUs whose device minors are
+        ``gpus`` (``gpu<N>/...``, N being that minor), in the table's order; None when the
+        table is missing or holds a line other than ``<name> <minor>``."""
+        if self.table is None or _MIG_LINES.fullmatch(self.table) is None:
+            return None
+        names = rb"(?!gpu)\S+"
+        if gpus:
+            names += rb"|gpu(?:" + b"|".join(b"%d" % g for g in sorted(gpus)) + rb")/\S+"
+        return [int(m) for m in re.findall(rb"^(?:" + names + rb") (\d+)$", self.table,
+                                           re.MULTILINE)]
+
+
+# mig-minors, every line of it: a GPU's cap is "gpu<N>/...", the node's are any other name
+_MIG_LINES = re.compile(rb"(?:(?:gpu\d+/\S+|(?!gpu)\S+) \d+(?:\n|\Z))*")
+
+
+def mig_caps(proc: Path = Path("/proc")) -> MigCaps | None:
+    """This node's MIG capability devices; None when no driver registered them (no
+    ``nvidia-caps`` character major in ``proc/devices``).
+
+    What geco cannot tell apart it denies whole: without a readable table, a job is
+    denied every cap (:func:`denied`).
+    """
+    major = _char_major(proc / "devices", _CAPS_DRIVER)
+    if major is None:
+        return None
+    try:
+        return MigCaps(major, (proc / _CAPS_TABLE).read_bytes())
+    except OSError:
+        return MigCaps(major)
+
+
+def _char_major(devices: Path, driver: bytes) -> int | None:
+    """The major ``driver`` holds among the character devices of ``/proc/devices``."""
+    try:
+        text = devices.read_bytes()
+    except OSError:
+        return None
+    # "Character devices:" and its "<major> <driver>" lines, a blank line, "Block devices:"
+    for line in text.partition(b"\n\n")[0].splitlines()[1:]:
+        number, _, name = line.strip().partition(b" ")
+        if name == driver and number.isdigit():
+            return int(number)
+    return None
+
+
+def denied(table: Sequence[Gpu], ids: Iterable[int],
+           caps: MigCaps | None = None) -> list[tuple[str, int, int | None]]:
+    """The devices a job granted ``ids`` may not open: ``(type, major, minor)``, minor None
+    for every minor of the major.
+
+    On a GPU node, every other GPU of ``table``, and with MIG (``caps``) the caps of those
+    GPUs' instances and the node's (``config``, ``monitor``); a job granted no GPU, every
+    cap. ``nvidiactl`` and ``nvidia-uvm`` stay open: CUDA needs them with any GPU, and
+    they reach none by themselves.
+
+    On a node where geco knows no GPU (``table`` empty; a job granted some was refused):
+    every minor of NVIDIA's major, ``nvidiactl`` too, and every cap. The driver may load,
+    and nvidia-modprobe make ``/dev/nvidia<N>``, after the job started.
+    """
+    every_cap = [("c", caps.major, None)] if caps is not None else []
+    if not table:
+        return [("c", _NVIDIA_MAJOR, None), *every_cap]
     mine = set(ids)
-    return [("c", g.major, g.minor) for g in table if g.id not in mine]
+    others: list[tuple[str, int, int | None]] = [
+        ("c", g.major, g.minor) for g in table if g.id not in mine]
+    if caps is None or not mine:
+        return others + every_cap
+    minors = caps.minors({g.minor for g in table if g.id not in mine})
+    if minors is None:
+        return others + every_cap
+    return others + [("c", caps.major, minor) for minor in minors]
 
 
 def job_environment(cfg: Config, key: JobKey, hostname: str | None = None) -> dict[str, str]:

@@ -80,7 +80,9 @@ def _gpus(cfg: Config) -> str:
     except GecoError as exc:
         return f"unusable: {exc}"
     if not table:
-        return "none (no NVIDIA driver table, /dev/nvidia<N> or [gpu] devices)"
+        return ("none (no NVIDIA driver table, /dev/nvidia<N> or [gpu] devices): jobs are "
+                "refused every NVIDIA device (c 195:*) and MIG capability by a process "
+                "that may set device rules (CAP_SYS_ADMIN)")
     listed = ", ".join(f"{g.id} = {g.path} (c {g.major}:{g.minor}"
                        f"{f', NUMA {g.numa}' if g.numa >= 0 else ''})" for g in table)
     return (f"{len(table)}, each job opens only those Grid Engine granted it "

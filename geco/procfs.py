@@ -1,4 +1,4 @@
-"""geco's one reader of ``/proc``: a process's command, ids, parent, state, start.
+"""geco's one reader of ``/proc``: a process's command, ids, parent, state, start, open devices.
 
 Everything geco asks the kernel about a process goes through here, with one
 root (:data:`ROOT`, a parameter only for tests with a fake tree). Every file is
@@ -16,12 +16,16 @@ serves both, so no field is parsed two ways.
 
 from __future__ import annotations
 
+import functools
 import os
+import stat
+import struct
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-__all__ = ["ROOT", "boot_time", "comm", "cwd", "ppid", "read", "real_uid", "seconds_since_start",
-           "stat_fields", "state", "status_field", "uids", "wchan"]
+__all__ = ["ROOT", "boot_time", "char_devices_open", "comm", "cwd", "ppid", "read", "real_uid",
+           "seconds_since_start", "stat_fields", "state", "status_field", "uids", "wchan"]
 
 ROOT = Path("/proc")
 
@@ -163,3 +167,67 @@ def seconds_since_start(pid: int | str = "self", proc: Path = ROOT) -> float:
         return 0.0
     now = time.clock_gettime(time.CLOCK_BOOTTIME)  # the clock /proc start times count on
     return max(0.0, now - int(fields[19]) / os.sysconf("SC_CLK_TCK"))
+
+
+def char_devices_open(pid: int, proc: Path = ROOT) -> Iterator[int]:
+    """The device numbers (``st_rdev``) of the character devices ``pid`` holds open, one per
+    fd, as its ``/proc/<pid>/fd`` lists them; nothing more once it is gone.
+
+    Each fd's file is asked for its type alone, from the kernel's cache (statx with
+    ``STATX_TYPE`` and ``AT_STATX_DONT_SYNC``): a file on NFS, or on a FUSE filesystem
+    whose daemon the job runs, never makes the look wait on its server. A generator, so
+    a caller on a time budget can stop between two fds.
+    """
+    try:
+        entries = os.scandir(_path(proc, pid, "fd"))
+    except OSError:
+        return
+    rdev = _char_rdev()
+    with entries:
+        while True:
+            try:
+                entry = next(entries)
+            except StopIteration:
+                return
+            except OSError:  # gone meanwhile
+                return
+            found = rdev(entry.path)
+            if found is not None:
+                yield found
+
+
+# statx(2): the file type only, never synced with a network filesystem's server
+_AT_FDCWD = -100
+_AT_STATX_DONT_SYNC = 0x4000
+_STATX_TYPE = 0x0001
+_STATX_SIZE = 256  # struct statx; stx_mode (u16) at 28, stx_rdev_major/minor (u32) at 128
+
+
+@functools.cache
+def _char_rdev() -> Callable[[str], int | None]:
+    """The function that tells a path's character device number (None: not one, gone):
+    statx through ctypes (loaded on first use: only a GPU job's end needs it), else
+    ``os.stat`` where the C library has no statx (glibc < 2.28)."""
+    import ctypes
+
+    found = getattr(ctypes.CDLL(None, use_errno=True), "statx", None)
+    if found is None:
+        return _stat_rdev
+    statx: Callable[..., int] = found
+
+    def statx_rdev(path: str) -> int | None:
+        buf = ctypes.create_string_buffer(_STATX_SIZE)
+        if statx(_AT_FDCWD, os.fsencode(path), _AT_STATX_DONT_SYNC, _STATX_TYPE, buf) != 0:
+            return None
+        (mode,) = struct.unpack_from("<H", buf, 28)
+        major, minor = struct.unpack_from("<II", buf, 128)
+        return os.makedev(major, minor) if stat.S_ISCHR(mode) else None
+    return statx_rdev
+
+
+def _stat_rdev(path: str) -> int | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_rdev if stat.S_ISCHR(st.st_mode) else None

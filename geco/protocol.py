@@ -49,6 +49,7 @@ from typing import Any, ClassVar, NamedTuple, Protocol
 from geco.errors import ProtocolError
 
 __all__ = [
+    "AFTER_MAC",
     "CLUSTER_MAX_PAYLOAD",
     "HEADER_BYTES",
     "KEY_BYTES",
@@ -786,6 +787,11 @@ def claimed(frame: bytes | bytearray) -> tuple[int | None, int | None, int | Non
         job, task = NodeRequest._S.unpack_from(frame, HEADER_BYTES)
         return job, task, None
     return None, None, None
+
+
+# The refusal reasons of :func:`decode` that come after the MAC was checked: the frame is
+# the key holder's (a replay, a clock out of step, a bad payload), not a stranger's.
+AFTER_MAC = frozenset({"type", "payload", "stale", "nonce"})
 
 
 def _shape_error(reason: str, frame: bytes) -> ProtocolError:

@@ -12,20 +12,25 @@ The rules are pam_slurm_adopt's, in Grid Engine's terms:
 * the session joins the job the connection comes from (an ssh started by a
   process of one of the user's jobs, found from the connection's 4-tuple as
   Slurm's callerid does: on this node in the kernel's TCP table, from another
-  host of the job by asking that host's gecod over the cluster channel), else
-  the user's only job, else the newest one (``several_jobs = "newest"``) or
-  none (``"refuse"``).
+  host of the job by asking that host's gecod over the cluster channel; within
+  ``[ssh] callerid_budget`` seconds, since the user decides how many processes
+  and open files that search walks), else the user's only job, else the newest
+  one (``several_jobs = "newest"``) or none (``"refuse"``).
 
 :func:`login_verdict` is the one decision and :func:`serve_login` carries it
 out: at PAM's account stage (refuse before anything of the user's runs) and
 again at its session stage (move the connection's root sshd process into the
 chosen job, and name the job's variables for the session). gecod serves it for
 sshd's PAM module (``pam_geco.so``, one round trip); the helper
-(:mod:`geco.hooks.pam`) when gecod cannot be reached.
+(:mod:`geco.hooks.pam`) when gecod cannot be reached. A session goes into its
+job only while the job is not ending (a :class:`Placement`'s guard: gecod holds
+the job's lock for the move, which its end holds from the kill to the removal),
+and only when the process moved is still the one asked about (its pidfd).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import grp
 import ipaddress
@@ -33,7 +38,9 @@ import os
 import pwd
 import socket
 import struct
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -53,10 +60,67 @@ if TYPE_CHECKING:
         def info(self, msg: object, *args: object,
                  extra: Mapping[str, object] | None = ...) -> None: ...
 
-__all__ = ["Answer", "Login", "NodeJob", "Verdict", "caller_job", "is_admin", "login_verdict",
-           "running_jobs", "serve_exec", "serve_login"]
+__all__ = ["Answer", "Login", "NodeJob", "OverBudget", "Placement", "Verdict", "caller_job",
+           "is_admin", "login_verdict", "running_jobs", "serve_exec", "serve_login",
+           "sshd_program", "under_root_sshd"]
 
 _log = log.get("ssh")
+
+# the programs an ssh session's processes run in before they exec the user's
+_SSHD = ("sshd", "sshd-session")
+# how far above a session's process sshd's root process for the connection is: the
+# session child's parent is the user's sshd process, whose parent is the monitor
+_ANCESTORS = 4
+# A refusal names at most this many of the user's jobs: the reply has room for a line.
+_JOBS_NAMED = 8
+# Open files of a process looked at between two looks at the clock.
+_FDS_PER_CHECK = 256
+
+
+def sshd_program(pid: int, proc: Path = procfs.ROOT) -> bool:
+    """The kernel names the process's program sshd (or sshd-session), owned by root."""
+    try:
+        exe = os.readlink(proc / str(pid) / "exe").removesuffix(" (deleted)")
+        owner = os.stat(proc / str(pid) / "exe").st_uid
+    except OSError:
+        return False
+    return os.path.basename(exe) in _SSHD and owner == 0
+
+
+def under_root_sshd(pid: int, proc: Path = procfs.ROOT) -> bool:
+    """A root sshd process is among ``pid``'s nearest ancestors."""
+    for _ in range(_ANCESTORS):
+        pid = procfs.ppid(pid, proc)
+        if pid <= 1:
+            return False
+        if procfs.real_uid(pid, proc) == 0 and sshd_program(pid, proc):
+            return True
+    return False
+
+
+class OverBudget(Exception):
+    """The search for a connection's process ran past ``[ssh] callerid_budget``."""
+
+
+def _no_guard(key: JobKey) -> AbstractContextManager[None]:
+    return contextlib.nullcontext()
+
+
+class Placement(NamedTuple):
+    """How a session's process goes into its job.
+
+    Attributes
+    ----------
+    pid: the process (sshd's root process for the connection, or a session's own).
+    guard: held around the move; raises GecoError when the job may not take it (gecod:
+        the job's lock, refused while its end is under way).
+    alive: whether ``pid`` is still the process it was when asked (its pidfd), checked
+        after the move: if not, a process that reused the pid went in.
+    """
+
+    pid: int
+    guard: Callable[[JobKey], AbstractContextManager[None]] = _no_guard
+    alive: Callable[[], bool] = lambda: True
 
 
 class Login(NamedTuple):
@@ -124,6 +188,7 @@ class Verdict(NamedTuple):
     why: str
     message: str = ""
     job: NodeJob | None = None
+    callerid: str = ""  # journaled as CALLERID: "over-budget" when the search ran out
 
 
 def running_jobs(cfg: Config, backend: Backend, node: str) -> list[NodeJob]:
@@ -232,35 +297,50 @@ def _no_sock_diag(why: str) -> None:
                  "job cannot be told by its connection", why)
 
 
-def _holds(pid: int, target: str, proc: Path) -> bool:
+def _check(deadline: float) -> None:
+    if time.monotonic() > deadline:
+        raise OverBudget
+
+
+def _holds(pid: int, target: str, proc: Path, deadline: float = float("inf")) -> bool:
+    fd_dir = f"{proc}/{pid}/fd"
     try:
-        fds = os.listdir(proc / str(pid) / "fd")
+        fds = os.scandir(fd_dir)
     except OSError:
         return False
-    for fd in fds:
-        try:
-            if os.readlink(proc / str(pid) / "fd" / fd) == target:
-                return True
-        except OSError:
-            continue
+    with fds:
+        for n, fd in enumerate(fds):
+            if n % _FDS_PER_CHECK == 0:
+                _check(deadline)
+            try:
+                if os.readlink(fd.path) == target:
+                    return True
+            except OSError:
+                continue
     return False
 
 
 def holder_job(ends: Ends, uid: int, keys: Sequence[JobKey], backend: Backend,
-               proc: Path = procfs.ROOT) -> JobKey | None:
+               proc: Path = procfs.ROOT, *, deadline: float = float("inf")) -> JobKey | None:
     """The one of ``keys`` whose process of ``uid`` on this node made connection ``ends``.
 
     Its client socket is found by the 4-tuple in the kernel's TCP hash table (sock_diag),
     and must be held by a process of the user's that sits in the job's cgroups (only
-    those processes are looked at: a login costs a few /proc reads, whatever else runs
-    on the node).
+    those processes are looked at). How many processes and open files those are is the
+    user's choice, so the search stops at ``deadline`` (``time.monotonic()``).
+
+    Raises
+    ------
+    OverBudget
+        when the deadline passed first.
     """
     target = _client_socket(ends) if keys else None
     if target is None:
         return None
     for key in keys:
         for pid in backend.pids(key):
-            if procfs.real_uid(pid, proc) == uid and _holds(pid, target, proc):
+            _check(deadline)
+            if procfs.real_uid(pid, proc) == uid and _holds(pid, target, proc, deadline):
                 return key
     return None
 
@@ -273,27 +353,37 @@ def _addresses(host: str) -> frozenset[str]:
 
 
 def caller_job(connection: str, uid: int, keys: Sequence[JobKey], backend: Backend,
-               cfg: Config, proc: Path = procfs.ROOT) -> JobKey | None:
+               cfg: Config, proc: Path = procfs.ROOT, *,
+               deadline: float = float("inf")) -> JobKey | None:
     """The job of the process that made this connection, when it is one of ``keys``.
 
     From this node to itself: :func:`holder_job` here. From another host: each job whose
     resource set names a host with the connection's source address asks that host's
     gecod (:func:`geco.cluster.caller`), which answers with :func:`holder_job` there.
+    All of it by ``deadline``.
+
+    Raises
+    ------
+    OverBudget
+        when the deadline passed first.
     """
     ends = connection_ends(connection)
     if ends is None or not keys:
         return None
     if _from_this_node(ends):
-        return holder_job(ends, uid, keys, backend, proc)
+        return holder_job(ends, uid, keys, backend, proc, deadline=deadline)
     from geco import cluster
 
     for key in keys:
+        _check(deadline)
         try:
             rs = resourcefile.read(cfg.resources_dir, key)
         except GecoError:
             continue
         for host in cluster.other_hosts(rs) if rs is not None else ():
-            if ends[0] in _addresses(host) and cluster.caller(host, key, ends, uid, cfg):
+            _check(deadline)
+            if ends[0] in _addresses(host) and cluster.caller(
+                    host, key, ends, uid, cfg, timeout=deadline - time.monotonic()):
                 return key
     return None
 
@@ -315,17 +405,24 @@ def login_verdict(login: Login, cfg: Config, backend: Backend, node: str) -> Ver
     if not mine:
         return Verdict(False, "no-job", f"geco: you have no job running on {node}; ssh to "
                                         "compute nodes is for your running jobs")
-    caller = caller_job(login.connection, login.uid, [j.key for j in mine], backend, cfg)
+    budget = ""
+    try:
+        caller = caller_job(login.connection, login.uid, [j.key for j in mine], backend, cfg,
+                            deadline=time.monotonic() + cfg.ssh_callerid_budget)
+    except OverBudget:
+        caller, budget = None, "over-budget"
     if caller is not None:
         return Verdict(True, "caller", job=next(j for j in mine if j.key == caller))
     if len(mine) == 1:
-        return Verdict(True, "only-job", job=mine[0])
+        return Verdict(True, "only-job", job=mine[0], callerid=budget)
     if cfg.ssh_several_jobs == "newest":
-        return Verdict(True, "newest", job=mine[-1])
-    names = ", ".join(j.key for j in mine)
+        return Verdict(True, "newest", job=mine[-1], callerid=budget)
+    names = ", ".join(j.key for j in mine[:_JOBS_NAMED])
+    if len(mine) > _JOBS_NAMED:
+        names += f" and {len(mine) - _JOBS_NAMED} more"
     return Verdict(False, "several-jobs",
                    f"geco: you have {len(mine)} jobs running on {node} ({names}); ssh from "
-                   "inside the one your session should join")
+                   "inside the one your session should join", callerid=budget)
 
 
 class Answer(NamedTuple):
@@ -351,7 +448,8 @@ def _journal(logger: _Logger, event: str, login: Login, verdict: Verdict, text: 
     job = verdict.job
     logger.info("%s", text, extra=log.job_fields(
         job.key.job if job else None, job.key.task if job else None, event,
-        SSH_USER=login.user, RHOST=login.rhost or None, REASON=verdict.why, **more))
+        SSH_USER=login.user, RHOST=login.rhost or None, REASON=verdict.why,
+        CALLERID=verdict.callerid or None, **more))
 
 
 def _task_variable(job: NodeJob) -> str:
@@ -374,13 +472,20 @@ def _session_env(job: NodeJob, cfg: Config, backend: Backend,
 
 
 def _adopt(login: Login, verdict: Verdict, cfg: Config, backend: Backend, node: str,
-           pid: int, logger: _Logger) -> Answer:
-    """Move ``pid`` (sshd's root process for the connection, which forks the user's side
-    afterwards, or a session's own process) into the job."""
+           placement: Placement, logger: _Logger) -> Answer:
+    """Move ``placement.pid`` (sshd's root process for the connection, which forks the
+    user's side afterwards, or a session's own process) into the job."""
     job = verdict.job
     assert job is not None
+    pid = placement.pid
     try:
-        backend.add_pid(job.key, pid)
+        with placement.guard(job.key):
+            backend.add_pid(job.key, pid)
+        if not placement.alive():
+            # the pid was reused between the ask and the move: whatever went in, not the
+            # session, and the session itself is gone
+            raise GecoError("the session's process exited before it was moved (its pid may "
+                            "now be another process's)", pid=pid)
         if not backend.contains(job.key, pid):
             raise GecoError("the session's process is still outside the job's cgroups",
                             pid=pid)
@@ -402,9 +507,9 @@ def _adopt(login: Login, verdict: Verdict, cfg: Config, backend: Backend, node: 
 
 
 def serve_login(session: bool, login: Login, cfg: Config, backend: Backend, node: str,
-                pid: int, logger: _Logger) -> Answer:
+                placement: Placement, logger: _Logger) -> Answer:
     """Decide one stage of a login (:func:`login_verdict`), journal it, and at the
-    session stage move ``pid`` into the chosen job.
+    session stage move ``placement.pid`` into the chosen job.
 
     Every decision is journaled (``GECO_EVENT`` ``ssh-admitted``, ``ssh-refused``,
     ``ssh-bypassed``, ``ssh-adopted``, ``ssh-not-adopted``; ``SSH_USER``, ``RHOST``,
@@ -416,7 +521,7 @@ def serve_login(session: bool, login: Login, cfg: Config, backend: Backend, node
                  f"ssh login of {login.user} from {login.rhost or '?'} refused ({verdict.why})")
         return Answer(False, verdict.message)
     if session and verdict.job is not None:
-        return _adopt(login, verdict, cfg, backend, node, pid, logger)
+        return _adopt(login, verdict, cfg, backend, node, placement, logger)
     if not session:
         event = "ssh-bypassed" if verdict.why == "bypass" else "ssh-admitted"
         where = f", to job {verdict.job.key}" if verdict.job else ""
@@ -427,15 +532,16 @@ def serve_login(session: bool, login: Login, cfg: Config, backend: Backend, node
 
 
 def serve_exec(login: Login, wanted: JobKey | None, cfg: Config, backend: Backend, node: str,
-               pid: int, logger: _Logger) -> Answer:
-    """An ssh session's own process (``pid``, running as the user) is about to run the
-    user's shell, command, rc or xauth: put it into its job and name the job's variables.
+               placement: Placement, logger: _Logger) -> Answer:
+    """An ssh session's own process (``placement.pid``, running as the user) is about to run
+    the user's shell, command, rc or xauth: put it into its job and name the job's variables.
 
     The job is ``wanted`` (the session's ``JOB_ID``/``SGE_TASK_ID``, sent by the client)
     when it is the user's and runs here, else refused; without one, the job the process is
     in already (sshd's PAM module adopted the connection), else the login's rules
     (:func:`login_verdict`: a node whose PAM stack lacks geco's lines).
     """
+    pid = placement.pid
     mine = [job for job in running_jobs(cfg, backend, node) if job.owner == login.user]
     if wanted is not None:
         job = next((j for j in mine if j.key == wanted), None)
@@ -462,4 +568,4 @@ def serve_exec(login: Login, wanted: JobKey | None, cfg: Config, backend: Backen
     assert verdict.job is not None
     if backend.contains(verdict.job.key, pid):
         return Answer(True, job=verdict.job, env=_session_env(verdict.job, cfg, backend, pid))
-    return _adopt(login, verdict, cfg, backend, node, pid, logger)
+    return _adopt(login, verdict, cfg, backend, node, placement, logger)

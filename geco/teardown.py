@@ -9,7 +9,9 @@ stuck. The steps (OAR's Leon: normal, then exterminate):
 2. Freeze, SIGKILL every process (sub-cgroups included), thaw, wait up to
    ``cfg.kill_timeout`` seconds for the cgroups to empty, remove them deepest
    first (:func:`geco.containment.kill_and_remove`).
-3. Clean: journal ``GECO_EVENT=job-end`` with the accounting.
+3. Clean: journal ``GECO_EVENT=job-end`` with the accounting. A job that held GPUs
+   here: kill what of its owner's other jobs here holds one open, an fd the job handed
+   over (:func:`geco.gpufds.after_job`: the kernel checks a device at open only).
 4. Stuck: journal ``GECO_EVENT=cleanup-stuck`` (PRIORITY 3) with every process
    left, its state and the kernel function it sleeps in, and keep the cgroups
    for the reaper. When ``cfg.disable_queue_on_stuck``, disable the queue
@@ -164,6 +166,8 @@ def tear_down(key: JobKey, backend: Backend, cfg: Config, *, queue_instance: str
     key = check_key(key)
     job, task = key.job, key.task
     marker = cfg.state_dir / "stuck" / key
+    # a GPU node's record names the job's GPUs (its resource file goes after the teardown)
+    held = _gpus_held(cfg, key)
     if not backend.exists(key):
         _forget(marker)
         whole = other_hosts(Accounting()) if other_hosts else None
@@ -171,10 +175,10 @@ def tear_down(key: JobKey, backend: Backend, cfg: Config, *, queue_instance: str
                   f"; {whole.text}" if whole else "",
                   extra=log.job_fields(job, task, event, KILLED=0, CLEANED_BY=cleaned_by,
                                        **(whole.fields if whole else {})))
+        # an earlier teardown may have stopped between the cgroups' removal and this
+        _revoke_gpu_fds(key, backend, cfg, held)
         return Teardown(key, 0, (), Accounting(), None)
     accounting = Accounting.from_usage(containment.read_usage(key, backend))
-    # a GPU node's record names the job's GPUs (its resource file goes after the teardown)
-    held = gpus.job_environment(cfg, key).get("GECO_GPUS")
     killed, error = 0, ""
     try:
         killed, left = containment.kill_and_remove(key, backend, timeout=cfg.kill_timeout)
@@ -185,12 +189,14 @@ def tear_down(key: JobKey, backend: Backend, cfg: Config, *, queue_instance: str
     if not left and not error:
         _forget(marker)
         whole = other_hosts(accounting) if other_hosts else None
+        shown = gpus.format_ids(held)
         _log.info("job %s ended: %s%s; cgroups removed, %d leftover process(es) killed%s",
-                  key, accounting.describe(), f", GPUs {held}" if held else "", killed,
+                  key, accounting.describe(), f", GPUs {shown}" if held else "", killed,
                   f"; {whole.text}" if whole else "",
-                  extra=log.job_fields(job, task, event, KILLED=killed, GPUS=held or None,
+                  extra=log.job_fields(job, task, event, KILLED=killed, GPUS=shown or None,
                                        CLEANED_BY=cleaned_by, **accounting.journal_fields(),
                                        **(whole.fields if whole else {})))
+        _revoke_gpu_fds(key, backend, cfg, held)
         return Teardown(key, killed, (), accounting, None)
     stuck = tuple(_describe(key, backend, pid) for pid in left)
     _report_stuck(key, stuck, error, killed, cfg.kill_timeout, cleaned_by)
@@ -199,6 +205,24 @@ def tear_down(key: JobKey, backend: Backend, cfg: Config, *, queue_instance: str
         disabled = _disable_queue(key, queue_instance or f"*@{short_hostname()}", marker,
                                   cfg, qmod, cleaned_by)
     return Teardown(key, killed, stuck, accounting, disabled, error)
+
+
+def _gpus_held(cfg: Config, key: JobKey) -> tuple[int, ...]:
+    """The job's GPU ids here (its ``GECO_GPUS``); () on a node without GPUs, or when its
+    resource file names none or cannot be read."""
+    try:
+        return gpus.parse_share(gpus.job_environment(cfg, key).get("GECO_GPUS", "")).ids
+    except GecoError as exc:  # [gpu] devices unusable: geco check says so
+        _log.warning("job %s: which GPUs it held here is not known: %s", key, exc)
+        return ()
+
+
+def _revoke_gpu_fds(key: JobKey, backend: Backend, cfg: Config, held: tuple[int, ...]) -> None:
+    """A job that held GPUs is gone: kill what of its owner's other jobs here holds one."""
+    if held:
+        from geco import gpufds  # a GPU job's end only
+
+        gpufds.after_job(cfg, backend, key, held)
 
 
 def _pids_left(key: JobKey, backend: Backend) -> tuple[int, ...]:

@@ -363,6 +363,25 @@ static int connect_deadline(int fd, const geco_address_t *addr, int64_t deadline
     return err == 0 ? GECO_CLIENT_OK : fail(out, GECO_CLIENT_E_CONNECT, "connect", err);
 }
 
+/* A peer-credentialed request (MAC'd with the public key) may only go to gecod itself: its
+   reply's MAC proves nothing, so whoever listens would choose the answer -- another user's
+   session environment (LD_PRELOAD lines), what a job execs. Anyone can bind gecod's
+   loopback port while gecod is down (port: mode), and over TCP the kernel names no
+   listener; on a Unix socket it does: for the connecting side, SO_PEERCRED holds the
+   credentials the listener had when it called listen(). So: a Unix socket, root's. */
+static int check_listener(int fd, const geco_address_t *addr, geco_client_outcome_t *out)
+{
+    struct ucred cred;
+    socklen_t len = sizeof cred;
+    if (addr->addr.ss_family != AF_UNIX)
+        return fail(out, GECO_CLIENT_E_NOT_GECOD, "connect", 0);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0)
+        return fail(out, GECO_CLIENT_E_NOT_GECOD, "connect", errno);
+    if (len != sizeof cred || cred.uid != 0)
+        return fail(out, GECO_CLIENT_E_NOT_GECOD, "connect", 0);
+    return GECO_CLIENT_OK;
+}
+
 static int send_all(int fd, const uint8_t *buf, size_t len, int64_t deadline,
                     geco_client_outcome_t *out)
 {
@@ -484,6 +503,11 @@ static int attempt(const geco_address_t *addr, const uint8_t key[GECO_KEY_BYTES]
     rc = connect_deadline(fd, addr, deadline, out);
     if (rc != GECO_CLIENT_OK)
         goto cleanup;
+    if (req->starter != NULL || (req->adopt != NULL && req->adopt->peercred)) {
+        rc = check_listener(fd, addr, out);
+        if (rc != GECO_CLIENT_OK)
+            goto cleanup;
+    }
     rc = send_all(fd, request, (size_t)n, deadline, out);
     if (rc != GECO_CLIENT_OK)
         goto cleanup;
@@ -524,7 +548,8 @@ cleanup:
 
 /* Worth another connection before the deadline: gecod (re)starting, busy, or
    closing connections it has no room for (a full connection table closes new
-   ones unanswered, and the kernel resets one whose request was not read). */
+   ones unanswered, and the kernel resets one whose request was not read). Not a
+   listener that is not gecod's (E_NOT_GECOD): it is what holds the address. */
 static int retryable(const geco_client_outcome_t *out)
 {
     int e = out->sys_errno;
@@ -635,6 +660,9 @@ const char *geco_client_strresult(int result)
         return "the ack names another job or task";
     case GECO_CLIENT_E_STATUS:
         return "gecod did not quarantine the job";
+    case GECO_CLIENT_E_NOT_GECOD:
+        return "the socket is not gecod's (peer-credentialed requests go only to root's Unix "
+               "socket)";
     default:
         return "unknown result";
     }

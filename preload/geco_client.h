@@ -71,6 +71,8 @@ enum geco_client_result {
     GECO_CLIENT_E_FRAME,    /* the reply failed verification: proto_err */
     GECO_CLIENT_E_MISMATCH, /* a valid ack for another job/task */
     GECO_CLIENT_E_STATUS,   /* gecod answered, but not OK: status */
+    GECO_CLIENT_E_NOT_GECOD, /* a peer-credentialed request found no root listener on a Unix
+                                socket there (TCP, or another uid): nothing was sent */
 };
 
 typedef struct {
@@ -102,6 +104,11 @@ int geco_client_hook(const geco_address_t *addr, const uint8_t key[GECO_KEY_BYTE
                      int timeout_ms, int64_t max_skew_ns, uint64_t job, uint64_t task,
                      uint32_t pid, uint32_t hook, geco_client_outcome_t *out);
 /*
+ * Peer-credentialed requests (STARTER, and ADOPT with msg->peercred) are MAC'd with the
+ * public key, so their reply's MAC proves nothing: they go only to a Unix socket whose
+ * listener the kernel names root (SO_PEERCRED). Over TCP, or to another uid's socket,
+ * nothing is sent and the result is GECO_CLIENT_E_NOT_GECOD (not retried).
+ *
  * Send STARTER(msg), peer-credentialed, and wait for gecod's verified STARTER_REPLY within
  * timeout_ms, on one connection (no retry: the caller runs the Python starter instead).
  * The reply's strings go to strings[cap] (cap >= GECO_MAX_PAYLOAD), their length to

@@ -3,8 +3,11 @@
  *
  * The file format: one `key=value` per line; `#` starts a comment at the
  * start of a line or after a blank; keys socket, key_file, timeout_ms,
- * max_skew_ms, policy, exec_filter and log (geco/preload_config.py renders
- * it). Runs once, in the constructor: no fork() between here and the exec.
+ * max_skew_ms, policy, exec_filter and log, and for the preload in sshd
+ * session_socket, session_policy, job_cgroups, session_admin_uids,
+ * session_admin_gids and session_bypass (geco/preload_config.py renders it, and
+ * validates each value as apply() below reads it). Runs once, in the
+ * constructor: no fork() between here and the exec.
  */
 #define _GNU_SOURCE
 
@@ -68,6 +71,64 @@ static int set_filters(geco_config_t *cfg, char *value, line_t *err)
     }
 }
 
+/* job_cgroups: 1 to MAX_JOB_CGROUPS absolute cgroup paths (each at most JOB_CGROUP_MAX
+   bytes), comma-separated: where geco's <job>.<task> cgroups are, as /proc/self/cgroup
+   shows them. A trailing '/' is dropped, so the root "/" is kept as "". */
+static int set_job_cgroups(geco_config_t *cfg, const char *value, line_t *err)
+{
+    unsigned n = 0;
+    const char *p = value;
+    for (;;) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma != NULL ? (size_t)(comma - p) : strlen(p);
+        if (len == 0 || p[0] != '/' || len > JOB_CGROUP_MAX || n == MAX_JOB_CGROUPS) {
+            put(err, "job_cgroups must be 1 to 4 comma-separated absolute cgroup paths of at "
+                     "most 255 bytes, got '");
+            put(err, value);
+            put(err, "'");
+            return -1;
+        }
+        while (len > 0 && p[len - 1] == '/')
+            len--;
+        memcpy(cfg->job_cgroups[n], p, len);
+        cfg->job_cgroups[n++][len] = '\0';
+        if (comma == NULL)
+            break;
+        p = comma + 1;
+    }
+    cfg->njob_cgroups = n;
+    return 0;
+}
+
+/* session_admin_uids, session_admin_gids: up to MAX_SESSION_ADMINS ids in 0..2^32-2
+   (decimal digits only), comma-separated; empty: none. */
+static int set_ids(uint32_t *ids, unsigned *count, const char *key, const char *value,
+                   line_t *err)
+{
+    unsigned n = 0;
+    const char *p = value;
+    while (*p != '\0') {
+        const char *start = p;
+        uint64_t v = 0;
+        while (*p >= '0' && *p <= '9' && p - start < 10)
+            v = v * 10 + (uint64_t)(*p++ - '0');
+        if (p == start || (*p != ',' && *p != '\0') || v > UINT32_MAX - 1
+            || n == MAX_SESSION_ADMINS || (*p == ',' && p[1] == '\0')) {
+            put(err, key);
+            put(err, " must be at most 64 comma-separated ids in 0..4294967294 (or nothing), "
+                     "got '");
+            put(err, value);
+            put(err, "'");
+            return -1;
+        }
+        ids[n++] = (uint32_t)v;
+        if (*p == ',')
+            p++;
+    }
+    *count = n;
+    return 0;
+}
+
 /* One `key=value` setting. Returns 0, 1 (unknown key: ignored) or -1 (err filled). */
 static int apply(geco_config_t *cfg, const char *key, char *value, char *key_file,
                  line_t *err)
@@ -108,15 +169,41 @@ static int apply(geco_config_t *cfg, const char *key, char *value, char *key_fil
             cfg->timeout_ms = (int)v;
         else
             cfg->max_skew_ns = (int64_t)v * 1000000;
-    } else if (strcmp(key, "policy") == 0 || strcmp(key, "session_policy") == 0) {
+    } else if (strcmp(key, "policy") == 0) {
         if (strcmp(value, "refuse") != 0 && strcmp(value, "allow") != 0) {
-            put(err, key);
-            put(err, " must be refuse or allow, got '");
+            put(err, "policy must be refuse or allow, got '");
             put(err, value);
             put(err, "'");
             return -1;
         }
-        *(key[0] == 'p' ? &cfg->policy_allow : &cfg->session_allow) = value[0] == 'a';
+        cfg->policy_allow = value[0] == 'a';
+    } else if (strcmp(key, "session_policy") == 0) {
+        if (strcmp(value, "refuse") == 0) {
+            cfg->session_policy = SESSION_REFUSE;
+        } else if (strcmp(value, "in-job") == 0) {
+            cfg->session_policy = SESSION_IN_JOB;
+        } else if (strcmp(value, "allow") == 0) {
+            cfg->session_policy = SESSION_ALLOW;
+        } else {
+            put(err, "session_policy must be refuse, in-job or allow, got '");
+            put(err, value);
+            put(err, "'");
+            return -1;
+        }
+    } else if (strcmp(key, "job_cgroups") == 0) {
+        return set_job_cgroups(cfg, value, err);
+    } else if (strcmp(key, "session_admin_uids") == 0) {
+        return set_ids(cfg->admin_uids, &cfg->nadmin_uids, key, value, err);
+    } else if (strcmp(key, "session_admin_gids") == 0) {
+        return set_ids(cfg->admin_gids, &cfg->nadmin_gids, key, value, err);
+    } else if (strcmp(key, "session_bypass") == 0) {
+        if (value[0] != '/' || strlen(value) >= sizeof cfg->session_bypass) {
+            put(err, "session_bypass must be an absolute path, got '");
+            put(err, value);
+            put(err, "'");
+            return -1;
+        }
+        memcpy(cfg->session_bypass, value, strlen(value) + 1);
     } else if (strcmp(key, "exec_filter") == 0) {
         return set_filters(cfg, value, err);
     } else if (strcmp(key, "log") == 0) {
@@ -306,7 +393,13 @@ int geco_config_load(geco_config_t *cfg, int want_key, line_t *err, line_t *note
     (void)geco_address_parse(DEFAULT_SOCKET, &cfg->addr, &why);
     memcpy(cfg->session_socket_text, DEFAULT_SESSION_SOCKET, sizeof DEFAULT_SESSION_SOCKET);
     (void)geco_address_parse(DEFAULT_SESSION_SOCKET, &cfg->session_addr, &why);
-    cfg->session_allow = 0;
+    /* the sshd preload's defaults are geco.toml's: [ssh] gecod_unreachable "decide-here",
+       no admins, [cgroup] name "GECO", [ssh] bypass_file */
+    cfg->session_policy = SESSION_IN_JOB;
+    cfg->njob_cgroups = 1;
+    memcpy(cfg->job_cgroups[0], DEFAULT_JOB_CGROUPS, sizeof DEFAULT_JOB_CGROUPS);
+    cfg->nadmin_uids = cfg->nadmin_gids = 0;
+    memcpy(cfg->session_bypass, DEFAULT_SESSION_BYPASS, sizeof DEFAULT_SESSION_BYPASS);
     memcpy(key_file, DEFAULT_KEY_FILE, sizeof DEFAULT_KEY_FILE);
     cfg->timeout_ms = DEFAULT_TIMEOUT_MS;
     cfg->max_skew_ns = (int64_t)DEFAULT_MAX_SKEW_MS * 1000000;

@@ -24,8 +24,20 @@
 #define DEFAULT_TIMEOUT_MS 10000
 #define DEFAULT_MAX_SKEW_MS 30000
 #define MAX_FILTERS 16
+/* geco.toml's defaults: [cgroup] name "GECO", [ssh] bypass_file */
+#define DEFAULT_JOB_CGROUPS "/GECO"
+#define DEFAULT_SESSION_BYPASS "/etc/geco/ssh-bypass"
+#define MAX_JOB_CGROUPS 4
+#define JOB_CGROUP_MAX 255 /* bytes of one job_cgroups prefix */
+#define MAX_SESSION_ADMINS 64
 
 enum log_to { LOG_STDERR, LOG_SYSLOG, LOG_NONE };
+
+/* What the preload in sshd does when gecod cannot place a session's process
+   (session_policy=): its exec runs only for root, the admins and while the bypass file
+   exists (refuse); also when the kernel shows the process in a job's cgroup, where PAM's
+   helper put it (in-job); always, where it is (allow). */
+enum session_policy { SESSION_REFUSE, SESSION_IN_JOB, SESSION_ALLOW };
 
 typedef struct {
     int policy_allow;                        /* 1: run anyway when quarantine fails (policy=allow) */
@@ -37,8 +49,17 @@ typedef struct {
     geco_address_t session_addr;             /* where an ssh session's process asks, as the
                                                 user (session_socket=, everyone's socket) */
     char session_socket_text[256];
-    int session_allow;                       /* 1: a session's exec runs when gecod cannot be
-                                                asked (session_policy=allow) */
+    int session_policy;                      /* enum session_policy (session_policy=) */
+    /* geco's job cgroups as /proc/self/cgroup shows them: <prefix>/<job>.<task>, prefix
+       without a trailing '/' (the root: "") (job_cgroups=, comma-separated) */
+    unsigned njob_cgroups;
+    char job_cgroups[MAX_JOB_CGROUPS][JOB_CGROUP_MAX + 1];
+    /* [ssh] admins and admin_groups, resolved when the file was rendered
+       (session_admin_uids=, session_admin_gids=; comma-separated, may be empty) */
+    unsigned nadmin_uids, nadmin_gids;
+    uint32_t admin_uids[MAX_SESSION_ADMINS];
+    uint32_t admin_gids[MAX_SESSION_ADMINS];
+    char session_bypass[PATH_MAX];           /* [ssh] bypass_file (session_bypass=) */
     unsigned nfilters;                       /* how many of filters[] are set */
     char filters[MAX_FILTERS][NAME_MAX + 1]; /* program basenames to quarantine (exec_filter=) */
     /* The key gets a page of its own: sodium_mlock() keeps it out of swap and out

@@ -52,6 +52,7 @@
 #define PAM_SM_SESSION
 #include <security/pam_ext.h>
 #include <security/pam_modules.h>
+#include <sodium.h>
 
 #define EXPORT __attribute__((visibility("default")))
 #define DEFAULT_HELPER "/opt/geco/libexec/geco-pam"
@@ -180,6 +181,19 @@ static int run_helper(pam_handle_t *pamh, const args_t *args, const char *stage,
     return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
 }
 
+/* The quarantine key leaves sshd's memory as soon as the request that needed it is done.
+   decide()'s `cfg` is static, and sshd's root process for the connection lives as long as
+   the connection: a key left there would sit in its memory for the whole session, in the
+   user's side sshd forks from it (until that execs) and in any core dump -- the key that
+   lets its holder say "job started" or adopt any session. So it is wiped on every path:
+   right after geco_client_adopt() (root's and everyone else's), and before the helper runs
+   (the config or key may have failed to load halfway). The next login reads the file
+   again (a few syscalls). */
+static void forget_key(geco_config_t *cfg)
+{
+    sodium_memzero(cfg->secret.key, sizeof cfg->secret.key);
+}
+
 static int decide(pam_handle_t *pamh, int argc, const char **argv, int stage)
 {
     const char *user = NULL, *rhost = NULL, *connection;
@@ -212,6 +226,7 @@ static int decide(pam_handle_t *pamh, int argc, const char **argv, int stage)
             (void)geco_client_adopt(&cfg.addr, cfg.secret.key, ROOT_TIMEOUT_MS,
                                     cfg.max_skew_ns, &msg, text, sizeof text, &out);
         }
+        forget_key(&cfg);
         return PAM_SUCCESS;
     }
     if (geco_proto_init() != 0 || geco_config_load(&cfg, 1, &err, &note) != 0) {
@@ -222,6 +237,7 @@ static int decide(pam_handle_t *pamh, int argc, const char **argv, int stage)
                                   .stage = (uint32_t)stage, .connection = connection};
         int rc = geco_client_adopt(&cfg.addr, cfg.secret.key, args.timeout_ms, cfg.max_skew_ns,
                                    &msg, text, sizeof text, &out);
+        forget_key(&cfg); /* the reply is verified: nothing below needs the key */
         if (rc == GECO_CLIENT_OK || (rc == GECO_CLIENT_E_STATUS && out.status == GECO_REFUSED)) {
             if (relay(pamh, text, stage == GECO_ADOPT_SESSION && rc == GECO_CLIENT_OK) != 0)
                 return PAM_SESSION_ERR;
@@ -234,6 +250,7 @@ static int decide(pam_handle_t *pamh, int argc, const char **argv, int stage)
                    rc == GECO_CLIENT_E_STATUS ? ": " : "",
                    rc == GECO_CLIENT_E_STATUS ? geco_status_name(out.status) : "");
     }
+    forget_key(&cfg); /* also when the config or key failed to load halfway */
     switch (run_helper(pamh, &args, stage_name, user, rhost, connection)) {
     case 0:
         return PAM_SUCCESS;

@@ -44,8 +44,11 @@ __all__ = [
     "eventually",
     "fork_forever",
     "forked_children",
+    "free_char_major",
     "fresh_name",
     "gpu_story",
+    "mig_story",
+    "mig_tree",
     "open_verdicts",
     "parent_name",
     "parse_list",
@@ -58,6 +61,7 @@ __all__ = [
     "usable_v1_hierarchies",
     "usage_after_kill",
     "v1_backend",
+    "verdicts",
 ]
 
 _names = itertools.count()
@@ -68,7 +72,7 @@ class _Backend(Protocol):
 
     def add_pid(self, key: str, pid: int) -> None: ...
 
-    def wait_empty(self, key: str, timeout: float) -> bool: ...
+    def wait_empty(self, key: str, timeout: float, *, kill_late: bool = False) -> bool: ...
 
     def usage(self, key: str) -> dict[str, int]: ...
 
@@ -216,7 +220,8 @@ def open_verdicts(paths: Mapping[str, str]) -> Callable[[int], None]:
     return body
 
 
-def _verdicts(child: Child) -> dict[str, str]:
+def verdicts(child: Child) -> dict[str, str]:
+    """What an :func:`open_verdicts` child wrote, once it exited 0: ``{name: verdict}``."""
     text = child.output().decode()
     assert child.wait() == 0, text
     return dict(line.split("=", 1) for line in text.splitlines())
@@ -277,10 +282,10 @@ def gpu_story(backend: Any, registry: list[int], tmp: Path) -> None:
     assert ids == (1,)
     first.go()
     second.go()
-    assert _verdicts(first) == {"gpu0": "ENXIO", "gpu1": "EPERM", "ctl": "ENXIO",
+    assert verdicts(first) == {"gpu0": "ENXIO", "gpu1": "EPERM", "ctl": "ENXIO",
+                               "null": "open", "pty": "open"}
+    assert verdicts(second) == {"gpu0": "EPERM", "gpu1": "ENXIO", "ctl": "ENXIO",
                                 "null": "open", "pty": "open"}
-    assert _verdicts(second) == {"gpu0": "EPERM", "gpu1": "ENXIO", "ctl": "ENXIO",
-                                 "null": "open", "pty": "open"}
     saved = resourcefile.read(cfg.resources_dir, "601.1")
     assert saved is not None and saved.nodes[0].gpus == "count:1=0"
     assert gpus.job_environment(cfg, "602.1", "here") == {
@@ -290,7 +295,7 @@ def gpu_story(backend: Any, registry: list[int], tmp: Path) -> None:
     third, ids = start(603, "count:1")
     assert ids == (0,)
     third.go()
-    assert _verdicts(third)["gpu0"] == "ENXIO"
+    assert verdicts(third)["gpu0"] == "ENXIO"
     # 601 contained anew (a parallel job's next task after its empty cgroups were reclaimed)
     # picks again: the GPU it held is 603's now (603 keeps a process; 602's cgroups are
     # empty, so a node short of cores takes them back), so it gets GPU 1, never 0 again
@@ -301,6 +306,79 @@ def gpu_story(backend: Any, registry: list[int], tmp: Path) -> None:
                        found=Found(again, "file", 0.0), hostname="here")
     assert done.gpus == (1,)
     assert not backend.exists("602.1")
+
+
+def free_char_major(proc: Path = Path("/proc")) -> int:
+    """A character major no driver of this machine holds (from the experimental range
+    240-254, else the dynamic one 234-239), to stand in for a dynamic major such as
+    nvidia-caps': the devices cgroup checks numbers, not drivers."""
+    text = (proc / "devices").read_text().split("\n\n")[0]
+    used = {int(line.split()[0]) for line in text.splitlines()[1:] if line.split()}
+    return next(m for m in [*range(240, 255), *range(234, 240)] if m not in used)
+
+
+# /proc/driver/nvidia-caps/mig-minors, trimmed: gpu<N> is the device minor of the GPU
+MIG_MINORS = {"config": 1, "monitor": 2, "gpu0/gi0/access": 3, "gpu0/gi0/ci0/access": 4,
+              "gpu1/gi0/access": 138, "gpu1/gi0/ci0/access": 139, "gpu2/gi0/access": 273}
+
+
+def mig_tree(tmp: Path, caps_major: int) -> tuple[Path, dict[str, str]]:
+    """A ``proc`` tree with the driver's ``nvidia-caps`` major and MIG table
+    (:data:`MIG_MINORS`), and ``/dev/nvidia-caps/nvidia-cap<minor>`` nodes for them (mknod
+    ``c caps_major:<minor>``): ``proc`` and ``{"cap<minor>": path}``."""
+    import stat
+
+    proc = tmp / "proc"
+    (proc / "driver/nvidia-caps").mkdir(parents=True)
+    (proc / "devices").write_text(f"Character devices:\n195 nvidia\n{caps_major} nvidia-caps"
+                                  "\n\nBlock devices:\n  8 sd\n")
+    (proc / "driver/nvidia-caps/mig-minors").write_text(
+        "".join(f"{name} {minor}\n" for name, minor in MIG_MINORS.items()))
+    caps = tmp / "nvidia-caps"
+    caps.mkdir()
+    paths = {}
+    for minor in MIG_MINORS.values():
+        os.mknod(caps / f"nvidia-cap{minor}", 0o600 | stat.S_IFCHR,
+                 os.makedev(caps_major, minor))
+        paths[f"cap{minor}"] = str(caps / f"nvidia-cap{minor}")
+    return proc, paths
+
+
+def mig_story(backend: Any, registry: list[int], tmp: Path) -> None:
+    """Two fake GPUs (id 0 = ``c 195:1``, id 1 = ``c 195:0``), nvidiactl and the MIG
+    capability devices of a made-up caps major (:func:`mig_tree`), denied through
+    ``backend.deny_devices(key, geco.gpus.denied(...))``: a job granted GPU 0 opens its
+    GPU and the caps of its instances (``gpu1/...``: minor 1 is id 0's) and gets EPERM on
+    the other GPU, its caps, and ``config`` and ``monitor``; a caps entry of a GPU the
+    node's table lacks (``gpu2``) is left as open as that GPU; a job granted no GPU gets
+    EPERM on every cap; a job on a node where geco knows no GPU, on every NVIDIA device
+    (195:*, nvidiactl too) and every cap. ENXIO = allowed (no driver here), EPERM = denied."""
+    import stat
+
+    from geco import gpus
+    from geco.cgroup import Limits
+
+    proc, caps = mig_tree(tmp, free_char_major())
+    for name, minor in {"gpu0": 1, "gpu1": 0, "ctl": 255}.items():
+        os.mknod(tmp / name, 0o600 | stat.S_IFCHR, os.makedev(195, minor))
+    paths = {name: str(tmp / name) for name in ("gpu0", "gpu1", "ctl")} | caps
+    paths["null"] = "/dev/null"
+    table = gpus.node_table([paths["gpu0"], paths["gpu1"]])
+    table_caps = gpus.mig_caps(proc)
+
+    def observe(key: str, devices: list[tuple[str, int, int | None]]) -> dict[str, str]:
+        backend.create(key, Limits())
+        backend.deny_devices(key, devices)
+        return verdicts(start_in(backend, key, open_verdicts(paths), registry))
+
+    allowed = dict.fromkeys(paths, "ENXIO") | {"null": "open", "pty": "open"}
+    denied = "EPERM"
+    assert observe("701.1", gpus.denied(table, [0], table_caps)) == allowed | {
+        "gpu1": denied, "cap1": denied, "cap2": denied, "cap3": denied, "cap4": denied}
+    assert observe("702.1", gpus.denied(table, [], table_caps)) == allowed | {
+        "gpu0": denied, "gpu1": denied, **{name: denied for name in caps}}
+    assert observe("703.1", gpus.denied((), (), table_caps)) == allowed | {
+        "gpu0": denied, "gpu1": denied, "ctl": denied, **{name: denied for name in caps}}
 
 
 def fork_forever(out: int) -> None:

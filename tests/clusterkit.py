@@ -7,11 +7,34 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CLUSTER", "PE", "QUEUE", "cluster", "submit_pe"]
+__all__ = ["CLUSTER", "PE", "PORT", "QUEUE", "WAIT_ON_EVERY_HOST", "cluster", "exchange_from",
+           "submit_pe"]
 
 CLUSTER = Path(__file__).resolve().parents[1] / "integration" / "cluster" / "cluster.sh"
 QUEUE = "geco-test-cluster.q"
 PE = "geco-test-cluster"
+PORT = 6446
+# A job script of a -pe job: a task on every host of the job (qrsh -inherit) and the master
+# itself each touch up.<host> in the job's dir and wait until the test touches "go" there.
+WAIT_ON_EVERY_HOST = """#!/bin/bash
+wait_here='touch up.$(hostname); while [ ! -e go ]; do sleep 0.2; done'
+for h in $(awk 'NR > 1 { print $1 }' "$PE_HOSTFILE"); do
+  qrsh -inherit "$h" "cd $PWD && $wait_here" &
+done
+eval "$wait_here"
+wait
+"""
+PYTHON = "/opt/geco/venv/bin/python"
+# run in a host's network namespace: one frame from stdin to host:port, the reply to stdout
+_EXCHANGE = """
+import socket, sys, time
+from geco import protocol
+host, port = sys.argv[1], int(sys.argv[2])
+with socket.create_connection((host, port), timeout=10) as sock:
+    sock.sendall(sys.stdin.buffer.read())
+    reply = protocol.read_frame(sock, time.monotonic() + 10, protocol.CLUSTER_MAX_PAYLOAD)
+sys.stdout.buffer.write(reply)
+"""
 
 
 def cluster(*args: str) -> subprocess.CompletedProcess[str]:
@@ -33,3 +56,20 @@ def submit_pe(sge: Any, owner: Any, name: str, script: str, *extra: str,
     job = sge.submit("-q", QUEUE, "-pe", PE, "3", "-masterq", f"{QUEUE}@geco-node1", "-cwd",
                      "-o", output, "-j", "y", *extra, str(path), cwd=out)
     return job, out
+
+
+def exchange_from(k: int, frame: bytes, host: str, port: int = PORT) -> bytes:
+    """Send ``frame`` to ``host``'s cluster channel from emulated host ``k`` (its network
+    namespace: a host the channel lets in) and return the reply's frame.
+
+    Raises
+    ------
+    RuntimeError
+        naming what the sender printed when it got no reply.
+    """
+    sent = subprocess.run(["nsenter", f"--net=/run/netns/geco-test-n{k}", PYTHON, "-c",
+                           _EXCHANGE, host, str(port)], input=frame, capture_output=True,
+                          timeout=60, check=False)
+    if sent.returncode != 0:
+        raise RuntimeError(f"no reply from {host}:{port}: {sent.stderr.decode(errors='replace')}")
+    return sent.stdout

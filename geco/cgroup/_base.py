@@ -275,10 +275,12 @@ class Backend(ABC):
         """
 
     @abstractmethod
-    def deny_devices(self, key: JobKey, devices: Sequence[tuple[str, int, int]]) -> None:
+    def deny_devices(self, key: JobKey,
+                     devices: Sequence[tuple[str, int, int | None]]) -> None:
         """Keep the job from opening (and making) ``devices``: ``(type, major, minor)``,
-        type ``c`` or ``b``; every other device stays as the parent allows it. Call it
-        between :meth:`create` and the first :meth:`add_pid`. Nothing to deny: no-op.
+        type ``c`` or ``b``, minor None for every minor of the major; every other device
+        stays as the parent allows it. Call it between :meth:`create` and the first
+        :meth:`add_pid`. Nothing to deny: no-op.
 
         Raises
         ------
@@ -566,9 +568,14 @@ class Backend(ABC):
                     signalled += 1
         return signalled
 
-    def wait_empty(self, key: JobKey, timeout: float) -> bool:
+    def wait_empty(self, key: JobKey, timeout: float, *, kill_late: bool = False) -> bool:
         """Wait until no process is left in the job's cgroup and its sub-cgroups; True if it
         emptied in time.
+
+        ``kill_late``: SIGKILL whatever is in the job at each look (after :meth:`kill`): a
+        process moved in after the kill's sweep (an ssh session adopted just then, a task
+        started) would otherwise keep the job alive past ``timeout`` and be reported stuck.
+        A process that is dying already takes the signal again, harmlessly.
 
         Raises
         ------
@@ -576,7 +583,15 @@ class Backend(ABC):
             when the key is bad or the cgroup cannot be read.
         """
         check_key(key)
-        return poll_until(lambda: not self.pids(key), timeout)
+
+        def empty() -> bool:
+            if not self.pids(key):
+                return True
+            if kill_late:
+                self._sigkill_all(key)
+            return False
+
+        return poll_until(empty, timeout)
 
     def destroy(self, key: JobKey) -> None:
         """Remove the job's cgroup and its sub-cgroups (deepest first) in every controller.

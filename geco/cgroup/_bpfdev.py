@@ -13,13 +13,20 @@ block, 2 char). It returns 1 to allow, 0 to refuse (the caller gets EPERM)::
     r2 = ctx->access_type & 0xffff      ; device type
     r4 = ctx->major
     r5 = ctx->minor
-    ; one rule of 5 instructions per denied device:
+    ; one rule per denied minor, or run of minors, of a (type, major):
     if r2 != type  goto next_rule
     if r4 != major goto next_rule
-    if r5 != minor goto next_rule
+    if r5 != minor goto next_rule       ; one minor; a run tests its ends instead:
+                                        ;   if r5 < first goto next_rule
+                                        ;   if r5 > last  goto next_rule
+                                        ; every minor of the major: no test at all
     r0 = 0 ; exit                       ; deny, whatever the access
     ; after the last rule:
     r0 = 1 ; exit                       ; every other device is allowed
+
+Denied minors are merged into runs first: a GPU's MIG capability devices are a run of
+135 minors, and the verifier's time grows with the program (one rule each would make a
+job granted one of eight GPUs a program of some 950 rules).
 
 It is attached with ``BPF_F_ALLOW_MULTI``: the programs that systemd or a
 parent cgroup attached stay in force beside this one and every one of them must
@@ -82,19 +89,63 @@ def _jne_imm(dst: int, imm: int, off: int) -> bytes:
     return _insn(0x55, dst, off=off, imm=imm)  # BPF_JMP | BPF_JNE | BPF_K: skip off insns
 
 
+def _jlt_imm(dst: int, imm: int, off: int) -> bytes:
+    return _insn(0xA5, dst, off=off, imm=imm)  # BPF_JMP | BPF_JLT | BPF_K (unsigned)
+
+
+def _jgt_imm(dst: int, imm: int, off: int) -> bytes:
+    return _insn(0x25, dst, off=off, imm=imm)  # BPF_JMP | BPF_JGT | BPF_K (unsigned)
+
+
 def _exit() -> bytes:
     return _insn(0x95)  # BPF_JMP | BPF_EXIT
 
 
-def _program(devices: Sequence[tuple[str, int, int]]) -> bytes:
-    """The instructions: the context loads, one 5-instruction rule per device, accept."""
+def _runs(devices: Sequence[tuple[str, int, int | None]]
+          ) -> list[tuple[int, int, tuple[int, int] | None]]:
+    """``(type, major, (first, last))`` per run of consecutive denied minors of a device
+    type and major, ``(type, major, None)`` where every minor is denied; sorted."""
+    minors: dict[tuple[int, int], set[int] | None] = {}
+    for kind, major, minor in devices:
+        if kind not in _DEV_TYPE or not 0 <= major < 1 << 12 \
+                or (minor is not None and not 0 <= minor < 1 << 20):
+            raise ValueError("not a device (type c or b, major, minor or None): "
+                             f"{(kind, major, minor)}")
+        where = (_DEV_TYPE[kind], major)
+        have = minors.setdefault(where, set())
+        if minor is None:
+            minors[where] = None
+        elif have is not None:
+            have.add(minor)
+    runs: list[tuple[int, int, tuple[int, int] | None]] = []
+    for (kind_, major), have in sorted(minors.items()):
+        if have is None:
+            runs.append((kind_, major, None))
+            continue
+        ordered = sorted(have)
+        first = prev = ordered[0]
+        for minor in ordered[1:]:
+            if minor != prev + 1:
+                runs.append((kind_, major, (first, prev)))
+                first = minor
+            prev = minor
+        runs.append((kind_, major, (first, prev)))
+    return runs
+
+
+def _program(devices: Sequence[tuple[str, int, int | None]]) -> bytes:
+    """The instructions: the context loads, one rule per run of denied minors, accept."""
     code = [_ldx_w(_R2, _R1, _CTX_ACCESS_TYPE), _and_imm(_R2, 0xFFFF),
             _ldx_w(_R4, _R1, _CTX_MAJOR), _ldx_w(_R5, _R1, _CTX_MINOR)]
-    for kind, major, minor in devices:
-        if kind not in _DEV_TYPE or not (0 <= major < 1 << 12 and 0 <= minor < 1 << 20):
-            raise ValueError(f"not a device (type c or b, major, minor): {(kind, major, minor)}")
-        code += [_jne_imm(_R2, _DEV_TYPE[kind], 4), _jne_imm(_R4, major, 3),
-                 _jne_imm(_R5, minor, 2), _mov_imm(_R0, 0), _exit()]
+    for kind, major, run in _runs(devices):
+        checks = [(_jne_imm, _R2, kind), (_jne_imm, _R4, major)]
+        if run is not None and run[0] == run[1]:
+            checks.append((_jne_imm, _R5, run[0]))
+        elif run is not None:
+            checks += [(_jlt_imm, _R5, run[0]), (_jgt_imm, _R5, run[1])]
+        # a failed check skips the checks after it and "r0 = 0; exit": the next rule
+        code += [jump(reg, imm, len(checks) - i + 1) for i, (jump, reg, imm) in enumerate(checks)]
+        code += [_mov_imm(_R0, 0), _exit()]
     return b"".join([*code, _mov_imm(_R0, 1), _exit()])
 
 
@@ -161,9 +212,10 @@ def _load_program(insns: bytes, cgroup_dir: Path) -> int:
                        hint=hint, path=cgroup_dir)
 
 
-def deny_devices(cgroup_dir: Path, devices: Sequence[tuple[str, int, int]]) -> None:
+def deny_devices(cgroup_dir: Path, devices: Sequence[tuple[str, int, int | None]]) -> None:
     """Attach to cgroup_dir a device program that refuses (EPERM) open/mknod of each
-    (type, major, minor) in devices, type "c" or "b", and accepts every other device.
+    (type, major, minor) in devices, type "c" or "b", minor None for every minor of the
+    major, and accepts every other device.
 
     devices empty: attach nothing.
 
@@ -174,7 +226,7 @@ def deny_devices(cgroup_dir: Path, devices: Sequence[tuple[str, int, int]]) -> N
         kernel has no BPF device programs (EINVAL), the caller is not root (EPERM), the
         dir is not on a cgroup2 (EBADF) ...
     ValueError
-        when a device is not ("c" or "b", major < 4096, minor < 2**20).
+        when a device is not ("c" or "b", major < 4096, minor < 2**20 or None).
     """
     if not devices:
         return

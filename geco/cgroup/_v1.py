@@ -61,6 +61,7 @@ from geco.cgroup._fs import (
     set_value,
     unique,
     write_bytes,
+    write_each,
 )
 from geco.errors import CgroupError
 from geco.jobkey import JobKey
@@ -426,16 +427,19 @@ class V1Backend(Backend):
         for path, value in order:
             write_bytes(path, _limit_text(value), hints=hints, key=key)
 
-    def deny_devices(self, key: JobKey, devices: Sequence[tuple[str, int, int]]) -> None:
+    def deny_devices(self, key: JobKey,
+                     devices: Sequence[tuple[str, int, int | None]]) -> None:
         if not devices:
             return
         if "devices" not in self._hier:
             raise CgroupError("the devices controller is not mounted (cgroup v1), so the "
                               "GPUs a job was not granted cannot be kept from it; mount it",
                               key=key)
-        deny = self._dir("devices", key) / "devices.deny"
-        for kind, major, minor in devices:
-            write_bytes(deny, f"{kind} {major}:{minor} rwm".encode("ascii"), key=key)
+        # one rule per write(2) (the kernel parses one), all through one open file: a job
+        # granted GPUs on a MIG node is denied some 135 caps per other GPU
+        write_each(self._dir("devices", key) / "devices.deny",
+                   [f"{kind} {major}:{'*' if minor is None else minor} rwm".encode("ascii")
+                    for kind, major, minor in devices], key=key)
 
     def read_limits(self, key: JobKey) -> Limits:
         self._require_dirs(key)

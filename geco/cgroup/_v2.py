@@ -325,9 +325,10 @@ class V2Backend(Backend):
             warn_once("v2-no-pids", "the pids controller is not available: task limits "
                       "(pids.max, [cgroup] pids_per_slot) are not enforced on this node")
 
-    def deny_devices(self, key: JobKey, devices: Sequence[tuple[str, int, int]]) -> None:
+    def deny_devices(self, key: JobKey,
+                     devices: Sequence[tuple[str, int, int | None]]) -> None:
         if devices:
-            from geco.cgroup._bpfdev import deny_devices  # only on a GPU node
+            from geco.cgroup._bpfdev import deny_devices  # ctypes: only when a job starts
 
             deny_devices(self._dir(key), devices)
 

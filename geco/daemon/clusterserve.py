@@ -1,75 +1,95 @@
 """gecod's cluster channel: a slave host's side of a parallel job's barrier.
 
 A job's master host asks this host's gecod, over TCP on ``[cluster] address``
-(every address of the host), to PREPARE the job (make its cgroups for this
-host's share, from the resource set the master sends: no qstat here), to ABORT
-it (the job could not start on all its hosts) or to RELEASE it (the job ended:
-tear down, and answer with the figures). Any host of a job may ask for its live
-figures here (NODE_STATUS, for ``geco status --job``), and a slave host tells the
-job's master of an OOM kill (OOM_REPORT): the master's gecod appends the words
-to the job owner's stderr file, as the owner. A host an ssh login reached asks
-whether a process of the user's job here made the connection (CALLERID).
-:mod:`geco.cluster` is the asking side.
+(``[cluster] bind``: every address of the host by default), to PREPARE the job
+(make its cgroups for this host's share, from the resource set the master sends:
+no qstat here), to ABORT it (the job could not start on all its hosts) or to
+RELEASE it (the job ended: tear down, and answer with the figures). Any host of a
+job may ask for its live figures here (NODE_STATUS, for ``geco status --job``),
+and a slave host tells the job's master of an OOM kill (OOM_REPORT): the master's
+gecod appends the words to the job owner's stderr file, as the owner. A host an
+ssh login reached asks whether a process of the user's job here made the
+connection (CALLERID). :mod:`geco.cluster` is the asking side.
 
-Anyone on the network can connect, so nothing is believed before its frame
-passes every check of :func:`geco.protocol.decode` with the cluster key (MAC,
-clock, a replay cache of its own) and names *this* host: a frame recorded for
-another host is refused here. A refusal is journaled (``cluster-refused``:
-peer address, claimed job, reason) and answered with an ACK that says nothing
-of the job, as on the local socket. The connections are few (a request per
-host per job start and end), so each is served in a thread of a small pool;
-a client that sends nothing is dropped at ``[gecod] connection_deadline``, and
-connections past :data:`_MAX_OPEN` are closed unread.
+The channel is a lane of gecod's server (:class:`geco.daemon.server.Lane`): the
+same non-blocking connections on the runloop, deadlines and budgets as the local
+sockets, per peer address (a host's users can use its address too, so an idle
+connection is closed for that host's next one). Before anything is read, the
+peer must be one of the cluster's hosts (:mod:`geco.daemon.allowlist`).
+Nothing is believed before its frame passes every check of
+:func:`geco.protocol.decode` with the cluster key (MAC, clock, a replay cache of
+its own) and names *this* host: a frame recorded for another host is refused
+here. A refusal is journaled (``cluster-refused``: peer address, the job only
+when the frame was the key holder's, reason; within the peer's budget) and
+answered with an ACK that says nothing of the job, as on the local socket.
+
+Each kind of request runs in the pool of its kind (:class:`geco.daemon.pools.Pools`):
+PREPARE with the job starts, ABORT and RELEASE with the job ends, CALLERID and
+NODE_STATUS with other hosts' look-ups (per host), OOM_REPORT with the OOM reports
+(per job and host). A user's logins or OOM kills on another host never hold up a
+job start here.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import contextlib
 import socket
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from geco import cluster, containment, jobstatus, log, ssh, teardown
+from geco.config import Config
+from geco.daemon.allowlist import AllowList
+from geco.daemon.pools import Keys, Pool, Pools
 from geco.daemon.quarantine import Context
-from geco.errors import GecoError, ProtocolError
+from geco.daemon.server import CLUSTER_BUDGET, Lane
+from geco.errors import GecoError, JobKeyError, ProtocolError
 from geco.jobkey import JobKey
 from geco.oom.owner_file import stderr_target, tell_owner
 from geco.protocol import (
-    CLUSTER_MAX_PAYLOAD,
     NODE_REQUESTS,
+    Frame,
     MsgType,
     NodeRequest,
     ReplayCache,
-    StatusReply,
-    ack_for_error,
-    claimed,
-    decode,
-    encode,
-    read_frame,
 )
 from geco.resourceset import short_hostname
 from geco.sge import execd, lookup, resourcefile, v1format
 
-__all__ = ["ClusterServer"]
+__all__ = ["REPLAY_CAPACITY", "ClusterChannel", "listen", "open_channel"]
 
 _log = log.get("gecod.cluster")
-# Connections served or waiting at once; more are closed unread (a flood costs its sender).
-_MAX_OPEN = 64
-_WORKERS = 4
+# Nonces the channel's replay cache holds over its window (2 x max_skew): 8,738 authentic
+# requests a second at the default 30 s, where 65,536 refused everything at 1,100 a second
+# (logins from other hosts and slaves' OOM reports feed it). Memory only as it fills.
+REPLAY_CAPACITY = 1 << 19
+# How long a slave's OOM words may take to reach the owner's file here.
+_REPORT_TIMEOUT = 10.0
 
 
-class ClusterServer:
-    """The cluster listener and its workers (see the module docstring).
+def listen(cfg: Config) -> socket.socket:
+    """A socket listening on the channel's port: on ``[cluster] bind`` when set, else on
+    every address of this host (IPv6 and IPv4 where the host has IPv6)."""
+    port = cluster.port(cfg)
+    if cfg.cluster_bind:
+        return socket.create_server((cfg.cluster_bind, port), backlog=128)
+    if socket.has_dualstack_ipv6():
+        return socket.create_server(("", port), family=socket.AF_INET6, backlog=128,
+                                    reuse_port=False, dualstack_ipv6=True)
+    return socket.create_server(("", port), backlog=128)
+
+
+class ClusterChannel:
+    """The cluster lane's requests (see the module docstring).
 
     Parameters
     ----------
     ctx: gecod's context (settings, cgroup backend, topology, job locks).
     key: the cluster key.
     listener: a listening TCP socket (:func:`listen`).
+    pools: where each kind of request runs.
+    allow: who may connect (None: everyone, for a bench on loopback).
     on_change: called (from a worker) after a request made or removed a job's cgroups.
     on_prepared: called (from a worker) with a job's key once PREPARE made its cgroups
         (gecod watches them for OOM kills from then on).
@@ -77,109 +97,80 @@ class ClusterServer:
         (gecod reads its OOM counter one last time, while the cgroup exists).
     """
 
-    def __init__(self, ctx: Context, key: bytes, listener: socket.socket, *,
+    def __init__(self, ctx: Context, key: bytes, listener: socket.socket, pools: Pools, *,
+                 allow: AllowList | None = None,
                  on_change: Callable[[], None] | None = None,
                  on_prepared: Callable[[JobKey], None] | None = None,
                  before_release: Callable[[JobKey], None] | None = None) -> None:
         self.ctx = ctx
         self.key = key
-        self.listener = listener
+        self.pools = pools
+        self.allow = allow
         self.on_change = on_change
         self.on_prepared = on_prepared
         self.before_release = before_release
-        self.replay = ReplayCache.for_skew(ctx.config.gecod_max_skew)
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=_WORKERS,
-                                                           thread_name_prefix="gecod-cluster")
-        self._open = threading.BoundedSemaphore(_MAX_OPEN)
-        self._thread = threading.Thread(target=self._accept, name="gecod-cluster-accept",
-                                        daemon=True)
-
-    @classmethod
-    def listen(cls, port: int, host: str = "") -> socket.socket:
-        """A socket listening on ``port`` on every address of this host (IPv6 and IPv4
-        where the host has IPv6), or on ``host``'s address only."""
-        if host:
-            return socket.create_server((host, port), backlog=128)
-        if socket.has_dualstack_ipv6():
-            return socket.create_server(("", port), family=socket.AF_INET6, backlog=128,
-                                        reuse_port=False, dualstack_ipv6=True)
-        return socket.create_server(("", port), backlog=128)
+        self.replay = ReplayCache.for_skew(ctx.config.gecod_max_skew, capacity=REPLAY_CAPACITY)
+        where = listener.getsockname()
+        self.lane = Lane("cluster", listener, f"port {where[1]}", CLUSTER_BUDGET, channel=self)
 
     def start(self) -> None:
-        """Serve in threads of our own until :meth:`close`."""
-        self._thread.start()
+        """Start reading the allow-list (the lane is served by gecod's server)."""
+        if self.allow is not None:
+            self.allow.start()
+
+    def reload(self, cfg: Config) -> None:
+        """Read the allow-list again (gecod's SIGHUP: a host added to the cluster)."""
+        if self.allow is not None:
+            self.allow.reload(cfg)
 
     def close(self) -> None:
-        """Stop accepting, let the requests in progress finish."""
-        with contextlib.suppress(OSError):
-            self.listener.shutdown(socket.SHUT_RDWR)
-        self.listener.close()
-        self._thread.join(timeout=5)
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        if self.allow is not None:
+            self.allow.close()
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                sock, peer = self.listener.accept()
-            except OSError:
-                return  # closed
-            if not self._open.acquire(blocking=False):
-                sock.close()
-                continue
-            try:
-                # an IPv4 peer of the dual-stack socket reads ::ffff:a.b.c.d
-                self._pool.submit(self._serve, sock,
-                                  f"{peer[0].removeprefix('::ffff:')}:{peer[1]}")
-            except RuntimeError:  # shutting down
-                self._open.release()
-                sock.close()
-                return
+    # -- the lane's side ------------------------------------------------------------
 
-    def _serve(self, sock: socket.socket, peer: str) -> None:
+    def admits(self, host: str) -> str:
+        """"" when ``host`` may connect (see :mod:`geco.daemon.allowlist`)."""
+        return self.allow.admits(host) if self.allow is not None else ""
+
+    def accept(self, got: Frame, peer: str) -> tuple[Pool, Keys, Callable[[], object]]:
+        """Where a verified frame runs, as which keys, and the work.
+
+        Raises
+        ------
+        ProtocolError
+            when it is not a request of this channel, or names another host.
+        """
+        if got.type not in NODE_REQUESTS:
+            raise ProtocolError(f"{got.type.name} is not a request of the cluster channel "
+                                "(PREPARE, ABORT, RELEASE, NODE_STATUS, OOM_REPORT, CALLERID)",
+                                reason="type")
+        req = got.message
+        assert isinstance(req, NodeRequest)
+        here = self.ctx.hostname
+        if short_hostname(req.host) != short_hostname(here):
+            raise ProtocolError(f"the request is for host {req.host}, not this one ({here})",
+                                reason="host")
         try:
-            with sock:
-                self._answer(sock, peer)
-        except Exception as exc:  # a bug must not end the channel
-            _log.error("internal error serving %s: %s", peer, exc, exc_info=exc)
-        finally:
-            self._open.release()
+            key = JobKey(req.job_id, req.task_id)
+        except JobKeyError as exc:  # ids past 19 digits: no job Grid Engine could have
+            raise ProtocolError(str(exc), reason="payload") from None
+        host = peer.rpartition(":")[0]
+        kind = got.type
+        pool, keys = self._route(kind, key, host)
+        return pool, keys, lambda: self._do(kind, req, peer)
 
-    def _answer(self, sock: socket.socket, peer: str) -> None:
-        cfg = self.ctx.config
-        raw = b""
-        try:
-            raw = read_frame(sock, time.monotonic() + cfg.gecod_connection_deadline,
-                             CLUSTER_MAX_PAYLOAD)
-            got = decode(raw, self.key, max_skew=cfg.gecod_max_skew, replay=self.replay,
-                         max_payload=CLUSTER_MAX_PAYLOAD)
-            if got.type not in NODE_REQUESTS:
-                raise ProtocolError(f"{got.type.name} is not a request of the cluster "
-                                    "channel (PREPARE, ABORT, RELEASE, NODE_STATUS, "
-                                    "OOM_REPORT, CALLERID)", reason="type")
-            req = got.message
-            assert isinstance(req, NodeRequest)
-            here = self.ctx.hostname
-            if short_hostname(req.host) != short_hostname(here):
-                raise ProtocolError(f"the request is for host {req.host}, not this one "
-                                    f"({here})", reason="host")
-        except ProtocolError as exc:
-            self._refused(peer, raw, exc)
-            if raw and exc.reason not in ("timeout", "closed"):
-                with contextlib.suppress(OSError):
-                    sock.sendall(ack_for_error(raw, exc, self.key))
-            return
-        doc = self._do(got.type, req, peer)
-        doc["request"] = got.nonce.hex()
-        with contextlib.suppress(OSError):
-            sock.sendall(encode(MsgType.NODE_REPLY, StatusReply(doc), self.key,
-                                max_payload=CLUSTER_MAX_PAYLOAD))
-
-    def _refused(self, peer: str, raw: bytes, exc: ProtocolError) -> None:
-        job, task, _ = claimed(raw)
-        _log.warning("refused a cluster request from %s (%s): %s", peer,
-                     f"job {job}.{task}" if job is not None else "no readable claim", exc.msg,
-                     extra=log.job_fields(job, task, "cluster-refused", PEER=peer,
-                                          REASON=exc.reason))
+    def _route(self, kind: MsgType, key: JobKey, host: str) -> tuple[Pool, Keys]:
+        """The pool of a kind of request, and its keys: a job start with the starts, a job's
+        end with the ends; look-ups per asking host, OOM words per job and host."""
+        pools = self.pools
+        if kind is MsgType.PREPARE:
+            return pools.starts, {"job": key}
+        if kind in (MsgType.ABORT, MsgType.RELEASE):
+            return pools.ends, {"job": key}
+        if kind is MsgType.OOM_REPORT:
+            return pools.reports, {"job": key, "peer": host}
+        return pools.lookups, {"peer": host}
 
     def _do(self, kind: MsgType, req: NodeRequest, peer: str) -> dict[str, Any]:
         key = JobKey(req.job_id, req.task_id)
@@ -286,9 +277,16 @@ class ClusterServer:
         if ends is None:
             return {"status": "failed", "reason": "the body must be '<src> <sport> <dst> "
                                                   "<dport> <uid>'"}
-        if self.ctx.backend.exists(key) and \
-                ssh.holder_job(ends, uid, [key], self.ctx.backend) == key:
-            return {"status": "found"}
+        deadline = time.monotonic() + self.ctx.config.ssh_callerid_budget
+        try:
+            if self.ctx.backend.exists(key) and \
+                    ssh.holder_job(ends, uid, [key], self.ctx.backend, deadline=deadline) == key:
+                return {"status": "found"}
+        except ssh.OverBudget:
+            return {"status": "refused",
+                    "reason": f"the processes of uid {uid} in job {key} on "
+                              f"{self.ctx.hostname} were not all looked at within "
+                              f"{self.ctx.config.ssh_callerid_budget:g} s"}
         return {"status": "refused",
                 "reason": f"no process of uid {uid} in job {key} on {self.ctx.hostname} "
                           "made that connection"}
@@ -301,26 +299,25 @@ class ClusterServer:
             return {"status": "refused", "reason": f"job {key} is not running on {host}"}
         target = stderr_target(spool)
         if target is not None:  # else the job's stderr goes to /dev/null
-            tell_owner(target, req.body.decode("utf-8", "replace"))
+            tell_owner(target, req.body.decode("utf-8", "replace"), timeout=_REPORT_TIMEOUT)
         return {"status": "reported"}
 
 
-def open_channel(ctx: Context, *, on_change: Callable[[], None] | None = None,
+def open_channel(ctx: Context, pools: Pools, *, on_change: Callable[[], None] | None = None,
                  on_prepared: Callable[[JobKey], None] | None = None,
                  before_release: Callable[[JobKey], None] | None = None
-                 ) -> ClusterServer | None:
+                 ) -> ClusterChannel | None:
     """The cluster channel, listening; None (warned about) when this host has no cluster key
     or cannot listen: then it cannot be a slave host of a parallel job."""
     cfg = ctx.config
     try:
         key = cluster.load_key(cfg)
-        port = cluster.port(cfg)
-        listener = ClusterServer.listen(port)
+        listener = listen(cfg)
     except (GecoError, OSError) as exc:
         _log.warning("not listening for parallel jobs' masters: %s; multi-host jobs with this "
                      "host among their slaves are re-queued until it does", exc,
                      extra=log.job_fields(None, None, "cluster-channel-closed",
                                           REASON=str(exc)))
         return None
-    return ClusterServer(ctx, key, listener, on_change=on_change, on_prepared=on_prepared,
-                         before_release=before_release)
+    return ClusterChannel(ctx, key, listener, pools, allow=AllowList(cfg), on_change=on_change,
+                          on_prepared=on_prepared, before_release=before_release)

@@ -28,12 +28,12 @@ import os
 import selectors
 import threading
 from collections.abc import Callable
-from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from geco import log, procfs, strays, teardown
 from geco.cgroup import Backend
+from geco.daemon.pools import Busy, Pool
 from geco.daemon.quarantine import Context, Shepherd, job_dir_of, spool_root
 from geco.daemon.reaper import forget_job
 from geco.daemon.runloop import RunLoop
@@ -67,13 +67,14 @@ class JobEnds:
     ----------
     loop: gecod's runloop (a pidfd is readable once its process has exited).
     ctx: the quarantine context (its configuration, backend and per-job locks).
-    executor: where teardowns run.
+    executor: where teardowns run (gecod's pool of job ends: one job's at a time, and a
+        user's strays after it).
     before_end: called in the loop with the key before its teardown is started (gecod
         reads the job's OOM counter one last time, while the cgroup exists).
     on_ended: called in the loop with each key whose cgroups are gone.
     """
 
-    def __init__(self, loop: RunLoop, ctx: Context, executor: Executor, *,
+    def __init__(self, loop: RunLoop, ctx: Context, executor: Pool, *,
                  before_end: Callable[[JobKey], None] | None = None,
                  on_ended: Callable[[JobKey], None] | None = None) -> None:
         self.loop = loop
@@ -131,18 +132,29 @@ class JobEnds:
 
     def _exited(self, entry: _Watch) -> None:
         self._drop(entry)
+        # the job is over here: from now on no ssh session goes into it (see geco.ssh)
+        self.ctx.ending.add(entry.shepherd.key)
         if self.before_end is not None:
             self.before_end(entry.shepherd.key)
         with self._pending.changed:
             self._pending.count += 1
+        shepherd = entry.shepherd
         try:
-            future = self.executor.submit(self._end, entry.shepherd)
-        except RuntimeError:  # the executor is shut down: gecod is stopping
-            self._finished()
+            future = self.executor.submit_for({"job": shepherd.key},
+                                              lambda: self._end(shepherd))
+        except RuntimeError:  # the pool is shut down: gecod is stopping, the next one ends it
+            self._finished(shepherd.key)
             return
-        future.add_done_callback(lambda f: self._finished())
+        except Busy as exc:
+            _log.warning("job %s: its shepherd exited, but its teardown cannot be started "
+                         "(%s); the reaper ends it", shepherd.key, exc)
+            self._finished(shepherd.key)
+            return
+        future.add_done_callback(lambda f: self._finished(shepherd.key))
 
-    def _finished(self) -> None:
+    def _finished(self, key: JobKey | None = None) -> None:
+        if key is not None:
+            self.ctx.ending.discard(key)
         with self._pending.changed:
             self._pending.count -= 1
             self._pending.changed.notify_all()
@@ -186,9 +198,11 @@ class JobEnds:
         """In the loop: look for the owner's strays ``[strays] delay`` s from now, when a
         client of the job on this node (qrsh, qsub -sync) has seen its end and exited."""
         def submit() -> None:
-            with contextlib.suppress(RuntimeError):  # the executor is shut down: gecod stops
-                self.executor.submit(strays.after_job, self.ctx.config, self.ctx.backend, key,
-                                     owner, cleaned_by="gecod")
+            # the pool is shut down (gecod stops) or full: the owner's next job end looks
+            with contextlib.suppress(RuntimeError, Busy):
+                self.executor.submit_for(
+                    {"owner": owner}, lambda: strays.after_job(
+                        self.ctx.config, self.ctx.backend, key, owner, cleaned_by="gecod"))
         self.loop.add_timer(self.ctx.config.strays_delay, submit)
 
 

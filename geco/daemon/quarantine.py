@@ -179,22 +179,27 @@ class Context:
     ready: dict[JobKey, tuple[int, Limits]] = field(default_factory=dict)
     # the C lane that serves later tasks of the jobs in ``ready`` (None: Python serves all)
     lane: FastLane | None = None
+    # jobs whose end has begun (their master shepherd exited, a teardown holds their
+    # lock): no ssh session is moved into them any more
+    ending: set[JobKey] = field(default_factory=set)
     _locks: dict[str, _KeyLock] = field(default_factory=dict)
     _locks_guard: threading.Lock = field(default_factory=threading.Lock)
 
     @contextlib.contextmanager
-    def job_lock(self, key: JobKey, *, wait: bool = True, moves: bool = False
-                 ) -> Iterator[None]:
+    def job_lock(self, key: JobKey, *, wait: bool = True, moves: bool = False,
+                 timeout: float | None = None) -> Iterator[None]:
         """Hold the lock of job ``key``: created on first use, forgotten when nobody holds
         or waits for it, so the table does not grow with every job the node ever ran.
-        ``wait=False``: raise :class:`WouldWait` instead of waiting for it. Unless the
-        holder only ``moves`` processes in, the fast lane stops serving the job first (a
-        teardown must not find a task moved in behind it)."""
+        ``wait=False``: raise :class:`WouldWait` instead of waiting for it; ``timeout``:
+        raise it after waiting that long. Unless the holder only ``moves`` processes in,
+        the fast lane stops serving the job first (a teardown must not find a task moved
+        in behind it)."""
         with self._locks_guard:
             entry = self._locks.setdefault(key, _KeyLock())
             entry.users += 1
         try:
-            if not entry.lock.acquire(blocking=wait):
+            if not entry.lock.acquire(blocking=wait, timeout=-1 if timeout is None or not wait
+                                      else timeout):
                 raise WouldWait(f"job {key}'s lock is held")
             try:
                 if not moves and self.lane is not None:

@@ -56,9 +56,10 @@ class Held(Generic[K]):
         return sum(self.reasons.values())
 
 
-def describe_refusals(held: Held[int | None], window: float) -> str:
-    """The summary's text for a peer's refusals (key: its uid; None = TCP clients)."""
-    who = "TCP clients" if held.key is None else f"uid {held.key}"
+def describe_refusals(held: Held[int | str | None], window: float) -> str:
+    """The summary's text for a peer's refusals (key: its uid, or its address over TCP)."""
+    who = (f"host {held.key}" if isinstance(held.key, str)
+           else "TCP clients" if held.key is None else f"uid {held.key}")
     parts = ", ".join(f"{reason} {n:,}" for reason, n in
                       sorted(held.reasons.items(), key=lambda item: -item[1]))
     return f"{who}: {held.count:,} more refusals in {window:g} s ({parts})"

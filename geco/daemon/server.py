@@ -1,7 +1,11 @@
-"""gecod's quarantine server: non-blocking connections on the runloop, slow work in threads.
+"""gecod's server: non-blocking connections on the runloop, slow work in pools of its own.
 
-gecod listens on two sockets, each a :class:`Lane` with its own connections,
-request budget and worker threads, so that no user can crowd root out:
+gecod listens on two sockets (three with the cluster channel), each a
+:class:`Lane` with its own connections and request budget, so that no user can
+crowd root out; each kind of request then runs in a pool of its own
+(:mod:`geco.daemon.pools`: job starts, job ends, a user's requests, ssh logins,
+other hosts' look-ups), bounded per uid, job or peer, so that nothing a user can
+cause queues a job start or another user's login:
 
 ``root``
     the privileged socket (mode 0600): the preload's JOB_STARTED from sge_execd.
@@ -9,10 +13,16 @@ request budget and worker threads, so that no user can crowd root out:
     does fills its connection table, its queue or its workers.
 ``public``
     the 0666 socket: ``geco status`` (STATUS) and the starter's fallback
-    (QUARANTINE_SELF), from any user. Each uid has a budget of its own: at most
-    :data:`PUBLIC_BUDGET` ``per_uid_connections`` open connections (more are
-    closed at once) and ``per_uid_working`` requests waiting for or in a worker
-    (more get BUSY), so a flood costs only its sender.
+    (QUARANTINE_SELF), the starter (STARTER) and ssh sessions (ADOPT's EXEC
+    stage), from any user. Each uid has a budget of its own: at most
+    :data:`PUBLIC_BUDGET` ``per_peer_connections`` open connections (a new one
+    closes the uid's oldest that has not sent a whole frame yet, so an idle
+    flood costs only its sender, never its own next request) and
+    ``per_peer_working`` requests waiting for or in a worker (more get BUSY).
+``cluster``
+    the TCP port other hosts' gecods ask (:mod:`geco.daemon.clusterserve`): the
+    same budgets per peer address, after the allow-list (a host that is not an
+    execution host is closed at accept). Its frames are MAC'd with the cluster key.
 
 One connection carries one request and one reply (as the original). Each
 connection is a small state machine driven by the runloop:
@@ -26,7 +36,8 @@ connection is a small state machine driven by the runloop:
     ACK saying BAD_REQUEST (or VERSION) and is closed.
 ``WORKING``
     the frame is verified (MAC, clock, replay cache); the request runs in the
-    worker pool (:func:`geco.daemon.quarantine.quarantine`, or a STATUS scan)
+    pool of its kind (:func:`geco.daemon.quarantine.quarantine`, a STATUS scan, an ssh
+    login, another host's request)
     and its result comes back through ``call_soon_threadsafe``. The loop keeps
     serving everyone else meanwhile.
 ``WRITING``
@@ -44,10 +55,13 @@ kind (PEERCRED, public-key MAC), since the asker could not check the secret
 key's MAC. Their nonces go to a replay cache of their own, so a flood of
 them (anyone can make them) can never fill the cache that guards JOB_STARTED.
 
-Every refusal is journaled as ``GECO_EVENT=quarantine-refused`` (priority
-warning) with the peer's pid and uid as the kernel gave them, the claimed
-job, task and pid, and the reason; every success as ``GECO_EVENT=quarantined``
-(``ELAPSED_MS``: from the connection's accept to the answer); both with
+Every refusal is journaled as ``GECO_EVENT=quarantine-refused`` (on the cluster
+lane ``cluster-refused``; priority warning) with the peer's pid and uid as the
+kernel gave them (its address over TCP), the claimed job, task and pid (as
+``JOB_ID`` only when the frame passed its MAC with a secret key, else as
+``CLAIMED_JOB_ID``: a stranger never writes into a job's story), and the reason;
+every success as ``GECO_EVENT=quarantined`` (``ELAPSED_MS``: from the
+connection's accept to the answer); both with
 ``LANE`` and with ``PEERCRED=1`` when the frame was peer-credentialed. A peer
 gets a few refusal records per window, then one summary
 (``GECO_EVENT=quarantine-refused-summary``), and a job a few hundred successes,
@@ -71,12 +85,14 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from geco import __version__, log
 from geco.address import Address
 from geco.config import Config
 from geco.daemon import hookserve, sshlogin, status
 from geco.daemon.fastlane import FastLane, Handoff
+from geco.daemon.pools import Busy, Keys, Pool, Pools
 from geco.daemon.quarantine import (
     Context,
     Outcome,
@@ -97,8 +113,11 @@ from geco.daemon.runloop import RunLoop, Timer
 from geco.errors import ProtocolError
 from geco.jobkey import JobKey
 from geco.protocol import (
+    AFTER_MAC,
+    CLUSTER_MAX_PAYLOAD,
     HEADER_BYTES,
     MAX_FRAME,
+    MAX_PAYLOAD,
     Ack,
     AckStatus,
     Adopt,
@@ -113,6 +132,7 @@ from geco.protocol import (
     ReplayCache,
     Starter,
     StarterReply,
+    StatusReply,
     ack_for_error,
     claimed,
     claims_peercred,
@@ -121,14 +141,18 @@ from geco.protocol import (
     expected_length,
 )
 
-__all__ = ["PUBLIC_BUDGET", "Budget", "Lane", "Server", "python_replay", "root_budget"]
+__all__ = ["CLUSTER_BUDGET", "PUBLIC_BUDGET", "Budget", "Channel", "Lane", "Server", "Who",
+           "python_replay", "root_budget"]
 
 _log = log.get("gecod")
 
 # SO_PEERCRED's struct ucred: pid, uid, gid (three C ints).
 _UCRED = struct.Struct("3i")
-# Connections accepted per readiness event, so a connect flood cannot starve replies.
-_ACCEPT_BATCH = 64
+# Connections accepted per readiness event, so a connect flood cannot starve replies: on
+# root's socket many (execd's children), on the others few, so that a flood of strangers'
+# connections takes its turn with every other ready socket, not a whole loop turn each.
+_ACCEPT_BATCH = {"root": 64}
+_ACCEPT_BATCH_OTHERS = 8
 # Requests waiting for or in a worker, per worker thread, before new ones get BUSY.
 _QUEUE_PER_WORKER = 64
 # At most this many reads of leftover client bytes before closing (see _discard_unread).
@@ -156,24 +180,53 @@ class Budget:
     Open connections beyond ``connections`` are closed at once; each costs two
     fds (socket, pidfd) until its deadline (gecod.service sets LimitNOFILE well
     above twice the lanes' sum). Requests beyond ``working`` get BUSY. The
-    per-uid limits (None: none) split the same way among the peers' uids.
+    per-peer limits (None: none) split the same way among the peers (a uid on a
+    Unix socket, an address over TCP); a peer at its connection share has its
+    oldest connection that has not sent a whole frame closed for the new one.
     """
 
     connections: int
     working: int
-    per_uid_connections: int | None = None
-    per_uid_working: int | None = None
+    per_peer_connections: int | None = None
+    per_peer_working: int | None = None
 
 
 def root_budget(workers: int) -> Budget:
-    """The privileged lane's: only root gets here, so no per-uid split."""
+    """The privileged lane's: only root gets here, so no per-peer split."""
     return Budget(connections=1024, working=workers * _QUEUE_PER_WORKER)
 
 
 # The public lane's: a user's `geco status` and a few job starts through the starter's
 # fallback at once fit easily; a flood fills only its sender's share.
 PUBLIC_BUDGET = Budget(connections=1024, working=2 * _QUEUE_PER_WORKER,
-                       per_uid_connections=64, per_uid_working=8)
+                       per_peer_connections=64, per_peer_working=8)
+# The cluster lane's: a host asks once per job start, end and login; a frame needs
+# milliseconds, so a handful of connections per host is plenty, and the rest of the
+# hosts' shares stay free whatever one host's users do with its address.
+CLUSTER_BUDGET = Budget(connections=1024, working=256, per_peer_connections=16,
+                        per_peer_working=16)
+
+
+Who = int | str | None
+"""A budget's peer: a uid on a Unix socket, an address over TCP (None: root's lane)."""
+
+
+class Channel(Protocol):
+    """The cluster channel's side of its lane (:class:`geco.daemon.clusterserve.ClusterChannel`)."""
+
+    key: bytes
+
+    @property
+    def replay(self) -> Replay:
+        """The channel's replay cache."""
+
+    def admits(self, host: str) -> str:
+        """"" when ``host`` (an address) may connect, else why not."""
+
+    def accept(self, got: Frame, peer: str) -> tuple[Pool, Keys, Callable[[], object]]:
+        """Where the verified frame ``got`` from ``peer`` runs, as which keys, and the work
+        (returning the reply's document); raises ProtocolError when it is not a request of
+        this channel for this host."""
 
 
 class _Phase(enum.Enum):
@@ -185,33 +238,39 @@ class _Phase(enum.Enum):
 
 @dataclass(eq=False)
 class Lane:
-    """One listening socket with its own connections, budget and worker threads.
+    """One listening socket with its own connections and budget.
 
     Parameters
     ----------
-    name: ``root`` or ``public`` (journaled as ``LANE``).
+    name: ``root``, ``public`` or ``cluster`` (journaled as ``LANE``).
     listener: a listening stream socket (:func:`geco.address.listen`).
     address: where it listens (for messages).
-    executor: this lane's worker threads.
     budget: what its clients may hold at once.
     inline: JOB_STARTED for a job gecod has seen is served in the loop, not a worker
         (root's lane: its clients are trusted; the public lane's could queue the loop).
     fast: the C lane that accepts this socket (:mod:`geco.daemon.fastlane`): the loop then
         gets only the connections it hands back.
+    channel: the cluster channel (its key, replay cache, allow-list and requests): this
+        lane takes other hosts' frames, nothing else.
     """
 
     name: str
     listener: socket.socket | None
-    address: Address
-    executor: concurrent.futures.ThreadPoolExecutor
+    address: Address | str
     budget: Budget
     inline: bool = False
     fast: FastLane | None = None
+    channel: Channel | None = None
     connections: set[_Connection] = field(default_factory=set)
     working: int = 0
-    open_by_uid: Counter[int | None] = field(default_factory=Counter)
-    working_by_uid: Counter[int | None] = field(default_factory=Counter)
+    # each peer's open connections, oldest first (dicts keep insertion order)
+    open_by_peer: dict[Who, dict[_Connection, None]] = field(default_factory=dict)
+    working_by_peer: Counter[Who] = field(default_factory=Counter)
     warned_full: bool = False
+
+    @property
+    def max_payload(self) -> int:
+        return CLUSTER_MAX_PAYLOAD if self.channel is not None else MAX_PAYLOAD
 
 
 @dataclass(eq=False, slots=True)
@@ -219,6 +278,8 @@ class _Connection:
     sock: socket.socket
     peer: Peer | None
     lane: Lane
+    host: str | None = None  # over TCP: the peer's address (its budget) and port
+    port: int = 0
     pidfd: int = -1
     phase: _Phase = _Phase.READING
     buf: bytearray = field(default_factory=bytearray)
@@ -228,16 +289,26 @@ class _Connection:
     accepted: float = field(default_factory=time.monotonic)
     claimed: tuple[int | None, int | None, int | None] = (None, None, None)
     peercred: bool = False  # the header has the PEERCRED flag (answer in kind)
+    # the frame passed its MAC with a secret key: the job it names is the sender's word,
+    # not anyone's (a refusal before that is journaled with CLAIMED_JOB_ID, never JOB_ID)
+    verified: bool = False
     recorded: bool = False  # the fast lane put the nonce in the replay cache already
     died: bool = False  # the fast lane moved the pid, then found the process gone
     watched: bool = False  # registered with the loop (it had to wait for bytes or room)
 
     @property
     def uid(self) -> int | None:
-        """Whose budget this connection counts against (None: every TCP client)."""
+        """The sender's uid as the kernel names it (None over TCP)."""
         return self.peer.uid if self.peer else None
 
+    @property
+    def who(self) -> Who:
+        """Whose budget this connection counts against."""
+        return self.host if self.host is not None else self.uid
+
     def describe(self) -> str:
+        if self.host is not None:
+            return f"{self.host} port {self.port}"
         if self.peer is None:
             return "a TCP client"
         return f"pid {self.peer.pid} uid {self.peer.uid}"
@@ -253,14 +324,15 @@ def _peer_of(sock: socket.socket) -> Peer | None:
 
 
 class Server:
-    """The quarantine server on a runloop (see the module docstring).
+    """gecod's server on a runloop (see the module docstring).
 
     Parameters
     ----------
     loop: the runloop to serve on.
-    lanes: the listening sockets, each with its workers and budget.
+    lanes: the listening sockets, each with its budget.
     secret: the quarantine key's 32 bytes.
     ctx: the policy's context (settings, cgroup backend, topology).
+    pools: where each kind of request runs.
     on_change: called in the loop after a request changed the node's jobs.
     on_contained: called in the loop with ``<job>.<task>`` once the first process of that
         job is in its cgroups, once per incarnation of them (gecod starts watching the
@@ -268,20 +340,18 @@ class Server:
     on_shepherd: called in the loop with a job's master shepherd, once it is in the
         job's cgroups, and a pidfd of it the callee owns (gecod ends the job when it
         exits: :mod:`geco.daemon.jobend`).
-    teardowns: where an epilog's HOOK runs (its teardown may wait out ``kill_timeout``);
-        default the lane's workers.
     """
 
-    def __init__(self, loop: RunLoop, lanes: Sequence[Lane], secret: bytes, ctx: Context, *,
+    def __init__(self, loop: RunLoop, lanes: Sequence[Lane], secret: bytes, ctx: Context,
+                 pools: Pools, *,
                  on_change: Callable[[], None] | None = None,
                  on_contained: Callable[[JobKey], None] | None = None,
-                 on_shepherd: Callable[[Shepherd, int], None] | None = None,
-                 teardowns: concurrent.futures.Executor | None = None) -> None:
+                 on_shepherd: Callable[[Shepherd, int], None] | None = None) -> None:
         self.loop = loop
-        self.teardowns = teardowns
         self.lanes = list(lanes)
         self.secret = secret
         self.ctx = ctx
+        self.pools = pools
         self.on_change = on_change
         self.on_contained = on_contained
         self.on_shepherd = on_shepherd
@@ -295,19 +365,25 @@ class Server:
         self.started = time.time()
         self._served = 0
         self.refused = 0
-        self.refusal_budget = JournalBudget[int | None](REFUSAL_BURST, exempt=(0,))
+        self.refusal_budget = JournalBudget[Who](REFUSAL_BURST, exempt=(0,))
         self.success_budget = JournalBudget[JobKey](SUCCESS_BURST)
         self._on_idle: Callable[[], None] | None = None
         for lane in self.lanes:
-            assert lane.listener is not None
-            lane.listener.setblocking(False)
-            if lane.fast is not None:
-                loop.add_source(lane.fast.notify_fd, selectors.EVENT_READ,
-                                functools.partial(self._on_handoff_event, lane))
-            else:
-                self._accept_on(lane)
+            self.add_lane(lane, start=False)
         loop.add_timer(self.refusal_budget.window, self._end_journal_window,
                        repeat=self.refusal_budget.window)
+
+    def add_lane(self, lane: Lane, *, start: bool = True) -> None:
+        """Serve ``lane`` too (the cluster channel, opened after the local sockets)."""
+        assert lane.listener is not None
+        if lane not in self.lanes:
+            self.lanes.append(lane)
+        lane.listener.setblocking(False)
+        if lane.fast is not None:
+            self.loop.add_source(lane.fast.notify_fd, selectors.EVENT_READ,
+                                 functools.partial(self._on_handoff_event, lane))
+        else:
+            self._accept_on(lane)
 
     @property
     def connections(self) -> set[_Connection]:
@@ -324,14 +400,18 @@ class Server:
         """Requests waiting for or in a worker, in every lane."""
         return sum(lane.working for lane in self.lanes)
 
+    def _key(self, lane: Lane) -> bytes:
+        """The secret a lane's frames are MAC'd with."""
+        return lane.channel.key if lane.channel is not None else self.secret
+
     # -- accepting ------------------------------------------------------------
 
     def _on_accept(self, lane: Lane) -> None:
-        for _ in range(_ACCEPT_BATCH):
+        for _ in range(_ACCEPT_BATCH.get(lane.name, _ACCEPT_BATCH_OTHERS)):
             if lane.listener is None:
                 return
             try:
-                sock, _addr = lane.listener.accept()
+                sock, addr = lane.listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
@@ -344,7 +424,7 @@ class Server:
                 # ECONNABORTED and friends: that client is gone, the next one may be fine
                 _log.debug("accept failed: %s", exc)
                 continue
-            self._start(lane, sock)
+            self._start(lane, sock, addr=addr)
 
     def _accept_on(self, lane: Lane) -> None:
         if lane.listener is not None and not self.loop.has_source(lane.listener):
@@ -362,7 +442,8 @@ class Server:
         if lane.fast.changed() and self.on_change is not None:
             self.on_change()
 
-    def _start(self, lane: Lane, sock: socket.socket, handoff: Handoff | None = None) -> None:
+    def _start(self, lane: Lane, sock: socket.socket, handoff: Handoff | None = None, *,
+               addr: object = None) -> None:
         sock.setblocking(False)
         if len(lane.connections) >= lane.budget.connections:
             if not lane.warned_full:
@@ -374,6 +455,7 @@ class Server:
                 os.close(handoff.pidfd)
             return
         lane.warned_full = False
+        host, port = _tcp_peer(addr)
         if handoff is not None:
             peer: Peer | None = Peer(handoff.pid, handoff.uid, handoff.gid)
         else:
@@ -383,13 +465,15 @@ class Server:
                 _log.debug("no peer credentials: %s", exc)
                 sock.close()
                 return
-        conn = _Connection(sock, peer, lane)
-        share = lane.budget.per_uid_connections
-        if share is not None and lane.open_by_uid[conn.uid] >= share:
-            # checked before anything costly: a flood's extra connections cost one accept
+        conn = _Connection(sock, peer, lane, host, port)
+        if lane.channel is not None and host is not None:
+            why = lane.channel.admits(host)
+            if why:  # checked before anything is read: an outsider costs one accept
+                sock.close()
+                self._journal_refusal(conn, "not-allowed", why, None)
+                return
+        if not self._room_for(conn):
             sock.close()
-            self._journal_refusal(conn, "over-budget", f"{share} connections of this uid are "
-                                                       f"open already; closed", None)
             return
         if handoff is not None:
             conn.pidfd, conn.accepted = handoff.pidfd, handoff.accepted
@@ -400,7 +484,7 @@ class Server:
             with contextlib.suppress(OSError):
                 conn.pidfd = os.pidfd_open(peer.pid)
         lane.connections.add(conn)
-        lane.open_by_uid[conn.uid] += 1
+        lane.open_by_peer.setdefault(conn.who, {})[conn] = None
         if handoff is not None and handoff.data:
             # what the lane read first: the loop goes on from there
             conn.buf += handoff.data
@@ -416,6 +500,30 @@ class Server:
             self.loop.add_source(sock, selectors.EVENT_READ,
                                  lambda s, ev: self._on_readable(conn))
             conn.watched = True
+
+    def _room_for(self, conn: _Connection) -> bool:
+        """Whether the peer's share of connections has room for ``conn``: when it is full,
+        its oldest connection still waiting for its frame is closed for the new one (an
+        idle flood then costs its sender only, never its next real request); False (the
+        new one goes) when all of them are being answered."""
+        lane, share = conn.lane, conn.lane.budget.per_peer_connections
+        mine = lane.open_by_peer.get(conn.who, {})
+        if share is None or len(mine) < share:
+            return True
+        oldest = next((c for c in mine if c.phase is _Phase.READING), None)
+        if oldest is None:
+            self._journal_refusal(conn, "over-budget", f"{share} connections of this peer "
+                                                       "are being answered already; closed",
+                                  None)
+            return False
+        oldest.claimed = claimed(oldest.buf)
+        oldest.peercred = claims_peercred(oldest.buf)
+        self._journal_refusal(oldest, "evicted", f"{share} connections of this peer were "
+                                                 f"open; the oldest, {len(oldest.buf)} bytes "
+                                                 "into its frame, was closed for a new one",
+                              None)
+        self._close(oldest)
+        return True
 
     # -- reading --------------------------------------------------------------
 
@@ -454,11 +562,12 @@ class Server:
         """What follows from the bytes in ``conn.buf``; False when nothing more can be read
         now (``more``: the last read filled what it asked for)."""
         if conn.header is None:
+            limit = conn.lane.max_payload
             try:
                 if len(conn.buf) < HEADER_BYTES:
-                    expected_length(bytes(conn.buf))  # garbage is answered at once
+                    expected_length(bytes(conn.buf), limit)  # garbage is answered at once
                     return False
-                conn.header = Header.parse(bytes(conn.buf))
+                conn.header = Header.parse(bytes(conn.buf), limit)
                 self._check_transport(conn)
             except ProtocolError as exc:
                 self._reject(conn, exc)
@@ -496,86 +605,127 @@ class Server:
         if conn.deadline is not None:
             conn.deadline.cancel()
         conn.phase = _Phase.WORKING
+        lane = conn.lane
         # a frame the fast lane began to serve is in the replay cache already
-        replay = None if conn.recorded else \
-            self.replay_peercred if conn.peercred else self.replay
+        replay = (lane.channel.replay if lane.channel is not None else None if conn.recorded
+                  else self.replay_peercred if conn.peercred else self.replay)
         try:
-            got = decode(frame, self.secret, max_skew=self.ctx.config.gecod_max_skew,
-                         replay=replay, header=conn.header)
+            got = decode(frame, self._key(lane), max_skew=self.ctx.config.gecod_max_skew,
+                         replay=replay, header=conn.header, max_payload=lane.max_payload)
         except ProtocolError as exc:
+            conn.verified = not conn.peercred and exc.reason in AFTER_MAC
             self._reject(conn, exc)
             return
-        if got.type is MsgType.STATUS:
-            self._submit(conn, got, self._status)
-        elif got.type in (MsgType.JOB_STARTED, MsgType.QUARANTINE_SELF):
-            msg = got.message
-            assert isinstance(msg, JobStarted)
-            req = Request(got.type, msg.job_id, msg.task_id, msg.pid, conn.peer, conn.pidfd)
-            if conn.died:
-                self._answer(conn, got, pid_reused(req))
+        conn.verified = not got.peercred
+        try:
+            self._dispatch(conn, got)
+        except Exception as exc:  # a bug must not end the loop, nor leave the client waiting
+            self._answer(conn, got, self._internal_error(conn, got, exc))
+
+    def _dispatch(self, conn: _Connection, got: Frame) -> None:
+        """Answer a verified frame, or hand it to the pool of its kind."""
+        lane = conn.lane
+        if lane.channel is not None:
+            try:
+                pool, keys, work = lane.channel.accept(got, f"{conn.host}:{conn.port}")
+            except ProtocolError as exc:
+                self._reject(conn, exc)
                 return
-            if conn.lane.inline and got.type is MsgType.JOB_STARTED:
-                # a later task of a job gecod has seen is a few /proc reads and cgroup
-                # writes: done here, without the round trip through a worker thread
-                try:
-                    outcome = quarantine(req, self.ctx, wait=False)
-                except WouldWait:
-                    pass
-                except Exception as exc:  # a bug must not end the loop
-                    self._answer(conn, got, self._internal_error(conn, got, exc))
-                    return
-                else:
-                    self._answer(conn, got, outcome)
-                    return
-            self._submit(conn, got, lambda: quarantine(req, self.ctx))
+            self._submit(conn, got, work, pool, keys)
+            return
+        if got.type is MsgType.STATUS:
+            self._submit(conn, got, self._status, self.pools.users, {"uid": conn.uid})
+        elif got.type in (MsgType.JOB_STARTED, MsgType.QUARANTINE_SELF):
+            self._job_started(conn, got)
         elif got.type is MsgType.ADOPT:
             msg = got.message
             assert isinstance(msg, Adopt)
-            why = sshlogin.refusal(msg, conn.peer, conn.lane.name, got.peercred)
+            why = sshlogin.refusal(msg, conn.peer, lane.name, got.peercred)
             if why:
                 self._answer(conn, got, Outcome(AckStatus.REFUSED, why))
                 return
-            self._submit(conn, got, lambda: sshlogin.serve(msg, got.nonce, self.ctx))
+            pidfd, accepted = conn.pidfd, conn.accepted
+            self._submit(conn, got,
+                         lambda: sshlogin.serve(msg, got.nonce, self.ctx, pidfd, accepted),
+                         self.pools.logins, {"uid": msg.uid})
         elif got.type is MsgType.STARTER:
             ask = got.message
             assert isinstance(ask, Starter)
             peer = conn.peer
-            why = hookserve.refusal(ask, peer, conn.lane.name)
+            why = hookserve.refusal(ask, peer, lane.name)
             if why or peer is None:
                 self._answer(conn, got, Outcome(AckStatus.REFUSED, why))
                 return
             self._submit(conn, got, lambda: hookserve.serve_starter(ask, got.nonce, peer,
-                                                                    self.ctx))
+                                                                    self.ctx),
+                         self.pools.users, {"uid": peer.uid})
         elif got.type is MsgType.HOOK:
             hook = got.message
             assert isinstance(hook, Hook)
-            why = hookserve.refusal(hook, conn.peer, conn.lane.name)
+            why = hookserve.refusal(hook, conn.peer, lane.name)
             if why:
                 self._answer(conn, got, Outcome(AckStatus.REFUSED, why))
                 return
-            # an epilog's teardown may wait out kill_timeout: never in a quarantine's worker
-            slow = self.teardowns if hook.hook is HookName.EPILOG else None
-            self._submit(conn, got, lambda: hookserve.serve(hook, self.ctx), executor=slow)
+            # an epilog's teardown may wait out kill_timeout: a job end, never a start's
+            pool = self.pools.ends if hook.hook is HookName.EPILOG else self.pools.starts
+            self._submit(conn, got, lambda: hookserve.serve(hook, self.ctx), pool,
+                         {"job": _job_of(hook.job_id, hook.task_id)})
         else:
             self._answer(conn, got, Outcome(AckStatus.BAD_REQUEST,
                                             f"{got.type.name} is not a request this "
                                             "socket takes"))
 
-    def _submit(self, conn: _Connection, got: Frame, work: Callable[[], object], *,
-                executor: concurrent.futures.Executor | None = None) -> None:
-        lane, uid = conn.lane, conn.uid
-        share = lane.budget.per_uid_working
+    def _job_started(self, conn: _Connection, got: Frame) -> None:
+        """JOB_STARTED (sge_execd's child) or QUARANTINE_SELF (the starter's fallback)."""
+        msg = got.message
+        assert isinstance(msg, JobStarted)
+        req = Request(got.type, msg.job_id, msg.task_id, msg.pid, conn.peer, conn.pidfd)
+        if conn.died:
+            self._answer(conn, got, pid_reused(req))
+            return
+        if got.type is MsgType.QUARANTINE_SELF:  # a user's request: on the users' pool
+            self._submit(conn, got, lambda: quarantine(req, self.ctx), self.pools.users,
+                         {"uid": conn.uid})
+            return
+        if conn.lane.inline:
+            # a later task of a job gecod has seen is a few /proc reads and cgroup
+            # writes: done here, without the round trip through a worker thread
+            try:
+                outcome = quarantine(req, self.ctx, wait=False)
+            except WouldWait:
+                pass
+            except Exception as exc:  # a bug must not end the loop
+                self._answer(conn, got, self._internal_error(conn, got, exc))
+                return
+            else:
+                self._answer(conn, got, outcome)
+                return
+        # a job's first process: one job's tasks wait for it in the queue, not on threads
+        self._submit(conn, got, lambda: quarantine(req, self.ctx), self.pools.starts,
+                     {"job": _job_of(msg.job_id, msg.task_id)})
+
+    def _submit(self, conn: _Connection, got: Frame, work: Callable[[], object], pool: Pool,
+                keys: Keys) -> None:
+        lane, who = conn.lane, conn.who
+        share = lane.budget.per_peer_working
         if lane.working >= lane.budget.working:
             self._answer(conn, got, Outcome(AckStatus.BUSY, f"{lane.working} requests are "
                                                             "already waiting for a worker"))
             return
-        if share is not None and lane.working_by_uid[uid] >= share:
-            self._answer(conn, got, Outcome(AckStatus.BUSY, f"{share} requests of this uid "
+        if share is not None and lane.working_by_peer[who] >= share:
+            self._answer(conn, got, Outcome(AckStatus.BUSY, f"{share} requests of this peer "
                                                             "are already waiting"))
             return
+        try:
+            future = pool.submit_for(keys, work)
+        except Busy as exc:
+            self._answer(conn, got, Outcome(AckStatus.BUSY, str(exc)))
+            return
+        except RuntimeError:  # gecod is stopping: the pool takes no more work
+            self._answer(conn, got, Outcome(AckStatus.BUSY, "gecod is stopping"))
+            return
         lane.working += 1
-        lane.working_by_uid[uid] += 1
-        future = (executor or lane.executor).submit(work)
+        lane.working_by_peer[who] += 1
         future.add_done_callback(
             lambda f: self.loop.call_soon_threadsafe(lambda: self._done(conn, got, f)))
 
@@ -583,29 +733,40 @@ class Server:
               future: concurrent.futures.Future[object]) -> None:
         lane = conn.lane
         lane.working -= 1
-        _uncount(lane.working_by_uid, conn.uid)
+        _uncount(lane.working_by_peer, conn.who)
         try:
             result = future.result()
-        except Exception as exc:
-            result = self._internal_error(conn, got, exc)
+            reply = self._reply(conn, got, result)
+        except Exception as exc:  # a bug, or a reply that cannot be sent: never left open
+            self._answer(conn, got, self._internal_error(conn, got, exc))
+        else:
+            if reply is None:
+                assert isinstance(result, Outcome)
+                self._answer(conn, got, result)
+            else:
+                self._served += 1
+                self._send(conn, reply)
+        self._maybe_idle()
+
+    def _reply(self, conn: _Connection, got: Frame, result: object) -> bytes | None:
+        """The encoded reply of a request a worker answered; None for an :class:`Outcome`,
+        which :meth:`_answer` journals and acknowledges. Raises when it cannot be encoded."""
+        secret = self._key(conn.lane)
+        if isinstance(result, dict):  # another host's request: its document, bound to it
+            result["request"] = got.nonce.hex()
+            return encode(MsgType.NODE_REPLY, StatusReply(result), secret,
+                          max_payload=CLUSTER_MAX_PAYLOAD)
         if isinstance(result, bytes):
-            self._served += 1
-            self._send(conn, encode(MsgType.STATUS_REPLY, result, self.secret, flags=got.flags))
-        elif isinstance(result, AdoptReply):  # journaled by the worker (ssh-* events)
-            self._served += 1
-            self._send(conn, encode(MsgType.ADOPT_REPLY, result, self.secret, flags=got.flags))
-        elif isinstance(result, StarterReply):  # journaled by the worker, as the starter
-            self._served += 1
-            self._send(conn, encode(MsgType.STARTER_REPLY, result, self.secret, flags=got.flags))
-        elif isinstance(result, tuple):  # a HOOK: journaled by the worker, as the hook
-            self._served += 1
+            return encode(MsgType.STATUS_REPLY, result, secret, flags=got.flags)
+        if isinstance(result, AdoptReply):  # journaled by the worker (ssh-* events)
+            return encode(MsgType.ADOPT_REPLY, result, secret, flags=got.flags)
+        if isinstance(result, StarterReply):  # journaled by the worker, as the starter
+            return encode(MsgType.STARTER_REPLY, result, secret, flags=got.flags)
+        if isinstance(result, tuple):  # a HOOK: journaled by the worker, as the hook
             job, task, _ = conn.claimed
             ack = Ack(job or 0, task or 0, result[0], got.nonce)
-            self._send(conn, encode(MsgType.ACK, ack, self.secret, flags=got.flags))
-        else:
-            assert isinstance(result, Outcome)
-            self._answer(conn, got, result)
-        self._maybe_idle()
+            return encode(MsgType.ACK, ack, secret, flags=got.flags)
+        return None
 
     def _internal_error(self, conn: _Connection, got: Frame, exc: Exception) -> Outcome:
         _log.error("internal error handling %s from %s: %s", got.type.name, conn.describe(),
@@ -639,18 +800,18 @@ class Server:
         else:
             self._journal_refusal(conn, outcome.status.name.lower(), outcome.reason,
                                   outcome.status, got.type.name)
+        secret = self._key(conn.lane)
         if got.type is MsgType.ADOPT:  # refused before the decision, busy, or a bug
             reply = AdoptReply(0, 0, outcome.status, got.nonce)
-            self._send(conn, encode(MsgType.ADOPT_REPLY, reply, self.secret, flags=got.flags))
+            self._send(conn, encode(MsgType.ADOPT_REPLY, reply, secret, flags=got.flags))
             return
         if got.type is MsgType.STARTER:  # the same, answered in kind
             started = StarterReply(job or 0, task or 0, outcome.status, got.nonce)
-            self._send(conn, encode(MsgType.STARTER_REPLY, started, self.secret,
-                                    flags=got.flags))
+            self._send(conn, encode(MsgType.STARTER_REPLY, started, secret, flags=got.flags))
             return
         ack = Ack(job or 0, task or 0, outcome.status, got.nonce)
         # in kind: a PEERCRED asker has no secret key to check any other MAC
-        self._send(conn, encode(MsgType.ACK, ack, self.secret, flags=got.flags))
+        self._send(conn, encode(MsgType.ACK, ack, secret, flags=got.flags))
 
     def _journal_success(self, conn: _Connection, got: Frame, outcome: Outcome) -> None:
         job, task, pid = conn.claimed
@@ -673,17 +834,29 @@ class Server:
     def _journal_refusal(self, conn: _Connection, reason: str, text: str,
                          status: AckStatus | None, request: str | None = None) -> None:
         self.refused += 1
-        if not self.refusal_budget.allow(conn.uid, reason):
+        if not self.refusal_budget.allow(conn.who, reason):
             return  # counted into the peer's summary at the end of the window
         job, task, pid = conn.claimed
+        # the job a frame names is journaled as its JOB_ID only when the frame was MAC'd with
+        # a secret key: otherwise anyone could put records into another user's job's story
+        # (geco journal, its trace file) and choose which job they seem to be about
+        ids = (log.job_fields(job, task) if conn.verified
+               else log.job_fields(None, None, CLAIMED_JOB_ID=job, CLAIMED_TASK_ID=task))
         claim = f"job {job}.{task} pid {pid}" if job is not None else "no readable claim"
-        _log.warning("refused %s from %s (%s): %s", request or "a request", conn.describe(),
-                     claim, text,
-                     extra=log.job_fields(job, task, "quarantine-refused", PID=pid,
-                                          PEER_PID=_pid(conn), PEER_UID=conn.uid,
-                                          REASON=reason, REQUEST=request, LANE=conn.lane.name,
-                                          PEERCRED=1 if conn.peercred else None,
-                                          ACK_STATUS=status.name if status else "none"))
+        if not conn.verified and job is not None:
+            claim = f"claims {claim}"
+        cluster = conn.lane.channel is not None
+        fields = log.job_fields(
+            None, None, "cluster-refused" if cluster else "quarantine-refused", PID=pid,
+            PEER_PID=_pid(conn), PEER_UID=conn.uid,
+            PEER=f"{conn.host}:{conn.port}" if conn.host is not None else None,
+            REASON=reason, REQUEST=request, LANE=conn.lane.name,
+            PEERCRED=1 if conn.peercred else None,
+            ACK_STATUS=status.name if status else "none")
+        fields[log.FIELDS_ATTR].update(ids[log.FIELDS_ATTR])
+        _log.warning("refused %s from %s (%s): %s",
+                     request or ("a cluster request" if cluster else "a request"),
+                     conn.describe(), claim, text, extra=fields)
 
     def _reject(self, conn: _Connection, exc: ProtocolError) -> None:
         """A frame failed a protocol check: journal it, answer why (no job), close."""
@@ -691,7 +864,7 @@ class Server:
         if conn.claimed == (None, None, None):
             conn.claimed = claimed(data)
         conn.peercred = claims_peercred(data)
-        reply = ack_for_error(data, exc, self.secret)
+        reply = ack_for_error(data, exc, self._key(conn.lane))
         status = AckStatus.VERSION if exc.reason == "version" else AckStatus.BAD_REQUEST
         self._journal_refusal(conn, exc.reason, exc.msg, status)
         self._unwatch(conn)
@@ -703,10 +876,15 @@ class Server:
         """Journal what the window's budgets held back: one summary per peer and per job."""
         window = self.refusal_budget.window
         for held in self.refusal_budget.end_window():
+            event = ("cluster-refused-summary" if isinstance(held.key, str)
+                     else "quarantine-refused-summary")
             _log.warning("%s", describe_refusals(held, window),
-                         extra=log.job_fields(None, None, "quarantine-refused-summary",
-                                              PEER_UID=held.key, REFUSED=held.count,
-                                              WINDOW_S=window,
+                         extra=log.job_fields(None, None, event,
+                                              PEER_UID=held.key if isinstance(held.key, int)
+                                              else None,
+                                              PEER=held.key if isinstance(held.key, str)
+                                              else None,
+                                              REFUSED=held.count, WINDOW_S=window,
                                               REASONS=",".join(f"{r}:{n}" for r, n in
                                                                held.reasons.items())))
         for lane in self.lanes:
@@ -772,7 +950,11 @@ class Server:
         lane = conn.lane
         if conn in lane.connections:
             lane.connections.discard(conn)
-            _uncount(lane.open_by_uid, conn.uid)
+            mine = lane.open_by_peer.get(conn.who)
+            if mine is not None:
+                mine.pop(conn, None)
+                if not mine:  # a flood of peers leaves nothing behind
+                    del lane.open_by_peer[conn.who]
         self._unwatch(conn)
         if conn.deadline is not None:
             conn.deadline.cancel()
@@ -819,6 +1001,21 @@ class Server:
             callback()
 
 
+def _job_of(job: int, task: int) -> str:
+    """The pool key of a request's job, as the message claims it (not checked yet: any
+    64-bit ids); equal to the job's :class:`JobKey` (a ``str``) when they are valid, so
+    requests of one job share its caps whoever sends them (non-array jobs say task 0)."""
+    return f"{job}.{task or 1}"
+
+
+def _tcp_peer(addr: object) -> tuple[str | None, int]:
+    """A TCP peer's address and port as accept() gave them (an IPv4 peer of a dual-stack
+    socket as its IPv4 address); (None, 0) for a Unix socket's."""
+    if not isinstance(addr, tuple) or len(addr) < 2:
+        return None, 0
+    return str(addr[0]).removeprefix("::ffff:"), int(addr[1])
+
+
 def _discard_unread(sock: socket.socket) -> None:
     """Read away what the client sent beyond its frame (a refused oversized one, say).
 
@@ -836,8 +1033,8 @@ def _pid(conn: _Connection) -> int | None:
     return conn.peer.pid if conn.peer else None
 
 
-def _uncount(counter: Counter[int | None], uid: int | None) -> None:
-    """One less for ``uid``; the entry goes at 0, so a flood of uids leaves nothing behind."""
-    counter[uid] -= 1
-    if counter[uid] <= 0:
-        del counter[uid]
+def _uncount(counter: Counter[Who], who: Who) -> None:
+    """One less for ``who``; the entry goes at 0, so a flood of peers leaves nothing behind."""
+    counter[who] -= 1
+    if counter[who] <= 0:
+        del counter[who]

@@ -51,6 +51,7 @@ from geco import __version__, address, cgroup, cluster, keys, log, oom, trace
 from geco import config as _config
 from geco.daemon import clusterserve, fastlane, status
 from geco.daemon.jobend import JobEnds
+from geco.daemon.pools import Pools
 from geco.daemon.quarantine import Context, spool_root
 from geco.daemon.reaper import Reaper
 from geco.daemon.runloop import RunLoop
@@ -64,11 +65,10 @@ __all__ = ["Daemon", "notify", "run"]
 _log = log.get("gecod")
 
 EXIT_OK, EXIT_FAILED = 0, 1
+# Seconds a thread holds the GIL while another waits for it (sys.setswitchinterval).
+_GIL_SWITCH = 0.001
 # Seconds SIGTERM waits for requests already in a worker to be answered.
 _DRAIN_GRACE = 10.0
-# Worker threads of the public socket (geco status, the starter's fallback): few, so
-# that a flood of them never takes the CPU root's lane needs.
-_PUBLIC_WORKERS = 2
 # Seconds between two reports of log records dropped (journald stopped or too slow).
 _LOG_DROP_REPORT = 10.0
 # A job start short of cores waits this much beyond kill_timeout for ended jobs' teardowns.
@@ -87,7 +87,7 @@ _RESTART_ONLY = ("gecod_socket", "gecod_privileged_socket", "gecod_privileged_gr
                  "gecod_max_skew", "gecod_workers", "gecod_granularity",
                  "cgroup_mount", "cgroup_name", "cgroup_version", "cgroup_v2_base",
                  "cgroup_v1_systemd_base",
-                 "exclusive_cpus", "state_dir", "cluster_address")
+                 "exclusive_cpus", "state_dir", "cluster_address", "cluster_bind")
 
 
 def notify(message: str) -> bool:
@@ -171,34 +171,29 @@ class Daemon:
             address.unlink_socket(self.address)
             raise _StartupError(str(exc)) from exc
         self.loop = RunLoop(cfg.gecod_granularity)
-        self.executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=cfg.gecod_workers, thread_name_prefix="gecod-worker")
-        self.public_executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=_PUBLIC_WORKERS, thread_name_prefix="gecod-public")
+        # every kind of work on threads of its own, bounded per uid, job and peer: nothing
+        # a user can cause waits in front of a job start or another user's login
+        self.pools = Pools.open(cfg.gecod_workers)
         # OOM kills of every job cgroup: watched from the loop, reported (owner's .e
-        # file, journal) and acted on (policy) in the workers
+        # file, journal) and acted on (policy) in the reports pool, one job's at a time
         self.oom = oom.OomMonitor(self.loop, self.backend, state_dir=cfg.state_dir,
                                   policy=cfg.gecod_oom, execd_spool_dir=cfg.execd_spool_dir,
-                                  resources_dir=cfg.resources_dir, executor=self.executor,
+                                  resources_dir=cfg.resources_dir, executor=self.pools.reports,
                                   relay=self._relay_oom)
-        # a job ends when its master shepherd exits: torn down at once, in threads of
-        # their own (an allocation short of cores waits for them in a worker)
-        self.jobend_executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=2, thread_name_prefix="gecod-jobend")
-        self.jobends = JobEnds(self.loop, self.ctx, self.jobend_executor,
+        # a job ends when its master shepherd exits: torn down at once, in the pool of
+        # job ends (an allocation short of cores waits for them in a worker)
+        self.jobends = JobEnds(self.loop, self.ctx, self.pools.ends,
                                before_end=self.oom.check, on_ended=self._job_reaped)
         self.ctx.reclaim = self._reclaim
         # later tasks of contained jobs: served in C threads (geco.daemon.fastlane)
         self.lane = self.ctx.lane = fastlane.open_lane(
             self.root_listener, cfg, self.secret, **self._lane_settings(cfg))
-        lanes = [Lane("root", self.root_listener, self.root_address, self.executor,
+        lanes = [Lane("root", self.root_listener, self.root_address,
                       root_budget(cfg.gecod_workers), inline=True, fast=self.lane),
-                 Lane("public", self.listener, self.address, self.public_executor,
-                      PUBLIC_BUDGET)]
-        self.server = Server(self.loop, lanes, self.secret, self.ctx,
+                 Lane("public", self.listener, self.address, PUBLIC_BUDGET)]
+        self.server = Server(self.loop, lanes, self.secret, self.ctx, self.pools,
                              on_change=self._report_status_soon, on_contained=self._watch_job,
-                             on_shepherd=self.jobends.watch,
-                             teardowns=self.jobend_executor)
+                             on_shepherd=self.jobends.watch)
         # leftovers of ended jobs, and jobs past h_rt + grace: rounds in a thread of
         # their own, so a teardown waiting out kill_timeout never holds a worker a
         # quarantine request needs
@@ -206,9 +201,11 @@ class Daemon:
             max_workers=1, thread_name_prefix="gecod-reaper")
         self.reaper = Reaper(self.loop, self.backend, cfg, self.reaper_executor,
                              on_reaped=self._job_reaped, job_lock=self.ctx.job_lock)
-        # the masters of parallel jobs with this host among their slaves (geco.cluster)
+        # the masters of parallel jobs with this host among their slaves (geco.cluster):
+        # a lane of the server's, on the loop, with the budgets of the local sockets
         self.cluster = clusterserve.open_channel(
-            self.ctx, on_change=lambda: self.loop.call_soon_threadsafe(self._report_status_soon),
+            self.ctx, self.pools,
+            on_change=lambda: self.loop.call_soon_threadsafe(self._report_status_soon),
             on_prepared=lambda key: self.loop.call_soon_threadsafe(lambda: self._watch_job(key)),
             before_release=self._check_oom_now)
         self._stopping = False
@@ -368,6 +365,7 @@ class Daemon:
                 self.cluster.key = cluster.load_key(new)
             except GecoError as exc:
                 _log.error("SIGHUP: keeping the running cluster key: %s", exc)
+            self.cluster.reload(new)
         log.setup(_stderr_level(self.log_level, new), identifier="gecod")
         _route_traces(new)
         log.in_background()
@@ -407,6 +405,7 @@ class Daemon:
         self.reaper.start()
         if self.cluster is not None:
             self.cluster.start()
+            self.server.add_lane(self.cluster.lane)
         if self.lane is not None:
             self.lane.start()
         notify("READY=1")
@@ -433,9 +432,7 @@ class Daemon:
         # on the way out already: a second SIGTERM (an impatient admin, kill -TERM
         # twice) must not turn a clean exit into a kill while workers finish
         self.loop.close(signals_to=signal.SIG_IGN)
-        self.executor.shutdown(wait=True, cancel_futures=True)
-        self.public_executor.shutdown(wait=True, cancel_futures=True)
-        self.jobend_executor.shutdown(wait=True, cancel_futures=True)
+        self.pools.shutdown(wait=True, cancel_futures=True)
         # waits for a round's teardown in progress: one cut short could leave a job frozen
         self.reaper_executor.shutdown(wait=True, cancel_futures=True)
         if self.lane is not None:  # nothing publishes or withdraws jobs any more
@@ -478,6 +475,9 @@ def _stderr_level(chosen: str | None, cfg: _config.Config) -> str:
 def run(args: argparse.Namespace) -> int:
     """Run gecod with parsed arguments (``geco daemon`` calls this); return the exit status."""
     signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED_SIGNALS)  # worker threads inherit it
+    # a pool's thread waits for the loop's turn at the GIL at most this long (Python's
+    # default 5 ms is one job start's whole budget when a flood keeps the loop busy)
+    sys.setswitchinterval(_GIL_SWITCH)
     path = Path(args.config or os.environ.get("GECO_CONFIG") or _config.DEFAULT_PATH)
     log.setup(args.log_level or "error", identifier="gecod")  # until the config is read
     try:

@@ -19,47 +19,27 @@ sender's (``SO_PEERCRED``): a process can only hand itself to a job.
 
 from __future__ import annotations
 
-import os
+import contextlib
 import pwd
+import signal
+import time
+from collections.abc import Iterator, Mapping
 
-from geco import log, procfs
-from geco.daemon.quarantine import Context, Peer
+from geco import log, teardown
+from geco.daemon.quarantine import Context, Peer, WouldWait
 from geco.errors import GecoError
 from geco.jobkey import JobKey
-from geco.protocol import AckStatus, Adopt, AdoptReply, AdoptStage
-from geco.ssh import Login, serve_exec, serve_login
+from geco.protocol import REPLY_MAX_TEXT, AckStatus, Adopt, AdoptReply, AdoptStage
+from geco.ssh import Login, Placement, serve_exec, serve_login, sshd_program, under_root_sshd
 
 __all__ = ["refusal", "serve"]
 
 _log = log.get("gecod.ssh")
 
-
-# the programs an ssh session's processes run in before they exec the user's
-_SSHD = ("sshd", "sshd-session")
-# how far above a session's process sshd's root process for the connection is: the
-# session child's parent is the user's sshd process, whose parent is the monitor
-_ANCESTORS = 4
-
-
-def _sshd_program(pid: int) -> bool:
-    """The kernel names the process's program sshd (or sshd-session), owned by root."""
-    try:
-        exe = os.readlink(f"/proc/{pid}/exe").removesuffix(" (deleted)")
-        owner = os.stat(f"/proc/{pid}/exe").st_uid
-    except OSError:
-        return False
-    return os.path.basename(exe) in _SSHD and owner == 0
-
-
-def _under_root_sshd(pid: int) -> bool:
-    """A root sshd process is among ``pid``'s nearest ancestors."""
-    for _ in range(_ANCESTORS):
-        pid = procfs.ppid(pid)
-        if pid <= 1:
-            return False
-        if procfs.real_uid(pid) == 0 and _sshd_program(pid):
-            return True
-    return False
+# How long a session's move waits for its job's lock: a start or a move holds it for
+# milliseconds; an end holds it while it kills and removes the job, and then the session
+# must not go in at all.
+_LOCK_WAIT = 1.0
 
 
 def refusal(msg: Adopt, peer: Peer | None, lane: str, peercred: bool) -> str:
@@ -73,7 +53,7 @@ def refusal(msg: Adopt, peer: Peer | None, lane: str, peercred: bool) -> str:
             return "only ADOPT's EXEC stage may be peer-credentialed"
         if msg.uid != peer.uid or peer.uid == 0:
             return f"an ssh session's process asks for its own uid ({peer.uid}), not {msg.uid}"
-        if not _sshd_program(peer.pid) or not _under_root_sshd(peer.pid):
+        if not sshd_program(peer.pid) or not under_root_sshd(peer.pid):
             return "ADOPT's EXEC stage comes from an ssh session: sshd, under root's sshd"
         return ""
     if msg.stage is AdoptStage.EXEC:
@@ -85,9 +65,59 @@ def refusal(msg: Adopt, peer: Peer | None, lane: str, peercred: bool) -> str:
     return ""
 
 
-def serve(msg: Adopt, nonce: bytes, ctx: Context) -> AdoptReply:
-    """Worker: decide the login (and at the session stage, move the sender); the reply's
-    text is the user's line, then the session's ``NAME=value`` lines."""
+def _placement(ctx: Context, pid: int, pidfd: int) -> Placement:
+    """The sender's move: under its job's lock, never into a job whose end has begun, and
+    pinned by the pidfd taken when it connected."""
+
+    @contextlib.contextmanager
+    def guard(key: JobKey) -> Iterator[None]:
+        why = ""
+        try:
+            with ctx.job_lock(key, moves=True, timeout=_LOCK_WAIT):
+                if key in ctx.ending or not ctx.backend.exists(key):
+                    why = "its end has begun"
+                elif teardown.found_stuck(ctx.config, key):
+                    why = "its end found processes that would not die"
+                else:
+                    yield
+                    return
+        except WouldWait:
+            why = f"it is being ended (its lock was held for {_LOCK_WAIT:g} s)"
+        raise GecoError(f"job {key} takes no new session: {why}")
+
+    def alive() -> bool:
+        try:
+            signal.pidfd_send_signal(pidfd, 0)
+        except ProcessLookupError:
+            return False
+        except OSError:
+            return pidfd >= 0  # EPERM: alive; EBADF: nothing pins it (refused before)
+        return True
+
+    return Placement(pid, guard, alive)
+
+
+class _Timed:
+    """The logger the login's records go through, each with ``ELAPSED_MS``: from the
+    connection's accept (time in the queue included) to the record."""
+
+    def __init__(self, since: float) -> None:
+        self.since = since
+
+    def info(self, msg: object, *args: object,
+             extra: Mapping[str, object] | None = None) -> None:
+        fields = dict(extra or {})
+        journal = dict(fields.get(log.FIELDS_ATTR) or {})  # type: ignore[call-overload]
+        journal["ELAPSED_MS"] = f"{(time.monotonic() - self.since) * 1000:.1f}"
+        fields[log.FIELDS_ATTR] = journal
+        _log.info(msg, *args, extra=fields)
+
+
+def serve(msg: Adopt, nonce: bytes, ctx: Context, pidfd: int,
+          accepted: float | None = None) -> AdoptReply:
+    """Worker: decide the login (and at the session stage, move the sender, pinned by
+    ``pidfd``); the reply's text is the user's line, then the session's ``NAME=value``
+    lines. Its records carry ``ELAPSED_MS`` since ``accepted`` (``time.monotonic()``)."""
     try:
         user = pwd.getpwuid(msg.uid).pw_name
     except KeyError:
@@ -96,15 +126,31 @@ def serve(msg: Adopt, nonce: bytes, ctx: Context) -> AdoptReply:
     try:
         login = Login.of(user, msg.connection.partition(" ")[0], msg.connection)
     except GecoError as exc:
-        return AdoptReply(0, 0, AckStatus.REFUSED, nonce, f"geco: {exc}")
+        return AdoptReply(0, 0, AckStatus.REFUSED, nonce, _fit(f"geco: {exc}", REPLY_MAX_TEXT))
+    if msg.stage is not AdoptStage.ACCOUNT and pidfd < 0:
+        # fail closed: without a pidfd, "still alive after the move" proves nothing
+        return AdoptReply(0, 0, AckStatus.REFUSED, nonce,
+                          f"geco: your session cannot be placed on {ctx.hostname} now; try "
+                          "again")
     node = ctx.hostname.partition(".")[0]
+    placement = _placement(ctx, msg.pid, pidfd)
+    logger = _Timed(time.monotonic() if accepted is None else accepted)
     if msg.stage is AdoptStage.EXEC:
         wanted = JobKey(msg.job_id, msg.task_id or 1) if msg.job_id else None
-        answer = serve_exec(login, wanted, ctx.config, ctx.backend, node, msg.pid, _log)
+        answer = serve_exec(login, wanted, ctx.config, ctx.backend, node, placement, logger)
     else:
         answer = serve_login(msg.stage is AdoptStage.SESSION, login, ctx.config, ctx.backend,
-                             node, msg.pid, _log)
+                             node, placement, logger)
     key = answer.job.key if answer.job else None
-    text = "\n".join([answer.message, *(f"{k}={v}" for k, v in answer.env)])
+    lines = [f"{k}={v}" for k, v in answer.env]
+    # the user's line gives way to the session's variables, never the reverse: a reply
+    # that does not fit its frame would be no answer at all
+    room = REPLY_MAX_TEXT - sum(len(line.encode()) + 1 for line in lines)
+    text = "\n".join([_fit(answer.message, room), *lines])
     return AdoptReply(key.job if key else 0, key.task if key else 0,
                       AckStatus.OK if answer.admit else AckStatus.REFUSED, nonce, text)
+
+
+def _fit(text: str, room: int) -> str:
+    """``text`` cut to ``room`` bytes of UTF-8 (never a broken character)."""
+    return text.encode()[:max(room, 0)].decode(errors="ignore")

@@ -9,7 +9,8 @@ does what ``[ssh] gecod_unreachable`` says:
 
 * ``decide-here``: the same decision, made here (config, cgroups and spool
   read by this process), the session stage moving its parent (sshd's root
-  process for the connection) into the job;
+  process for the connection, checked to be one: a helper whose parent is gone
+  was re-parented, and moves nothing) into the job;
 * ``refuse``: only root and the admins (and everyone while the bypass file
   exists) get in;
 * ``allow``: everyone gets in, uncontained.
@@ -22,10 +23,12 @@ events of :func:`geco.ssh.serve_login`; the other two add ``REASON``
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
-from geco import cgroup, config, log
-from geco.ssh import Answer, Login, is_admin, serve_login
+from geco import cgroup, config, log, procfs
+from geco.errors import GecoError
+from geco.ssh import Answer, Login, Placement, is_admin, serve_login, sshd_program
 
 __all__ = ["main"]
 
@@ -36,7 +39,9 @@ def _without_gecod(session: bool, login: Login, cfg: config.Config, node: str,
                    logger: log.Logger) -> Answer:
     action = cfg.ssh_gecod_unreachable
     if action == "decide-here":
-        return serve_login(session, login, cfg, cgroup.for_config(cfg), node, os.getppid(),
+        # only the session stage moves anything: its parent must be sshd's
+        placement = _parent() if session else Placement(os.getppid())
+        return serve_login(session, login, cfg, cgroup.for_config(cfg), node, placement,
                            logger)
     admit = action == "allow" or is_admin(login, cfg) or cfg.ssh_bypass_file.exists()
     if not session:
@@ -50,6 +55,31 @@ def _without_gecod(session: bool, login: Login, cfg: config.Config, node: str,
         return Answer(True)
     return Answer(False, f"geco: logins to {node} are closed while its geco daemon is down; "
                          "ask your admin")
+
+
+def _parent() -> Placement:
+    """sshd's root process for the connection (pam_geco runs us in it), pinned by a pidfd.
+
+    Raises
+    ------
+    GecoError
+        when the parent is not a root sshd (we were re-parented: sshd is gone).
+    """
+    ppid = os.getppid()
+    pidfd = os.pidfd_open(ppid)  # first: what is checked next is this very process
+    if procfs.real_uid(ppid) != 0 or not sshd_program(ppid) or os.getppid() != ppid:
+        os.close(pidfd)
+        raise GecoError(f"the helper's parent (pid {ppid}) is not sshd's root process for "
+                        "the login")
+
+    def alive() -> bool:
+        try:
+            signal.pidfd_send_signal(pidfd, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    return Placement(ppid, alive=alive)
 
 
 def main() -> int:

@@ -10,7 +10,10 @@ Policy (``[gecod] oom``): ``kernel`` reports only; ``kill-job`` also ends the
 whole job at its first kill, as Slurm's ``OOMKillStep`` does (it needs CAP_KILL).
 
 Threads: :class:`OomMonitor` belongs to the runloop's thread; :func:`handle`
-blocks (a fork per owner message, the cgroup kill) and runs in a worker.
+blocks (a fork per owner message, the cgroup kill) and runs in gecod's pool of
+reports, one report of a job at a time: kills that come while one is being
+written wait for it and go out together as the next (a job that OOMs every few
+hundred milliseconds into a file that takes long costs one worker, never more).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import contextlib
 import functools
 import os
 import selectors
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from geco import cluster, log
 from geco.cgroup import Backend
+from geco.daemon.pools import Busy, Pool
 from geco.errors import CgroupError, GecoError
 from geco.jobkey import JobKey
 from geco.oom.kmsg import KMSG, KernelLog
@@ -36,7 +41,7 @@ from geco.resourceset import short_hostname
 from geco.sge import execd, resourcefile
 
 if TYPE_CHECKING:
-    from concurrent.futures import Executor, Future
+    from concurrent.futures import Future
 
 __all__ = ["POLICIES", "Loop", "OomMonitor", "check_policy", "handle"]
 
@@ -45,6 +50,8 @@ _log = log.get("oom")
 POLICIES = ("kernel", "kill-job")
 # A v1 wake-up comes before the kill is counted; look again after these delays.
 _RECHECK_AFTER = (0.01, 0.1, 1.0)
+# Kills of one report told one by one (journal record, paragraph); the rest are counted.
+_ONE_BY_ONE = 20
 
 
 # ---------------------------------------------------------------------------
@@ -112,7 +119,9 @@ def handle(events: Sequence[OomEvent], policy: str, backend: Backend, *,
     if not events:
         return None
     texts = []
-    for event in events:
+    more = len(events) - _ONE_BY_ONE
+    told = events[:_ONE_BY_ONE] if more > 0 else events
+    for event in told:
         text = owner_message(event, hint)
         texts.append(text)
         _log.warning("%s", text.removeprefix("geco: "), extra=log.job_fields(
@@ -122,6 +131,13 @@ def handle(events: Sequence[OomEvent], policy: str, backend: Backend, *,
             OOM_SCOPE="node" if event.node_wide else "job", NODE=event.node,
             GPUS=hint.gpus if hint is not None and hint.gpus else None))
     last = events[-1]
+    if more > 0:
+        _log.warning("job %s: %d more out-of-memory kills (%d in all so far)", last.key, more,
+                     last.kill_count, extra=log.job_fields(
+                         last.job_id, last.task_id, "oom-more", OOM_KILLS=last.kill_count,
+                         MORE=more, LIMIT=last.limit, NODE=last.node))
+        texts.append(f"geco: and {more} more processes of job {last.key} were killed on "
+                     f"{last.node} for the same reason ({last.kill_count} in all so far).")
     killed: int | None = None
     if policy == "kill-job":
         try:
@@ -184,6 +200,10 @@ class _Job:
     ended: bool = False
     rechecks: tuple[_Cancellable, ...] = ()
     reports: list[Future[object]] = field(default_factory=list)  # handle() runs in workers
+    # kills waiting for the report under way (one at a time per job), with their policy
+    queued: list[tuple[list[OomEvent], str]] = field(default_factory=list)
+    in_flight: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class OomMonitor:
@@ -199,8 +219,8 @@ class OomMonitor:
         None = report to the journal only.
     resources_dir: the resource files (``cfg.resources_dir``), for the
         requests a remedy names; None = name none.
-    executor: where :func:`handle` runs (gecod's worker pool); None = in the
-        loop (tests, the bench).
+    executor: where :func:`handle` runs (gecod's pool of reports, keyed by job and
+        owner); None = in the loop (tests, the bench).
     node: this host's name in reports.
     kmsg: the kernel log to name victims from; None = do not read it.
     sweep_interval: seconds between sweeps that pick up job cgroups made
@@ -219,7 +239,7 @@ class OomMonitor:
 
     def __init__(self, loop: Loop, backend: Backend, *, state_dir: Path, policy: str = "kernel",
                  execd_spool_dir: Path | None = None, resources_dir: Path | None = None,
-                 executor: Executor | None = None, node: str | None = None,
+                 executor: Pool | None = None, node: str | None = None,
                  kmsg: Path | None = KMSG, sweep_interval: float = 60.0,
                  on_events: Callable[[list[OomEvent]], None] | None = None,
                  relay: Callable[[str, JobKey, str], None] | None = None) -> None:
@@ -421,15 +441,48 @@ class OomMonitor:
         key = job.watch.key
         if job.target is None:
             self._resolve(key, job)
-        relay = (functools.partial(self.relay, job.master, key)
-                 if job.master is not None and self.relay is not None else None)
-        work = functools.partial(handle, found, policy, self.backend, target=job.target,
-                                 hint=job.hint, relay=relay)
         if self.executor is None:
-            work()
-        else:
-            job.reports = [f for f in job.reports if not f.done()]
-            job.reports.append(self.executor.submit(work))
+            handle(found, policy, self.backend, target=job.target, hint=job.hint,
+                   relay=self._relay_of(job))
+            return
+        with job.lock:
+            job.queued.append((found, policy))
+            if job.in_flight:
+                return  # the report under way takes these next
+            job.in_flight = True
+        owner = job.target.owner if job.target is not None else job.master
+        try:
+            future: Future[object] = self.executor.submit_for(
+                {"job": key, "owner": owner}, functools.partial(self._report, job))
+        except (Busy, RuntimeError) as exc:  # the pool is full, or gecod is stopping
+            with job.lock:
+                dropped, job.queued, job.in_flight = job.queued, [], False
+            _log.warning("job %s: %d out-of-memory kill(s) not reported: %s", key,
+                         sum(len(batch) for batch, _ in dropped), exc,
+                         extra=log.job_fields(key.job, key.task, "oom-report-failed",
+                                              REASON=str(exc)))
+            return
+        job.reports = [f for f in job.reports if not f.done()]
+        job.reports.append(future)
+
+    def _relay_of(self, job: _Job) -> Callable[[str], None] | None:
+        if job.master is None or self.relay is None:
+            return None
+        return functools.partial(self.relay, job.master, job.watch.key)
+
+    def _report(self, job: _Job) -> None:
+        """Worker: report the job's queued kills, and those that come meanwhile, until none
+        is left (one report of a job at a time)."""
+        while True:
+            with job.lock:
+                batches, job.queued = job.queued, []
+                if not batches:
+                    job.in_flight = False
+                    return
+            events = [event for batch, _ in batches for event in batch]
+            policy = "kill-job" if any(p == "kill-job" for _, p in batches) else "kernel"
+            handle(events, policy, self.backend, target=job.target, hint=job.hint,
+                   relay=self._relay_of(job))
 
     def reporting(self, key: JobKey) -> list[Future[object]]:
         """The reports of job ``key``'s kills still under way (a slave's RELEASE waits for

@@ -17,6 +17,7 @@ import os
 import pwd
 import select
 import signal
+import stat
 import threading
 import time
 from dataclasses import dataclass
@@ -108,13 +109,17 @@ def stderr_target(spool_dir: Path) -> StderrTarget | None:
     return StderrTarget(path, name, owner)
 
 
-_APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY
+# O_NONBLOCK: a FIFO the owner put in the file's place opens at once (ENXIO without a
+# reader) instead of holding the writer, and with a reader it is refused as not a file
+_APPEND_FLAGS = (os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY
+                 | os.O_NONBLOCK)
 _WHY = {errno.ENOENT: "the file is gone, and geco never creates one",
         errno.ELOOP: "it is a symbolic link, which geco does not follow",
         errno.EACCES: "the job owner may not write it",
         errno.EPERM: "the job owner may not write it",
         errno.EISDIR: "it is a directory",
-        errno.ENOTDIR: "a part of the path is not a directory"}
+        errno.ENOTDIR: "a part of the path is not a directory",
+        errno.ENXIO: "it is a FIFO or a device, which geco does not write to"}
 
 
 def _append_child(result: int, path: bytes, alternative: bytes, data: bytes, uid: int,
@@ -141,6 +146,10 @@ def _append_child(result: int, path: bytes, alternative: bytes, data: bytes, uid
                 raise
             which = 1
             fd = os.open(alternative, _APPEND_FLAGS)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            os.write(result, f"0 type {which}".encode("ascii"))
+            return
         step = "write"
         view = memoryview(data)
         while view:
@@ -223,6 +232,10 @@ def append_to_owner_file(path: Path, text: str, uid: int, gid: int, *, name_in_d
     code = int(fields[0]) if fields[0].isdigit() else 0
     step = fields[1] if len(fields) > 1 else "start"
     where = alternative if fields[2:] == ["1"] and alternative is not None else path
+    if step == "type":
+        raise GecoError(f"cannot append to {where} as uid {uid}: it is not a regular file (a "
+                        "FIFO, a device or a socket), which geco does not write to",
+                        path=where, uid=uid)
     cause = OSError(code, os.strerror(code) if code else "the writer died")
     err = GecoError.from_oserror(f"cannot append to {where} as uid {uid} ({step})", cause,
                                  path=where, uid=uid)

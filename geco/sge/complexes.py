@@ -62,20 +62,12 @@ def memory_defaults(cfg: Config) -> dict[str, int]:
             return parse(path.read_text(errors="replace"))
     except OSError:
         pass
-    from geco.sge import qstat, siteenv  # only when the kept answer is stale
+    from geco.sge import qstat  # only when the kept answer is stale
 
     text = ""
     try:
-        env = siteenv.discover(cfg)
-        command = qstat.find_command(qstat.beside_qstat(cfg, "qconf"), env, what="qconf",
-                                     remedy="set [qstat] command in geco.toml to the full "
-                                            "path of qstat: qconf is taken from the same "
-                                            "directory")
-        out, why, _ = qstat.run_once([command, "-sc"], cfg.qstat_timeout, env)
-        if out is None:
-            raise GecoError(f"qconf -sc failed: {why}")
-        text = out.decode(errors="replace")
-    except (GecoError, OSError) as exc:
+        text = qstat.run_qconf(["-sc"], cfg)
+    except GecoError as exc:
         _log.warning("cannot read Grid Engine's complex defaults (%s): a job that requests "
                      "no memory gets [cgroup] memory_per_slot and vmem_per_slot only", exc)
     try:

@@ -719,6 +719,29 @@ def run_once(argv: list[str], timeout: float,
     return None, why, status
 
 
+def run_qconf(args: list[str], config: Config) -> str:
+    """Run ``qconf`` (beside qstat, in the site's environment) once with ``args`` and
+    return what it printed.
+
+    Raises
+    ------
+    QstatError
+        naming what failed (not found, timed out, the qmaster unreachable, its exit).
+    """
+    env = discover(config)
+    command = find_command(beside_qstat(config, "qconf"), env, what="qconf",
+                           remedy="set [qstat] command in geco.toml to the full path of "
+                                  "qstat: qconf is taken from the same directory")
+    try:
+        out, why, _ = run_once([command, *args], config.qstat_timeout, env)
+    except OSError as exc:
+        raise QstatError.from_oserror(f"cannot run qconf {' '.join(args)}", exc,
+                                      path=command) from exc
+    if out is None:
+        raise QstatError(f"qconf {' '.join(args)} failed: {why}")
+    return out.decode(errors="replace")
+
+
 def run_qstat(args: list[str], config: Config, *, env: SgeEnv | None = None,
               sleep: Callable[[float], None] = time.sleep) -> bytes:
     """Run ``qstat`` with ``args`` and return its standard output.

@@ -19,7 +19,7 @@
 #              outlives `down`: see there)
 #   hostname   geco-node<k> (a UTS namespace per daemon, all named so)
 #   execd      Grid Engine's, spool /var/spool/gridengine/execd/geco-node<k>, with geco's
-#              exec() preload
+#              exec() preload, additional group ids of its own (gid_range 30<k>00-30<k>99)
 #   geco       /etc/netns/<ns>/geco/ (mounted on /etc/geco for its daemons): geco.toml with
 #              state dir /var/lib/geco-test-node<k>, cgroup parent geco-test-node<k>,
 #              sockets /run/geco-test-node<k>/, strays off (every host sees every
@@ -158,10 +158,22 @@ start_node() { # k: its cores, then its gecod and execd
   # the qmaster caches host names that did not resolve (an earlier `down` removed them):
   # until it sees this one, adding it fails
   local i; for i in $(seq 120); do qconf -ah "$h" >/dev/null 2>&1 && break; sleep 1; done
+  gid_range "$k"
   in_node "$k" "$GECO" preload-config -o /etc/geco/preload.conf >/dev/null
   start_gecod "$k"
   start_execd "$k"
   log "$h: $(ip_of "$k"), cpus $(cat "$cd/cpuset.cpus"), gecod pid $(cat "$run/gecod.pid")"
+}
+
+gid_range() { # k: the host's own range of Grid Engine's additional group ids
+  # Each execd numbers its jobs' additional gids from gid_range, and a shepherd ends by
+  # killing every process that has its job's gid: the emulated hosts share one kernel, so
+  # with the global range two jobs on two hosts got the same gid, and the end of one killed
+  # the other's processes (a real cluster has a kernel per host). A range of its own each.
+  local k=$1 f; f=$(mktemp -d)/$(host "$1")
+  printf 'gid_range %d-%d\n' $((30000 + 100 * k)) $((30099 + 100 * k)) > "$f"
+  qconf -Aconf "$f" >/dev/null 2>&1 || qconf -Mconf "$f" >/dev/null
+  rm -rf "$(dirname "$f")"
 }
 
 start_execd() { # k: Grid Engine's execd, with geco's preload
@@ -230,6 +242,16 @@ wait_hosts() { # until qhost reports every host; an execd silent for 30 s is sta
   done
 }
 
+allows_all() { # k count: until host k's gecod lets in every host (the list it keeps)
+  local k=$1 count=$2 j i kept=/var/lib/geco-test-node$1/cluster-hosts
+  for i in $(seq 300); do
+    for j in $(seq "$count"); do grep -qx "$(ip_of "$j")" "$kept" 2>/dev/null || break; done
+    [ "$j" = "$count" ] && grep -qx "$(ip_of "$count")" "$kept" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  die "the gecod of $(host "$k") does not let the cluster's hosts in: $(tail -3 "$(run_dir "$k")/gecod.log")"
+}
+
 up() {
   local count=${1:-3} k
   [ "$(id -u)" = 0 ] || die "run as root"
@@ -251,6 +273,10 @@ up() {
   write_hosts_files
   for k in $(seq "$count"); do start_node "$k"; done
   wait_hosts
+  # every gecod lets in the cluster's execution hosts (qconf -sel): now that all of them
+  # are, each reads the list again (what an admin does after adding hosts: SIGHUP)
+  for k in $(seq "$count"); do kill -HUP "$(cat "$(run_dir "$k")/gecod.pid")"; done
+  for k in $(seq "$count"); do allows_all "$k" "$count"; done
   queue_up
   log "up: $count hosts, queue $QUEUE, PE $PE"
 }
@@ -289,6 +315,7 @@ down_node() { # k
   stop_pid "$(run_dir "$k")/gecod.pid"
   remove_cgroups "$k"
   qconf -de "$h" >/dev/null 2>&1 || true
+  qconf -dconf "$h" >/dev/null 2>&1 || true
   qconf -dh "$h" >/dev/null 2>&1 || true
   rm -rf "${SPOOL:?}/$h" "/etc/netns/$(ns "$k")" "$(run_dir "$k")" "/var/lib/geco-test-node$k" \
     "/var/log/geco-test-node$k" "$(tmp_dir "$k")"

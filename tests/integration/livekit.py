@@ -212,6 +212,19 @@ def running_job(sge: Any, *qsub_args: str, script: str | None = None, cwd: Path 
         sge.wait_finished(job, timeout=120, accounting=False)
 
 
+def processes_of(uid: int) -> list[int]:
+    """The pids of ``uid``'s processes on this machine."""
+    pids = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if p.stat().st_uid == uid:
+                    pids.append(int(p.name))
+            except OSError:
+                pass
+    return pids
+
+
 def wait_until(condition: Any, timeout: float, what: str, step: float = 0.2) -> None:
     deadline = time.monotonic() + timeout
     while not condition():

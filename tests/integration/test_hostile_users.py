@@ -78,7 +78,7 @@ def test_a_user_holding_2000_connections_and_flooding_status_delays_no_job_start
     # the attack was real: many more connections held at once than a uid's share, some
     # closed by gecod, STATUS answered or refused (how many of each depends on how fast
     # this machine runs the flooder and gecod: CI's held 821, this one 1,292)
-    share = PUBLIC_BUDGET.per_uid_connections or 0
+    share = PUBLIC_BUDGET.per_peer_connections or 0
     assert stats["held max"] > 2 * share and stats["held closed by gecod"] > 0, stats
     assert sum(n for k, n in stats.items() if k.startswith("status ")) >= 100, stats
 

@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 import pytest
-from clusterkit import cluster, submit_pe
+from clusterkit import WAIT_ON_EVERY_HOST, cluster, submit_pe
 
 from tests.integration import livekit as kit
 
@@ -38,14 +38,7 @@ def test_geco_status_on_the_master_shows_every_host_of_a_running_parallel_job(
     core, a 300M RAM+swap limit and its running task; the job's owner running it sees
     geco-node1's figures and is told that geco-node2 and geco-node3 were not shown because
     the cluster key is root's."""
-    job, out = submit_pe(sge, job_owner, "story-status", """#!/bin/bash
-wait_here='touch up.$(hostname); while [ ! -e go ]; do sleep 0.2; done'
-for h in $(awk 'NR > 1 { print $1 }' "$PE_HOSTFILE"); do
-  qrsh -inherit "$h" "cd $PWD && $wait_here" &
-done
-eval "$wait_here"
-wait
-""", "-l", "h_vmem=300M")
+    job, out = submit_pe(sge, job_owner, "story-status", WAIT_ON_EVERY_HOST, "-l", "h_vmem=300M")
     try:
         deadline = time.monotonic() + 120
         while sorted(p.name for p in out.glob("up.*")) != [f"up.{h}" for h in HOSTS]:

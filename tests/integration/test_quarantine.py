@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from livekit import processes_of
 
 pytestmark = pytest.mark.sge
 
@@ -35,18 +36,6 @@ def cgroups_of(pid: int) -> dict[str, str]:
         for c in controllers.split(","):
             out[c] = path
     return out
-
-
-def processes_of(uid: int) -> list[int]:
-    pids = []
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit():
-            try:
-                if p.stat().st_uid == uid:
-                    pids.append(int(p.name))
-            except OSError:
-                pass
-    return pids
 
 
 def wait_for_output(path: Path, text: str, timeout: float = 60) -> str:

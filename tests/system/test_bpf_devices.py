@@ -27,15 +27,23 @@ from pathlib import Path
 
 import pytest
 
-from geco.cgroup._bpfdev import deny_devices
+from geco import gpus
+from geco.cgroup._bpfdev import _program, deny_devices
 from geco.errors import CgroupError
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for cgroup_testkit
+from cgroup_testkit import MIG_MINORS, free_char_major
 
 UNIFIED = Path("/sys/fs/cgroup/unified")
 NAME = f"geco-test-bpfdev-{os.getpid()}"
+# a major no driver here holds, for NVIDIA's MIG caps (whose major is dynamic)
+CAPS = free_char_major()
 NODES = {"c195:0": (stat.S_IFCHR, 195, 0), "c195:1": (stat.S_IFCHR, 195, 1),
-         "c195:255": (stat.S_IFCHR, 195, 255), "b195:1": (stat.S_IFBLK, 195, 1)}
+         "c195:255": (stat.S_IFCHR, 195, 255), "b195:1": (stat.S_IFBLK, 195, 1),
+         **{f"cap{minor}": (stat.S_IFCHR, CAPS, minor) for minor in (2, 3, 138, 139)}}
 # What a cgroup that denies nothing shows: every major-195 node reaches the missing driver.
 ALLOWED = {"c195:0": "ENXIO", "c195:1": "ENXIO", "c195:255": "ENXIO", "b195:1": "ENXIO",
+           "cap2": "ENXIO", "cap3": "ENXIO", "cap138": "ENXIO", "cap139": "ENXIO",
            "/dev/null": "ok", "/dev/zero": "ok", "/dev/urandom": "ok", "pty": "ok",
            "mknod c195:0": "ok", "mknod c195:1": "ok"}
 
@@ -120,7 +128,7 @@ class Cgroup:
         self.nodes = nodes
         self.children: list[subprocess.Popen[str]] = []
 
-    def deny(self, devices: Sequence[tuple[str, int, int]]) -> None:
+    def deny(self, devices: Sequence[tuple[str, int, int | None]]) -> None:
         """deny_devices, skipping the test where the kernel has no device programs."""
         try:
             deny_devices(self.path, devices)
@@ -186,6 +194,47 @@ def test_given_a_denied_block_device_then_the_char_device_of_the_same_numbers_wo
     cg.deny([("b", 195, 1)])
 
     assert cg.observe() == ALLOWED | {"b195:1": "EPERM"}
+
+
+def test_given_every_minor_of_a_major_denied_then_each_char_device_of_it_is_refused(
+        cg: Cgroup) -> None:
+    """A node where geco knows no GPU denies ``c 195:*`` (minor None): every GPU and
+    nvidiactl, made later as well; the block device of that major and other majors work."""
+    cg.deny([("c", 195, None)])
+
+    assert cg.observe() == ALLOWED | {"c195:0": "EPERM", "c195:1": "EPERM",
+                                      "c195:255": "EPERM", "mknod c195:0": "EPERM",
+                                      "mknod c195:1": "EPERM"}
+
+
+def test_given_a_run_of_minors_then_exactly_that_run_is_refused_by_one_rule(
+        cg: Cgroup) -> None:
+    """A GPU's MIG caps are a run of minors (135 per GPU): the program tests the run's two
+    ends, one rule for the run and not one per minor (the verifier's time grows with the
+    program), and the minors just outside it stay open."""
+    run = [("c", CAPS, minor) for minor in range(3, 139)]
+    assert len(_program(run)) == len(_program([("c", CAPS, 3)])) + 8  # one test more
+    cg.deny(list(reversed(run)))
+
+    assert cg.observe() == ALLOWED | {"cap3": "EPERM", "cap138": "EPERM"}
+
+
+def test_given_what_geco_denies_a_job_granted_one_gpu_of_a_mig_node_then_it_keeps_its_caps(
+        cg: Cgroup, tmp_path: Path) -> None:
+    """geco.gpus.denied for a job granted GPU id 0 (c 195:1; id 1 is c 195:0) with the MIG
+    caps table (cgroup_testkit.MIG_MINORS, its major a free one): the other GPU, its caps
+    (gpu0/...: minor 0 is id 1's), config and monitor are refused; its own caps are not."""
+    proc = tmp_path / "proc"
+    (proc / "driver/nvidia-caps").mkdir(parents=True)
+    (proc / "devices").write_text(f"Character devices:\n{CAPS} nvidia-caps\n")
+    (proc / "driver/nvidia-caps/mig-minors").write_text(
+        "".join(f"{name} {minor}\n" for name, minor in MIG_MINORS.items()))
+    table = gpus.node_table([str(cg.nodes / "c195:1"), str(cg.nodes / "c195:0")])
+
+    cg.deny(gpus.denied(table, [0], gpus.mig_caps(proc)))
+
+    assert cg.observe() == ALLOWED | {"c195:0": "EPERM", "mknod c195:0": "EPERM",
+                                      "cap2": "EPERM", "cap3": "EPERM"}
 
 
 def test_given_an_empty_list_then_nothing_is_attached(cg: Cgroup) -> None:

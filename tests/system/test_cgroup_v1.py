@@ -48,6 +48,7 @@ from cgroup_testkit import (
     eventually,
     fork_forever,
     gpu_story,
+    mig_story,
     parent_name,
     parse_list,
     read,
@@ -665,3 +666,10 @@ def test_given_two_gpus_when_jobs_are_granted_one_each_then_each_opens_only_its_
         backend: V1Backend, children: list[int], tmp_path: Path) -> None:
     """Through contain_job on the v1 devices controller (cgroup_testkit.gpu_story)."""
     gpu_story(backend, children, tmp_path)
+
+
+@pytest.mark.skipif("devices" not in HIER, reason="no v1 devices hierarchy here")
+def test_given_mig_caps_then_a_job_opens_only_its_own_gpus_caps_and_never_config_or_monitor(
+        backend: V1Backend, children: list[int], tmp_path: Path) -> None:
+    """devices.deny from geco.gpus.denied with a MIG caps table (cgroup_testkit.mig_story)."""
+    mig_story(backend, children, tmp_path)

@@ -9,23 +9,29 @@ under pytest's tmp_path.
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from geco import gpus
 from geco.cgroup import V1Backend, find_hierarchies, parse_mountinfo
 from geco.config import Config
 from geco.containment import contain_job
-from geco.errors import GecoError
+from geco.errors import CgroupError, GecoError
 from geco.jobkey import JobKey
 from geco.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import resourcefile
 from geco.sge.execd import JobRef
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo: tests.conftest
+from tests.conftest import RecordingHandler, handler_on  # not "conftest": others exist
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from cgroup_testkit import Child, usable_v1_hierarchies, v1_backend
+from cgroup_testkit import Child, open_verdicts, usable_v1_hierarchies, v1_backend, verdicts
 
 MOUNTED = find_hierarchies(parse_mountinfo(Path("/proc/self/mountinfo").read_bytes()),
                            Path("/sys/fs/cgroup"))
@@ -157,3 +163,104 @@ def test_a_job_whose_teardown_is_removing_its_cgroups_does_not_stop_another_from
     job, cfg = spooled(tmp_path, 51, NodeResources(short_hostname(), slots=1))
     made = contain_job(job, cfg, backend, pid=Child(lambda _: None, children).pid)
     assert made.created and made.limits.cpus
+
+
+@pytest.mark.skipif("devices" not in HIER, reason="no v1 devices hierarchy here")
+@pytest.mark.skipif(bool(gpus.node_table()), reason="this host has GPUs geco knows of")
+def test_on_a_node_without_gpus_a_job_is_denied_every_nvidia_device(
+        backend: V1Backend, children: list[int], tmp_path: Path) -> None:
+    """Given a node where geco knows no GPU (this host: no driver table, no /dev/nvidia<N>,
+    no [gpu] devices), when a job is contained, then it gets EPERM on NVIDIA's devices
+    (c 195:N, made by mknod as nvidia-modprobe would make them once the driver is there,
+    nvidiactl 195:255 too), while ordinary devices and a pty work; it is told of no GPU
+    (gpus None). Before, nothing was denied: the open reached the missing driver (ENXIO),
+    and with the driver loaded later the job could open every GPU."""
+    nodes = {f"nvidia{minor}": minor for minor in (0, 7, 255)}
+    for name, minor in nodes.items():
+        os.mknod(tmp_path / name, 0o600 | stat.S_IFCHR, os.makedev(195, minor))
+    paths = {name: str(tmp_path / name) for name in nodes} | {"null": "/dev/null"}
+    job, cfg = spooled(tmp_path, 61, NodeResources(short_hostname(), slots=1))
+    child = Child(open_verdicts(paths), children)
+
+    done = contain_job(job, cfg, backend, pid=child.pid)
+    child.go()
+
+    assert done.created and done.gpus is None
+    assert verdicts(child) == {"nvidia0": "EPERM", "nvidia7": "EPERM", "nvidia255": "EPERM",
+                               "null": "open", "pty": "open"}
+
+
+@pytest.mark.skipif(bool(gpus.node_table()), reason="this host has GPUs geco knows of")
+def test_on_a_node_without_gpus_a_job_granted_some_is_refused_with_nothing_made(
+        backend: V1Backend, children: list[int], tmp_path: Path) -> None:
+    """Given a job Grid Engine granted a GPU here and a node where geco knows none, then it
+    is refused (it must not start believing it has one) and nothing of it is made."""
+    job, cfg = spooled(tmp_path, 62, NodeResources(short_hostname(), slots=1, gpus="0"))
+
+    with pytest.raises(GecoError) as err:
+        contain_job(job, cfg, backend, pid=Child(lambda _: None, children).pid)
+
+    assert str(err.value) == (f"job 62.1 was granted GPUs (0) on {short_hostname()}, which "
+                              "has none geco knows of: is the driver loaded, or [gpu] "
+                              "devices set?")
+    assert not backend.exists(job.key)
+
+
+def refuse_devices(backend: V1Backend, monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """The backend's deny_devices answers as under gecod.service, whose capabilities lack
+    CAP_SYS_ADMIN (the kernel's EPERM); return the lists it was asked to deny."""
+    asked: list[object] = []
+
+    def deny_devices(key: str, devices: object) -> None:
+        asked.append(devices)
+        raise CgroupError("cannot write to devices.deny: Operation not permitted",
+                          errno="EPERM", key=key)
+    monkeypatch.setattr(backend, "deny_devices", deny_devices)
+    return asked
+
+
+@pytest.mark.skipif(bool(gpus.node_table()), reason="this host has GPUs geco knows of")
+def test_on_a_node_without_gpus_a_process_that_cannot_deny_devices_still_contains_the_job(
+        backend: V1Backend, children: list[int], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given a node without GPUs and a containing process the kernel refuses device rules
+    (gecod under its unit has no CAP_SYS_ADMIN), then the job is contained all the same, as
+    before NVIDIA's devices were denied there, and a warning says they are not, once per
+    process."""
+    asked = refuse_devices(backend, monkeypatch)
+    monkeypatch.setattr("geco.containment._devices_open_said", False)
+    records = RecordingHandler()
+    with handler_on("geco.containment", records):
+        for job in (63, 64):
+            ref, cfg = spooled(tmp_path, job, NodeResources(short_hostname(), slots=1))
+            done = contain_job(ref, cfg, backend, pid=Child(lambda _: None, children).pid)
+            assert done.created and backend.exists(ref.key)
+
+    assert asked == [[("c", 195, None)]] * 2
+    said = [r for r in records.records if r.levelname == "WARNING"]
+    assert [r.getMessage() for r in said] == [
+        "job 63.1: NVIDIA's devices are not denied to the jobs this process contains on this "
+        "node, which has no GPU geco knows of (a driver loaded later would let them open "
+        "every GPU): cannot write to devices.deny: Operation not permitted (errno=EPERM "
+        "key=63.1); gecod needs CAP_SYS_ADMIN for it (v2: or CAP_BPF)"]
+    assert getattr(said[0], "geco_fields", {})["GECO_EVENT"] == "nvidia-devices-open"
+
+
+def test_on_a_gpu_node_a_process_that_cannot_deny_devices_refuses_the_job(
+        backend: V1Backend, children: list[int], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given a node with GPUs, then a job whose other GPUs cannot be denied is refused with
+    the kernel's reason, and nothing of it is left: it must not start with GPUs it was not
+    granted."""
+    refuse_devices(backend, monkeypatch)
+    for name, minor in (("gpu0", 0), ("gpu1", 1)):
+        os.mknod(tmp_path / name, 0o600 | stat.S_IFCHR, os.makedev(195, minor))
+    ref, cfg = spooled(tmp_path, 65, NodeResources(short_hostname(), slots=1, gpus="0"))
+    cfg = cfg._replace(gpu_devices=(str(tmp_path / "gpu0"), str(tmp_path / "gpu1")))
+
+    with pytest.raises(CgroupError) as err:
+        contain_job(ref, cfg, backend, pid=Child(lambda _: None, children).pid)
+
+    assert str(err.value) == ("cannot write to devices.deny: Operation not permitted "
+                              "(errno=EPERM key=65.1)")
+    assert not backend.exists(ref.key)

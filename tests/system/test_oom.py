@@ -22,6 +22,7 @@ import select
 import shutil
 import signal
 import stat
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -694,20 +695,74 @@ def test_given_a_directory_when_appending_then_the_named_file_in_it_is_used_or_r
 
 
 @needs_root
-def test_given_a_write_that_hangs_when_appending_then_it_gives_up_after_the_timeout(
-        owner: _Owner) -> None:
-    """A FIFO without a reader blocks open(2) like a dead NFS server would."""
+@pytest.mark.parametrize("reader", [False, True], ids=["no-reader", "reader"])
+def test_given_a_fifo_in_the_files_place_then_nothing_is_written_and_nothing_waits(
+        owner: _Owner, reader: bool) -> None:
+    """Given a FIFO the owner put where their stderr file was (with nobody reading it, or
+    their own process holding it open to read), when geco appends an OOM report, then it
+    refuses at once, saying it is a FIFO and not a file, instead of waiting for the
+    writer's timeout: a job cannot make its OOM reports hold gecod's worker."""
     fifo = owner_file(owner).parent / "fifo"
     os.mkfifo(fifo)
     os.chown(fifo, owner.uid, owner.gid)
-    started = time.monotonic()
-    with pytest.raises(GecoError) as err:
-        oom.append_to_owner_file(fifo, "geco: x\n", owner.uid, owner.gid, timeout=0.3)
-    assert str(err.value) == (f"cannot append to {fifo} as uid {owner.uid}: no answer "
-                              f"within 0.3 s (a hung file system?); the writer was killed "
-                              f"(path={fifo} uid={owner.uid})")
-    assert time.monotonic() - started < 5.0
+    held = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK) if reader else -1
+    try:
+        with pytest.raises(GecoError) as err:
+            oom.append_to_owner_file(fifo, "geco: x\n", owner.uid, owner.gid, timeout=60)
+        if reader:
+            assert str(err.value) == (f"cannot append to {fifo} as uid {owner.uid}: it is not "
+                                      f"a regular file (a FIFO, a device or a socket), which "
+                                      f"geco does not write to (path={fifo} uid={owner.uid})")
+            assert os.read(held, 64) == b""  # not a byte went in
+        else:
+            assert str(err.value) == (f"cannot append to {fifo} as uid {owner.uid} (open): No "
+                                      f"such device or address; it is a FIFO or a device, "
+                                      f"which geco does not write to (errno=ENXIO path={fifo} "
+                                      f"uid={owner.uid})")
+    finally:
+        if held >= 0:
+            os.close(held)
     assert stat.S_ISFIFO(fifo.lstat().st_mode)
+
+
+@pytest.fixture
+def frozen_file(owner: _Owner, tmp_path: Path) -> Iterator[Path]:
+    """The owner's file on a file system that hangs every write: a loop-mounted ext4 frozen
+    with fsfreeze (as a dead NFS server would), in the owner's directory; thawed and removed
+    afterwards."""
+    image, mount = tmp_path / "fs.img", owner.dir / "mnt"
+    mount.mkdir()
+    with image.open("wb") as f:
+        f.truncate(16 << 20)
+    subprocess.run(["mkfs.ext4", "-q", str(image)], check=True)
+    subprocess.run(["mount", "-o", "loop", str(image), str(mount)], check=True)
+    try:
+        path = mount / "job.e42"
+        path.write_bytes(b"")
+        os.chown(path, owner.uid, owner.gid)
+        subprocess.run(["fsfreeze", "-f", str(mount)], check=True)
+        try:
+            yield path
+        finally:
+            subprocess.run(["fsfreeze", "-u", str(mount)], check=True)
+    finally:
+        # the killed writer leaves the file system once it is thawed: wait for that
+        deadline = time.monotonic() + 60
+        while subprocess.run(["umount", str(mount)], capture_output=True).returncode != 0:
+            assert time.monotonic() < deadline, f"{mount} stays busy"
+            time.sleep(0.1)
+
+
+@needs_root
+def test_given_a_write_that_hangs_when_appending_then_it_gives_up_after_the_timeout(
+        owner: _Owner, frozen_file: Path) -> None:
+    """Given the owner's file on a file system whose writes hang, when geco appends, then it
+    gives up after its timeout, naming the file, and kills the writer."""
+    with pytest.raises(GecoError) as err:
+        oom.append_to_owner_file(frozen_file, "geco: x\n", owner.uid, owner.gid, timeout=0.3)
+    assert str(err.value) == (f"cannot append to {frozen_file} as uid {owner.uid}: no answer "
+                              f"within 0.3 s (a hung file system?); the writer was killed "
+                              f"(path={frozen_file} uid={owner.uid})")
 
 
 # -- gecod's side: the monitor in a runloop -----------------------------------------

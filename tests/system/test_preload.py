@@ -22,18 +22,24 @@ Programs (``tests/preload/``):
   while others allocate and fail execs.
 
 Each program runs as ``<name>/sge_execd`` (:meth:`Built.prog`): the preload
-works only in sge_execd and sshd. Under its own name (:meth:`Built.plain`) it
-is a process that merely inherited ``LD_PRELOAD``, where the preload must read
-nothing and do nothing.
+works only in sge_execd and sshd. As ``<name>/sshd`` (:meth:`Built.sshd`), run as
+a user, it is an ssh session's process, which asks gecod to place it before it
+execs. Under its own name (:meth:`Built.plain`) it is a process that merely
+inherited ``LD_PRELOAD``, where the preload must read nothing and do nothing.
+
+``geco_client.c`` itself is also built as a cffi extension (:class:`Client`), to
+ask listeners forked here (:func:`listener`) as root or as uid 65534.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import re
 import secrets
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -45,9 +51,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import cffi
 import pytest
+from cgroup_testkit import parent_name
 
-from geco import address, protocol
+from geco import address, preload_config, protocol
+from geco.config import Config
 from geco.protocol import Ack, AckStatus, JobStarted, MsgType
 
 pytestmark = [
@@ -96,6 +105,11 @@ class Built:
         """The same program under its own name: a process that merely inherits LD_PRELOAD."""
         return self.root / "plain" / name
 
+    def sshd(self, name: str) -> Path:
+        """The same program installed as ``<name>/sshd``: the preload works for ssh sessions
+        there (the first exec of a process that runs as a user asks gecod to place it)."""
+        return self.root / "sshd" / name / "sshd"
+
 
 @pytest.fixture(scope="session")
 def built() -> Iterator[Built]:
@@ -125,8 +139,9 @@ def built() -> Iterator[Built]:
             if proc.returncode != 0:
                 pytest.fail(f"{' '.join(argv)} failed:\n{proc.stderr}")
             if not shared:  # a copy: /proc/self/exe names a symlink's target
-                (root / "bin" / src.stem).mkdir(parents=True)
-                shutil.copy(out, root / "bin" / src.stem / "sge_execd")
+                for where, host in (("bin", "sge_execd"), ("sshd", "sshd")):
+                    (root / where / src.stem).mkdir(parents=True)
+                    shutil.copy(out, root / where / src.stem / host)
         for path in root.rglob("*"):
             path.chmod(0o755)
         yield Built(root, root / "lib" / "libgeco_preload.so", root / "lib" / "spy_exec.so")
@@ -354,18 +369,24 @@ class Node:
 
     def run(self, *argv: str | Path, preload: bool | list[Path] = True,
             conf: Path | None = None, cwd: Path | None = None,
-            user: int | None = None) -> Outcome:
+            user: int | None = None, groups: tuple[int, ...] = (),
+            cgroup: Path | None = None) -> Outcome:
         """Run a test program (in the job directory) and parse what it printed.
 
-        ``user``: run it with that uid/gid (real and effective) via setpriv, which
-        itself runs without the preload.
+        ``user``: run it with that uid/gid (real and effective) and the supplementary
+        ``groups`` (none by default) via setpriv, which itself runs without the preload.
+        ``cgroup``: a v1 cgroup directory the program is moved into first (by a shell
+        running as root, without the preload), as PAM's module moves an ssh session.
         """
         cmd = [str(a) for a in argv]
         env = self.env(preload, conf)
         if user is not None:
-            cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups",
+            group_opt = f"--groups={','.join(map(str, groups))}" if groups else "--clear-groups"
+            cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", group_opt,
                    "env", "-i", *[f"{k}={v}" for k, v in env.items()], *cmd]
             env = self.env(False)
+        if cgroup is not None:
+            cmd = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(cgroup), *cmd]
         proc = subprocess.run(cmd, capture_output=True, env=env, cwd=cwd or self.job_dir,
                               timeout=60, check=False)
         return parse_output(proc.returncode, proc.stdout, proc.stderr)
@@ -807,6 +828,24 @@ BROKEN = {
                           "basenames (no '/', none empty), got ''"),
     "bad-log": ("log=loud", "config {conf}: line 7: log must be stderr, syslog or none, got "
                             "'loud'"),
+    "bad-session-policy": ("session_policy=allow-all", "config {conf}: line 7: session_policy "
+                                                       "must be refuse, in-job or allow, got "
+                                                       "'allow-all'"),
+    "relative-job-cgroup": ("job_cgroups=/GECO,GECO",
+                            "config {conf}: line 7: job_cgroups must be 1 to 4 comma-separated "
+                            "absolute cgroup paths of at most 255 bytes, got '/GECO,GECO'"),
+    "five-job-cgroups": ("job_cgroups=/a,/b,/c,/d,/e",
+                         "config {conf}: line 7: job_cgroups must be 1 to 4 comma-separated "
+                         "absolute cgroup paths of at most 255 bytes, got '/a,/b,/c,/d,/e'"),
+    "bad-admin-uid": ("session_admin_uids=0,4294967295",
+                      "config {conf}: line 7: session_admin_uids must be at most 64 "
+                      "comma-separated ids in 0..4294967294 (or nothing), got '0,4294967295'"),
+    "bad-admin-gid": ("session_admin_gids=10,",
+                      "config {conf}: line 7: session_admin_gids must be at most 64 "
+                      "comma-separated ids in 0..4294967294 (or nothing), got '10,'"),
+    "relative-bypass": ("session_bypass=ssh-bypass", "config {conf}: line 7: session_bypass "
+                                                     "must be an absolute path, got "
+                                                     "'ssh-bypass'"),
     "no-equals": ("just words", "config {conf}: line 7: expected key=value, got 'just words'"),
     "relative-key-file": ("key_file=relative.key", "config {conf}: line 7: key_file must be an "
                                                    "absolute path, got 'relative.key'"),
@@ -960,3 +999,474 @@ def test_log_syslog_reaches_the_journal(node: Node, journal: Any) -> None:
                 for e in entries]
     assert messages == [refused_line(node, out.pid, FAILURES["no_gecod"])
                         .removeprefix("geco: ").rstrip("\n")]
+
+
+# ---------------------------------------------------------------------------
+# peer-credentialed requests go only to root's Unix socket
+# ---------------------------------------------------------------------------
+#
+# The sshd preload's ADOPT (stage EXEC) and the C starter's STARTER are MAC'd with the
+# public key: their reply's MAC proves nothing, only the kernel's word on who listens
+# does. A user who binds gecod's loopback port (port: mode, while gecod is down), or a
+# Unix socket a client is pointed at, would otherwise choose other users' session
+# environment (LD_PRELOAD lines) and what their jobs exec.
+
+CLIENT_CDEF = """
+typedef struct { ...; } geco_address_t;
+typedef struct {
+    uint64_t job_id, task_id; uint32_t status; uint8_t request_nonce[16];
+} geco_ack_t;
+typedef struct {
+    int result; int sys_errno; int proto_err; uint32_t status; const char *phase;
+    unsigned attempts; geco_ack_t ack;
+} geco_client_outcome_t;
+typedef struct {
+    uint64_t job_id, task_id; uint32_t pid, uid, stage; const char *connection; int peercred;
+} geco_adopt_t;
+typedef struct {
+    uint64_t job_id, task_id; uint32_t pid; const char *environ[4]; int argc;
+    char *const *argv;
+} geco_starter_t;
+int geco_proto_init(void);
+int geco_address_parse(const char *text, geco_address_t *out, const char **why);
+int geco_client_adopt(const geco_address_t *addr, const uint8_t key[32], int timeout_ms,
+                      int64_t max_skew_ns, const geco_adopt_t *msg, char *text, size_t cap,
+                      geco_client_outcome_t *out);
+int geco_client_starter(const geco_address_t *addr, int timeout_ms, int64_t max_skew_ns,
+                        const geco_starter_t *msg, char *strings, size_t cap,
+                        size_t *strings_len, geco_client_outcome_t *out);
+const char *geco_client_strresult(int result);
+"""
+NOT_GECOD = ("the socket is not gecod's (peer-credentialed requests go only to root's Unix "
+             "socket)")
+# what an impostor answers: a session environment, a program for the job, of its choosing
+IMPOSTOR_TEXT = "\nGECO_IMPOSTOR=1\nLD_PRELOAD=/tmp/impostor.so"
+IMPOSTOR_PROGRAM = ("/bin/sh", ("-c", "impostor"), ("LD_PRELOAD=/tmp/impostor.so",))
+
+
+@dataclass(frozen=True)
+class Client:
+    """preload/geco_client.c (with geco_proto.c), built as a cffi extension."""
+
+    ffi: Any
+    lib: Any
+
+    def _addr(self, text: str) -> Any:
+        addr = self.ffi.new("geco_address_t *")
+        why = self.ffi.new("const char **")
+        assert self.lib.geco_address_parse(text.encode(), addr, why) == 0, text
+        return addr
+
+    def strresult(self, result: int) -> str:
+        return str(self.ffi.string(self.lib.geco_client_strresult(result)).decode())
+
+    def adopt(self, addr: str, key: bytes | None = None) -> tuple[str, int, str]:
+        """ADOPT, stage EXEC, job 42.1: peer-credentialed (the sshd preload's) without
+        ``key``, else MAC'd with it (pam_geco's). Returns the result's text, the number
+        of connections tried and the reply's text."""
+        out = self.ffi.new("geco_client_outcome_t *")
+        text = self.ffi.new("char[]", protocol.REPLY_MAX_TEXT + 1)
+        conn = self.ffi.new("char[]", b"")
+        msg = self.ffi.new("geco_adopt_t *", {
+            "job_id": 42, "task_id": 1, "pid": os.getpid(), "uid": NOBODY,
+            "stage": int(protocol.AdoptStage.EXEC), "connection": conn,
+            "peercred": int(key is None)})
+        self.lib.geco_client_adopt(self._addr(addr), key or protocol.PUBLIC_KEY, 5000,
+                                   30 * 10**9, msg, text, len(text), out)
+        return self.strresult(out.result), out.attempts, self.ffi.string(text).decode()
+
+    def starter(self, addr: str) -> tuple[str, int, bytes]:
+        """STARTER for job 42.1 (always peer-credentialed, as the C starter sends it).
+        Returns the result's text, connections tried and the reply's strings."""
+        out = self.ffi.new("geco_client_outcome_t *")
+        strings = self.ffi.new("char[]", protocol.MAX_PAYLOAD)
+        length = self.ffi.new("size_t *")
+        words = [self.ffi.new("char[]", w) for w in (b"job.sh", b"arg")]
+        argv = self.ffi.new("char *[]", [*words, self.ffi.NULL])
+        msg = self.ffi.new("geco_starter_t *", {"job_id": 42, "task_id": 1,
+                                                "pid": os.getpid(), "argc": 2, "argv": argv})
+        self.lib.geco_client_starter(self._addr(addr), 5000, 30 * 10**9, msg, strings,
+                                     len(strings), length, out)
+        return (self.strresult(out.result), out.attempts,
+                bytes(self.ffi.buffer(strings, length[0])))
+
+
+@pytest.fixture(scope="session")
+def client(tmp_path_factory: pytest.TempPathFactory) -> Client:
+    """geco_client.c and geco_proto.c built into a cffi extension in a temporary directory."""
+    build = tmp_path_factory.mktemp("geco_client_cffi")
+    ffi = cffi.FFI()
+    ffi.cdef(CLIENT_CDEF)
+    ffi.set_source("_geco_client_test", '#include "geco_client.h"',
+                   sources=[str(PRELOAD_SRC / "geco_client.c"),
+                            str(PRELOAD_SRC / "geco_proto.c")],
+                   include_dirs=[str(PRELOAD_SRC)], libraries=["sodium"],
+                   extra_compile_args=["-std=gnu11", "-Wall", "-Werror"])
+    so = ffi.compile(tmpdir=str(build))
+    spec = importlib.util.spec_from_file_location("_geco_client_test", so)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.lib.geco_proto_init() == 0
+    return Client(module.ffi, module.lib)
+
+
+def _answer(frame: protocol.Frame, key: bytes) -> bytes:
+    """OK to an ADOPT or a STARTER, with the impostor's lines or program, in kind (a
+    PEERCRED reply to a PEERCRED request, MAC'd with ``key`` otherwise)."""
+    message = frame.message
+    if isinstance(message, protocol.Starter):
+        program, argv, environ = IMPOSTOR_PROGRAM
+        reply: Any = protocol.StarterReply(message.job_id, message.task_id, AckStatus.OK,
+                                           frame.nonce, program, argv, environ)
+        kind = MsgType.STARTER_REPLY
+    else:
+        assert isinstance(message, protocol.Adopt), frame
+        reply = protocol.AdoptReply(message.job_id, message.task_id, AckStatus.OK,
+                                    frame.nonce, IMPOSTOR_TEXT)
+        kind = MsgType.ADOPT_REPLY
+    return protocol.encode(kind, reply, key, flags=frame.flags)
+
+
+def _serve_one(family: str, uid: int, where: Path, key: bytes, out: int) -> None:
+    """The forked listener's life: drop to ``uid`` before listen() (the kernel records the
+    listener's credentials there), say the address on ``out``, answer one connection,
+    then say whether a request came ("asked") or the client hung up first ("unasked")."""
+    if uid != 0:
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+    if family == "unix":
+        path = where / f"listener-{os.getpid()}.sock"
+        lst = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        lst.bind(str(path))
+        path.chmod(0o666)
+        text = f"path:{path}"
+    else:
+        lst = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        lst.bind(("127.0.0.1", 0))
+        text = f"port:{lst.getsockname()[1]}"
+    lst.listen(8)
+    os.write(out, text.encode() + b"\n")
+    lst.settimeout(30)
+    conn, _ = lst.accept()
+    with conn:
+        try:
+            raw = protocol.read_frame(conn, time.monotonic() + 10)
+        except protocol.ProtocolError:
+            os.write(out, b"unasked\n")
+            return
+        conn.sendall(_answer(protocol.decode(raw, key), key))
+    os.write(out, b"asked\n")
+
+
+@dataclass(frozen=True)
+class Listener:
+    """A forked process listening where :attr:`addr` says, and what it heard."""
+
+    addr: str
+    _report: Any
+
+    def heard(self) -> str:
+        """"asked" (a request came and was answered) or "unasked"."""
+        return str(self._report.readline().decode().strip())
+
+
+@contextlib.contextmanager
+def listener(family: str, uid: int, where: Path,
+             key: bytes = protocol.PUBLIC_KEY) -> Iterator[Listener]:
+    """A process of ``uid`` (forked, its ids dropped before it listens) serving one
+    connection on a Unix socket in ``where`` or a loopback TCP port, which answers an
+    ADOPT or a STARTER with OK and the impostor's session lines or program."""
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: nothing of pytest's runs here, whatever happens
+        code = 1
+        try:
+            os.close(ready_r)
+            _serve_one(family, uid, where, key, ready_w)
+            code = 0
+        except BaseException as exc:  # said to the test, which fails with it
+            os.write(ready_w, f"listener failed: {exc!r}\n".encode())
+        finally:
+            os._exit(code)
+    os.close(ready_w)
+    try:
+        with os.fdopen(ready_r, "rb") as report:
+            addr = report.readline().decode().strip()
+            assert addr.startswith(("path:", "port:")), addr or "the listener did not start"
+            yield Listener(addr, report)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+
+
+@pytest.fixture
+def listen_dir() -> Iterator[Path]:
+    """A directory where uid 65534 may make a socket and everyone may connect to it."""
+    where = Path(tempfile.mkdtemp(prefix="geco-test-preload-listen-"))
+    os.chown(where, NOBODY, NOBODY)
+    where.chmod(0o755)
+    try:
+        yield where
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
+@pytest.mark.parametrize(("family", "uid"), [("unix", NOBODY), ("tcp", NOBODY), ("tcp", 0)],
+                         ids=["nobodys-unix-socket", "nobodys-tcp-port", "roots-tcp-port"])
+def test_a_peercred_request_goes_only_to_roots_unix_socket(
+        client: Client, listen_dir: Path, family: str, uid: int) -> None:
+    """Given a listener that is not root's Unix socket (uid 65534 on a Unix socket or a
+    loopback port, as any user can bind gecod's port while it is down; or TCP at all,
+    where the kernel names no listener), and that answers a valid-looking PEERCRED reply
+    (a session environment with LD_PRELOAD, a program for the job), when the sshd
+    preload's ADOPT or the C starter's STARTER is asked there, then the client refuses
+    the listener after connect, before sending anything, once (not retried), and no
+    reply line reaches the caller."""
+    for ask in ("adopt", "starter"):
+        with listener(family, uid, listen_dir) as lst:
+            result, attempts, reply = (client.adopt(lst.addr) if ask == "adopt"
+                                       else client.starter(lst.addr))
+            heard = lst.heard()
+        assert (ask, result, attempts, reply, heard) == (
+            ask, NOT_GECOD, 1, "" if ask == "adopt" else b"", "unasked")
+
+
+def test_a_peercred_request_to_roots_unix_socket_is_answered(client: Client,
+                                                              listen_dir: Path) -> None:
+    """Given root's Unix socket (gecod's), when the same requests are asked there, then
+    the client takes the PEERCRED reply: the session lines, the program to start."""
+    with listener("unix", 0, listen_dir) as lst:
+        assert client.adopt(lst.addr) == ("ok", 1, IMPOSTOR_TEXT)
+        assert lst.heard() == "asked"
+    with listener("unix", 0, listen_dir) as lst:
+        result, attempts, strings = client.starter(lst.addr)
+        assert lst.heard() == "asked"
+    program, argv, environ = IMPOSTOR_PROGRAM
+    assert (result, attempts) == ("ok", 1)
+    assert strings == b"\0".join(w.encode() for w in (program, str(len(argv)), *argv,
+                                                       *environ)) + b"\0"
+
+
+def test_a_request_macd_with_the_secret_key_still_goes_over_tcp(client: Client,
+                                                                listen_dir: Path) -> None:
+    """Given gecod on a loopback port (port: mode), when pam_geco asks ADOPT MAC'd with the
+    secret key, then the reply counts as before: its MAC proves it comes from a holder of
+    the key, whoever listens."""
+    key = secrets.token_bytes(32)
+    with listener("tcp", NOBODY, listen_dir, key=key) as lst:
+        assert client.adopt(lst.addr, key=key) == ("ok", 1, IMPOSTOR_TEXT)
+        assert lst.heard() == "asked"
+
+
+# ---------------------------------------------------------------------------
+# ssh sessions gecod cannot place: the preload in sshd fails closed
+# ---------------------------------------------------------------------------
+#
+# A process of an ssh session (here exec_variant as <dir>/sshd, running as uid 65534)
+# asks gecod to place it before its first exec. When gecod cannot (not running, this
+# user's share of its public socket full, an address that is not gecod's socket), the
+# exec goes on only as session_policy says: allow always; in-job when the kernel shows
+# the process in a job's cgroup, for an admin, or while the bypass file exists; refuse
+# for an admin or while the bypass file exists.
+
+REFUSED_SESSION = ("geco: your session cannot be placed in its job now; try again, or ask "
+                   "your admin\n")
+
+
+def session_conf(node: Node, *, policy: str = "in-job", sock: str | None = None,
+                 job_cgroups: str = "/GECO", uids: str = "", gids: str = "",
+                 bypass: Path | None = None) -> None:
+    """The sshd preload's settings, as `geco preload-config` renders them; gecod's socket
+    is not there unless ``sock`` names one (a short deadline: the tests wait it out)."""
+    missing = f"path:{node.root / 'no-gecod.sock'}"
+    node.write_conf(timeout_ms=300, extra=(
+        f"session_socket={sock or missing}\n"
+        f"session_policy={policy}\n"
+        f"job_cgroups={job_cgroups}\n"
+        f"session_admin_uids={uids}\n"
+        f"session_admin_gids={gids}\n"
+        f"session_bypass={bypass or node.root / 'no-bypass'}\n"))
+
+
+def session(node: Node, **kwargs: Any) -> Outcome:
+    """A process of an ssh session (uid 65534, in a program called sshd) execs dump_args."""
+    return node.run(node.built.sshd("exec_variant"), "execve", node.built.plain("dump_args"),
+                    node.bin_dir, user=NOBODY, **kwargs)
+
+
+def unplaced(node: Node, pid: int | None, rule: str,
+             why: str = "cannot connect: ENOENT") -> str:
+    """The preload's line for a session gecod did not place, and the rule that decided."""
+    return (f"geco: ssh session (pid {pid}, uid {NOBODY}): gecod at path:{node.root}/"
+            f"no-gecod.sock did not place it: {why}; {rule}\n")
+
+
+@pytest.fixture
+def cgroup_top() -> Iterator[Path]:
+    """A geco-test-<pid>-<n> cgroup in the v1 pids hierarchy, standing for geco's job
+    parent; removed afterwards, with whatever still runs in it killed."""
+    mount = Path("/sys/fs/cgroup/pids")
+    if not (mount / "cgroup.procs").is_file():
+        pytest.fail("these tests need the cgroup v1 pids hierarchy at /sys/fs/cgroup/pids")
+    with parent_name([mount]) as name:
+        top = mount / name
+        top.mkdir()
+        yield top
+
+
+def _cgroup(top: Path, below: str) -> Path:
+    where = top / below
+    where.mkdir(parents=True)
+    return where
+
+
+def test_an_unplaced_session_outside_every_job_is_refused(node: Node) -> None:
+    """Given gecod not there and session_policy=in-job (the default), when a session's
+    process that is in no job's cgroup, of a user who is no admin, execs without a bypass
+    file, then the exec fails with EACCES, nothing runs, the session is told so in geco's
+    line and the log says which rule refused it."""
+    session_conf(node)
+    out = session(node)
+    assert (out.dump, out.rest) == (None, b"rc=-1 errno=EACCES\n")
+    assert out.stderr == unplaced(node, out.pid, "refused: not in a job's cgroup, not an "
+                                  "admin, no bypass file (session_policy=in-job)") + \
+        REFUSED_SESSION
+
+
+@pytest.mark.parametrize(("below", "runs"), [
+    ("42.1", True), ("42.1/leaf", True), ("42.x", False), ("leaf/42.1", False), ("42", False),
+    (".1", False)], ids=["job", "below-a-job", "not-a-task", "deeper", "no-task", "no-job"])
+def test_an_unplaced_session_runs_only_inside_a_job_cgroup(node: Node, cgroup_top: Path,
+                                                           below: str, runs: bool) -> None:
+    """Given gecod not there and session_policy=in-job, when the session's process is in a
+    cgroup below one of job_cgroups (moved there by root, as PAM's helper moves a session),
+    then it runs where it is when the component right below the prefix is <job>.<task>
+    (the kernel's word: a user cannot move itself into a job's cgroup), else it is
+    refused."""
+    session_conf(node, job_cgroups=f"/GECO,/{cgroup_top.name}")
+    out = session(node, cgroup=_cgroup(cgroup_top, below))
+    if runs:
+        assert out.dump is not None and out.dump.pid == out.pid
+        assert out.dump.envp == target_env(node.bin_dir)
+        assert out.stderr == unplaced(node, out.pid, f"it runs where PAM put it, in job cgroup "
+                                      f"/{cgroup_top.name}/42.1 (session_policy=in-job)")
+    else:
+        assert (out.dump, out.rest) == (None, b"rc=-1 errno=EACCES\n")
+        assert out.stderr.endswith(REFUSED_SESSION)
+
+
+@pytest.mark.parametrize("prefix", ["look-alike", "longer"])
+def test_a_job_cgroup_counts_only_right_below_a_whole_prefix(node: Node, cgroup_top: Path,
+                                                             prefix: str) -> None:
+    """Given job_cgroups naming /<top> minus its last character, or /<top>x, when the
+    session's process is in /<top>/42.1, then it is refused: a prefix is a whole path."""
+    other = cgroup_top.name[:-1] if prefix == "look-alike" else cgroup_top.name + "x"
+    session_conf(node, job_cgroups=f"/{other}")
+    out = session(node, cgroup=_cgroup(cgroup_top, "42.1"))
+    assert (out.dump, out.rest) == (None, b"rc=-1 errno=EACCES\n")
+
+
+@pytest.mark.parametrize("policy", ["in-job", "refuse"])
+@pytest.mark.parametrize(("uids", "gids", "groups"), [
+    ("0,65534", "", ()), ("", "65534", ()), ("", "7,4242", (4242,))],
+    ids=["uid", "primary-gid", "supplementary-gid"])
+def test_an_unplaced_admins_session_runs_where_it_is(node: Node, policy: str, uids: str,
+                                                     gids: str, groups: tuple[int, ...]) -> None:
+    """Given gecod not there, when the session is an admin's (its uid in
+    session_admin_uids, or its primary or a supplementary gid in session_admin_gids), then
+    it runs where it is, under in-job and refuse alike (PAM's helper lets admins in while
+    gecod is down)."""
+    session_conf(node, policy=policy, uids=uids, gids=gids)
+    out = session(node, groups=groups)
+    assert out.dump is not None and out.dump.pid == out.pid
+    assert out.stderr == unplaced(node, out.pid, f"it runs where it is, an admin's session "
+                                  f"(session_policy={policy})")
+
+
+@pytest.mark.parametrize("policy", ["in-job", "refuse"])
+def test_an_unplaced_session_runs_while_the_bypass_file_exists(node: Node, policy: str) -> None:
+    """Given gecod not there and the bypass file (session_bypass), when a session outside
+    every job execs, then it runs where it is and the log names the file; without the
+    file it is refused."""
+    bypass = node.root / "ssh-bypass"
+    session_conf(node, policy=policy, bypass=bypass)
+    assert session(node).dump is None
+    bypass.write_text("")
+    out = session(node)
+    assert out.dump is not None
+    assert out.stderr == unplaced(node, out.pid, f"it runs where it is: the bypass file "
+                                  f"{bypass} exists (session_policy={policy})")
+
+
+def test_session_policy_refuse_refuses_even_inside_a_job_cgroup(node: Node,
+                                                                 cgroup_top: Path) -> None:
+    """Given gecod not there and session_policy=refuse ([ssh] gecod_unreachable = "refuse":
+    only root and the admins), when the session's process is in a job's cgroup, then it is
+    refused all the same."""
+    session_conf(node, policy="refuse", job_cgroups=f"/{cgroup_top.name}")
+    out = session(node, cgroup=_cgroup(cgroup_top, "42.1"))
+    assert (out.dump, out.rest) == (None, b"rc=-1 errno=EACCES\n")
+    assert out.stderr == unplaced(node, out.pid, "refused: not an admin, no bypass file "
+                                  "(session_policy=refuse)") + REFUSED_SESSION
+
+
+def test_session_policy_allow_runs_an_unplaced_session_where_it_is(node: Node) -> None:
+    """Given gecod not there and session_policy=allow ([ssh] gecod_unreachable = "allow"),
+    then the session runs where it is, with a warning."""
+    session_conf(node, policy="allow")
+    out = session(node)
+    assert out.dump is not None
+    assert out.stderr == unplaced(node, out.pid, "it runs where it is (session_policy=allow)")
+
+
+@pytest.mark.parametrize("policy", ["in-job", "allow"])
+def test_an_impostors_answer_never_reaches_a_session(node: Node, listen_dir: Path,
+                                                     policy: str) -> None:
+    """Given session_socket naming a Unix socket uid 65534 listens on, answering OK with a
+    session environment of its choosing, then the session's process asks nothing there:
+    under in-job it is refused (in no job), under allow it runs without the impostor's
+    lines. The same answer from root's socket (gecod's) is taken: the lines arrive."""
+    with listener("unix", NOBODY, listen_dir) as lst:
+        session_conf(node, policy=policy, sock=lst.addr)
+        out = session(node)
+        assert lst.heard() == "unasked"
+    why = f"gecod at {lst.addr} did not place it: {NOT_GECOD}; "
+    if policy == "in-job":
+        assert (out.dump, out.rest) == (None, b"rc=-1 errno=EACCES\n")
+        assert why + "refused: not in a job's cgroup" in out.stderr
+    else:
+        assert out.dump is not None and out.dump.envp == target_env(node.bin_dir)
+        assert why + "it runs where it is (session_policy=allow)" in out.stderr
+    with listener("unix", 0, listen_dir) as lst:
+        session_conf(node, policy=policy, sock=lst.addr)
+        out = session(node)
+        assert lst.heard() == "asked"
+    # (ld.so says it cannot find the LD_PRELOAD named: the line did arrive)
+    assert out.dump is not None and "geco:" not in out.stderr
+    assert out.dump.envp[-2:] == [b"GECO_IMPOSTOR=1", b"LD_PRELOAD=/tmp/impostor.so"]
+
+
+def test_the_rendered_config_is_what_the_preload_in_sshd_reads(node: Node,
+                                                               cgroup_top: Path) -> None:
+    """Given preload.conf rendered by `geco preload-config` (admins, an admin group, geco's
+    cgroup name), then the preload in sshd reads every session key: a session inside
+    /<name>/<job>.<task> runs there; outside it, a member of the admin group runs."""
+    cfg = Config()._replace(gecod_socket=f"path:{node.root / 'no-gecod.sock'}",
+                            gecod_key_file=node.key_file, gecod_request_timeout=0.3,
+                            gecod_preload_log="stderr", cgroup_name=cgroup_top.name,
+                            cgroup_version="1", ssh_admins=("root",),
+                            ssh_admin_groups=("nogroup",),
+                            ssh_bypass_file=node.root / "no-bypass")
+    node.conf_file.write_text(preload_config.render(cfg))
+    node.conf_file.chmod(0o644)
+    inside = session(node, cgroup=_cgroup(cgroup_top, "7.3"))
+    assert inside.dump is not None
+    assert inside.stderr == unplaced(node, inside.pid, f"it runs where PAM put it, in job "
+                                     f"cgroup /{cgroup_top.name}/7.3 (session_policy=in-job)")
+    outside = session(node)
+    assert outside.dump is not None
+    assert outside.stderr == unplaced(node, outside.pid, "it runs where it is, an admin's "
+                                      "session (session_policy=in-job)")

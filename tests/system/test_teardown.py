@@ -15,10 +15,15 @@ the cgroups, and gets the queue instance disabled through qmod.
 
 from __future__ import annotations
 
+import errno
 import itertools
 import os
+import shutil
 import signal
+import socket
+import stat
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,12 +31,16 @@ from typing import Any
 
 import pytest
 
+from geco import gpus
 from geco.cgroup import Limits, V1Backend, find_hierarchies, parse_mountinfo
 from geco.config import Config
+from geco.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.sge import resourcefile
 from geco.teardown import StuckProcess, tear_down
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cgroup_testkit import (
+    Child,
     eventually,
     read,
     start_in,
@@ -249,3 +258,188 @@ def test_given_a_process_in_a_self_frozen_sub_cgroup_when_torn_down_then_it_esca
     assert (end["CLEANED_BY"], end["KILLED"]) == ("reaper", "0")
     assert qmod[1].read_text() == "-d all.q@node7\n"  # not run again
     assert not (cfg.state_dir / "stuck" / key).exists()
+
+
+# -- a GPU fd handed to a later job ---------------------------------------------
+#
+# The kernel's devices cgroup checks a device at open(2) only: an fd opened in one job and
+# passed (SCM_RIGHTS) to a process of a later job keeps the GPU. Without a GPU or its
+# driver here, the "GPUs" are [gpu] devices made with mknod on the numbers of drivers
+# every kernel has (c 1:7 /dev/full, c 1:8 /dev/random): an open succeeds (a fake NVIDIA
+# node would give ENXIO, so no fd), and the devices cgroup checks numbers, not drivers.
+
+
+@pytest.fixture
+def devices() -> Iterator[Path]:
+    """A directory the job owner may look into (pytest's tmp_path is root's alone), for
+    the GPU nodes; removed afterwards."""
+    path = Path(tempfile.mkdtemp(prefix="geco-test-gpus-"))
+    try:
+        path.chmod(0o755)
+        yield path
+    finally:
+        shutil.rmtree(path)
+
+
+def gpu_node(tmp_path: Path, devices: Path) -> tuple[Config, dict[str, str]]:
+    """A node with two GPUs (id 0 = c 1:7, id 1 = c 1:8, in ``devices``): the config and
+    their paths."""
+    paths = {}
+    for gpu, minor in (("gpu0", 7), ("gpu1", 8)):
+        path = devices / gpu
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, minor))
+        paths[gpu] = str(path)
+    cfg = config(tmp_path, 10.0)._replace(gpu_devices=(paths["gpu0"], paths["gpu1"]))
+    return cfg, paths
+
+
+def gpu_job(cfg: Config, backend: V1Backend, owner: str, gpu_ids: str) -> str:
+    """A job of ``owner`` holding GPUs ``gpu_ids`` here: its resource file, and cgroups
+    that deny it the node's other GPUs (as containment makes them)."""
+    job = unique_job()
+    key = f"{job}.1"
+    resourcefile.write(cfg.resources_dir, ResourceSet(
+        job, 1, owner=owner, nodes=(NodeResources(short_hostname(), gpus=gpu_ids),)))
+    backend.create(key, Limits())
+    table = gpus.node_table(cfg.gpu_devices)
+    backend.deny_devices(key, gpus.denied(table, gpus.parse_share(gpu_ids).ids))
+    return key
+
+
+def as_user(uid: int, body: Any) -> Any:
+    """``body`` run as ``uid`` (real and effective): the job owner's process."""
+    def run(out: int) -> None:
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+        body(out)
+    return run
+
+
+def hand_over(path: str, sock: socket.socket) -> Any:
+    """A body that opens the GPU ``path`` (its job may), sends the fd on ``sock``, sleeps."""
+    def body(out: int) -> None:
+        fd = os.open(path, os.O_RDONLY)
+        socket.send_fds(sock, [b"x"], [fd])
+        os.write(out, b"sent")
+        os.close(out)
+        time.sleep(300)
+    return body
+
+
+def receive(path: str, sock: socket.socket) -> Any:
+    """A body that tries to open the GPU ``path`` itself (its job may not: EPERM), then
+    takes the fd handed over on ``sock``, says both, and sleeps holding it."""
+    def body(out: int) -> None:
+        try:
+            os.close(os.open(path, os.O_RDONLY))
+            own = "opened"
+        except OSError as exc:
+            own = errno.errorcode[exc.errno or 0]
+        _, fds, _, _ = socket.recv_fds(sock, 16, 1)
+        os.write(out, f"{own} held {os.readlink(f'/proc/self/fd/{fds[0]}')}".encode())
+        os.close(out)
+        time.sleep(300)
+    return body
+
+
+def hold(path: str) -> Any:
+    """A body that opens the GPU ``path`` (its own job's) and sleeps holding it."""
+    def body(out: int) -> None:
+        os.open(path, os.O_RDONLY)
+        os.write(out, b"holding")
+        os.close(out)
+        time.sleep(300)
+    return body
+
+
+def start(backend: V1Backend, key: str, body: Any, children: list[int]) -> Child:
+    child = Child(body, children)
+    backend.add_pid(key, child.pid)
+    child.go()
+    return child
+
+
+def alive(child: Child) -> bool:
+    return os.waitpid(child.pid, os.WNOHANG) == (0, 0)
+
+
+def test_given_a_gpu_fd_passed_to_a_later_job_when_the_first_ends_then_its_holder_is_killed(
+        backend: V1Backend, children: list[int], journal_log: Any, tmp_path: Path,
+        devices: Path, job_owner: Any) -> None:
+    """Given job A holding GPU 0, which hands an fd on it to a process of the same user's
+    later job B (B is kept off GPU 0 by its cgroup: EPERM), another process of B holding
+    B's own GPU 1, and a job C of the user that GPU 0 went to (as when it came free),
+    holding it, when A is torn down, then B's holder of GPU 0 is SIGKILLed and journaled
+    (gpu-fd-revoked: A's job id, the pid, B, the GPU); B's holder of GPU 1 and C's of its
+    own GPU 0 live."""
+    cfg, paths = gpu_node(tmp_path, devices)
+    first = gpu_job(cfg, backend, job_owner.name, "0")
+    later = gpu_job(cfg, backend, job_owner.name, "1")
+    reassigned = gpu_job(cfg, backend, job_owner.name, "0")
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    sender = start(backend, first, as_user(job_owner.uid, hand_over(paths["gpu0"], ours)),
+                   children)
+    holder = start(backend, later, as_user(job_owner.uid, receive(paths["gpu0"], theirs)),
+                   children)
+    bystander = start(backend, later, as_user(job_owner.uid, hold(paths["gpu1"])), children)
+    new_owner = start(backend, reassigned, as_user(job_owner.uid, hold(paths["gpu0"])),
+                      children)
+    assert sender.output() == b"sent"
+    assert holder.output() == f"EPERM held {paths['gpu0']}".encode()
+    assert bystander.output() == b"holding"
+    assert new_owner.output() == b"holding"
+
+    result = tear_down(first, backend, cfg, queue_instance=None, cleaned_by="epilog")
+
+    assert result.clean
+    assert sender.wait() == -signal.SIGKILL
+    assert holder.wait(10) == -signal.SIGKILL
+    assert alive(bystander) and alive(new_owner)
+    [entry] = journal_log.entries(JOB_ID=first.split(".")[0], GECO_EVENT="gpu-fd-revoked")
+    assert {k: entry[k] for k in ("SGE_TASK_ID", "PID", "HOLDER_JOB", "GPU", "USER",
+                                  "PRIORITY")} == {
+        "SGE_TASK_ID": "1", "PID": str(holder.pid), "HOLDER_JOB": later, "GPU": "0",
+        "USER": job_owner.name, "PRIORITY": "4"}
+    assert entry["MESSAGE"] == (
+        f"job {first} ended: killed process {holder.pid} of {job_owner.name}'s job {later}, "
+        f"which held the job's GPU 0 open (an fd handed over from the job: the kernel checks "
+        "a device at open only)")
+    assert journal_log.entries(JOB_ID=first.split(".")[0],
+                               GECO_EVENT="gpu-fds-unchecked") == []
+
+
+def test_given_no_time_to_look_then_the_owners_other_jobs_processes_die_and_it_is_journaled(
+        backend: V1Backend, children: list[int], journal_log: Any, tmp_path: Path,
+        devices: Path, job_owner: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given the look's time budget spent before it reached any process (as when a user's
+    other jobs hold more processes and fds than it can look through), when a job holding
+    GPU 0 is torn down, then every process of the owner's other jobs here is killed (any may
+    hold GPU 0), gpu-fds-unchecked names the job, its GPUs and them; a root process in such
+    a job (Grid Engine's shepherd) and the jobs of other users are left alone."""
+    monkeypatch.setattr("geco.gpufds.BUDGET", 0.0)
+    cfg, paths = gpu_node(tmp_path, devices)
+    first = gpu_job(cfg, backend, job_owner.name, "0")
+    later = gpu_job(cfg, backend, job_owner.name, "1")
+    someone_elses = gpu_job(cfg, backend, "someone-else", "")
+    user = as_user(job_owner.uid, hold(paths["gpu1"]))
+    mine = [start(backend, later, user, children) for _ in range(3)]
+    shepherd = start(backend, later, hold(paths["gpu1"]), children)  # root's
+    other = start(backend, someone_elses, hold("/dev/null"), children)
+    for child in [*mine, shepherd, other]:
+        assert child.output() == b"holding"
+
+    result = tear_down(first, backend, cfg, queue_instance=None, cleaned_by="epilog")
+
+    assert result.clean
+    assert [child.wait(10) for child in mine] == [-signal.SIGKILL] * 3
+    assert alive(shepherd) and alive(other)
+    [entry] = journal_log.entries(JOB_ID=first.split(".")[0], GECO_EVENT="gpu-fds-unchecked")
+    pids = " ".join(str(c.pid) for c in sorted(mine, key=lambda c: c.pid))
+    assert {k: entry[k] for k in ("GPUS", "USER", "PIDS", "PRIORITY")} == {
+        "GPUS": "0", "USER": job_owner.name, "PIDS": pids, "PRIORITY": "4"}
+    assert entry["MESSAGE"] == (
+        f"job {first} ended, but the look for its GPU 0 among the processes of "
+        f"{job_owner.name}'s other jobs here ran out of its 0 s: killed the 3 "
+        f"process(es) of {job_owner.name} it did not reach ({pids}), as any may hold the GPU")
+    assert journal_log.entries(JOB_ID=first.split(".")[0], GECO_EVENT="gpu-fd-revoked") == []

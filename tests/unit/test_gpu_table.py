@@ -81,6 +81,103 @@ def test_configured_devices_are_ids_in_order_with_the_minors_they_really_have(
     assert gpus.denied(table, [0]) == [("c", 195, 0)]
 
 
+def test_a_node_without_gpus_denies_a_job_every_nvidia_device_it_may_make_later() -> None:
+    """Given a node where geco knows no GPU (the driver not loaded yet, /dev/nvidia<N> not
+    made yet: nvidia-modprobe makes them on first use), then a job is denied every minor
+    of NVIDIA's major 195 (nvidiactl's 255 too), and every MIG capability device when the
+    caps' major is known; fail closed, not "nothing to deny"."""
+    assert gpus.denied((), ()) == [("c", 195, None)]
+    assert gpus.denied((), (), gpus.MigCaps(240, b"config 1\ngpu0/gi0/access 3\n")) == [
+        ("c", 195, None), ("c", 240, None)]
+
+
+# /proc/devices as a node with the driver and its MIG capabilities has it (trimmed)
+PROC_DEVICES = """Character devices:
+  1 mem
+  4 tty
+195 nvidia
+236 nvidia-uvm
+237 nvidia-caps-imex-channels
+240 nvidia-caps
+
+Block devices:
+  8 sd
+241 nvidia-caps
+"""
+# /proc/driver/nvidia-caps/mig-minors (trimmed): gpu<N> is the GPU's device minor
+MIG_MINORS = """config 1
+monitor 2
+gpu0/gi0/access 3
+gpu0/gi0/ci0/access 4
+gpu1/gi0/access 138
+gpu1/gi0/ci0/access 139
+gpu1/gi1/access 147
+gpu2/gi0/access 273
+"""
+
+
+def caps_tree(root: Path, devices: str = PROC_DEVICES, minors: str | None = MIG_MINORS) -> Path:
+    """A ``proc`` tree with ``devices`` and, unless None, the MIG ``minors`` table."""
+    proc = root / "proc"
+    (proc / "driver/nvidia-caps").mkdir(parents=True)
+    (proc / "devices").write_text(devices)
+    if minors is not None:
+        (proc / "driver/nvidia-caps/mig-minors").write_text(minors)
+    return proc
+
+
+def test_the_mig_caps_are_the_char_major_of_nvidia_caps_and_the_minors_of_a_gpus_caps(
+        tmp_path: Path) -> None:
+    """Given the driver's caps major and table, then the caps of GPUs (by device minor:
+    gpu<N>/...) come with the node's own (config, monitor), in the table's order."""
+    caps = gpus.mig_caps(caps_tree(tmp_path))
+    assert caps == gpus.MigCaps(240, MIG_MINORS.encode())
+    assert caps.minors([0, 1, 2]) == [1, 2, 3, 4, 138, 139, 147, 273]
+    assert caps.minors({1}) == [1, 2, 138, 139, 147]
+    assert caps.minors([]) == [1, 2]
+    assert gpus.MigCaps(240, b"gpu1/gi0/access 138\ngpu11/gi0/access 1488\n").minors([1]) == [138]
+
+
+def test_without_the_nvidia_caps_major_there_are_no_mig_caps(tmp_path: Path) -> None:
+    """No ``nvidia-caps`` character line (no driver, or one without MIG caps): None, even
+    beside a table; a block device of that name, or nvidia-caps-imex-channels, is not it."""
+    devices = PROC_DEVICES.replace("240 nvidia-caps\n", "")
+    assert gpus.mig_caps(caps_tree(tmp_path, devices)) is None
+    assert gpus.mig_caps(tmp_path / "no-proc") is None
+
+
+@pytest.mark.parametrize("minors", [None, "config 1\ngpu0/gi0/access three\n", "gpu0 3\n",
+                                    "gpuX/gi0/access 3\n"])
+def test_a_mig_table_that_cannot_be_read_leaves_only_the_major(
+        tmp_path: Path, minors: str | None) -> None:
+    """Given the caps' major but their table missing or with a line that is not
+    ``<name> <minor>`` (``gpu<N>/...`` for a GPU's), then the caps are known by their major
+    alone, and a job is denied all of them (fail closed)."""
+    caps = gpus.mig_caps(caps_tree(tmp_path, minors=minors))
+    assert caps is not None and caps.major == 240 and caps.minors([0]) is None
+    table = (Gpu(0, "/dev/nvidia1", 195, 1), Gpu(1, "/dev/nvidia0", 195, 0))
+    assert gpus.denied(table, [0], caps) == [("c", 195, 0), ("c", 240, None)]
+
+
+def test_a_job_is_denied_the_mig_caps_of_the_gpus_it_was_not_granted_and_config_and_monitor(
+        tmp_path: Path) -> None:
+    """Given two GPUs whose ids and minors are crossed (id 0 = minor 1) and the MIG table,
+    when a job is granted id 0, then it is denied GPU minor 0, the caps of gpu0 (minor 0 is
+    id 1's), config and monitor, and keeps the caps of gpu1 (its own GPU's minor); a GPU the
+    node's table does not list (gpu2) is as open as its device (not geco's). A job granted
+    none is denied every cap (the caps' whole major)."""
+    caps = gpus.mig_caps(caps_tree(tmp_path))
+    table = (Gpu(0, "/dev/nvidia1", 195, 1), Gpu(1, "/dev/nvidia0", 195, 0))
+    assert gpus.denied(table, [0], caps) == [
+        ("c", 195, 0), ("c", 240, 1), ("c", 240, 2), ("c", 240, 3), ("c", 240, 4)]
+    assert gpus.denied(table, [1], caps) == [
+        ("c", 195, 1), ("c", 240, 1), ("c", 240, 2), ("c", 240, 138), ("c", 240, 139),
+        ("c", 240, 147)]
+    assert gpus.denied(table, [0, 1], caps) == [("c", 240, 1), ("c", 240, 2)]
+    assert gpus.denied(table, [], caps) == [("c", 195, 1), ("c", 195, 0), ("c", 240, None)]
+    assert gpus.denied(table, [0], None) == [("c", 195, 0)]
+
+
 def test_a_configured_device_that_is_not_a_character_device_is_named(tmp_path: Path) -> None:
     (tmp_path / "plain").write_text("")
     with pytest.raises(GecoError) as info:

@@ -60,7 +60,7 @@ class FakeBackend:
         self.calls.append("kill")
         return self.killed
 
-    def wait_empty(self, key: str, timeout: float) -> bool:
+    def wait_empty(self, key: str, timeout: float, *, kill_late: bool = False) -> bool:
         self.calls.append(f"wait {timeout:g}")
         return not self.left
 
