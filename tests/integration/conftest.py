@@ -171,6 +171,19 @@ def gecod(sge: Any, gecod_service: Gecod) -> Iterator[Gecod]:
 _CLUSTER_UP: list[bool] = []  # the emulated cluster is up (brought up by three_hosts)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests on the emulated cluster one after the other, where the first of them is
+    (test_multinode*, test_stall_cluster): its queue takes jobs that name no queue, so no
+    other module's plain jobs may run while it is up (:func:`three_hosts` brings it down
+    after the last test that needs it)."""
+    on_cluster = [item for item in items if "three_hosts" in getattr(item, "fixturenames", ())]
+    if not on_cluster:
+        return
+    first = items.index(on_cluster[0])
+    rest = [item for item in items if item not in on_cluster]
+    items[:] = rest[:first] + on_cluster + rest[first:]
+
+
 def _cluster_down() -> None:
     _CLUSTER_UP.clear()
     down = cluster("down")

@@ -131,6 +131,16 @@ def raced(outcome: Outcome) -> bool:
         and [a[1] for a in outcome.accounting] == ["0"]
 
 
+def unraced(attempt: Callable[[int], dict[str, Outcome]]) -> dict[str, Outcome]:
+    """``attempt(n)`` for n = 0, 1, ... until neither side's outcome :func:`raced`, at
+    most ``RACE_TRIES`` times; the last try's outcomes."""
+    for tried in range(RACE_TRIES):
+        results = attempt(tried)
+        if not any(raced(outcome) for outcome in results.values()):
+            break
+    return results
+
+
 def describe(outcome: Outcome) -> str:
     """The outcome as readable text, each output file verbatim."""
     lines = []
@@ -373,8 +383,11 @@ class Same:
             return {side: future.result() for side, future in futures.items()}
 
     def compare(self, case: Batch, *, at_once: bool = True, timeout: float = 60) -> None:
-        """Submit the case to both queues and assert the outcomes are the same."""
-        results = self.both(lambda side: self.batch(side, case, timeout), at_once=at_once)
+        """Submit the case to both queues and assert the outcomes are the same (a try in
+        which a client inside the job -- ``qrsh -inherit`` -- met one of Grid Engine's
+        races is run again, see :func:`unraced`)."""
+        results = unraced(lambda _: self.both(lambda side: self.batch(side, case, timeout),
+                                              at_once=at_once))
         assert_same(results, f"qsub {' '.join(case.args)}", case.worked)
 
     # -- interactive jobs ----------------------------------------------------------
@@ -386,12 +399,8 @@ class Same:
         (``CLIENT_RACES``)
         although its job ran to its end is run again under a new name, up to
         ``RACE_TRIES`` times; the last try's outcomes are returned."""
-        for attempt in range(RACE_TRIES):
-            job = f"{name}{attempt}" if attempt else name
-            results = self.both(functools.partial(_swap, action, job))
-            if not any(raced(outcome) for outcome in results.values()):
-                break
-        return results
+        return unraced(lambda attempt: self.both(functools.partial(
+            _swap, action, f"{name}{attempt}" if attempt else name)))
 
 
     def client_argv(self, *argv: str) -> list[str]:
