@@ -76,6 +76,12 @@ def _job_spec(text: str) -> tuple[int, int | None]:
     return int(job), int(task) if task else None
 
 
+def _count(text: str) -> int:
+    if not text.isdigit() or int(text) == 0:
+        raise argparse.ArgumentTypeError(f"N must be a number from 1 up, got {text!r}")
+    return int(text)
+
+
 def _read_input(name: str) -> bytes:
     if name == "-":
         return sys.stdin.buffer.read()
@@ -96,7 +102,7 @@ def _rsrcinfo(args: argparse.Namespace) -> ResourceSet:
         placement = None
         if args.placement:
             placement = qstat.parse_placement_gt(_read_input(args.placement), job_id,
-                                                 args.task or 1)
+                                                 args.task or 1, job_slots=qstat.job_slots(xml))
         elif args.pe_hostfile:
             placement = parse_pe_hostfile(_read_input(args.pe_hostfile))
         return qstat.parse_job(xml, args.task or 1, placement)
@@ -195,11 +201,21 @@ def _add_journal_command(sub: Any) -> None:
                         description="Print the journal entries of a job on this node, oldest "
                                     "first (time, writer, GECO_EVENT, message), then how it "
                                     "ended: peak memory, CPU time, OOM kills, processes killed "
-                                    "at cleanup. Needs root or the systemd-journal group. "
+                                    "at cleanup. Grid Engine reuses job numbers: when the "
+                                    "journal holds several jobs of the number (told apart by "
+                                    "SGE_CLUSTER and JOB_SUBMITTED), the newest is shown, "
+                                    "under a heading, and a last line says what else there "
+                                    "is. Needs root or the systemd-journal group. "
                                     "Exit 1 when the journal has no entry of the job or "
                                     "cannot be read.")
     jo.add_argument("job", type=_job_spec, metavar="JOB[.TASK]",
                     help="the job (no TASK: every task)")
+    which = jo.add_mutually_exclusive_group()
+    which.add_argument("--all", action="store_true",
+                       help="every job of this number in the journal, oldest first")
+    which.add_argument("--earlier", type=_count, metavar="N",
+                       help="the job of this number N jobs before the newest (1: the one "
+                            "before it)")
     jo.add_argument("--json", action="store_true",
                     help="print the entries as JSON lines (journalctl -o json's shape), "
                          "without the summary")
@@ -322,12 +338,22 @@ def _journal(args: argparse.Namespace) -> int:
         print(f"geco journal: the journal on {short_hostname()} has no entry of job {key}",
               file=sys.stderr)
         return EXIT_FAILED
-    if args.json:
-        sys.stdout.write("".join(journalview.to_json(e, all_fields=args.all_fields) + "\n"
-                                 for e in entries))
-    else:
-        sys.stdout.write(journalview.format_story(entries, job, task,
-                                                  all_fields=args.all_fields))
+    found = journalview.instances(entries)
+    earlier = None if args.all else args.earlier or 0
+    try:
+        if args.json:  # JSON lines only on stdout: what else there is goes to stderr
+            shown = found if earlier is None else [journalview.pick(found, earlier, job)]
+            sys.stdout.write("".join(journalview.to_json(e, all_fields=args.all_fields) + "\n"
+                                     for i in shown for e in i.entries))
+            note = journalview.others_note(found, shown[0], job) if earlier is not None else ""
+            if note:
+                print(f"geco journal: {note}", file=sys.stderr)
+        else:
+            sys.stdout.write(journalview.format_stories(found, job, task, earlier=earlier,
+                                                        all_fields=args.all_fields))
+    except GecoError as exc:  # --earlier past the oldest
+        print(f"geco journal: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     sys.stdout.flush()
     return EXIT_OK
 

@@ -59,6 +59,7 @@ class Config(NamedTuple):
     gpu_complex: str = "gpu"
     gpu_consumable: str = "slot"
     gpu_devices: tuple[str, ...] = ()
+    gpu_names: tuple[tuple[str, int | str], ...] = ()
     # [qstat]
     qstat: str = "qstat"
     qstat_timeout: float = 30.0
@@ -129,7 +130,7 @@ _SECTIONS: dict[str, tuple[str, ...]] = {
                "cgroup_v1_systemd_base", "exclusive_cpus", "pids_per_slot", "pids_min",
                "memory_per_slot", "vmem_per_slot", "memory_reserve", "cpus_reserve"),
     "cores": ("hardware_threads",),
-    "gpu": ("gpu_complex", "gpu_consumable", "gpu_devices"),
+    "gpu": ("gpu_complex", "gpu_consumable", "gpu_devices", "gpu_names"),
     "qstat": ("qstat", "qstat_timeout", "qstat_retries", "sge_root", "sge_cell",
               "sge_qmaster_port", "sge_execd_port", "sge_cluster_name",
               "run_without_memory_limits"),
@@ -155,7 +156,7 @@ _TOML_NAME = {"cgroup_mount": "mount", "cgroup_name": "name", "cgroup_version": 
               "sge_qmaster_port": "qmaster_port", "sge_execd_port": "execd_port",
               "sge_cluster_name": "cluster_name",
               "log_level": "level",
-              **{f"gpu_{n}": n for n in ("complex", "consumable", "devices")},
+              **{f"gpu_{n}": n for n in ("complex", "consumable", "devices", "names")},
               **{f"strays_{n}": n for n in ("kill", "min_uid", "exempt_users", "grace", "delay")},
               **{f"ssh_{n}": n for n in ("admins", "admin_groups", "several_jobs",
                                          "adopt_failure", "gecod_unreachable",
@@ -240,6 +241,35 @@ def _coerce_list(name: str, value: Any) -> tuple[Any, ...]:
     return tuple(value)
 
 
+def _coerce_gpu_names(value: Any) -> tuple[tuple[str, int | str], ...]:
+    """``[gpu] names``: Grid Engine GPU ids -> a GPU's id (PCI bus order) or device file.
+
+    A number is no name: it always means the GPU of that id, which is what the resource
+    file carries once a job's ids are mapped (:func:`geco.gpus.map_share`). A name holds no
+    space, ``,`` or ``=`` (the GPU list's separators)."""
+    import re
+
+    if not isinstance(value, dict):
+        raise ValueError(f'must be a table such as {{ gpuA = 0, gpuB = "/dev/nvidia1" }}, '
+                         f"got {value!r}")
+    names: list[tuple[str, int | str]] = []
+    for name, target in value.items():
+        if not name or re.search(r"[\s,=]", name) or re.fullmatch(r"[0-9]+", name) \
+                or name.startswith("count:"):
+            raise ValueError(f"must name Grid Engine GPU ids that are not numbers (a number "
+                             f"is always the GPU of that id) and hold no space, ',' or '=', "
+                             f"got {name!r}")
+        if isinstance(target, int) and not isinstance(target, bool) and target >= 0:
+            names.append((name, target))
+        elif isinstance(target, str) and target.startswith("/"):
+            names.append((name, os.path.normpath(target)))
+        else:
+            raise ValueError(f"must set each name to a GPU's id (0, its index in PCI bus "
+                             f"order) or its device file (\"/dev/nvidia0\"), got {name} = "
+                             f"{target!r}")
+    return tuple(names)
+
+
 def _coerce_memory(value: Any) -> int:
     from geco.units import parse_memory
 
@@ -257,6 +287,8 @@ def _coerce(name: str, value: Any, default: Any) -> Any:
     """Return ``value`` converted to the type of ``default``, or raise ValueError."""
     if name in _LISTS:
         return _coerce_list(name, value)
+    if name == "gpu_names":
+        return _coerce_gpu_names(value)
     if name in _MEMORY:
         return _coerce_memory(value)
     if name in _OPTIONAL_PATHS:

@@ -152,6 +152,7 @@ class GpuShare(NamedTuple):
     hostname: this node's name as the resource set spells it (None: this host's).
     resources_dir: where the running jobs' resource files are.
     caps: the node's MIG capability devices (:func:`geco.gpus.mig_caps`), None: none.
+    names: ``[gpu] names``, what Grid Engine's GPU ids mean here (:func:`geco.gpus.map_share`).
     """
 
     table: tuple[gpus.Gpu, ...]
@@ -159,25 +160,36 @@ class GpuShare(NamedTuple):
     hostname: str | None
     resources_dir: Path
     caps: gpus.MigCaps | None = None
+    names: tuple[tuple[str, int | str], ...] = ()
 
     def ids(self, key: JobKey, near: frozenset[int],
             backend: Backend) -> tuple[int, ...] | None:
-        """The job's GPUs here: those Grid Engine granted, else as many as it counted,
-        picked among the ones no other running job holds (nearest its NUMA nodes ``near``);
-        None on a node without GPUs (where a job granted some was refused).
+        """The job's GPUs here: those Grid Engine granted (its ids mapped to this node's),
+        else as many as it counted, picked among the ones no other running job holds
+        (nearest its NUMA nodes ``near``); None on a node without GPUs (where a job granted
+        some was refused), and for a grant that names no GPU here (the job is held).
+
+        A grant geco cannot map is the job's own problem: refusing its start would have
+        Grid Engine start it again and again. It is contained with no GPU (every one
+        denied), journaled, and held by the first hook that tells it its GPUs (prolog or
+        starter: :func:`geco.gpus.job_environment` raises the same sentence, exit 100).
 
         Raises
         ------
         GpusUnavailable
             when fewer are free than the job counts.
-        GecoError
-            when a granted id is not one of this node's GPUs.
         """
         if not self.table:
             return None
-        share = self._share()
+        try:
+            share = gpus.map_share(self._share(), self.table, self.names)
+        except gpus.GpuGrantError as exc:
+            _log.error("job %s: %s; it is contained with no GPU, and its prolog or starter "
+                       "holds it in error state", key, exc,
+                       extra=log.job_fields(key.job, key.task, "gpu-grant-unmapped",
+                                            REASON=str(exc)))
+            return None
         if not share.counted:
-            gpus.check_granted(self.table, share.ids)
             return share.ids
         busy: set[int] = set()
         for other in backend.job_keys():
@@ -190,9 +202,10 @@ class GpuShare(NamedTuple):
         return gpus.denied(self.table, ids or (), self.caps)
 
     def save(self, ids: tuple[int, ...] | None) -> None:
-        """Record picked ids in this node's resource file (once the job's cgroups deny the
-        other GPUs: a pick that never took effect is never on record); nothing to record
-        for ids Grid Engine granted, nor on a node without GPUs (``ids`` None).
+        """Record picked or mapped ids in this node's resource file (once the job's cgroups
+        deny the other GPUs: ids that never took effect are never on record); nothing to
+        record for the ids Grid Engine granted as ids, nor on a node without GPUs or for a
+        grant that could not be mapped (``ids`` None: Grid Engine's words stay on record).
 
         Raises
         ------
@@ -200,11 +213,14 @@ class GpuShare(NamedTuple):
             when the file cannot be written: the job must not run with GPUs no later
             allocation would know it holds.
         """
-        share = self._share()
         node = self.resources.node(self.hostname)
-        if ids is None or not share.counted or node is None:
+        if ids is None or node is None:
             return
-        picked = node._replace(gpus=str(share._replace(ids=ids)))
+        given = gpus.parse_share(node.gpus)
+        done = gpus.Share(given.amount, ids, given.counted)
+        if done == given:
+            return
+        picked = node._replace(gpus=str(done))
         resourcefile.write(self.resources_dir, self.resources.replace(
             nodes=tuple(picked if n is node else n for n in self.resources.nodes)))
 
@@ -475,7 +491,8 @@ class Contained(NamedTuple):
         cgroups (made by gecod, an earlier hook or task) were joined.
     found: the job's resource set and where it came from; None when the existing
         cgroups were joined without it.
-    gpus: the job's GPU ids here when the cgroups were made now on a GPU node, else None.
+    gpus: the job's GPU ids here when the cgroups were made now on a GPU node, else None
+        (and for a grant that names no GPU here: :func:`geco.gpus.job_environment` says why).
     """
 
     limits: Limits
@@ -563,7 +580,7 @@ def _gpu_share(cfg: Config, rs: ResourceSet, node: NodeResources,
         raise GecoError(f"job {rs.key} was granted GPUs ({node.gpus}) on "
                         f"{hostname or short_hostname()}, which has none geco knows of: is "
                         "the driver loaded, or [gpu] devices set?")
-    return GpuShare(table, rs, hostname, cfg.resources_dir, gpus.mig_caps())
+    return GpuShare(table, rs, hostname, cfg.resources_dir, gpus.mig_caps(), cfg.gpu_names)
 
 
 def jobs_memory(reserve: int) -> int:

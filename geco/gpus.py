@@ -1,18 +1,29 @@
 """A node's GPUs and each job's share of them.
 
 A GPU's **id** on a node is its index in PCI bus order: the number ``nvidia-smi`` shows,
-the one CUDA uses under ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, and the one admins write in a
-Grid Engine RSMAP (``gpu=2(0 1)``). Its device is ``/dev/nvidia<minor>``, and the minor
-is *not* the id: the driver numbers devices as it probes them. The node's
-:class:`Gpu` table maps one to the other; it comes from the driver
-(``/proc/driver/nvidia/gpus/<bus>/information``, "Device Minor"), else from
+and the one CUDA uses under ``CUDA_DEVICE_ORDER=PCI_BUS_ID``. Its device is
+``/dev/nvidia<minor>``, and the minor is *not* the id: the driver numbers devices as it
+probes them. The node's :class:`Gpu` table maps one to the other; it comes from the
+driver (``/proc/driver/nvidia/gpus/<bus>/information``, "Device Minor"), else from
 ``[gpu] devices`` (device files in id order), else from the ``/dev/nvidia<N>`` files
 present (in minor order: without the driver's table nothing better is known).
 
-A job's share on a node travels in its resource set's per-node GPU list (the seed's
-``s#:`` field), in one of two forms:
+Grid Engine's ids are the admin's words: an RSMAP's ids are free strings
+(``gpu=2(0 1)``, ``gpu=2(nvidia0 nvidia1)``). :func:`map_share` reads each as the first
+rule that applies says: a name in ``[gpu] names`` (set to an id or a device file), else
+``nvidia<N>`` as the GPU whose device is ``/dev/nvidia<N>`` (device minor N), else a
+number N as the GPU of id N. A granted id that names no GPU of the node, or two that name
+one GPU, is the job's own problem (:class:`GpuGrantError`: the hooks hold the job, exit
+100), never a reason to refuse its start again and again.
 
-* ``"1,3"``: the ids Grid Engine granted (RSMAP: UGE, Altair, OCS) or geco picked;
+A job's share on a node travels in its resource set's per-node GPU list (the seed's
+``s#:`` field), in one of these forms:
+
+* ``"1,3"``: ids, as Grid Engine granted them (RSMAP: UGE, Altair, OCS) or as mapped;
+* ``"nvidia0,gpuB"``: Grid Engine's ids as granted, some not numbers: mapped once, where
+  the node's table is known (the job's containment), and saved as ids in this node's
+  resource file, so everything after (``GECO_GPUS``, ``CUDA_VISIBLE_DEVICES``, the
+  journal) reads ids;
 * ``"count:2"``: how many Grid Engine counted (Son of Grid Engine's INT consumable).
   :func:`pick` chooses the ids under the node lock, among the GPUs no other running job
   holds, nearest the job's cores first, and they are saved beside the count in this
@@ -47,9 +58,9 @@ if TYPE_CHECKING:
     from geco.config import Config
     from geco.jobkey import JobKey
 
-__all__ = ["COUNT_PREFIX", "Gpu", "GpuComplex", "GpusUnavailable", "MigCaps", "Share",
-           "check_granted", "denied", "environment", "format_ids", "job_environment",
-           "mig_caps", "node_table", "parse_share", "pick"]
+__all__ = ["COUNT_PREFIX", "Gpu", "GpuComplex", "GpuGrantError", "GpusUnavailable", "MigCaps",
+           "Share", "denied", "environment", "format_ids", "from_hgr", "job_environment",
+           "map_share", "mig_caps", "node_table", "parse_share", "pick"]
 
 COUNT_PREFIX = "count:"
 # NVIDIA's character major for /dev/nvidia<N> and nvidiactl (fixed by the driver)
@@ -59,11 +70,20 @@ _NVIDIA_MAJOR = 195
 # Nodes and Capabilities")
 _CAPS_DRIVER = b"nvidia-caps"
 _CAPS_TABLE = "driver/nvidia-caps/mig-minors"
-_DEV_NAME = re.compile(r"nvidia(\d+)")
+_DEV_NAME = re.compile(r"nvidia([0-9]+)")
+_NUMBER = re.compile(r"[0-9]+")
+# an INT consumable's amount as OCS puts it in SGE_HGR_<name> ("2.000000"): a count, no id
+_AMOUNT = re.compile(r"[0-9]+\.[0-9]+")
 
 
 class GpusUnavailable(GecoError):
     """Fewer GPUs are free on this node than the job was granted here."""
+
+
+class GpuGrantError(GecoError, ValueError):
+    """A GPU id Grid Engine granted names no GPU of this node by geco's rule, or two name
+    one GPU: the job's own grant, which no re-queue mends, so the hooks hold the job
+    (exit 100, :mod:`geco.hooks`)."""
 
 
 class GpuComplex(NamedTuple):
@@ -177,16 +197,21 @@ class Share(NamedTuple):
     Attributes
     ----------
     amount: how many.
-    ids: which (``()`` while a count is not picked yet).
+    ids: which (``()`` while a count is not picked yet, or Grid Engine's ids not mapped).
     counted: Grid Engine only counted them (geco picks the ids, anew at each containment);
         False: Grid Engine granted the ids themselves (an RSMAP).
+    names: Grid Engine's ids as granted when some are not numbers, in its order, each once
+        (:func:`map_share` turns them into ``ids``); ``()`` otherwise.
     """
 
     amount: int = 0
     ids: tuple[int, ...] = ()
     counted: bool = False
+    names: tuple[str, ...] = ()
 
     def __str__(self) -> str:
+        if self.names:
+            return ",".join(self.names)
         if not self.counted:
             return format_ids(self.ids)
         return f"{COUNT_PREFIX}{self.amount}" + (f"={format_ids(self.ids)}" if self.ids else "")
@@ -197,25 +222,111 @@ def parse_share(text: str) -> Share:
 
     ``""`` -> none; ``"count:2"`` -> 2 counted; ``"count:2=1,3"`` -> 2 counted, picked as 1
     and 3; ``"1,3"`` or ``"1 3"`` (Grid Engine's ``SGE_HGR_<name>`` separates with spaces)
-    -> ids 1 and 3 granted.
+    -> ids 1 and 3 granted; ``"nvidia0,gpuB"`` -> Grid Engine's ids, to be mapped
+    (:func:`map_share`). An id listed twice is one GPU.
 
     Raises
     ------
     GecoError
-        when the list is none of these (the error names it).
+        when a count or the ids picked for it are not whole numbers (the error names it).
     """
     text = text.strip()
     if not text:
         return Share()
-    counted = text.startswith(COUNT_PREFIX)
-    count, _, listed = text[len(COUNT_PREFIX):].partition("=") if counted else ("", "", text)
-    if counted and not count.isdigit():
-        raise GecoError(f"a GPU count must be a whole number, got {text!r}")
-    items = listed.replace(",", " ").split()
-    if not all(i.isdigit() for i in items):
-        raise GecoError(f"a GPU list must be ids in PCI bus order such as 0,1, got {text!r}")
-    ids = tuple(sorted({int(i) for i in items}))
-    return Share(int(count) if counted else len(ids), ids, counted)
+    if text.startswith(COUNT_PREFIX):
+        count, _, listed = text[len(COUNT_PREFIX):].partition("=")
+        if not _NUMBER.fullmatch(count):
+            raise GecoError(f"a GPU count must be a whole number, got {text!r}")
+        picked = listed.replace(",", " ").split()
+        if not all(_NUMBER.fullmatch(i) for i in picked):
+            raise GecoError(f"a GPU list must be ids in PCI bus order such as 0,1, got {text!r}")
+        return Share(int(count), tuple(sorted({int(i) for i in picked})), True)
+    words = tuple(dict.fromkeys(text.replace(",", " ").split()))
+    if all(_NUMBER.fullmatch(w) for w in words):
+        ids = tuple(sorted({int(w) for w in words}))
+        return Share(len(ids), ids)
+    return Share(len(words), names=words)
+
+
+def map_share(share: Share, table: Sequence[Gpu],
+              names: Iterable[tuple[str, int | str]] = ()) -> Share:
+    """``share`` as ids of this node's GPUs (a count, whose ids geco picks, is returned as
+    it is).
+
+    Each id Grid Engine granted names a GPU of ``table`` by the first rule that applies:
+
+    1. a name in ``names`` (``[gpu] names``): the GPU it is set to, by id or device file;
+    2. ``nvidia<N>``: the GPU whose device is ``/dev/nvidia<N>`` (device minor N);
+    3. a number N: the GPU of id N (its index in PCI bus order).
+
+    Raises
+    ------
+    GpuGrantError
+        when an id names no GPU of ``table``, or two ids name the same one (one sentence
+        naming the ids and the rule).
+    """
+    if share.counted:
+        return share
+    rules = dict(names)
+    mapped: dict[int, str] = {}
+    for word in share.names or tuple(str(i) for i in share.ids):
+        gpu = _named(word, table, rules)
+        if gpu is None:
+            what = f"[gpu] names sets it to {rules[word]!r}, no GPU here" if word in rules \
+                else "it names no GPU here"
+            raise GpuGrantError(
+                f"Grid Engine granted GPU {word!r}, but {what}: geco reads a granted id as a "
+                "name in [gpu] names, else nvidia<N> as /dev/nvidia<N>, else a number N as "
+                f"the GPU of index N in PCI bus order, and this node's GPUs are "
+                f"{_listing(table)}")
+        first = mapped.setdefault(gpu.id, word)
+        if first != word:
+            raise GpuGrantError(
+                f"Grid Engine granted GPUs {first!r} and {word!r}, which are one GPU here "
+                f"({gpu.path}, id {gpu.id}), so the job would get fewer GPUs than it was "
+                "granted: name each GPU once in the host's complex_values or [gpu] names")
+    return Share(len(mapped), tuple(sorted(mapped)))
+
+
+def _named(word: str, table: Sequence[Gpu], rules: dict[str, int | str]) -> Gpu | None:
+    """The GPU of ``table`` that Grid Engine's id ``word`` names (:func:`map_share`)."""
+    target: int | str | None = rules.get(word)
+    if target is None:
+        device = _DEV_NAME.fullmatch(word)
+        if device is not None:
+            return next((g for g in table if g.minor == int(device[1])), None)
+        target = int(word) if _NUMBER.fullmatch(word) else None
+    if isinstance(target, int):
+        return next((g for g in table if g.id == target), None)
+    return _by_path(table, target) if target is not None else None
+
+
+def _by_path(table: Sequence[Gpu], path: str) -> Gpu | None:
+    """The GPU whose device file is ``path``: by name, else by its device numbers (a link,
+    another name of the same device)."""
+    found = next((g for g in table if g.path == path), None)
+    if found is not None:
+        return found
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if not stat.S_ISCHR(st.st_mode):
+        return None
+    rdev = (os.major(st.st_rdev), os.minor(st.st_rdev))
+    return next((g for g in table if (g.major, g.minor) == rdev), None)
+
+
+def _listing(table: Sequence[Gpu]) -> str:
+    return ", ".join(f"{g.id}={g.path}" for g in table) or "none"
+
+
+def from_hgr(value: str) -> str:
+    """A GPU list from ``SGE_HGR_<complex>`` in a job's spooled environment: Grid Engine's
+    ids there, separated by spaces (``"0 1"``, ``"nvidia0"``); "" for an INT consumable's
+    amount (OCS writes ``"2.000000"``): how many is no id, and geco does not guess."""
+    words = value.split()
+    return "" if len(words) == 1 and _AMOUNT.fullmatch(words[0]) else ",".join(words)
 
 
 def format_ids(ids: Iterable[int]) -> str:
@@ -241,16 +352,6 @@ def pick(table: Sequence[Gpu], count: int, busy: Iterable[int],
                               f"this node's {len(table)} are free")
     free.sort(key=lambda g: (g.numa not in local, g.id))
     return tuple(sorted(g.id for g in free[:count]))
-
-
-def check_granted(table: Sequence[Gpu], ids: Iterable[int]) -> None:
-    """Raise GecoError when a granted id is not a GPU of this node's table."""
-    known = {g.id for g in table}
-    unknown = sorted(set(ids) - known)
-    if unknown:
-        raise GecoError(f"the job was granted GPU {format_ids(unknown)}, which this node "
-                        f"does not have (its GPUs: {format_ids(known) or 'none'}; see "
-                        "[gpu] devices)")
 
 
 class MigCaps(NamedTuple):
@@ -350,18 +451,34 @@ def denied(table: Sequence[Gpu], ids: Iterable[int],
 
 def job_environment(cfg: Config, key: JobKey, hostname: str | None = None) -> dict[str, str]:
     """:func:`environment` for a running job, from its resource file ({} on a node without
-    GPUs: there the job is told nothing about them; no ids on record: it has none)."""
-    if not node_table(cfg.gpu_devices):
+    GPUs: there the job is told nothing about them; no ids on record: it has none).
+
+    The job's containment saved the ids it mapped Grid Engine's words to; words still on
+    record are a grant it could not map (the job was contained with no GPU).
+
+    Raises
+    ------
+    GpuGrantError
+        when Grid Engine granted the job a GPU id that names no GPU of this node: the hook
+        that tells the job its GPUs (prolog, starter) holds it with this sentence.
+    GecoError
+        when ``[gpu] devices`` cannot be used.
+    """
+    table = node_table(cfg.gpu_devices)
+    if not table:
         return {}
     from geco.sge import resourcefile  # only on a GPU node
 
     try:
         rs = resourcefile.read(cfg.resources_dir, key)
         node = rs.node(hostname) if rs is not None else None
-        ids = parse_share(node.gpus).ids if node is not None else ()
+        share = parse_share(node.gpus) if node is not None else Share()
     except GecoError:
-        ids = ()
-    return environment(ids)
+        share = Share()
+    try:
+        return environment(map_share(share, table, cfg.gpu_names).ids)
+    except GpuGrantError as exc:
+        raise GpuGrantError(exc.msg, job=key, node=hostname or os.uname().nodename) from None
 
 
 def environment(ids: Sequence[int]) -> dict[str, str]:

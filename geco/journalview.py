@@ -17,6 +17,13 @@ field index (``JOB_ID=N``), so a job's entries come back in milliseconds
 whatever the journal's size. The journal is per node: run this on the node
 the job ran on.
 
+Grid Engine reuses job numbers (after they wrap around, a qmaster installed anew,
+a node that served another cluster), so the entries of a number may tell of
+several jobs. Entries say which job they are about with ``SGE_CLUSTER`` and
+``JOB_SUBMITTED`` (:mod:`geco.sge.jobinstance`); :func:`instances` splits them
+into jobs, and the story shows the newest unless asked for an earlier one or all
+(:func:`format_stories`), with a line saying what else the journal holds.
+
 Reading the system journal needs root or the ``systemd-journal`` group; a
 ``Reader`` that may not open a file silently skips it, so
 :func:`check_access` looks at the files first and says so instead of showing
@@ -32,11 +39,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from geco import log
 from geco.accounting import Accounting
 from geco.errors import GecoError
 
-__all__ = ["JOURNAL_DIRS", "Entry", "accounting_from_fields", "check_access", "format_entry",
-           "format_story", "read", "summary", "to_json"]
+__all__ = ["JOURNAL_DIRS", "Entry", "Instance", "accounting_from_fields", "check_access",
+           "format_entry", "format_stories", "format_story", "instances", "others_note",
+           "pick", "read", "summary", "to_json"]
 
 # journald's runtime and persistent stores (journald(8)); a Reader with the
 # default LOCAL_ONLY flag opens the files of this machine in both
@@ -48,6 +57,11 @@ _PLUMBING = frozenset({"CODE_FILE", "CODE_LINE", "CODE_FUNC", "SYSLOG_PID", "SYS
                        "SYSLOG_TIMESTAMP", "SYSLOG_RAW"})
 # The entries that end a job task's story, the last one wins.
 _END_EVENTS = ("job-end", "cleanup-stuck")
+# How long before a job's first entry one that names no job may be that job's (its records
+# before geco had its resource set: qstat's retries take at most minutes).
+_LEAD_USEC = 10 * 60 * 1_000_000
+# JOB_SUBMITTED values past this (or not numbers: nan) are shown as written, not as a time
+_LAST_SECOND = 253402300800  # 10000-01-01
 
 FieldValue = str | tuple[str, ...]
 
@@ -87,6 +101,48 @@ class Entry:
         """``<job>.<task>``, or ``<job>`` when the entry names no task."""
         task = self.get("SGE_TASK_ID")
         return f"{self.get('JOB_ID')}.{task}" if task else self.get("JOB_ID")
+
+    @property
+    def instance(self) -> tuple[str, str] | None:
+        """Which job of its number: ``(SGE_CLUSTER, JOB_SUBMITTED)``, None when it names
+        neither (an older geco's entry, or one written when geco did not know)."""
+        cluster, submitted = self.get(log.CLUSTER_FIELD), self.get(log.SUBMITTED_FIELD)
+        return (cluster, submitted) if cluster or submitted else None
+
+
+@dataclass(frozen=True, slots=True)
+class Instance:
+    """One job of the number asked for, with its entries.
+
+    Attributes
+    ----------
+    cluster, submitted: its ``SGE_CLUSTER`` and ``JOB_SUBMITTED`` (either may be "");
+        both "" for the entries that name no job and lie before every job that does.
+    entries: oldest first.
+    """
+
+    cluster: str
+    submitted: str
+    entries: tuple[Entry, ...]
+
+    @property
+    def known(self) -> bool:
+        """False for the group of entries that name no job (an older geco's)."""
+        return bool(self.cluster or self.submitted)
+
+    def title(self, job: int | str) -> str:
+        """``job 42 submitted 2026-11-22 02:40:05, cluster p6444``, for a heading."""
+        if not self.known:
+            return (f"job {job}: entries that name no cluster or submission time (an older "
+                    f"geco's; one job or several)")
+        seconds = _number(self.submitted)
+        if not self.submitted:
+            when = "submission time unknown"
+        elif seconds is None or not 0 <= seconds < _LAST_SECOND:  # hand-written: as it is
+            when = f"submitted {self.submitted}"
+        else:
+            when = f"submitted {_when(round(seconds * 1_000_000))}"
+        return f"job {job} {when}, cluster {self.cluster or 'unknown'}"
 
 
 def _text(value: object) -> FieldValue:
@@ -373,3 +429,114 @@ def to_json(entry: Entry, *, all_fields: bool = False) -> str:
         if all_fields or not (name.startswith("_") or name in _PLUMBING):
             doc[name] = value if isinstance(value, str) else list(value)
     return json.dumps(doc, sort_keys=True)
+
+
+# ---------------------------------------------------------------------------
+# several jobs of one number
+
+
+def instances(entries: Sequence[Entry]) -> list[Instance]:
+    """Split the entries of one job number into the jobs that had it, oldest first.
+
+    Entries that name the same ``SGE_CLUSTER`` and ``JOB_SUBMITTED`` are one job,
+    spanning the time from its first such entry to its last. An entry that names
+    neither (the starter, which runs as the job's owner; a hook's last lines after
+    the job's resource file was removed; an older geco) belongs to the job whose
+    span holds it (the latest to start, should spans overlap), else to the nearer of
+    the job that ended just before it and one that starts within 10 minutes after
+    it. The entries before every job (an older geco's, from before the fields were
+    journaled) make one group of their own, first, whose ``known`` is False.
+
+    Returns
+    -------
+    list[Instance]
+        Ordered by their first entry; [] for no entries.
+    """
+    ordered = sorted(entries, key=lambda e: e.usec)  # stable: journal order within a usec
+    spans: dict[tuple[str, str], list[int]] = {}
+    for e in ordered:
+        key = e.instance
+        if key is not None:
+            spans.setdefault(key, [e.usec, e.usec])[1] = e.usec
+    groups: dict[tuple[str, str] | None, list[Entry]] = {}
+    for e in ordered:
+        groups.setdefault(e.instance or _owner(e.usec, spans), []).append(e)
+    found = [Instance(*key, tuple(groups[key])) for key in sorted(spans, key=spans.__getitem__)]
+    if None in groups:
+        found.insert(0, Instance("", "", tuple(groups[None])))
+    return found
+
+
+def _owner(usec: int, spans: Mapping[tuple[str, str], list[int]]) -> tuple[str, str] | None:
+    """The job an entry written at ``usec`` that names none belongs to (see :func:`instances`)."""
+    inside = [k for k, (first, last) in spans.items() if first <= usec <= last]
+    if inside:
+        return max(inside, key=lambda k: spans[k][0])
+    before = max((k for k, (_, last) in spans.items() if last < usec),
+                 key=lambda k: spans[k][1], default=None)
+    after = min((k for k, (first, _) in spans.items() if usec < first <= usec + _LEAD_USEC),
+                key=lambda k: spans[k][0], default=None)
+    if after is not None and (before is None or
+                              spans[after][0] - usec < usec - spans[before][1]):
+        return after
+    return before
+
+
+def pick(found: Sequence[Instance], earlier: int, job: int | str) -> Instance:
+    """The newest job of ``found`` (``earlier`` 0), or the one ``earlier`` jobs before it.
+
+    Raises
+    ------
+    GecoError
+        ``this node's journal holds 1 earlier job numbered 42 (--earlier 2)`` when there
+        are fewer.
+    """
+    if not 0 <= earlier < len(found):
+        n = max(len(found) - 1, 0)
+        held = "no earlier job" if n == 0 else _plural(n, "earlier job", "earlier jobs")
+        raise GecoError(f"this node's journal holds {held} numbered {job} (--earlier {earlier})")
+    return found[len(found) - 1 - earlier]
+
+
+def others_note(found: Sequence[Instance], shown: Instance, job: int | str) -> str:
+    """What else of the number the journal holds besides ``shown``, "" when nothing.
+
+    E.g. ``2 earlier jobs numbered 42 are in this journal: --all shows them``.
+    """
+    at = found.index(shown)
+    earlier = sum(1 for i in found[:at] if i.known)
+    later = len(found) - at - 1
+    parts = []
+    if earlier or later:
+        counts = [_plural(n, f"{word} job", f"{word} jobs")
+                  for n, word in ((earlier, "earlier"), (later, "later")) if n]
+        parts.append(f"{' and '.join(counts)} numbered {job}")
+    if any(not i.known for i in found[:at]):
+        parts.append(f"entries of job {job} that name no cluster or submission time (an "
+                     f"older geco's)")
+    if not parts:
+        return ""
+    verb = "is" if len(parts) == 1 and earlier + later == 1 else "are"
+    return f"{' and '.join(parts)} {verb} in this journal: --all shows them"
+
+
+def format_stories(found: Sequence[Instance], job: int | str, task: int | None = None, *,
+                   earlier: int | None = 0, all_fields: bool = False) -> str:
+    """Return the story of one job of the number, or of each (``earlier`` None), ``\n``-ended.
+
+    With one job in the journal this is its :func:`format_story`. With more, each story
+    shown starts with a ``-- <title> --`` heading (:meth:`Instance.title`), stories are
+    separated by a blank line, and one job's story ends with :func:`others_note`.
+
+    Raises
+    ------
+    GecoError
+        as :func:`pick`, when there is no job ``earlier`` jobs before the newest.
+    """
+    shown = list(found) if earlier is None else [pick(found, earlier, job)]
+    if len(found) == 1:
+        return format_story(found[0].entries, job, task, all_fields=all_fields)
+    stories = [f"-- {i.title(job)} --\n"
+               + format_story(i.entries, job, task, all_fields=all_fields) for i in shown]
+    note = others_note(found, shown[0], job) if earlier is not None else ""
+    return "\n".join(stories) + (note + "\n" if note else "")

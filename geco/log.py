@@ -14,6 +14,11 @@ Events about a job carry structured fields; build them with :func:`job_fields`::
     log.get("cgroup").info("created %s", path,
                            extra=job_fields(42, 1, "cgroup-created", CGROUP=path))
 
+Grid Engine reuses job numbers, so a job's records also say which job of its number
+they are about: ``SGE_CLUSTER`` and ``JOB_SUBMITTED`` (:mod:`geco.sge.jobinstance`),
+added by :func:`job_fields` for every job task this process has read or written the
+resource file of (:func:`job_instance`), for as long as that file is unchanged.
+
 Every module logs through :func:`get`, whose loggers have the standard
 library's calling conventions. Where a record goes depends on the process:
 
@@ -35,6 +40,7 @@ journald: a record journald has no room for is dropped and counted
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import os
 import stat
@@ -50,9 +56,10 @@ if TYPE_CHECKING:
 
     ExcInfo: TypeAlias = tuple[type[BaseException], BaseException, TracebackType | None]
 
-__all__ = ["DEBUG", "ERROR", "INFO", "LEVELS", "WARNING", "Backlog", "Logger", "Record",
-           "close", "collect", "dropped", "get", "in_background", "job_fields", "seed_line",
-           "setup", "setup_hook", "speaking_as", "stop_background"]
+__all__ = ["CLUSTER_FIELD", "DEBUG", "ERROR", "INFO", "LEVELS", "SUBMITTED_FIELD", "WARNING",
+           "Backlog", "Logger", "Record", "close", "collect", "dropped", "get", "in_background",
+           "job_fields", "job_instance", "seed_line", "setup", "setup_hook", "speaking_as",
+           "stop_background", "submitted_text"]
 
 # The standard library's level numbers, so both kinds of record compare alike.
 DEBUG, INFO, WARNING, ERROR, CRITICAL = 10, 20, 30, 40, 50
@@ -208,10 +215,93 @@ def job_fields(job_id: int | str | None, task_id: int | str | None = None,
     job_id, task_id: the Grid Engine job and array task (None = not known).
     event: short kebab-case name of what happened, journaled as ``GECO_EVENT``.
     **more: further journal fields; names are upper-cased (``cgroup=`` -> ``CGROUP``).
+
+    Returns
+    -------
+    ``{FIELDS_ATTR: fields}``: ``JOB_ID``, ``SGE_TASK_ID``, ``GECO_EVENT``, then which
+    job of that number it is (``SGE_CLUSTER``, ``JOB_SUBMITTED``) when this process
+    knows it (:func:`job_instance`; with no task, any task's of the job), then ``more``.
     """
     fields: dict[str, object] = {"JOB_ID": job_id, "SGE_TASK_ID": task_id, "GECO_EVENT": event}
+    if job_id is not None and _instances:
+        fields.update(_instance_of(str(job_id), None if task_id is None else str(task_id)))
     fields.update({k.upper(): v for k, v in more.items()})
     return {FIELDS_ATTR: {k: str(v) for k, v in fields.items() if v is not None}}
+
+
+# ---------------------------------------------------------------------------
+# which job of its number a record is about
+
+#: The journal fields that tell two jobs of one number apart (:mod:`geco.sge.jobinstance`).
+CLUSTER_FIELD, SUBMITTED_FIELD = "SGE_CLUSTER", "JOB_SUBMITTED"
+# gecod reads the resource files of every job it meets; the oldest are dropped past this
+_MAX_INSTANCES = 4096
+# (job, task) -> (the instance's fields, the file they came from, that file's identity)
+_instances: dict[tuple[str, str], tuple[dict[str, str], str, tuple[int, ...]]] = {}
+_instances_lock = _thread.allocate_lock()  # gecod's threads log; dicts are not iterated safely
+
+
+def submitted_text(seconds: float) -> str:
+    """``JOB_SUBMITTED``'s text: seconds since the epoch to the microsecond, no trailing zeros
+    (``1795303085``, ``1795303085.311469``), the same whichever float rounding got there."""
+    return f"{seconds:.6f}".rstrip("0").rstrip(".")
+
+
+def _identity(path: str) -> tuple[int, ...] | None:
+    """What changes when the file is replaced (an atomic rewrite is a new inode), or None."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def job_instance(job_id: int | str, task_id: int | str, cluster: str, submitted: float,
+                 source: str | os.PathLike[str]) -> None:
+    """Tag this process's later records of a job task with which job of its number it is.
+
+    Parameters
+    ----------
+    job_id, task_id: the job task.
+    cluster: ``SGE_CLUSTER`` ("" = not known).
+    submitted: ``JOB_SUBMITTED``, seconds since the epoch (0 = not known); both unknown
+        forgets what was known of the task.
+    source: the file this was read from (the job's resource file, its spooled config).
+        Records carry the fields only while that file is unchanged: once it is gone or
+        replaced, the number may already be another job's, and a record that names no
+        instance is better than one that names the wrong job.
+    """
+    key = (str(job_id), str(task_id))
+    path = os.fspath(source)
+    fields = {CLUSTER_FIELD: cluster} if cluster else {}
+    if submitted:
+        fields[SUBMITTED_FIELD] = submitted_text(submitted)
+    identity = _identity(path) if fields else None
+    with _instances_lock:
+        _instances.pop(key, None)  # a known one moves to the end: the oldest go first
+        if identity is None:
+            return
+        _instances[key] = (fields, path, identity)
+        while len(_instances) > _MAX_INSTANCES:
+            del _instances[next(iter(_instances))]
+
+
+def _instance_of(job: str, task: str | None) -> dict[str, str]:
+    """The instance fields of job task ``job.task`` (any task of the job when None), or {}."""
+    with _instances_lock:
+        if task is None:  # the same for every task: cluster and submission are the job's
+            task = next((t for j, t in reversed(_instances) if j == job), "")
+        key = (job, task)
+        found = _instances.get(key)
+    if found is None:
+        return {}
+    fields, path, identity = found
+    if _identity(path) != identity:
+        with _instances_lock:
+            if _instances.get(key) is found:
+                del _instances[key]
+        return {}
+    return fields
 
 
 # ---------------------------------------------------------------------------

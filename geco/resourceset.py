@@ -57,7 +57,12 @@ class ResourceSet(NamedTuple):
     """One task of one job, as granted by Grid Engine.
 
     The field order is the v1 format's global field order (the node count is
-    implied by ``nodes``).
+    implied by ``nodes``), then its optional instance section.
+
+    ``cluster`` and ``submitted`` say which job of its number this is (Grid Engine
+    reuses numbers; :mod:`geco.sge.jobinstance`): the cluster and the job's submission
+    time in seconds since the epoch, ``""`` and ``0`` when not known (a file an older
+    geco wrote).
     """
 
     job_id: int
@@ -73,6 +78,8 @@ class ResourceSet(NamedTuple):
     group: str = ""
     cwd: str = ""
     nodes: tuple[NodeResources, ...] = ()
+    cluster: str = ""
+    submitted: float = 0.0
 
     @property
     def key(self) -> JobKey:

@@ -56,13 +56,29 @@
  *     calls execve() through the PLT from execvp()) pass straight through, so
  *     one exec never sends two requests.
  *
- * LD_PRELOAD is neither added nor removed here. sge_execd's own children
- * inherit execd's environment (and so this library) because execd's
- * environment is theirs; the shepherd is exec'd with the job environment that
- * execd built from the `environment` file, which has no LD_PRELOAD, so user
- * jobs never carry the wrapper. The original GECO rewrote LD_PRELOAD in the
- * exec'd environment (with a duplicate check that never matched); not
- * touching envp at all is both simpler and what rule 4 demands.
+ * No job carries this library, whichever Grid Engine starts it. What sge_execd
+ * starts inherits its environment, LD_PRELOAD included: load sensors, mailers
+ * (where the library stays, inert), and the shepherd. Son of Grid Engine 8.1.9's
+ * execd hands its shepherd an environment without LD_PRELOAD (seen in the
+ * shepherd's /proc/<pid>/environ); Open Cluster Scheduler 9.1's execd execlp()s
+ * it with its own, and that shepherd passes its environment on to the job
+ * (INHERIT_ENV, true by default): every process of the job would map this
+ * library and see the variable. So a shepherd's exec, however it goes ahead
+ * (acked, policy=allow, inert), gets this library taken out of LD_PRELOAD:
+ * other preloads stay, the variable goes when nothing is left, and an
+ * environment that does not list the library (Son of Grid Engine's) passes on
+ * as the caller's own array (shepherd_env()). Every other exec in sge_execd
+ * keeps its environment, as rule 4 demands. The original GECO rewrote LD_PRELOAD in the
+ * exec'd environment to keep itself there (with a duplicate check that never
+ * matched); this one only ever takes itself out.
+ *
+ * ssh sessions do not inherit it either: OpenSSH builds a session's
+ * environment afresh (session.c, do_setup_env(): the user's basics, PAM's,
+ * SetEnv, what the client sends through AcceptEnv, ~/.ssh/environment with
+ * PermitUserEnvironment), never from sshd's own, and runs ~/.ssh/rc, sshrc and
+ * xauth in it too (environ = env before them). LD_PRELOAD reaches a session
+ * only where the admin or the user put it: their own choice, as with
+ * `qsub -v LD_PRELOAD=...`, and the library is inert there.
  *
  * Not covered in sge_execd (calls that never reach an exported exec symbol):
  * posix_spawn(), system(), popen() (glibc calls its internal execve; wrapped,
@@ -138,9 +154,18 @@ static struct {
     int active;             /* 1: quarantine matching execs; 0: inert, pass through */
     int sshd;               /* 1: loaded into sshd or sshd-session (ssh sessions, below) */
     char inert_reason[512]; /* why inert: said at a matching exec */
+    char self_name[NAME_MAX + 1]; /* this library's file name (find_self_name()) */
 } state;
 
 static pthread_once_t geco_once = PTHREAD_ONCE_INIT;
+
+/* The environment of an exec that changes it: an ssh session's (its job's variables
+   added, session_env()) or a shepherd's (this library taken out of LD_PRELOAD,
+   shepherd_env()). One array for both: they never meet in one process (sshd has no
+   exec_filter). Static, as nothing may be allocated between fork and exec; each child
+   has its own copy (Grid Engine's execds fork(), never vfork(), before they exec). */
+#define EXEC_ENV_SLOTS 2048
+static char *exec_env[EXEC_ENV_SLOTS];
 
 /* Set while this thread is inside the wrapper's own work. initial-exec: the
    library is loaded at start-up, and a global-dynamic access may allocate. */
@@ -254,6 +279,22 @@ static int host_program(line_t *err)
     return 0;
 }
 
+/* This library's file name, as the dynamic linker loaded it (the LD_PRELOAD entry, or
+   the file it found for a bare name): what shepherd_env() takes out of LD_PRELOAD. Read
+   here: dladdr() takes the loader's lock, which a child forked while another thread
+   held it would wait for forever. Empty when unknown (nothing is taken out then). */
+static void find_self_name(void)
+{
+    Dl_info info;
+    if (dladdr((void *)&state, &info) == 0 || info.dli_fname == NULL)
+        return;
+    const char *slash = strrchr(info.dli_fname, '/');
+    const char *name = slash != NULL ? slash + 1 : info.dli_fname;
+    size_t n = strlen(name);
+    if (n < sizeof state.self_name)
+        memcpy(state.self_name, name, n + 1);
+}
+
 static void geco_init(void)
 {
     int saved = errno;
@@ -269,6 +310,8 @@ static void geco_init(void)
     real_popen = (popen_fn)dlsym(RTLD_NEXT, "popen");
     real_system = (system_fn)dlsym(RTLD_NEXT, "system");
     int host = host_program(&why);
+    if (host == 1 || host == -1)
+        find_self_name(); /* where a shepherd may be exec'd */
     switch (host) {
     case 0:
         /* not sge_execd or sshd: no filters, so every exec takes the fast path out,
@@ -434,6 +477,139 @@ static int quarantine(const char *name)
 }
 
 /* ------------------------------------------------------------------------- */
+/* the shepherd's environment: without this library                          */
+/* ------------------------------------------------------------------------- */
+
+/*
+ * A shepherd and all it starts are the job's, and no job carries this library (see the
+ * top of this file): a shepherd's exec goes ahead with this library taken out of
+ * LD_PRELOAD. An entry of the variable (split at spaces and colons, as ld.so splits
+ * it) is this library when its file name is state.self_name; every other entry stays,
+ * in order, each after the separator that came before it, and the variable goes when
+ * nothing is left. Every LD_PRELOAD= string of the environment is rewritten (ld.so
+ * reads the last one, getenv() the first). An environment that does not list this
+ * library is passed on as it is, the caller's own array.
+ *
+ * Built in static storage (exec_env, preload_text): nothing may be allocated between
+ * fork and exec. When it does not fit (EXEC_ENV_SLOTS - 1 variables or more, or the
+ * rewritten values over PRELOAD_TEXT_MAX bytes), the shepherd gets its environment as
+ * it is and a warning says so: the library is inert in a job (it reads nothing outside
+ * sge_execd and sshd), so the job still runs as it should; refusing the exec instead
+ * would only make Grid Engine try again with the same environment, forever.
+ */
+#define PRELOAD_TEXT_MAX 8192
+#define PRELOAD_SEPARATORS " :"
+static const char preload_var[] = "LD_PRELOAD=";
+static char preload_text[PRELOAD_TEXT_MAX];
+
+static int is_preload(const char *entry)
+{
+    return strncmp(entry, preload_var, sizeof preload_var - 1) == 0;
+}
+
+/* Is the LD_PRELOAD entry entry[0..len) this library, by its file name? */
+static int names_self(const char *entry, size_t len)
+{
+    size_t start = len, n = strlen(state.self_name);
+    while (start > 0 && entry[start - 1] != '/')
+        start--;
+    return n > 0 && len - start == n && memcmp(entry + start, state.self_name, n) == 0;
+}
+
+/* Does the LD_PRELOAD value list this library? */
+static int lists_self(const char *value)
+{
+    while (*value != '\0') {
+        value += strspn(value, PRELOAD_SEPARATORS);
+        size_t len = strcspn(value, PRELOAD_SEPARATORS);
+        if (len > 0 && names_self(value, len))
+            return 1;
+        value += len;
+    }
+    return 0;
+}
+
+/* Write "LD_PRELOAD=<entry's entries but this library>" NUL-terminated to
+   preload_text + *used and advance *used. Returns 1: written, 0: nothing is left (no
+   variable), -1: it does not fit. */
+static int rewrite_preload(const char *entry, size_t *used)
+{
+    const char *value = entry + sizeof preload_var - 1;
+    size_t at = *used + sizeof preload_var - 1, kept = 0;
+
+    if (at >= sizeof preload_text)
+        return -1;
+    memcpy(preload_text + *used, preload_var, sizeof preload_var - 1);
+    while (*value != '\0') {
+        value += strspn(value, PRELOAD_SEPARATORS);
+        size_t len = strcspn(value, PRELOAD_SEPARATORS);
+        if (len > 0 && !names_self(value, len)) {
+            size_t sep = kept > 0; /* the separator before it: kept > 0, so one exists */
+            if (at + sep + len >= sizeof preload_text)
+                return -1;
+            if (sep)
+                preload_text[at++] = value[-1];
+            memcpy(preload_text + at, value, len);
+            at += len;
+            kept++;
+        }
+        value += len;
+    }
+    if (kept == 0)
+        return 0;
+    preload_text[at++] = '\0';
+    *used = at;
+    return 1;
+}
+
+/* The environment a shepherd is exec'd with: *use_envp set to envp without this library
+   in LD_PRELOAD when envp lists it, else left alone (see above). */
+static void shepherd_env(const char *name, char *const *envp, char *const **use_envp)
+{
+    size_t n = 0, used = 0;
+    int listed = 0, too_long = 0, too_many = 0;
+
+    for (char *const *e = envp; e != NULL && *e != NULL && !listed; e++)
+        listed = is_preload(*e) && lists_self(*e + sizeof preload_var - 1);
+    if (!listed)
+        return;
+    for (char *const *e = envp; *e != NULL && !too_long && !too_many; e++) {
+        char *entry = *e;
+        if (is_preload(entry)) {
+            size_t at = used;
+            int r = rewrite_preload(entry, &used);
+            too_long = r < 0;
+            if (r <= 0)
+                continue;
+            entry = preload_text + at;
+        }
+        too_many = n + 1 >= EXEC_ENV_SLOTS;
+        if (!too_many)
+            exec_env[n++] = entry;
+    }
+    if (!too_long && !too_many) {
+        exec_env[n] = NULL;
+        *use_envp = exec_env;
+        return;
+    }
+    char buf[300];
+    line_t l = {buf, sizeof buf, 0};
+    put_job(&l, name, 0, 0, (uint32_t)getpid());
+    put(&l, ": starts with LD_PRELOAD as it is, geco's library included "
+            "(inert in a job): ");
+    if (too_long) {
+        put(&l, "its LD_PRELOAD rewritten would take more than ");
+        put_u64(&l, PRELOAD_TEXT_MAX - 1);
+        put(&l, " bytes");
+    } else {
+        put(&l, "its environment has more than ");
+        put_u64(&l, EXEC_ENV_SLOTS - 1);
+        put(&l, " variables");
+    }
+    emit(4, l.buf, l.len);
+}
+
+/* ------------------------------------------------------------------------- */
 /* ssh sessions: the second line behind sshd's PAM module                     */
 /* ------------------------------------------------------------------------- */
 
@@ -454,7 +630,6 @@ static int quarantine(const char *name)
  * this user full, an address that is not gecod's socket), the exec fails closed
  * unless session_policy=allow: see unplaced_may_run().
  */
-#define SESSION_ENV_SLOTS 2048
 /* a login waits no longer than this for gecod (PAM's module gives it as long) */
 #define SESSION_TIMEOUT_MS 2000
 
@@ -463,7 +638,6 @@ static struct {
     int envc;                              /* reply lines in env_add (0: none) */
     char text[GECO_REPLY_MAX_TEXT + 1];    /* the reply, lines NUL-terminated in place */
     char *env_add[64];                     /* its NAME=value lines */
-    char *env[SESSION_ENV_SLOTS];          /* an exec's environment with them */
 } session;
 
 /* Value of NAME in envp (NULL: absent). */
@@ -503,14 +677,14 @@ static char *const *session_env(char *const *envp)
         }
         if (replaced)
             continue;
-        if (n >= SESSION_ENV_SLOTS - 65)
+        if (n >= EXEC_ENV_SLOTS - 65)
             return NULL;
-        session.env[n++] = *envp;
+        exec_env[n++] = *envp;
     }
     for (int i = 0; i < session.envc; i++)
-        session.env[n++] = session.env_add[i];
-    session.env[n] = NULL;
-    return session.env;
+        exec_env[n++] = session.env_add[i];
+    exec_env[n] = NULL;
+    return exec_env;
 }
 
 static void say_to_session(const char *text)
@@ -754,9 +928,10 @@ static int session_gate(char *const *envp, char *const **use_envp)
 /*
  * Every wrapped exec (and, for ssh sessions, spawn) asks this first. Returns 0:
  * call the real function, with *use_envp when it was changed (an ssh session's
- * job variables); -1: do not (errno is set). path NULL: not an exec (a spawn,
- * popen, system), which only ssh sessions are asked about. The caller restores
- * its saved errno before a call-through, so whatever happens here never shows.
+ * job variables, a shepherd's LD_PRELOAD); -1: do not (errno is set). path
+ * NULL: not an exec (a spawn, popen, system), which only ssh sessions are asked
+ * about. The caller restores its saved errno before a call-through, so whatever
+ * happens here never shows.
  */
 static int geco_gate(const char *path, char *const *envp, char *const **use_envp)
 {
@@ -788,6 +963,9 @@ static int geco_gate(const char *path, char *const *envp, char *const **use_envp
         emit(4, l.buf, l.len);
         rc = 0;
     }
+    /* however it goes ahead (acked, policy=allow, inert), the job carries no geco */
+    if (rc == 0 && use_envp != NULL)
+        shepherd_env(name, envp, use_envp);
     geco_busy = 0;
     return rc;
 }

@@ -38,6 +38,7 @@ from geco.errors import (
     QstatParseError,
     ResourceFormatError,
 )
+from geco.gpus import GpuGrantError
 from geco.sge import execd
 
 TYPE_CHECKING = False
@@ -58,9 +59,11 @@ class Exit(enum.IntEnum):
     JOB_ERROR = 100
 
 
-# Errors that re-queueing cannot fix (the job's data, or a queue without geco's
-# prolog): the job waits in error state with the reason instead of looping.
-_JOB_ERRORS: tuple[type[GecoError], ...] = (QstatParseError, ResourceFormatError, NotContained)
+# Errors that re-queueing cannot fix (the job's data, a GPU grant that names no GPU of
+# the node, or a queue without geco's prolog): the job waits in error state with the
+# reason instead of looping.
+_JOB_ERRORS: tuple[type[GecoError], ...] = (QstatParseError, ResourceFormatError, NotContained,
+                                            GpuGrantError)
 
 
 # Hooks that run after the prolog saved the job's resource file, and whether the

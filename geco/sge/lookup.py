@@ -16,6 +16,9 @@ before they can build its cgroups, and must get it the same way, in this order:
    with its cores only. Journaled either way (``degraded-containment-refused``
    or ``degraded-containment``); never uncontained without a warning.
 
+A set made here (2 or 3) also says which job of its number it is, read from the
+spool (:mod:`geco.sge.jobinstance`), and so do the job's records from then on.
+
 Grid Engine answering that the task is not running (:class:`TaskNotRunning`)
 or that the job does not exist (:class:`~geco.errors.JobNotFound`) is passed on:
 that is a race or a bogus request, not a reason to guess.
@@ -26,12 +29,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from geco import log
+from geco import gpus, log
 from geco._tuple import NamedTuple
 from geco.config import Config
 from geco.errors import GecoError, QstatError, TaskNotRunning
 from geco.resourceset import NodeResources, ResourceSet, short_hostname
-from geco.sge import execd, resourcefile
+from geco.sge import execd, jobinstance, resourcefile
 
 __all__ = ["Found", "find", "from_spool"]
 
@@ -41,8 +44,9 @@ _log = log.get("sge.lookup")
 def from_spool(job: execd.JobRef, gpu_complex: str = "gpu") -> ResourceSet:
     """Build what the node itself knows about the job: owner, name, hosts and slots, and
     on the master node the GPU ids Grid Engine granted there (an RSMAP's
-    ``SGE_HGR_<complex>`` in the job's spooled environment, ids separated by spaces).
-    A count without ids (Son of Grid Engine) is not known here: no GPU, never a guess.
+    ``SGE_HGR_<complex>`` in the job's spooled environment, ids separated by spaces, mapped
+    to the node's GPUs at containment: :func:`geco.gpus.map_share`). A count without ids
+    (Son of Grid Engine, an INT consumable) is not known here: no GPU, never a guess.
 
     Parameters
     ----------
@@ -80,8 +84,8 @@ def _granted_gpus(spool_dir: Path, gpu_complex: str) -> str:
         env = execd.parse_key_values((spool_dir / "environment").read_bytes())
     except OSError:
         return ""
-    ids = env.get(f"SGE_HGR_{gpu_complex}".encode(), b"").decode(errors="replace").split()
-    return ",".join(ids) if all(i.isdigit() for i in ids) else ""
+    return gpus.from_hgr(env.get(f"SGE_HGR_{gpu_complex}".encode(), b"").decode(
+        errors="replace"))
 
 
 class Found(NamedTuple):
@@ -149,6 +153,10 @@ def find(job: execd.JobRef, cfg: Config, logger: log.Logger | None = None, *,
                         "queue, and do its hosts share the cluster key?")
     from geco.sge import qstat  # lxml and subprocess: only when no hook or gecod asked yet
 
+    instance = jobinstance.from_spool(job.spool_dir)
+    if instance is not None:  # qstat's retries, a refusal: the job's records say which job
+        log.job_instance(job.job_id, job.task_id, instance.cluster, instance.submitted,
+                         instance.source)
     try:
         rs = qstat.fetch(job.job_id, job.task_id, cfg, pe_hostfile=job.pe_hostfile)
     except TaskNotRunning:
@@ -164,7 +172,11 @@ def find(job: execd.JobRef, cfg: Config, logger: log.Logger | None = None, *,
         logger.warning("qmaster not reachable (%s): job %s is contained with its cores only, "
                        "WITHOUT memory limits", exc, job.key,
                        extra=log.job_fields(job.job_id, job.task_id, "degraded-containment"))
-        return Found(from_spool(job, cfg.gpu_complex), "spool", time.monotonic() - started)
+        rs = from_spool(job, cfg.gpu_complex)
+        return Found(instance.stamp(rs) if instance else rs, "spool",
+                     time.monotonic() - started)
+    if instance is not None:
+        rs = instance.stamp(rs)
     try:
         resourcefile.write(cfg.resources_dir, rs)
     except GecoError as exc:  # a full disk must not stop the job; later hooks ask qstat again

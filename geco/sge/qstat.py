@@ -2,13 +2,17 @@
 
 The hooks call :func:`fetch` once per job; everything else here is a pure
 parser over bytes, so it is tested against real qstat output
-(``tests/fixtures/qstat``, recorded on Son of Grid Engine 8.1.9).
+(``tests/fixtures/qstat``, recorded on Son of Grid Engine 8.1.9;
+``tests/fixtures/ocs-9.1.4``, on Open Cluster Scheduler 9.1.4).
 
 Where the facts are:
 
 * ``qstat -xml -j <job>`` (:func:`parse_job`): owner, group, name, cwd,
   array-ness, the hard requests (``h_vmem``, ``m_mem_free``, ``h_rt``,
-  ``geco_trace_level``, ``standby*``, ``phi_config_for_user``; all per slot)
+  ``geco_trace_level``, ``standby*``, ``phi_config_for_user``; all per slot;
+  read by :mod:`geco.sge.requests` from Son of Grid Engine's and Univa's
+  ``JB_hard_resource_list`` or Open Cluster Scheduler's per-scope request sets; a
+  shape it does not know is journaled, ``qstat-shape-unknown``, once per job)
   and the job's tasks. Univa/Altair GE and Open Cluster Scheduler also print
   each task's granted hosts (``JAT_granted_destin_identifier_list``) and
   granted resources per host (``grl``: ``m_mem_free``, the GPU complex's RSMAP ids,
@@ -50,10 +54,10 @@ import re
 import shlex
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from decimal import Decimal
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from lxml import etree
@@ -63,10 +67,11 @@ from geco.config import Config
 from geco.errors import JobNotFound, QstatError, QstatParseError, TaskNotRunning
 from geco.gpus import COUNT_PREFIX, GpuComplex
 from geco.resourceset import NodeResources, ResourceSet, short_hostname
-from geco.sge.pe_hostfile import U32 as _U32
-from geco.sge.pe_hostfile import Placement, merge, parse_pe_hostfile, shown, u32
+from geco.sge import _xml, requests
+from geco.sge.pe_hostfile import Placement, merge, parse_pe_hostfile, shown
+from geco.sge.requests import JobRequests
 from geco.sge.siteenv import SgeEnv, discover
-from geco.units import decimal_value, parse_memory, parse_time
+from geco.units import decimal_value, parse_memory
 
 __all__ = [
     "MAX_XML",
@@ -75,6 +80,7 @@ __all__ = [
     "fetch",
     "find_command",
     "job_number",
+    "job_slots",
     "parse_job",
     "parse_placement_gt",
     "run_once",
@@ -87,8 +93,6 @@ _log = log.get("qstat")
 _JB_TYPE_ARRAY = 0x80
 # JAT_status JIDLE: the task exists in JB_ja_tasks (e.g. held) but was never dispatched.
 _JIDLE = 0
-# Grid Engine prints INFINITY as DBL_MAX with %f; anything this big is "no limit".
-_NO_LIMIT = Decimal(2) ** 63
 # What a Grid Engine client prints, with exit status 0, when it cannot reach the
 # qmaster (SoGE's spelling): a transient failure, never a document about the job.
 _COMM_ERROR = re.compile(rb"<comunication_error\b")
@@ -96,31 +100,22 @@ _COMM_ERROR_TEXT = re.compile(rb"<AN_text>([^<]*)</AN_text>")
 _BACKOFF_CAP = 10.0        # seconds; retries sleep 1, 2, 4, 8, 10, 10, ...
 _DRAIN_TIMEOUT = 2.0       # seconds to collect output after killing a timed-out qstat
 _STDERR_SHOWN = 200        # characters of stderr's first line put into an error
-_DIGITS = re.compile(r"[0-9]+")
 #: The largest qstat output parsed (one job's document, or the running slots of a whole
 #: cluster for ``-g t``: tens of MB at most); larger is refused before libxml2 builds a tree.
 MAX_XML = 64 * 1024 * 1024
-# the longest memory or time text read (Grid Engine prints e.g. "1073741824.000000")
-_MAX_UNIT_TEXT = 64
 # granted per-host resources geco uses (UGE "grl" items), beside the GPU complex
 _GRANTED = ("m_mem_free", "intel_phi")
-# the most GPUs one request may count (a typo such as 1e9 is an error, not a loop)
-_MAX_GPUS = 4096
 _DEFAULT_GPU = GpuComplex()
+# the jobs whose unknown request shape this process journaled (see _warn_unknown_shape):
+# (job number, JB_submission_time), as Grid Engine reuses job numbers
+_SHAPE_WARNED_MAX = 4096
+_SHAPES_SHOWN = 5  # the unknown parts one warning names (a document may hold thousands)
+_shape_warned: dict[tuple[int, str], None] = {}
+_shape_lock = threading.Lock()
 
 
 # ---------------------------------------------------------------------------
 # XML plumbing
-
-
-def _restore(text: str) -> str:
-    """Undo the byte-for-byte (ISO-8859-1) decoding: UTF-8 text, other bytes as surrogates."""
-    try:
-        raw = text.encode("latin-1")
-    except UnicodeEncodeError:
-        # a character reference above U+00FF (&#x263a;) is a real character already
-        raw = b"".join(bytes([ord(c)]) if ord(c) < 256 else c.encode("utf-8") for c in text)
-    return raw.decode("utf-8", "surrogateescape")
 
 
 def _excerpt(data: bytes) -> str:
@@ -161,50 +156,32 @@ def _parse_xml(xml: bytes, what: str) -> etree._Element:
                               output=_excerpt(xml)) from exc
 
 
-def _text(parent: etree._Element, tag: str) -> str | None:
-    """Return the text of ``parent``'s child ``tag`` ("" when empty), None when absent."""
-    child = parent.find(tag)
-    if child is None:
-        return None
-    return _restore("".join(str(t) for t in child.itertext()))
-
-
-def _whole(text: str | None, element: str, *, minimum: int = 0) -> int:
-    """Return ``text`` as a whole number from ``minimum`` to 2**32-1 or raise naming
-    ``element`` (Grid Engine's integers are u_long32)."""
-    if text is None:
-        raise QstatParseError(f"{element} is missing; expected a whole number >= {minimum}",
-                              element=element)
-    stripped = text.strip()
-    if not _DIGITS.fullmatch(stripped):
-        raise QstatParseError(f"{element} must be a whole number >= {minimum}, got "
-                              f"{shown(text)}", element=element)
-    value = u32(stripped)
-    if value is None:
-        raise QstatParseError(f"{element} must be at most {_U32} (a u_long32), got "
-                              f"{shown(stripped)}", element=element)
-    if value < minimum:
-        raise QstatParseError(f"{element} must be a whole number >= {minimum}, got "
-                              f"{shown(text)}", element=element)
-    return value
-
-
 # ---------------------------------------------------------------------------
 # placement
 
 
-def parse_placement_gt(xml: bytes, job_id: int, task_id: int) -> list[Placement]:
+def parse_placement_gt(xml: bytes, job_id: int, task_id: int, *,
+                       job_slots: int | None = None) -> list[Placement]:
     """Return the hosts and slots granted to one task, from ``qstat -xml -u '*' -g t``.
 
     That listing has one ``job_list`` row per granted slot (``JB_job_number``,
     ``tasks`` for array jobs, ``queue_name`` ``queue@host``, ``master``
     MASTER/SLAVE, ``slots``). Pending rows (empty ``queue_name``) are skipped.
+    For a PE with ``job_is_first_task FALSE`` the master queue has one row more, for
+    the master task, which holds no slot: qstat prints ``JG_slots`` + 1 rows there
+    (``slot_adjust`` in Son of Grid Engine's and Open Cluster Scheduler's qstat,
+    ``ocs_QStatDefaultController.cc``), so a 2-slot job shows one MASTER and two SLAVE
+    rows. The listing does not name the PE's setting: when the rows add up to one more
+    than ``job_slots``, that row is not counted.
 
     Parameters
     ----------
     xml: the command's output.
     job_id: the job.
     task_id: the array task; 0 or 1 for a non-array job (its rows carry no task).
+    job_slots: the task's slots in all, when known (a PE request of one count, such as
+        ``-pe mpi 2``); None: the rows are taken as printed, which for a PE with
+        ``job_is_first_task FALSE`` is one slot more on the master host.
 
     Returns
     -------
@@ -223,38 +200,29 @@ def parse_placement_gt(xml: bytes, job_id: int, task_id: int) -> list[Placement]
     want = task_id or 1
     entries: list[tuple[str, int, bool]] = []
     for row in root.iter("job_list"):
-        if _whole(_text(row, "JB_job_number"), "JB_job_number", minimum=1) != job_id:
+        if _xml.whole(_xml.text(row, "JB_job_number"), "JB_job_number", minimum=1) != job_id:
             continue
-        queue = (_text(row, "queue_name") or "").strip()
+        queue = (_xml.text(row, "queue_name") or "").strip()
         if not queue:
             continue
-        tasks = _text(row, "tasks")
-        if tasks is not None and _whole(tasks, "tasks", minimum=1) != want:
+        tasks = _xml.text(row, "tasks")
+        if tasks is not None and _xml.whole(tasks, "tasks", minimum=1) != want:
             continue
         host = queue.partition("@")[2]
         if not host:
             raise QstatParseError(f"queue_name must be queue@host, got {shown(queue)}",
                                   element="queue_name")
-        slots = _whole(_text(row, "slots"), "slots", minimum=1)
-        entries.append((host, slots, (_text(row, "master") or "").strip() == "MASTER"))
-    return merge(entries)
+        slots = _xml.whole(_xml.text(row, "slots"), "slots", minimum=1)
+        entries.append((host, slots, (_xml.text(row, "master") or "").strip() == "MASTER"))
+    hosts = merge(entries)
+    master_task_row = job_slots is not None and sum(h.slots for h in hosts) == job_slots + 1
+    if master_task_row and hosts[0].slots > 1:
+        hosts[0] = replace(hosts[0], slots=hosts[0].slots - 1)
+    return hosts
 
 
 # ---------------------------------------------------------------------------
 # qstat -xml -j
-
-
-@dataclass(slots=True)
-class _Requests:
-    """The hard requests geco uses; memory per slot in bytes, 0 = not requested."""
-
-    h_vmem: int = 0
-    m_mem_free: int = 0
-    h_rt: float = 0.0
-    trace_level: int = 0
-    standby: bool = False
-    phi_for_user: bool = False
-    gpus: int = 0
 
 
 @dataclass(slots=True)
@@ -268,114 +236,25 @@ class _Job:
     name: str
     cwd: str
     is_array: bool
-    requests: _Requests
+    requests: JobRequests
+    # the slots of a PE request of one count (-pe mpi 2), else None (a range, or no PE)
+    slots: int | None
     granted_placement: list[Placement] | None
     # short host name -> {resource name: granted value as printed}
     granted: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
-def _is_infinity(text: str | None) -> bool:
-    return text is not None and text.strip().lower() == "infinity"
-
-
-def _request_number(req: etree._Element, name: str) -> Decimal:
-    """A numeric/boolean request: CE_doubleval (Grid Engine's own parse), else CE_stringval."""
-    for tag in ("CE_doubleval", "CE_stringval"):
-        text = _text(req, tag)
-        if text is None:
-            continue
-        if tag == "CE_stringval" and text.strip().lower() in ("true", "false"):
-            return Decimal(text.strip().lower() == "true")
-        try:
-            return decimal_value(text)
-        except ValueError:
-            raise QstatParseError(f"request {name}: {tag} must be a number, got {shown(text)}",
-                                  element=tag) from None
-    raise QstatParseError(f"request {name} has neither CE_doubleval nor CE_stringval",
-                          element="CE_name")
-
-
-def _unit_value(text: str, parse: Callable[[str], int | float | None], what: str,
-                element: str) -> int | float:
-    """A memory or time value through :mod:`geco.units` (0 for INFINITY); raise naming
-    ``what``. Grid Engine prints such a value in a few dozen characters: a longer one is
-    refused before its digits become a number (10 MB of them would take minutes)."""
-    if len(text) > _MAX_UNIT_TEXT:
-        raise QstatParseError(f"{what}: {element} must be at most {_MAX_UNIT_TEXT} "
-                              f"characters, got {shown(text)}", element=element)
-    try:
-        return parse(text) or 0
-    except ValueError as exc:
-        raise QstatParseError(f"{what}: {exc}", element=element) from None
-
-
-def _request_value(req: etree._Element, name: str,
-                   parse: Callable[[str], int | float | None], unit: str) -> Decimal | float:
-    """A memory (bytes per slot) or time (seconds) request; 0 for INFINITY."""
-    value: Decimal | float
-    if _is_infinity(_text(req, "CE_stringval")):
-        return 0
-    if _text(req, "CE_doubleval") is None:
-        # Only a CE_stringval: parse the way Grid Engine documents such values.
-        value = _unit_value(_text(req, "CE_stringval") or "", parse, f"request {name}",
-                            "CE_stringval")
-    else:
-        value = _request_number(req, name)
-        if value < 0:
-            raise QstatParseError(f"request {name}: CE_doubleval must be >= 0 {unit}, got "
-                                  f"{value}", element="CE_doubleval")
-    return 0 if value >= _NO_LIMIT else value
-
-
-def _request_bytes(req: etree._Element, name: str) -> int:
-    return int(_request_value(req, name, parse_memory, "bytes"))
-
-
-def _request_seconds(req: etree._Element, name: str) -> float:
-    return float(_request_value(req, name, parse_time, "seconds"))
-
-
-def _requests(job: etree._Element, gpu: GpuComplex) -> _Requests:
-    """Read ``JB_hard_resource_list`` (items: ``qstat_l_requests`` SoGE, ``element`` UGE)."""
-    result = _Requests()
-    for req in job.iterfind("JB_hard_resource_list/*"):
-        name = (_text(req, "CE_name") or "").strip()[:40]  # for messages: standby<anything>
-        if name == "h_vmem":
-            result.h_vmem = _request_bytes(req, name)
-        elif name == "m_mem_free":
-            result.m_mem_free = _request_bytes(req, name)
-        elif name == "h_rt":
-            result.h_rt = _request_seconds(req, name)
-        elif name == "geco_trace_level":
-            # the original's log levels are 0 (quiet) .. 4 (debug); a typo must not fail the job.
-            # Clamped before int(): int(Decimal("1e999999999")) would never end.
-            level = _request_number(req, name)
-            result.trace_level = 0 if level < 0 else 4 if level > 4 else int(level)
-        elif name.startswith("standby"):
-            result.standby = result.standby or _request_number(req, name) != 0
-        elif name == "phi_config_for_user":
-            result.phi_for_user = _request_number(req, name) != 0
-        elif name == gpu.name:
-            count = _request_number(req, name)
-            if count < 0 or count != count.to_integral_value() or count > _MAX_GPUS:
-                raise QstatParseError(f"request {name} must be a whole number of GPUs "
-                                      f"(0-{_MAX_GPUS}), got {shown(str(count))}",
-                                      element="CE_doubleval")
-            result.gpus = int(count)
-    return result
-
-
 def _is_array(job: etree._Element) -> bool:
     """JB_type bit 0x80 (SoGE), JB_is_array (UGE), or a task range other than 1..1."""
-    jb_type = _text(job, "JB_type")
-    if jb_type is not None and _whole(jb_type, "JB_type") & _JB_TYPE_ARRAY:
+    jb_type = _xml.text(job, "JB_type")
+    if jb_type is not None and _xml.whole(jb_type, "JB_type") & _JB_TYPE_ARRAY:
         return True
-    if (_text(job, "JB_is_array") or "").strip().lower() in ("true", "1"):
+    if (_xml.text(job, "JB_is_array") or "").strip().lower() in ("true", "1"):
         return True
     task_range = job.find("JB_ja_structure/*")
-    if task_range is not None and _text(task_range, "RN_min") is not None:
-        low = _whole(_text(task_range, "RN_min"), "RN_min", minimum=1)
-        high = _whole(_text(task_range, "RN_max"), "RN_max", minimum=1)
+    if task_range is not None and _xml.text(task_range, "RN_min") is not None:
+        low = _xml.whole(_xml.text(task_range, "RN_min"), "RN_min", minimum=1)
+        high = _xml.whole(_xml.text(task_range, "RN_max"), "RN_max", minimum=1)
         return (low, high) != (1, 1)
     return False
 
@@ -390,10 +269,10 @@ def _task_element(job: etree._Element, number: int, task_id: int,
         raise TaskNotRunning(f"job {number} has no running task (it is pending, or ending)",
                              job=number, task=want)
     for task in tasks:
-        if _whole(_text(task, "JAT_task_number"), "JAT_task_number", minimum=1) != want:
+        if _xml.whole(_xml.text(task, "JAT_task_number"), "JAT_task_number", minimum=1) != want:
             continue
-        status = _text(task, "JAT_status")
-        if status is not None and _whole(status, "JAT_status") == _JIDLE:
+        status = _xml.text(task, "JAT_status")
+        if status is not None and _xml.whole(status, "JAT_status") == _JIDLE:
             raise TaskNotRunning(f"task {want} of job {number} is not dispatched yet",
                                  job=number, task=want)
         return task, want
@@ -414,11 +293,11 @@ def _granted_placement(task: etree._Element) -> list[Placement] | None:
         return None
     entries: list[tuple[str, int, bool]] = []
     for entry in gdil:
-        host = (_text(entry, "JG_qhostname") or "").strip()
+        host = (_xml.text(entry, "JG_qhostname") or "").strip()
         if not host:
             raise QstatParseError("JG_qhostname is missing or empty in a granted queue entry",
                                   element="JG_qhostname")
-        slots = _whole(_text(entry, "JG_slots"), "JG_slots", minimum=1)
+        slots = _xml.whole(_xml.text(entry, "JG_slots"), "JG_slots", minimum=1)
         entries.append((host, slots, not entries))
     return merge(entries)
 
@@ -432,15 +311,15 @@ def _granted_resources(task: etree._Element, gpu: GpuComplex) -> dict[str, dict[
     """
     granted: dict[str, dict[str, str]] = {}
     for item in task.iter():
-        name = (_text(item, "GRU_name") or "").strip()
-        host = (_text(item, "GRU_host") or "").strip()
+        name = (_xml.text(item, "GRU_name") or "").strip()
+        host = (_xml.text(item, "GRU_host") or "").strip()
         if (name not in _GRANTED and name != gpu.name) or not host:
             continue
-        value = _text(item, "GRU_value")
+        value = _xml.text(item, "GRU_value")
         if value is None and name == "m_mem_free":
-            value = _text(item, "GRU_amount")
+            value = _xml.text(item, "GRU_amount")
         elif value is None:
-            ids = [_restore(r.text or "").strip() for r in item.iter("RESL_value")]
+            ids = [_xml.restore(r.text or "").strip() for r in item.iter("RESL_value")]
             value = ",".join(ids) if ids else None
         if value is not None:
             granted.setdefault(short_hostname(host), {})[name] = value.strip()
@@ -452,18 +331,18 @@ def _granted_bytes(value: str, host: str) -> int:
     try:
         number = decimal_value(value)
     except ValueError:
-        memory = _unit_value(value, parse_memory, f"granted m_mem_free on {host}", "GRU_value")
-        return 0 if memory >= _NO_LIMIT else int(memory)
+        memory = _xml.unit_value(value, parse_memory, f"granted m_mem_free on {host}", "GRU_value")
+        return 0 if memory >= _xml.NO_LIMIT else int(memory)
     if number < 0:
         raise QstatParseError(f"granted m_mem_free on {host} must be >= 0 bytes, got "
                               f"{shown(value)}",
                               element="GRU_value")
-    return 0 if number >= _NO_LIMIT else int(number)
+    return 0 if number >= _xml.NO_LIMIT else int(number)
 
 
 def _job_element(root: etree._Element, job_id: int | None) -> etree._Element:
     if root.tag == "unknown_jobs":
-        names = ", ".join(_restore(e.text or "").strip() for e in root.iter("ST_name"))
+        names = ", ".join(_xml.restore(e.text or "").strip() for e in root.iter("ST_name"))
         names = names if len(names) <= 40 else names[:40] + "..."
         raise JobNotFound(f"Grid Engine does not know job {names or job_id} "
                           "(finished, deleted or never submitted)", job=job_id)
@@ -480,7 +359,7 @@ def _job_element(root: etree._Element, job_id: int | None) -> etree._Element:
         return jobs[0]
     numbers = []
     for job in jobs:
-        number = _whole(_text(job, "JB_job_number"), "JB_job_number", minimum=1)
+        number = _xml.whole(_xml.text(job, "JB_job_number"), "JB_job_number", minimum=1)
         if number == job_id:
             return job
         numbers.append(str(number))
@@ -497,7 +376,19 @@ def job_number(xml: bytes) -> int:
         as :func:`parse_job` does for the same document.
     """
     job = _job_element(_parse_xml(xml, "qstat -xml -j output"), None)
-    return _whole(_text(job, "JB_job_number"), "JB_job_number", minimum=1)
+    return _xml.whole(_xml.text(job, "JB_job_number"), "JB_job_number", minimum=1)
+
+
+def job_slots(xml: bytes) -> int | None:
+    """The slots the one job of a ``qstat -xml -j`` document asked for, when it asked one
+    count (``-pe mpi 2``), else None: what :func:`parse_placement_gt` needs to know.
+
+    Raises
+    ------
+    JobNotFound, QstatParseError
+        as :func:`parse_job` does for the same document.
+    """
+    return _pe_slots(_job_element(_parse_xml(xml, "qstat -xml -j output"), None))
 
 
 def _read_job(xml: bytes, task_id: int, job_id: int | None, gpu: GpuComplex) -> _Job:
@@ -505,37 +396,70 @@ def _read_job(xml: bytes, task_id: int, job_id: int | None, gpu: GpuComplex) -> 
         raise ValueError(f"task_id must be >= 0, got {task_id}")
     root = _parse_xml(xml, "qstat -xml -j output")
     job = _job_element(root, job_id)
-    number = _whole(_text(job, "JB_job_number"), "JB_job_number", minimum=1)
-    owner = (_text(job, "JB_owner") or "").strip()
+    number = _xml.whole(_xml.text(job, "JB_job_number"), "JB_job_number", minimum=1)
+    owner = (_xml.text(job, "JB_owner") or "").strip()
     if not owner:
         raise QstatParseError("JB_owner is missing or empty; a job always has an owner",
                               element="JB_owner", job=number)
     is_array = _is_array(job)
-    requests = _requests(job, gpu)
+    asked = requests.read(job, gpu.name)
     task, task_number = _task_element(job, number, task_id, is_array)
+    if asked.unknown:
+        submitted = (_xml.text(job, "JB_submission_time") or "")[:64]
+        _warn_unknown_shape(number, submitted, task_number, asked.unknown)
     return _Job(number=number, task=task_number, owner=owner,
-                group=(_text(job, "JB_group") or "").strip(),
-                name=_text(job, "JB_job_name") or "",
+                group=(_xml.text(job, "JB_group") or "").strip(),
+                name=_xml.text(job, "JB_job_name") or "",
                 # no JB_cwd: submitted without -cwd, the job runs in the owner's $HOME
-                cwd=_text(job, "JB_cwd") or "",
-                is_array=is_array, requests=requests,
+                cwd=_xml.text(job, "JB_cwd") or "",
+                is_array=is_array, requests=asked, slots=_pe_slots(job),
                 granted_placement=_granted_placement(task),
                 granted=_granted_resources(task, gpu))
 
 
-def _times_slots(per_slot: int, slots: int) -> int:
-    """A per-slot memory request for a host's slots; from 2**63 bytes up it is no limit (0),
-    as a request that big is (and as the resource file, whose sizes are int64, requires)."""
-    total = per_slot * slots
-    return 0 if total >= _NO_LIMIT else total
+def _pe_slots(job: etree._Element) -> int | None:
+    """The slots of a PE request of one count (``-pe mpi 2``: one JB_pe_range 2-2), else
+    None (no PE, or a range such as ``-pe mpi 2-8``)."""
+    ranges = job.findall("JB_pe_range/*")
+    if _xml.text(job, "JB_pe") is None or len(ranges) != 1:
+        return None
+    low = _xml.whole(_xml.text(ranges[0], "RN_min"), "RN_min", minimum=1)
+    high = _xml.whole(_xml.text(ranges[0], "RN_max"), "RN_max", minimum=1)
+    return low if low == high else None
+
+
+def _warn_unknown_shape(number: int, submitted: str, task: int,
+                        unknown: tuple[str, ...]) -> None:
+    """Journal, once per job in this process, that its requests are partly unread.
+
+    A job is asked about once (its resource file keeps the answer), but gecod may ask
+    again (its reaper, a resource file rewritten), and one warning is what the admin
+    needs: the newest _SHAPE_WARNED_MAX jobs are remembered.
+    """
+    with _shape_lock:
+        if (number, submitted) in _shape_warned:
+            return
+        if len(_shape_warned) >= _SHAPE_WARNED_MAX:
+            del _shape_warned[next(iter(_shape_warned))]
+        _shape_warned[number, submitted] = None
+    shape = "; ".join(unknown[:_SHAPES_SHOWN])
+    if len(unknown) > _SHAPES_SHOWN:
+        shape += f"; and {len(unknown) - _SHAPES_SHOWN} more"
+    _log.warning("job %s: qstat -xml -j holds requests in a shape geco does not know (%s); "
+                 "geco reads JB_hard_resource_list (Son of Grid Engine, Univa/Altair Grid "
+                 "Engine) and JB_request_set_list (Open Cluster Scheduler 9), so the job runs "
+                 "without the limits asked there (h_vmem, m_mem_free, h_rt, GPUs): is this a "
+                 "newer Grid Engine?", number, shape,
+                 extra=log.job_fields(number, task, "qstat-shape-unknown", shape=shape))
 
 
 def _gpu_share(job: _Job, host: Placement, granted: dict[str, str], gpu: GpuComplex) -> str:
-    """A host's GPU list: the ids Grid Engine granted there (RSMAP), else the count it
-    booked (an INT consumable: per slot, or the job's on its master node)."""
+    """A host's GPU list: the ids Grid Engine granted there (RSMAP; names such as
+    ``nvidia0`` kept as they are), else the count its tasks asked for (an INT consumable:
+    per slot, or the job's on its master node)."""
     if gpu.name in granted:
         return granted[gpu.name].replace(" ", ",")
-    count = job.requests.gpus * (host.slots if gpu.per == "slot" else host.is_master)
+    count = job.requests.host_gpus(host.slots, host.is_master, gpu.per)
     return f"{COUNT_PREFIX}{count}" if count else ""
 
 
@@ -548,7 +472,7 @@ def _assemble(job: _Job, placement: Sequence[Placement] | None,
             f"no placement for task {job.task} of job {job.number}: qstat -xml -j lists no "
             "granted hosts (Son of Grid Engine never does); pass the job's pe_hostfile or "
             "the rows of qstat -xml -u '*' -g t", job=job.number, task=job.task)
-    req = job.requests
+    asked = job.requests
     nodes = []
     for host in hosts:
         granted = job.granted.get(short_hostname(host.host), {})
@@ -561,17 +485,19 @@ def _assemble(job: _Job, placement: Sequence[Placement] | None,
             # multiplying m_mem_free "twice" - by slots, on top of a per-host total.
             memory = _granted_bytes(granted["m_mem_free"], host.host)
         else:
-            memory = _times_slots(req.m_mem_free, host.slots)
+            memory = asked.host_memory("m_mem_free", host.slots, host.is_master)
         nodes.append(NodeResources(name=host.host, is_slave=not host.is_master,
                                    slots=host.slots, memory_limit=memory,
-                                   vmem_limit=_times_slots(req.h_vmem, host.slots),
+                                   vmem_limit=asked.host_memory("h_vmem", host.slots,
+                                                                host.is_master),
                                    gpus=_gpu_share(job, host, granted, gpu),
                                    phis=granted.get("intel_phi", "")))
-    return ResourceSet(job_id=job.number, task_id=job.task, runtime_limit=req.h_rt,
-                       is_standby=req.standby, per_slot_vmem=req.h_vmem,
-                       trace_level=req.trace_level, is_array=job.is_array,
-                       phi_for_user=req.phi_for_user, job_name=job.name, owner=job.owner,
-                       group=job.group, cwd=job.cwd, nodes=tuple(nodes))
+    master = asked.master  # the job-wide values are its master task's (it ends the job)
+    return ResourceSet(job_id=job.number, task_id=job.task, runtime_limit=master.h_rt or 0.0,
+                       is_standby=bool(master.standby), per_slot_vmem=master.h_vmem or 0,
+                       trace_level=master.trace_level or 0, is_array=job.is_array,
+                       phi_for_user=bool(master.phi_for_user), job_name=job.name,
+                       owner=job.owner, group=job.group, cwd=job.cwd, nodes=tuple(nodes))
 
 
 def parse_job(xml: bytes, task_id: int, placement: Sequence[Placement] | None = None, *,
@@ -579,10 +505,11 @@ def parse_job(xml: bytes, task_id: int, placement: Sequence[Placement] | None = 
     """Build one task's :class:`ResourceSet` from ``qstat -xml -j <job>``.
 
     Per host: ``slots``; ``memory_limit`` = the granted ``m_mem_free`` for that
-    host when the XML has one (UGE), else the per-slot request x the host's
+    host when the XML has one (UGE, OCS), else the per-slot request x the host's
     slots; ``vmem_limit`` = per-slot ``h_vmem`` x slots; GPUs/Phis as granted
-    (UGE only). Requests absent from the XML (including complex defaults,
-    which ``qstat -j`` does not list) give 0 = no limit.
+    (UGE, OCS), else a GPU count from the request. OCS's scoped requests count
+    per task (:mod:`geco.sge.requests`). Requests absent from the XML (including
+    complex defaults, which ``qstat -j`` does not list) give 0 = no limit.
 
     Parameters
     ----------
@@ -847,7 +774,7 @@ def fetch(job_id: int, task_id: int, config: Config, pe_hostfile: Path | None = 
                          extra=log.job_fields(job.number, job.task, "pe-hostfile-unusable"))
     if placement is None:
         listing = run_qstat(["-xml", "-u", "*", "-g", "t"], config, env=env, sleep=sleep)
-        placement = parse_placement_gt(listing, job.number, job.task)
+        placement = parse_placement_gt(listing, job.number, job.task, job_slots=job.slots)
         if not placement:
             raise TaskNotRunning(f"task {job.task} of job {job.number} is not running "
                                  "according to qstat -g t", job=job.number, task=job.task)

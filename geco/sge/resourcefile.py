@@ -8,12 +8,17 @@ a file and a crash leaves either the old file or the new one. A truncated or
 corrupt file (a disk that filled up under an older writer, a hand edit) is
 reported by :func:`read` as a :class:`~geco.errors.ResourceFormatError`; the
 caller decides whether to ask qstat again.
+
+Every set read or written here also tells this process's later journal records of
+the job which job of its number it is (:func:`geco.log.job_instance`), for as long
+as the file is unchanged.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from geco import log
 from geco.atomicfile import write_atomic
 from geco.errors import GecoError
 from geco.jobkey import JobKey
@@ -50,10 +55,12 @@ def read(resources_dir: Path, key: JobKey) -> ResourceSet | None:
     except OSError as exc:
         raise GecoError.from_oserror("cannot read the resource file", exc, path=path) from exc
     try:
-        return v1format.parse(data)
+        rs = v1format.parse(data)
     except GecoError as exc:
         exc.fields.setdefault("path", path)
         raise
+    _tell_the_log(path, rs)
+    return rs
 
 
 def write(resources_dir: Path, rs: ResourceSet) -> Path:
@@ -79,6 +86,13 @@ def write_to(path: Path, rs: ResourceSet, *, make_dir: bool = False) -> None:
         when the file cannot be written; nothing half-written is left behind.
     """
     write_atomic(path, v1format.serialize(rs), mode=_FILE_MODE, make_dir=make_dir)
+    _tell_the_log(path, rs)
+
+
+def _tell_the_log(path: Path, rs: ResourceSet) -> None:
+    """The job's records from now on say which job of its number it is, while ``path`` is
+    unchanged (a set of an older geco, which does not know, forgets what was known)."""
+    log.job_instance(rs.job_id, rs.task_id, rs.cluster, rs.submitted, path)
 
 
 def remove(resources_dir: Path, key: JobKey) -> bool:

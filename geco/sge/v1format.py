@@ -3,14 +3,22 @@
 Grammar (bytes; a string's bytes are raw and may be anything, ``,{}:`` NUL
 newlines and non-UTF-8 included)::
 
-    resource_set = 'GECOResourceSet_v1' '{' globals (',' node){node_count} '}' END
+    resource_set = 'GECOResourceSet_v1' '{' globals (',' node){node_count} [instance] '}' END
     globals      = li ',' li ',' lf ',' b ',' lf ',' i ',' i ',' b ',' b ',' s ',' s ',' s ',' s
     node         = s '{' b ',' i ',' lf ',' lf ',' s ',' s '}'
+    instance     = ',instance{' s ',' lf '}'                 (cluster, submission time)
     li           = 'li' ['-'] DIGITS                      (64-bit signed)
     i            = 'i' ['-'] DIGITS                       (32-bit signed)
     lf           = 'lf' ['-'] (DIGITS ['.' DIGITS*] | '.' DIGITS) [('e'|'E') ['+'|'-'] DIGITS]
     b            = 'b' DIGITS                             (0 or 1)
     s            = 's' DIGITS ':' <that many bytes>
+
+The ``instance`` section is geco's, not the original's: which job of its number
+the set is (:mod:`geco.sge.jobinstance`; Grid Engine reuses job numbers). It is
+written only when the cluster or the submission time is known, so the seed's
+example and every file of an older geco read as before (with ``""`` and ``0``);
+an older geco refuses a text that has one (a parallel job's PREPARE from an
+upgraded master to a slave not yet upgraded: the job is re-queued).
 
 Canonical output, which :func:`serialize` writes and the seed's example uses:
 integral ``lf`` values without decimals (``lf0``), others as Python's
@@ -57,6 +65,9 @@ _RULES: dict[str, re.Pattern[bytes]] = {
     ),
     "b": re.compile(rb"b([0-9]+)"),
     "s": re.compile(rb"s([0-9]+):"),
+    # one token with its comma: a ',' after the last node that starts no instance section
+    # is reported as before ("expected '}' after node N of N")
+    "INSTANCE": re.compile(rb",instance\{"),
 }
 _FORMS = {"li": "'li<integer>'", "i": "'i<integer>'", "lf": "'lf<number>'",
           "b": "'b0' or 'b1'", "s": "'s<length>:<bytes>'"}
@@ -235,12 +246,26 @@ def _parse_resource_set(tok: _Tokenizer) -> ResourceSet:
         tok.expect("COMMA", "','", "',' before node ", str(number), " of ", str(count))
         nodes.append(_parse_node(tok, number, count))
     last = f"node {count} of {count}" if count else "the working directory (node count 0)"
+    cluster, submitted = "", 0.0
+    instance = _RULES["INSTANCE"].match(tok.data, tok.pos)
+    if instance is not None:
+        tok.pos = instance.end()
+        cluster, submitted = _parse_instance(tok)
+        last = "the instance section"
     tok.expect("RBRACE", "'}'", f"'}}' after {last}")
     if tok.pos != len(tok.data):
         got = _found(tok.data, tok.pos)
         raise tok.error(f"expected end of input after the final '}}' at byte {tok.pos}, "
                         f"got {got}", tok.pos, "end of input")
-    return head.replace(nodes=tuple(nodes))
+    return head.replace(nodes=tuple(nodes), cluster=cluster, submitted=submitted)
+
+
+def _parse_instance(tok: _Tokenizer) -> tuple[str, float]:
+    """instance = ',instance{' s ',' lf '}'  (after its opening token)"""
+    cluster = _parse_string(tok, "the cluster", first=True)
+    submitted = _parse_seconds(tok, "the submission time")
+    tok.expect("RBRACE", "'}'", "'}' after the submission time")
+    return cluster, submitted
 
 
 def parse(data: bytes) -> ResourceSet:
@@ -314,7 +339,7 @@ class _Writer:
             raise self.refuse(what, _MEM_RULE, value)
         self.put(b",lf%d" % value)
 
-    def put_string(self, value: str, what: str) -> None:
+    def put_string(self, value: str, what: str, sep: bytes = b",") -> None:
         rule = "text whose only surrogates are escaped undecodable bytes"
         try:
             raw = value.encode("utf-8", "surrogateescape")
@@ -323,7 +348,7 @@ class _Writer:
         # escapes that spell valid UTF-8 would read back as other text: refuse, never alter
         if raw.decode("utf-8", "surrogateescape") != value:
             raise self.refuse(what, rule, value)
-        self.put(b",s%d:" % len(raw), raw)
+        self.put(sep, b"s%d:" % len(raw), raw)
 
 
 def serialize(rs: ResourceSet) -> bytes:
@@ -371,6 +396,10 @@ def serialize(rs: ResourceSet) -> bytes:
         w.put_memory(node.vmem_limit, f"the vmem limit of {label}")
         w.put_string(node.gpus, f"the GPU list of {label}")
         w.put_string(node.phis, f"the Phi list of {label}")
+        w.put(b"}")
+    if rs.cluster or rs.submitted:  # never in a set that does not know them: see the module
+        w.put_string(rs.cluster, "the cluster", sep=b",instance{")
+        w.put_seconds(rs.submitted, "the submission time")
         w.put(b"}")
     w.put(b"}")
     if w.size > MAX_SIZE:

@@ -149,7 +149,8 @@ resource_sets = st.builds(
     is_standby=st.booleans(), per_slot_vmem=st.integers(0, 2**63 - 1),
     trace_level=st.integers(-(2**31), 2**31 - 1), is_array=st.booleans(),
     phi_for_user=st.booleans(), job_name=names, owner=names, group=names, cwd=names,
-    nodes=st.lists(nodes, max_size=4).map(tuple))
+    nodes=st.lists(nodes, max_size=4).map(tuple), cluster=names,
+    submitted=st.floats(0, allow_infinity=False, allow_nan=False))
 
 
 @st.composite

@@ -278,3 +278,24 @@ def no_queue_in_error(sge: Any) -> dict[str, str]:
 
 def events_of(journal: Any, job: int) -> list[str]:
     return [e["GECO_EVENT"] for e in journal.entries(JOB_ID=str(job)) if "GECO_EVENT" in e]
+
+
+GECO = "/opt/geco/venv/bin/geco"
+# the last line of `geco journal N` when the journal holds other jobs numbered N
+OTHERS_NOTE = "in this journal: --all shows them"
+
+
+def journal_story(job: int) -> tuple[list[str], str]:
+    """``geco journal <job>``'s lines of the newest job numbered ``job``, and its heading.
+
+    Grid Engine reuses job numbers (this machine's test runs restart at 1): where the
+    journal holds other jobs numbered ``job``, the story comes under a ``-- job N
+    submitted ... --`` heading and ends with a line saying ``--all`` shows them; both
+    are taken off the lines (the heading is returned, "" when there is none)."""
+    story = sh([GECO, "journal", str(job)], check=False)
+    assert story.returncode == 0, story.stderr
+    lines = story.stdout.splitlines()
+    if not lines[0].startswith("-- "):
+        return lines, ""
+    assert lines[-1].endswith(OTHERS_NOTE), story.stdout
+    return lines[1:-1], lines[0]

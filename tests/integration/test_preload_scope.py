@@ -3,10 +3,11 @@
 For this module sge_execd runs with ``LD_PRELOAD=/opt/geco/lib/libgeco_preload.so``
 and a real gecod serves the site configuration's socket (the ``gecod`` fixture).
 The preload holds the quarantine key, so it must live only where it is meant to:
-execd builds the shepherd's environment from the job's own (which has no
-``LD_PRELOAD``: Grid Engine's ``ENABLE_SUBMIT_LIB_PATH`` is off), and the
-library itself does nothing in a program other than sge_execd or sshd
-(tests/system/test_preload.py shows that part without Grid Engine).
+the shepherd's exec drops geco's entry from ``LD_PRELOAD`` (Open Cluster
+Scheduler's execd passes its own environment on: tests/system/test_ocs_preload.py
+shows that way; Son of Grid Engine's job gets none), and the library itself does
+nothing in a program other than sge_execd or sshd (tests/system/test_preload.py
+shows that part without Grid Engine).
 """
 
 from __future__ import annotations

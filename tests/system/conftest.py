@@ -17,6 +17,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for cgroup_testkit
 import vmrun  # tests/system is on sys.path for its own conftest (pytest's prepend mode)
 from cgroup_testkit import forked_children
+from preloadkit import Built, build
 
 
 @pytest.fixture
@@ -25,6 +26,13 @@ def children() -> Iterator[list[int]]:
     there is SIGKILLed and reaped afterwards."""
     with forked_children() as pids:
         yield pids
+
+
+@pytest.fixture(scope="session")
+def built() -> Iterator[Built]:
+    """The preload library and its test programs (tests/preloadkit.py), built once."""
+    with build() as b:
+        yield b
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -4,7 +4,8 @@ The driver's table is read from a recorded ``/proc/driver/nvidia/gpus`` layout (
 ``<pci bus id>/information`` per GPU, "Device Minor: N") whose minors are not the ids,
 as the driver may number them; device files are made with mknod where the table is
 read from ``/dev`` or from ``[gpu] devices``. The Grid Engine side (RSMAP ids in qstat,
-``SGE_HGR_<name>``) is in test_qstat.py and below.
+``SGE_HGR_<name>``) is in test_qstat.py and below; ids that are names (``nvidia0``, a
+``[gpu] names`` table) in test_ocs_gpu_names.py.
 """
 
 from __future__ import annotations
@@ -194,9 +195,15 @@ def test_a_configured_device_that_is_not_a_character_device_is_named(tmp_path: P
     ("count:2=3,1", Share(2, (1, 3), True), "count:2=1,3"),
     ("1,3", Share(2, (1, 3)), "1,3"), ("3 1", Share(2, (1, 3)), "1,3"),
     (" 0 ", Share(1, (0,)), "0"), ("count:0", Share(0, (), True), "count:0"),
+    ("1 1", Share(1, (1,)), "1"),
+    ("nvidia1 nvidia0", Share(2, names=("nvidia1", "nvidia0")), "nvidia1,nvidia0"),
+    ("gpuB,gpuA,gpuB", Share(2, names=("gpuB", "gpuA")), "gpuB,gpuA"),
+    ("0 nvidia1", Share(2, names=("0", "nvidia1")), "0,nvidia1"),
 ])
 def test_a_node_records_gpu_list_is_granted_ids_or_a_count_and_its_pick(
         text: str, share: Share, canonical: str) -> None:
+    """Numbers are ids; a list with any other word is Grid Engine's ids as granted (each
+    once, in its order), mapped to the node's GPUs at containment (test_ocs_gpu_names)."""
     assert gpus.parse_share(text) == share
     assert str(share) == canonical
 
@@ -204,8 +211,7 @@ def test_a_node_records_gpu_list_is_granted_ids_or_a_count_and_its_pick(
 @pytest.mark.parametrize(("text", "message"), [
     ("count:two", "a GPU count must be a whole number, got 'count:two'"),
     ("count:1=gpu0", "a GPU list must be ids in PCI bus order such as 0,1, got 'count:1=gpu0'"),
-    ("gpu0,gpu1", "a GPU list must be ids in PCI bus order such as 0,1, got 'gpu0,gpu1'"),
-    ("-1", "a GPU list must be ids in PCI bus order such as 0,1, got '-1'"),
+    ("count:-1", "a GPU count must be a whole number, got 'count:-1'"),
 ])
 def test_a_gpu_list_of_anything_else_is_named(text: str, message: str) -> None:
     with pytest.raises(GecoError) as info:
@@ -231,11 +237,17 @@ def test_a_pick_beyond_the_free_gpus_says_how_many_are_free() -> None:
 
 
 def test_a_granted_id_the_node_lacks_is_named() -> None:
-    gpus.check_granted(TWO_SOCKETS, (0, 7))
-    with pytest.raises(GecoError) as info:
-        gpus.check_granted(TWO_SOCKETS[:2], (1, 3))
-    assert str(info.value) == ("the job was granted GPU 3, which this node does not have "
-                               "(its GPUs: 0,1; see [gpu] devices)")
+    """Given ids Grid Engine granted (numbers: the GPUs of those ids), then they are the
+    job's where the node has them, and an id it lacks is the job's error naming it, the
+    rule and the node's GPUs (the hooks hold the job: test_ocs_gpu_names)."""
+    assert gpus.map_share(gpus.parse_share("7 0"), TWO_SOCKETS) == Share(2, (0, 7))
+    with pytest.raises(gpus.GpuGrantError) as info:
+        gpus.map_share(gpus.parse_share("1,3"), TWO_SOCKETS[:2])
+    assert str(info.value) == (
+        "Grid Engine granted GPU '3', but it names no GPU here: geco reads a granted id as "
+        "a name in [gpu] names, else nvidia<N> as /dev/nvidia<N>, else a number N as the "
+        "GPU of index N in PCI bus order, and this node's GPUs are 0=/dev/nvidia0, "
+        "1=/dev/nvidia1")
 
 
 def test_the_job_is_told_its_node_ids_and_cuda_counts_its_own_from_zero() -> None:
@@ -248,14 +260,15 @@ def test_the_job_is_told_its_node_ids_and_cuda_counts_its_own_from_zero() -> Non
 
 
 @pytest.mark.parametrize(("hgr", "gpus_here"), [
-    ("SGE_HGR_gpu=1 3\n", "1,3"), ("", ""), ("SGE_HGR_gpu=gpu0\n", ""),
-    ("SGE_HGR_other=2\n", ""),
+    ("SGE_HGR_gpu=1 3\n", "1,3"), ("", ""), ("SGE_HGR_gpu=nvidia0 gpuB\n", "nvidia0,gpuB"),
+    ("SGE_HGR_other=2\n", ""), ("SGE_HGR_gpu=2.000000\n", ""),
 ])
 def test_without_qstat_the_master_node_takes_the_ids_from_sge_hgr(
         tmp_path: Path, hgr: str, gpus_here: str) -> None:
     """Given a job's spool (the qmaster unreachable, [qstat] run_without_memory_limits),
-    then the master node's GPUs are the ids Grid Engine put in SGE_HGR_<complex>, a slave
-    has none, and ids that are not numbers give none (never a guess)."""
+    then the master node's GPUs are the ids Grid Engine put in SGE_HGR_<complex> (names
+    too: mapped at containment), a slave has none, and an INT consumable's amount (OCS
+    writes SGE_HGR_gpuint=2.000000) gives none: how many is no id (never a guess)."""
     spool = tmp_path / "7.1"
     spool.mkdir()
     (spool / "config").write_text("job_owner=alice\njob_name=gpu\n")

@@ -63,6 +63,77 @@ def test_job_fields_become_upper_case_journal_fields() -> None:
                                       "SHEPHERD_PID": "77"}}
 
 
+# -- which job of its number a record is about -------------------------------
+
+
+@pytest.fixture
+def known(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No job instance known at the start of the test (geco.log keeps them per process)."""
+    monkeypatch.setattr(log, "_instances", {})
+
+
+def test_a_tasks_records_say_which_job_while_the_file_it_was_read_from_is_unchanged(
+        tmp_path: Path, known: None) -> None:
+    """Given job 42.1 known as submitted at 1795303085.311469 to cluster p6444 from its
+    resource file, then its records carry SGE_CLUSTER and JOB_SUBMITTED after GECO_EVENT
+    and before their own fields, and so do records of job 42 that name no task; other
+    tasks and jobs do not; once the file is replaced (a new job of the number), none does."""
+    path = tmp_path / "42.1"
+    path.write_text("job A")
+    log.job_instance(42, 1, "p6444", 1795303085.311469, path)
+
+    fields = log.job_fields(42, 1, "job-end", cpus="0")["geco_fields"]
+
+    assert list(fields.items()) == [
+        ("JOB_ID", "42"), ("SGE_TASK_ID", "1"), ("GECO_EVENT", "job-end"),
+        ("SGE_CLUSTER", "p6444"), ("JOB_SUBMITTED", "1795303085.311469"), ("CPUS", "0")]
+    assert log.job_fields("42", None)["geco_fields"]["JOB_SUBMITTED"] == "1795303085.311469"
+    assert "SGE_CLUSTER" not in log.job_fields(42, 2)["geco_fields"]
+    assert "SGE_CLUSTER" not in log.job_fields(43, 1)["geco_fields"]
+    (tmp_path / "new").write_text("job B")
+    (tmp_path / "new").replace(path)
+    assert log.job_fields(42, 1)["geco_fields"] == {"JOB_ID": "42", "SGE_TASK_ID": "1"}
+
+
+def test_a_removed_file_or_an_instance_not_known_forgets_the_task(tmp_path: Path,
+                                                                  known: None) -> None:
+    """Given job 7.1 known from a file, then a set that knows neither value (an older geco's
+    file) forgets it; and known again, removing the file forgets it too."""
+    path = tmp_path / "7.1"
+    path.write_text("x")
+    log.job_instance(7, 1, "c", 1.0, path)
+    log.job_instance(7, 1, "", 0.0, path)
+    assert "SGE_CLUSTER" not in log.job_fields(7, 1)["geco_fields"]
+    log.job_instance(7, 1, "c", 0.0, path)
+    assert log.job_fields(7, 1)["geco_fields"]["SGE_CLUSTER"] == "c"
+    assert "JOB_SUBMITTED" not in log.job_fields(7, 1)["geco_fields"]
+    path.unlink()
+    assert "SGE_CLUSTER" not in log.job_fields(7, 1)["geco_fields"]
+
+
+def test_the_oldest_known_task_goes_first_past_the_limit(tmp_path: Path, known: None,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given room for 2 tasks, when 1.1, 2.1, then 1.1 again and 3.1 are made known, then
+    2.1 (the least recently known) is forgotten, 1.1 and 3.1 kept."""
+    monkeypatch.setattr(log, "_MAX_INSTANCES", 2)
+    path = tmp_path / "f"
+    path.write_text("x")
+    for job in (1, 2, 1, 3):
+        log.job_instance(job, 1, f"c{job}", 0.0, path)
+    assert [log.job_fields(j, 1)["geco_fields"].get("SGE_CLUSTER") for j in (1, 2, 3)] == [
+        "c1", None, "c3"]
+
+
+@pytest.mark.parametrize(("seconds", "text"), [
+    (1795303085.0, "1795303085"),
+    (1795303085311469 / 1e6, "1795303085.311469"),  # Open Cluster Scheduler: microseconds
+    (1795303085.3114691, "1795303085.311469"),  # any rounding to the same microsecond
+    (0.5, "0.5"),
+])
+def test_job_submitted_is_seconds_to_the_microsecond(seconds: float, text: str) -> None:
+    assert log.submitted_text(seconds) == text
+
+
 def test_the_native_journal_entry_carries_newlines_safely() -> None:
     """journald's protocol: KEY=value lines, or KEY\\n<le64 length><data>\\n for data with
     a newline, so a job name with a newline cannot inject a field."""

@@ -355,7 +355,7 @@ RESOURCE_SETS = st.builds(
     runtime_limit=_SECONDS | st.integers(0, 10**7).map(float), is_standby=st.booleans(),
     per_slot_vmem=_MEM, trace_level=st.integers(-(2**31), 2**31 - 1), is_array=st.booleans(),
     phi_for_user=st.booleans(), job_name=_TEXT, owner=_TEXT, group=_TEXT, cwd=_TEXT,
-    nodes=st.lists(_NODE, max_size=5).map(tuple),
+    nodes=st.lists(_NODE, max_size=5).map(tuple), cluster=_TEXT, submitted=_SECONDS,
 )
 
 
