@@ -1,8 +1,9 @@
 """cffi builder for ``geco._lane_cffi``: gecod's fast lane (``preload/geco_lane.c``).
 
 The C sources live in ``preload/`` beside the preload's, whose wire-format code
-(``geco_proto.c``) they share: one implementation of the frame for the preload,
-the hook program, pam_geco.so and this lane. API (out-of-line) mode, as for
+(``geco_proto.c``) and job identity (``geco_job.c``) they share: one implementation
+of the frame and of a job's ids for the preload, the hook program, pam_geco.so and
+this lane. API (out-of-line) mode, as for
 hwloc: the compiler checks the declarations below against ``geco_lane.h``.
 
 Build in place (writes ``geco/_lane_cffi.*.so`` next to this file)::
@@ -48,7 +49,7 @@ def _builder(preload: str) -> FFI:
     builder.cdef(_cdef())
     builder.set_source(
         MODULE_NAME, '#include "geco_lane.h"\n',
-        sources=[f"{preload}/geco_lane.c", f"{preload}/geco_proto.c"],
+        sources=[f"{preload}/geco_lane.c", f"{preload}/geco_proto.c", f"{preload}/geco_job.c"],
         include_dirs=[preload], libraries=["sodium"],
         extra_compile_args=["-std=gnu11", "-O2", "-pthread", "-Wall", "-Wextra"],
         extra_link_args=["-pthread"])

@@ -41,11 +41,13 @@ from geco.errors import (
     CgroupError,
     ConfigError,
     GecoError,
+    JobKeyError,
     JobNotFound,
     QstatError,
     QstatParseError,
     ResourceFormatError,
 )
+from geco.jobkey import JobKey
 from geco.resourceset import ResourceSet
 from geco.sge import qstat, resourcefile, v1format
 from geco.sge.pe_hostfile import parse_pe_hostfile
@@ -69,11 +71,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _job_spec(text: str) -> tuple[int, int | None]:
-    job, _, task = text.partition(".")
-    if not job.isdigit() or (task and not task.isdigit()) or int(job) == 0:
+    job, dot, task = text.partition(".")
+    try:  # both are ids as Grid Engine writes them; no task: every task
+        return JobKey.job_of(job), JobKey.job_of(task) if dot else None
+    except JobKeyError:
         raise argparse.ArgumentTypeError(
-            f"JOB[.TASK] must be numbers like 42 or 42.3, got {text!r}")
-    return int(job), int(task) if task else None
+            f"JOB[.TASK] must be numbers like 42 or 42.3, got {text!r}") from None
 
 
 def _count(text: str) -> int:
@@ -253,7 +256,6 @@ def _job_status(args: argparse.Namespace) -> int:
     import json
 
     from geco import cgroup, jobstatus  # see _keygen
-    from geco.jobkey import JobKey
     from geco.resourceset import short_hostname
 
     job, task = args.job

@@ -117,8 +117,17 @@ class MemoryDefault(NamedTuple):
         to run such jobs without memory limits."""
         if found.source == "spool":
             return cls()
+        if node.memory_limit or node.vmem_limit:
+            return cls.from_config(cfg)
+        return cls.booked(cfg)
+
+    @classmethod
+    def booked(cls, cfg: Config) -> MemoryDefault:
+        """What a job that requests no memory gets: the configuration's default, and where
+        it sets none, the complex's default Grid Engine books (``qconf -sc``, kept a while:
+        :func:`geco.sge.complexes.memory_defaults`)."""
         rule = cls.from_config(cfg)
-        if (node.memory_limit or node.vmem_limit) or (rule.per_slot and rule.vmem_per_slot):
+        if rule.per_slot and rule.vmem_per_slot:
             return rule
         from geco.sge import complexes  # only for a job that requests no memory
 

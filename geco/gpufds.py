@@ -8,7 +8,8 @@ once the job's cgroups are gone). Its ordered steps:
 
 1. The ended job's GPUs here (its ``GECO_GPUS``) and their device numbers (the node's
    table). None: nothing.
-2. Its owner (its resource file, else the execd spool: :func:`geco.strays.owner_of`).
+2. Its owner (its resource file, else the execd spool: :func:`geco.strays.owner_in`,
+   read once by the job's end, :func:`geco.ending.end_job`).
    Unknown: journaled ``gpu-fds-unchecked``, nothing killed (whose jobs to look in is
    not known).
 3. The owner's other jobs here: each job cgroup whose resource file (else spool) names
@@ -103,7 +104,8 @@ class _Job(NamedTuple):
     wanted: Mapping[int, int]  # device number -> GPU id
 
 
-def after_job(cfg: Config, backend: Backend, key: JobKey, ids: tuple[int, ...]) -> Revoked:
+def after_job(cfg: Config, backend: Backend, key: JobKey, ids: tuple[int, ...],
+              owner: str | None) -> Revoked:
     """Job ``key`` held GPUs ``ids`` here and its cgroups are gone: kill what of its owner's
     other jobs here still holds one open (the module docstring lists the steps).
 
@@ -113,6 +115,8 @@ def after_job(cfg: Config, backend: Backend, key: JobKey, ids: tuple[int, ...]) 
     backend: this node's cgroups (the jobs and their processes, its /proc).
     key: ``<job>.<task>`` of the job that ended.
     ids: its GPU ids here (its ``GECO_GPUS``).
+    owner: its owner's user name (:func:`geco.strays.owner_in`, read at its end); None:
+        unknown, so whose other jobs to look in is not known.
 
     Returns
     -------
@@ -121,7 +125,6 @@ def after_job(cfg: Config, backend: Backend, key: JobKey, ids: tuple[int, ...]) 
     """
     if not ids:
         return Revoked()
-    owner = strays.owner_of(cfg, key)
     try:
         if owner is None:
             raise GecoError("its owner is unknown")
@@ -163,7 +166,7 @@ def _facts(cfg: Config, key: JobKey) -> tuple[str | None, frozenset[int]]:
     except GecoError as exc:  # unreadable: what it holds is not known, so look for all
         _log.debug("job %s: its resource file cannot be read: %s", key, exc)
         rs, own = None, frozenset()
-    return (rs.owner if rs is not None and rs.owner else strays.owner_of(cfg, key)), own
+    return strays.owner_in(rs, cfg, key), own
 
 
 def _holds(pid: int, wanted: Mapping[int, int], deadline: float, proc: Path, *,

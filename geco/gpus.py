@@ -57,9 +57,10 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from geco.config import Config
     from geco.jobkey import JobKey
+    from geco.resourceset import ResourceSet
 
 __all__ = ["COUNT_PREFIX", "Gpu", "GpuComplex", "GpuGrantError", "GpusUnavailable", "MigCaps",
-           "Share", "denied", "environment", "format_ids", "from_hgr", "job_environment",
+           "Share", "denied", "environment", "format_ids", "from_hgr", "held", "job_environment",
            "map_share", "mig_caps", "node_table", "parse_share", "pick"]
 
 COUNT_PREFIX = "count:"
@@ -453,6 +454,28 @@ def job_environment(cfg: Config, key: JobKey, hostname: str | None = None) -> di
     """:func:`environment` for a running job, from its resource file ({} on a node without
     GPUs: there the job is told nothing about them; no ids on record: it has none).
 
+    Raises
+    ------
+    GpuGrantError, GecoError
+        as :func:`held` does.
+    """
+    table = node_table(cfg.gpu_devices)
+    if not table:
+        return {}
+    from geco.sge import resourcefile  # only on a GPU node
+
+    try:
+        rs = resourcefile.read(cfg.resources_dir, key)
+    except GecoError:
+        rs = None
+    return environment(_held(table, cfg, key, rs, hostname))
+
+
+def held(cfg: Config, key: JobKey, rs: ResourceSet | None,
+         hostname: str | None = None) -> tuple[int, ...]:
+    """The GPU ids job ``key`` holds on ``hostname`` (default: this host) by its resource
+    set ``rs`` (None: none on record); () on a node without GPUs.
+
     The job's containment saved the ids it mapped Grid Engine's words to; words still on
     record are a grant it could not map (the job was contained with no GPU).
 
@@ -465,18 +488,18 @@ def job_environment(cfg: Config, key: JobKey, hostname: str | None = None) -> di
         when ``[gpu] devices`` cannot be used.
     """
     table = node_table(cfg.gpu_devices)
-    if not table:
-        return {}
-    from geco.sge import resourcefile  # only on a GPU node
+    return _held(table, cfg, key, rs, hostname) if table else ()
 
+
+def _held(table: Sequence[Gpu], cfg: Config, key: JobKey, rs: ResourceSet | None,
+          hostname: str | None) -> tuple[int, ...]:
     try:
-        rs = resourcefile.read(cfg.resources_dir, key)
         node = rs.node(hostname) if rs is not None else None
         share = parse_share(node.gpus) if node is not None else Share()
     except GecoError:
         share = Share()
     try:
-        return environment(map_share(share, table, cfg.gpu_names).ids)
+        return map_share(share, table, cfg.gpu_names).ids
     except GpuGrantError as exc:
         raise GpuGrantError(exc.msg, job=key, node=hostname or os.uname().nodename) from None
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from geco import gpus, procfs
 from geco.cgroup import Backend, favors_dynmods, parse_mountinfo
 from geco.config import Config
-from geco.containment import jobs_memory
+from geco.containment import MemoryDefault, jobs_memory
 from geco.errors import GecoError
 from geco.topology import format_cpulist, parse_cpulist
 from geco.units import format_memory
@@ -53,12 +53,14 @@ def _memory(cfg: Config) -> str:
 
 
 def _default(cfg: Config) -> str:
-    if not (cfg.memory_per_slot or cfg.vmem_per_slot):
-        return ("a job that requests no memory runs with no memory limit ([cgroup] "
-                "memory_per_slot, vmem_per_slot)")
-    return (f"a job that requests no memory gets RAM {_per_slot(cfg.memory_per_slot)}, "
-            f"RAM+swap {_per_slot(cfg.vmem_per_slot)} ([cgroup] memory_per_slot, "
-            "vmem_per_slot)")
+    given = MemoryDefault.booked(cfg)
+    where = "[cgroup] memory_per_slot, vmem_per_slot"
+    if not (cfg.memory_per_slot and cfg.vmem_per_slot):
+        where += "; else the memory complexes' defaults, qconf -sc"
+    if not (given.per_slot or given.vmem_per_slot):
+        return f"a job that requests no memory runs with no memory limit ({where})"
+    return (f"a job that requests no memory gets RAM {_per_slot(given.per_slot)}, "
+            f"RAM+swap {_per_slot(given.vmem_per_slot)} ({where})")
 
 
 def _moves(proc: Path) -> str:

@@ -61,11 +61,11 @@ from geco.config import Config
 from geco.errors import GecoError
 from geco.jobkey import JobKey
 from geco.pamstack import sshd_gate
-from geco.resourceset import short_hostname
+from geco.resourceset import ResourceSet, short_hostname
 from geco.sge import execd, resourcefile
 
 __all__ = ["Door", "Outcome", "Result", "Stray", "after_job", "doors", "find", "is_exempt",
-           "owner_of"]
+           "owner_in", "owner_of"]
 
 _log = log.get("strays")
 
@@ -153,6 +153,12 @@ def owner_of(cfg: Config, key: JobKey, spool_dir: Path | None = None) -> str | N
     except GecoError as exc:
         _log.debug("job %s: its resource file names no owner: %s", key, exc)
         rs = None
+    return owner_in(rs, cfg, key, spool_dir)
+
+
+def owner_in(rs: ResourceSet | None, cfg: Config, key: JobKey,
+             spool_dir: Path | None = None) -> str | None:
+    """:func:`owner_of` from the job's resource set already read (``rs``; None: none)."""
     if rs is not None and rs.owner:
         return rs.owner
     spool = spool_dir or execd.find_spool_dir(cfg.execd_spool_dir, key, short_hostname())

@@ -1,8 +1,9 @@
 """The end of a job on this node: kill what is left, account for it, escalate what will not die.
 
-The epilog calls :func:`tear_down` when a job ends; gecod's reaper calls it for
-jobs whose epilog never ran, and again every round for a job whose teardown got
-stuck. The steps (OAR's Leon: normal, then exterminate):
+A job's end (:func:`geco.ending.end_job`: the epilog, gecod's shepherd watch, a
+slave's release, and gecod's reaper for jobs nobody ended, again every round for a
+job whose teardown got stuck) calls :func:`tear_down` with the job's resource set it
+read. The steps (OAR's Leon: normal, then exterminate):
 
 1. Read the job's counters (peak memory, CPU time, OOM kills) while its cgroups
    still exist: removing a cgroup removes its counters.
@@ -47,7 +48,7 @@ from geco.cgroup import Backend, check_key
 from geco.config import Config
 from geco.errors import GecoError
 from geco.jobkey import JobKey
-from geco.resourceset import short_hostname
+from geco.resourceset import ResourceSet, short_hostname
 from geco.sge import qmod as qmod_command
 
 TYPE_CHECKING = False
@@ -128,7 +129,8 @@ class Teardown(NamedTuple):
 
 
 def tear_down(key: JobKey, backend: Backend, cfg: Config, *, queue_instance: str | None,
-              cleaned_by: str, qmod: str | None = None,
+              cleaned_by: str, resources: ResourceSet | None = None,
+              owner: str | None = None, qmod: str | None = None,
               other_hosts: Callable[[Accounting], WholeJob] | None = None,
               event: str = "job-end") -> Teardown:
     """Kill what is left of a job, remove its cgroups, journal the job's end or the escalation.
@@ -143,6 +145,9 @@ def tear_down(key: JobKey, backend: Backend, cfg: Config, *, queue_instance: str
         epilog reads it from the job's spooled ``config``); None disables
         every queue on this host, ``*@<short hostname>``.
     cleaned_by: who tears down, journaled as ``CLEANED_BY`` (``epilog``, ``reaper``).
+    resources: the job's resource set, read once by its end (:func:`geco.ending.end_job`):
+        which GPUs it held here; None: none on record.
+    owner: its owner (whose other jobs may hold its GPUs open); None: unknown.
     other_hosts: a parallel job's master: given this host's figures, the whole job's
         (:func:`geco.cluster.whole_job`), which join its ``job-end`` record, so that the
         job has one record for all its hosts.
@@ -166,8 +171,7 @@ def tear_down(key: JobKey, backend: Backend, cfg: Config, *, queue_instance: str
     key = check_key(key)
     job, task = key.job, key.task
     marker = cfg.state_dir / "stuck" / key
-    # a GPU node's record names the job's GPUs (its resource file goes after the teardown)
-    held = _gpus_held(cfg, key)
+    held = _gpus_held(cfg, key, resources)
     if not backend.exists(key):
         _forget(marker)
         whole = other_hosts(Accounting()) if other_hosts else None
@@ -176,7 +180,7 @@ def tear_down(key: JobKey, backend: Backend, cfg: Config, *, queue_instance: str
                   extra=log.job_fields(job, task, event, KILLED=0, CLEANED_BY=cleaned_by,
                                        **(whole.fields if whole else {})))
         # an earlier teardown may have stopped between the cgroups' removal and this
-        _revoke_gpu_fds(key, backend, cfg, held)
+        _revoke_gpu_fds(key, backend, cfg, held, owner)
         return Teardown(key, 0, (), Accounting(), None)
     accounting = Accounting.from_usage(containment.read_usage(key, backend))
     killed, error = 0, ""
@@ -196,7 +200,7 @@ def tear_down(key: JobKey, backend: Backend, cfg: Config, *, queue_instance: str
                   extra=log.job_fields(job, task, event, KILLED=killed, GPUS=shown or None,
                                        CLEANED_BY=cleaned_by, **accounting.journal_fields(),
                                        **(whole.fields if whole else {})))
-        _revoke_gpu_fds(key, backend, cfg, held)
+        _revoke_gpu_fds(key, backend, cfg, held, owner)
         return Teardown(key, killed, (), accounting, None)
     stuck = tuple(_describe(key, backend, pid) for pid in left)
     _report_stuck(key, stuck, error, killed, cfg.kill_timeout, cleaned_by)
@@ -207,22 +211,23 @@ def tear_down(key: JobKey, backend: Backend, cfg: Config, *, queue_instance: str
     return Teardown(key, killed, stuck, accounting, disabled, error)
 
 
-def _gpus_held(cfg: Config, key: JobKey) -> tuple[int, ...]:
+def _gpus_held(cfg: Config, key: JobKey, rs: ResourceSet | None) -> tuple[int, ...]:
     """The job's GPU ids here (its ``GECO_GPUS``); () on a node without GPUs, or when its
-    resource file names none or cannot be read."""
+    resource set names none."""
     try:
-        return gpus.parse_share(gpus.job_environment(cfg, key).get("GECO_GPUS", "")).ids
+        return gpus.held(cfg, key, rs)
     except GecoError as exc:  # [gpu] devices unusable: geco check says so
         _log.warning("job %s: which GPUs it held here is not known: %s", key, exc)
         return ()
 
 
-def _revoke_gpu_fds(key: JobKey, backend: Backend, cfg: Config, held: tuple[int, ...]) -> None:
+def _revoke_gpu_fds(key: JobKey, backend: Backend, cfg: Config, held: tuple[int, ...],
+                    owner: str | None) -> None:
     """A job that held GPUs is gone: kill what of its owner's other jobs here holds one."""
     if held:
         from geco import gpufds  # a GPU job's end only
 
-        gpufds.after_job(cfg, backend, key, held)
+        gpufds.after_job(cfg, backend, key, held, owner)
 
 
 def _pids_left(key: JobKey, backend: Backend) -> tuple[int, ...]:

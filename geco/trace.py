@@ -430,12 +430,12 @@ class TraceRouter(logging.Handler):
         if not fields:
             return None
         job_text, task_text = fields.get("JOB_ID"), fields.get("SGE_TASK_ID")
-        # they name files: digits only, so a record cannot point outside the directories
-        if not (job_text and task_text and job_text.isdigit() and task_text.isdigit()):
+        if not (job_text and task_text):
             return None
+        # they name files: a key's grammar, so a record cannot point outside the directories
         try:
-            key = JobKey(int(job_text), int(task_text))
-        except JobKeyError:  # no job has such ids (20 digits): nothing to trace into
+            key = JobKey.parse(f"{job_text}.{task_text}")
+        except JobKeyError:  # no job has such ids: nothing to trace into
             return None
         entry = self._lookup(key)
         if entry is None or entry.level is None or record.levelno < entry.level:

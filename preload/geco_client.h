@@ -38,26 +38,6 @@ int geco_address_parse(const char *text, geco_address_t *out, const char **why);
  */
 long geco_parse_count(const char *s, long max);
 
-/* Outcomes of reading the job id from an `environment` file. */
-enum geco_env_result {
-    GECO_ENV_OK = 0,
-    GECO_ENV_E_OPEN = -1,     /* open() failed: sys_errno */
-    GECO_ENV_E_READ = -2,     /* read() failed or not a regular file: sys_errno */
-    GECO_ENV_E_NO_JOB = -3,   /* no JOB_ID= line */
-    GECO_ENV_E_BAD_JOB = -4,  /* JOB_ID is not a decimal number in 1..2^64-1 */
-    GECO_ENV_E_BAD_TASK = -5, /* SGE_TASK_ID is neither "undefined" nor a number >= 1 */
-};
-
-/*
- * Read JOB_ID= and SGE_TASK_ID= from the Grid Engine job `environment` file at
- * `path` (relative paths are relative to the cwd, i.e. the active_jobs dir).
- * SGE_TASK_ID "undefined" (not an array job) or missing means task 1.
- * Returns GECO_ENV_OK or a negative enum geco_env_result; *sys_errno is set
- * for E_OPEN/E_READ, else 0.
- */
-int geco_job_from_environment(const char *path, uint64_t *job, uint64_t *task, int *sys_errno);
-const char *geco_env_strerror(int result);
-
 /* Outcomes of one JOB_STARTED request. */
 enum geco_client_result {
     GECO_CLIENT_OK = 0,

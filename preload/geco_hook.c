@@ -29,6 +29,7 @@
 /* first: geco_config.h names an enum constant LOG_SYSLOG, which syslog.h defines */
 #include "geco_client.h"
 #include "geco_config.h"
+#include "geco_job.h"
 #include "geco_proto.h"
 
 #include <errno.h>
@@ -52,24 +53,6 @@ static const struct {
              {"starter", LIBEXEC "/geco-starter", 0}};
 #define NHOOKS (sizeof HOOKS / sizeof HOOKS[0])
 
-/* A Grid Engine id as the queue's $job_id / $ja_task_id give it: decimal digits, no
-   sign, at least 1; a task 0 or "undefined" (not an array job) is task 1, as in
-   geco.sge.execd. 0 when it is none of these. */
-static uint64_t hook_id(const char *s, int task)
-{
-    uint64_t v = 0;
-    if (task && (strcmp(s, "0") == 0 || strcmp(s, "undefined") == 0))
-        return 1;
-    if (*s == '\0' || strlen(s) > 19)
-        return 0;
-    for (; *s != '\0'; s++) {
-        if (*s < '0' || *s > '9')
-            return 0;
-        v = v * 10 + (uint64_t)(*s - '0');
-    }
-    return v;
-}
-
 /* gecod did the hook's work for this process: the hook's exit status (0, or 99 when gecod
    says the job must be re-queued), or -1 when the Python hook must do it */
 static int done_by_gecod(int argc, char **argv, uint32_t hook)
@@ -81,8 +64,8 @@ static int done_by_gecod(int argc, char **argv, uint32_t hook)
 
     if (argc != 3 || geteuid() != 0)
         return -1;
-    uint64_t job = hook_id(argv[1], 0), task = hook_id(argv[2], 1);
-    if (job == 0 || task == 0)
+    uint64_t job, task;
+    if (geco_job_of(argv[1], argv[2], &job, &task) != 0)
         return -1;
     unsetenv("GECO_PRELOAD_CONF");
     if (geco_proto_init() != 0 || geco_config_load(&cfg, 1, &err, &note) != 0)
@@ -98,15 +81,6 @@ static int done_by_gecod(int argc, char **argv, uint32_t hook)
                : -1;
 }
 
-/* The job's id from the environment Grid Engine gives a starter (as geco.sge.execd). */
-static int job_from_environment(uint64_t *job, uint64_t *task)
-{
-    const char *j = getenv("JOB_ID"), *t = getenv("SGE_TASK_ID");
-    *job = j != NULL ? hook_id(j, 0) : 0;
-    *task = hook_id(t != NULL ? t : "undefined", 1);
-    return *job != 0 && *task != 0;
-}
-
 /* Apply gecod's STARTER_REPLY strings (program, argument count, arguments, environment
    changes) and exec the job; returns only when the reply is unusable (-1) or the exec
    failed (errno set). */
@@ -118,16 +92,16 @@ static int start_as_told(char *strings, size_t len, const char **program)
         words[n++] = strings + at;
     if (n < 2)
         return -1;
-    uint64_t argc = hook_id(words[1], 0);
-    if ((argc == 0 && strcmp(words[1], "0") != 0) || argc > n - 2)
+    long argc = strcmp(words[1], "0") == 0 ? 0 : geco_parse_count(words[1], GECO_MAX_PAYLOAD);
+    if (argc < 0 || (size_t)argc > n - 2)
         return -1;
-    for (size_t i = 2 + argc; i < n; i++) {
+    for (size_t i = 2 + (size_t)argc; i < n; i++) {
         char *eq = strchr(words[i], '=');
         if (eq != NULL ? putenv(words[i]) != 0 : unsetenv(words[i]) != 0)
             return -1;
     }
     char **argv = &words[2];
-    words[2 + argc] = NULL; /* its change is applied already */
+    words[2 + (size_t)argc] = NULL; /* its change is applied already */
     *program = words[0];
     execvp(words[0], argv);
     return 0;
@@ -146,7 +120,9 @@ static int started_by_gecod(int argc, char **argv, const char **program)
     geco_starter_t msg = {.pid = (uint32_t)getpid(), .argc = argc - 1, .argv = argv + 1};
     size_t len = 0;
 
-    if (argc < 2 || !job_from_environment(&msg.job_id, &msg.task_id))
+    /* the job's ids from the environment Grid Engine gives a starter */
+    if (argc < 2
+        || geco_job_of(getenv("JOB_ID"), getenv("SGE_TASK_ID"), &msg.job_id, &msg.task_id) != 0)
         return 0;
     for (int i = 0; i < GECO_STARTER_NENVIRON; i++)
         msg.environ[i] = getenv(names[i]);

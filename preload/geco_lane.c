@@ -27,6 +27,7 @@
 #define _GNU_SOURCE
 
 #include "geco_lane.h"
+#include "geco_job.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -53,8 +54,6 @@
 #define ACCEPT_BATCH 64
 /* handoffs waiting for Python at most; more connections are closed (root's lane budget) */
 #define MAX_QUEUED 1024
-/* a spooled environment file larger than this is Python's to read */
-#define MAX_ENVIRONMENT (1 << 20)
 
 /* A job's cgroup.procs files stay open while it is published: a move is one write per
    hierarchy, no path walk. Cgroups removed meanwhile (by anything but gecod's own job
@@ -498,59 +497,17 @@ static int pe_task_dir(const geco_lane_t *lane, const char *cwd, const char *key
            && len[2] == strlen(key) && memcmp(part[2], key, len[2]) == 0;
 }
 
-/* 1 when <dir>/environment names this job and task, as geco's _check_environment:
-   the last JOB_ID= and SGE_TASK_ID= lines count; task 1 may say "undefined" or nothing */
+/* 1 when <dir>/environment names this job and task (geco_job.c's rule, as gecod's
+   Python check); anything else is Python's to decide and say */
 static int environment_names(const char *dir, uint64_t job, uint64_t task)
 {
     char path[PATH_MAX + 16];
+    uint64_t named_job = 0, named_task = 0;
+    int sys_errno;
     if ((size_t)snprintf(path, sizeof path, "%s/environment", dir) >= sizeof path)
         return 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return 0;
-    /* one read for the usual few kilobytes; a larger file is read whole after an fstat */
-    char small[16384], *data = small;
-    ssize_t n = read(fd, small, sizeof small);
-    if (n == (ssize_t)sizeof small) {
-        struct stat st;
-        data = NULL;
-        n = -1;
-        if (fstat(fd, &st) == 0 && st.st_size < MAX_ENVIRONMENT
-            && (data = malloc((size_t)st.st_size + 1)) != NULL
-            && (n = pread(fd, data, (size_t)st.st_size + 1, 0)) > st.st_size)
-            n = -1; /* grown meanwhile: Python reads it */
-    }
-    close(fd);
-    if (n < 0) { /* unreadable, or too large: Python reads it */
-        if (data != small)
-            free(data);
-        return 0;
-    }
-    const char *job_v = "", *task_v = "";
-    size_t job_n = 0, task_n = 0;
-    for (char *line = data; line < data + n;) {
-        char *end = memchr(line, '\n', (size_t)(data + n - line));
-        if (end == NULL)
-            end = data + n;
-        if ((size_t)(end - line) >= 7 && memcmp(line, "JOB_ID=", 7) == 0) {
-            job_v = line + 7;
-            job_n = (size_t)(end - line) - 7;
-        } else if ((size_t)(end - line) >= 12 && memcmp(line, "SGE_TASK_ID=", 12) == 0) {
-            task_v = line + 12;
-            task_n = (size_t)(end - line) - 12;
-        }
-        line = end + 1;
-    }
-    char want[24];
-    int k = snprintf(want, sizeof want, "%lu", (unsigned long)job);
-    int ok = job_n == (size_t)k && memcmp(job_v, want, job_n) == 0;
-    k = snprintf(want, sizeof want, "%lu", (unsigned long)task);
-    ok = ok && ((task_n == (size_t)k && memcmp(task_v, want, task_n) == 0)
-                || (task == 1 && (task_n == 0 || (task_n == 9
-                                                  && memcmp(task_v, "undefined", 9) == 0))));
-    if (data != small)
-        free(data);
-    return ok;
+    return geco_job_from_environment(path, &named_job, &named_task, &sys_errno) == GECO_ENV_OK
+           && named_job == job && named_task == task;
 }
 
 /* 1 when the resource file is as published (its trace setting unchanged) */

@@ -41,7 +41,8 @@
  * (missing file: silently; it says so at the first matching exec instead),
  * and never breaks the host program.
  *
- * Rules this file keeps (DESIGN.md section 6, rule 4):
+ * Rules this file keeps (the exec path of a process it does not own must stay as
+ * cheap and as safe as a plain exec):
  *   - all setup happens once, in the constructor (pthread_once as the
  *     fallback when an exec comes first): dlsym(RTLD_NEXT) for every real
  *     function, the config, the key, the filter basenames (geco_config.c
@@ -106,6 +107,7 @@
 
 #include "geco_client.h"
 #include "geco_config.h"
+#include "geco_job.h"
 #include "geco_log.h"
 #include "geco_proto.h"
 
@@ -650,20 +652,6 @@ static const char *env_value(char *const *envp, const char *name)
     return NULL;
 }
 
-/* A whole number in 1..2^64-1 written in decimal digits only, else 0. */
-static uint64_t decimal(const char *s)
-{
-    uint64_t v = 0;
-    if (s == NULL || *s == '\0')
-        return 0;
-    for (; *s != '\0'; s++) {
-        if (*s < '0' || *s > '9' || v > (UINT64_MAX - 9) / 10)
-            return 0;
-        v = v * 10 + (uint64_t)(*s - '0');
-    }
-    return v;
-}
-
 /* The session's own environment with the reply's lines replacing theirs; NULL when it
    does not fit (then it runs with its own). */
 static char *const *session_env(char *const *envp)
@@ -852,9 +840,10 @@ static int session_gate(char *const *envp, char *const **use_envp)
         return 0;
     if (session.pid != getpid()) {
         geco_client_outcome_t out;
-        uint64_t job = decimal(env_value(envp, "JOB_ID"));
-        const char *task_text = env_value(envp, "SGE_TASK_ID");
-        uint64_t task = job == 0 ? 0 : decimal(task_text) != 0 ? decimal(task_text) : 1;
+        /* ids Grid Engine would not write name no job (0.0): gecod chooses one */
+        uint64_t job = 0, task = 0;
+        (void)geco_job_of(env_value(envp, "JOB_ID"), env_value(envp, "SGE_TASK_ID"), &job,
+                          &task);
         const char *connection = env_value(envp, "SSH_CONNECTION");
         static const uint8_t public_key[GECO_KEY_BYTES]; /* PEERCRED: 32 zero bytes */
         const geco_adopt_t msg = {.job_id = job, .task_id = task, .pid = (uint32_t)getpid(),

@@ -48,6 +48,7 @@
 
 #include "geco_client.h"
 #include "geco_config.h" /* DEFAULT_MAX_SKEW_MS: the preload's default */
+#include "geco_job.h"
 #include "geco_proto.h"
 
 #define FAILED UINT64_MAX /* a latency slot of a failed request */
@@ -97,6 +98,14 @@ static uint64_t number(const char *s, uint64_t max)
     return v;
 }
 
+/* a job or task id as Grid Engine writes it (geco_job.h); 0: refused */
+static uint64_t job_number(uint64_t id)
+{
+    if (id == 0)
+        usage();
+    return id;
+}
+
 static void parse_args(int argc, char **argv)
 {
     if (argc < 2)
@@ -110,8 +119,8 @@ static void parse_args(int argc, char **argv)
         else if (strcmp(k, "--key-file") == 0) opt.key_file = v;
         else if (strcmp(k, "--cwd") == 0) opt.cwd = v;
         else if (strcmp(k, "--cgroup-procs") == 0) opt.procs = v;
-        else if (strcmp(k, "--job") == 0) opt.job = number(v, UINT64_MAX);
-        else if (strcmp(k, "--task") == 0) opt.task = number(v, UINT64_MAX);
+        else if (strcmp(k, "--job") == 0) opt.job = job_number(geco_job_id(v, strlen(v)));
+        else if (strcmp(k, "--task") == 0) opt.task = job_number(geco_task_id(v, strlen(v)));
         else if (strcmp(k, "--clients") == 0) opt.clients = (long)number(v, 10000);
         else if (strcmp(k, "--requests") == 0) opt.requests = (long)number(v, 100000000);
         else if (strcmp(k, "--timeout-ms") == 0) opt.timeout_ms = (long)number(v, 3600000);

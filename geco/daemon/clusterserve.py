@@ -4,7 +4,8 @@ A job's master host asks this host's gecod, over TCP on ``[cluster] address``
 (``[cluster] bind``: every address of the host by default), to PREPARE the job
 (make its cgroups for this host's share, from the resource set the master sends:
 no qstat here), to ABORT it (the job could not start on all its hosts) or to
-RELEASE it (the job ended: tear down, and answer with the figures). Any host of a
+RELEASE it (the job ended: :func:`geco.ending.end_job` here, as every way a job
+ends, and answer with the figures). Any host of a
 job may ask for its live figures here (NODE_STATUS, for ``geco status --job``),
 and a slave host tells the job's master of an OOM kill (OOM_REPORT): the master's
 gecod appends the words to the job owner's stderr file, as the owner. A host an
@@ -38,7 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from geco import cluster, containment, jobstatus, log, ssh, teardown
+from geco import cluster, containment, ending, jobstatus, log, ssh
 from geco.config import Config
 from geco.daemon.allowlist import AllowList
 from geco.daemon.pools import Keys, Pool, Pools
@@ -182,14 +183,12 @@ class ClusterChannel:
                 return self._caller(key, req)  # journaled by the host that asks
             if kind is MsgType.OOM_REPORT:
                 doc = self._report_oom(key, req)
+            elif kind is MsgType.RELEASE:
+                doc = self._release(key)  # the job's end takes its lock
             else:
                 with self.ctx.job_lock(key):
-                    if kind is MsgType.PREPARE:
-                        doc = self._prepare(key, req)
-                    elif kind is MsgType.ABORT:
-                        doc = self._abort(key)
-                    else:
-                        doc = self._release(key)
+                    doc = self._prepare(key, req) if kind is MsgType.PREPARE \
+                        else self._abort(key)
         except GecoError as exc:
             doc = {"status": "failed", "reason": str(exc)}
         took = time.monotonic() - started
@@ -244,19 +243,22 @@ class ClusterChannel:
         return {"status": "aborted"}
 
     def _release(self, key: JobKey) -> dict[str, Any]:
-        """The job ended: tear it down here and say what it used."""
-        cfg = self.ctx.config
-        if self.before_release is not None:
-            self.before_release(key)
-        result = teardown.tear_down(key, self.ctx.backend, cfg, queue_instance=None,
-                                    cleaned_by="master", event="job-end-slave")
-        if result.clean:
-            resourcefile.remove(cfg.resources_dir, key)
+        """The job ended: end it here (its master journals the job's end, with these
+        figures) and say what it used."""
+        def check_oom() -> bool:  # a kill just before the end is still reported
+            if self.before_release is not None:
+                self.before_release(key)
+            return True
+
+        ended = ending.end_job(key, self.ctx.backend, self.ctx.config, cleaned_by="master",
+                               gate=self.ctx, confirm=check_oom, event="job-end-slave",
+                               strays_when=None)
+        assert ended is not None  # check_oom confirms: the master decided the end
+        result = ended.teardown
         return {"status": "released" if result.clean else "failed",
                 "reason": result.error or (f"{len(result.stuck)} processes would not die"
                                            if result.stuck else ""),
                 "killed": result.killed, "accounting": result.accounting._asdict()}
-
 
     def _show(self, key: JobKey) -> dict[str, Any]:
         """The job's live figures here, as ``geco status --job --json`` has them."""

@@ -96,9 +96,9 @@ def serve(msg: Hook, ctx: Context) -> tuple[AckStatus, str]:
             if found is not None and found.resources.trace_level > 0:
                 return _not_here(msg, f"traced job (level {found.resources.trace_level})")
             code = prolog.contain(job, shepherd, msg.pid, cfg, logger, ctx.backend, found)
-        else:
-            with ctx.job_lock(job.key):
-                code = epilog.end(job, shepherd, msg.pid, cfg, logger, ctx.backend)
+        else:  # the job's lock and the resource set read above go to its end
+            code = epilog.end(job, shepherd, msg.pid, cfg, logger, ctx.backend, gate=ctx,
+                              resources=rs)
     except (GecoError, OSError) as exc:
         return _not_here(msg, str(exc), AckStatus.FAILED)
     if code not in (Exit.OK, Exit.REQUEUE):

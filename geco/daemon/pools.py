@@ -1,7 +1,7 @@
 """gecod's worker pools: each kind of work on threads of its own, bounded per key.
 
 A user must never be able to hold up another user's job start or login
-(DESIGN.md rule 6). So gecod has no shared workers: every kind of request
+(README: "No user can stall a node"). So gecod has no shared workers: every kind of request
 (job starts, job ends, a user's own requests, ssh logins, OOM reports, other
 hosts' look-ups) runs on a :class:`Pool` of its own, and within a pool each
 piece of work names its *keys* (the uid it is for, its job, the peer that

@@ -22,7 +22,7 @@ JOB_STARTED (the preload inside sge_execd's child, about to exec sge_shepherd)
 3. Cgroups: reuse the job's when they exist (several tasks of a job on a
    node share them); else get its resources (resource file, else qstat, else
    the spool: :mod:`geco.sge.lookup`) and build this node's share
-   (:func:`geco.containment.contain`).
+   (:func:`geco.containment.contain_job`).
 4. Move the pid in. A pidfd taken when the peer connected proves afterwards
    that the pid still named the same process (pid reuse).
 
@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING
 from geco import containment, log, procfs
 from geco.cgroup import Backend, Limits
 from geco.config import Config
-from geco.errors import GecoError, JobNotFound, TaskNotRunning
+from geco.errors import GecoError, JobKeyError, JobNotFound, TaskNotRunning
 from geco.jobkey import JobKey
 from geco.protocol import AckStatus, MsgType
 from geco.resourceset import short_hostname
@@ -307,26 +307,23 @@ def _job_dir(cwd: str, spool_root: str, key: JobKey) -> str | None:
     return prefix + "/".join(parts[:3])
 
 
-def _read_environment(directory: str | Path) -> dict[bytes, bytes]:
+def _read_environment(directory: str | Path) -> bytes:
     path = f"{directory}/environment"
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            return f.read()
     except OSError as exc:
         raise _refuse(f"cannot read {path}: {exc.strerror}") from None
-    return execd.parse_key_values(data)
 
 
 def _check_environment(directory: str | Path, key: JobKey) -> None:
     """The ``environment`` file in ``directory`` must name the same job and task."""
-    env = _read_environment(directory)
-    job = env.get(b"JOB_ID", b"")
-    task = env.get(b"SGE_TASK_ID", b"")
-    # non-array jobs say "undefined" and are task 1 everywhere geco names them
-    task_ok = task == str(key.task).encode() or (key.task == 1 and task in (b"undefined", b""))
-    if job != str(key.job).encode() or not task_ok:
-        raise _refuse(f"{directory}/environment names job {job.decode(errors='replace')}"
-                      f" task {task.decode(errors='replace') or '?'}, not {key}")
+    try:
+        named = execd.key_of_environment(_read_environment(directory))
+    except JobKeyError as exc:
+        raise _refuse(f"{directory}/environment names no job: {exc}") from None
+    if named != key:
+        raise _refuse(f"{directory}/environment names job {named}, not {key}")
 
 
 def spool_root(cfg: Config) -> Path:
@@ -401,8 +398,7 @@ def _check_quarantine_self(req: Request, key: JobKey, ctx: Context) -> Path:
 def _on_this_host(job_dir: Path, root: Path, hostname: str) -> bool:
     """True when ``job_dir`` is below ``<root>/<this host>``: the host part's first label
     is this host's short name (Grid Engine spools under the short or the full name)."""
-    host = job_dir.relative_to(root).parts[0]
-    return host.split(".", 1)[0] == hostname.split(".", 1)[0]
+    return short_hostname(job_dir.relative_to(root).parts[0]) == short_hostname(hostname)
 
 
 def _shepherd_job_dir(req: Request, key: JobKey, ctx: Context) -> Path:
@@ -448,7 +444,7 @@ def _contain(key: JobKey, req: Request, job_dir: str | Path, ctx: Context,
     (the lock is free, and the cgroups are ones this gecod has seen).
 
     Holding the lock until the pid is in keeps gecod's end of the job's previous
-    run (:mod:`geco.daemon.jobend`) from removing the cgroups in between.
+    run (:mod:`geco.daemon.shepherdwatch`) from removing the cgroups in between.
     """
     with ctx.job_lock(key, wait=wait, moves=True):
         known = ctx.ready.get(key)

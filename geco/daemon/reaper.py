@@ -1,11 +1,12 @@
 """gecod's reaper: remove what jobs leave behind, kill what outlives its walltime.
 
-The epilog tears each job down when it ends (:func:`geco.teardown.tear_down`).
-The reaper is the backstop for what it misses -- an epilog that never ran
-(execd killed, node rebooted mid-job, a hook misconfigured), a cgroup the
-epilog could not empty -- and for processes Grid Engine does not track (OAR's
-Sarko): every ``[gecod] reaper_interval`` seconds, and once a few seconds after
-gecod starts, a round runs in a worker thread. One round, in order:
+The epilog, or gecod's shepherd watch, ends each job as it finishes
+(:func:`geco.ending.end_job`). The reaper is the backstop for what they miss --
+an epilog that never ran (execd killed, node rebooted mid-job, a hook
+misconfigured), a cgroup the epilog could not empty -- and for processes Grid
+Engine does not track (OAR's Sarko): every ``[gecod] reaper_interval`` seconds,
+and once a few seconds after gecod starts, a round runs in a worker thread. One
+round, in order:
 
 1. list the job cgroups (``backend.job_keys()``);
 2. per job, decide (:class:`Verdict`):
@@ -19,10 +20,11 @@ gecod starts, a round runs in a worker thread. One round, in order:
       fails -> UNKNOWN: kept (never kill what may run), warned about once per
       round, and qstat is not asked again in that round;
 
-3. GONE: look at the spool once more (the job may just have been re-dispatched
-   here), then :func:`~geco.teardown.tear_down` (freeze, SIGKILL, thaw, wait,
-   remove), journal ``GECO_EVENT=reaped``, and remove the job's resource file
-   and OOM count file. Cgroups that cannot be emptied stay and are tried again
+3. GONE: end it (:func:`geco.ending.end_job`, as every way a job ends does): under
+   its lock, look at the spool once more (the job may just have been re-dispatched
+   here), then tear it down (freeze, SIGKILL, thaw, wait, remove) and forget its
+   resource file and OOM count file; journal ``GECO_EVENT=reaped``, then look for
+   its owner's strays. Cgroups that cannot be emptied stay and are tried again
    every round (one ``reaped`` record per round); tear_down disables the
    host's queues for such a job once (``[epilog] disable_queue_on_stuck``), so
    a queue an admin enabled again is not disabled every round;
@@ -55,12 +57,11 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from geco import containment, log, oom, strays, teardown
+from geco import containment, ending, log, teardown
 from geco.cgroup import Backend
 from geco.config import Config
 from geco.errors import GecoError, JobNotFound, TaskNotRunning
@@ -68,8 +69,8 @@ from geco.jobkey import JobKey
 from geco.resourceset import ResourceSet, short_hostname
 from geco.sge import execd, qstat, resourcefile
 
-__all__ = ["FIRST_ROUND_DELAY", "Reaper", "RoundReport", "Verdict", "forget_job", "min_age",
-           "prune_traces", "walltime_start"]
+__all__ = ["FIRST_ROUND_DELAY", "Reaper", "RoundReport", "Verdict", "min_age", "prune_traces",
+           "walltime_start"]
 
 _log = log.get("gecod.reaper")
 
@@ -145,15 +146,6 @@ class Loop(Protocol):
 # ---------------------------------------------------------------------------
 # small facts read from the system
 # ---------------------------------------------------------------------------
-
-
-def forget_job(cfg: Config, key: JobKey) -> None:
-    """Remove the resource file and OOM count file of a job whose cgroups are gone."""
-    try:
-        resourcefile.remove(cfg.resources_dir, key)
-        oom.remove_counts(cfg.state_dir, key)
-    except GecoError as exc:  # names the file; a later round or gecod start prunes it
-        _log.warning("job %s: %s", key, exc)
 
 
 def walltime_start(spool_dir: Path | None, resource_file: Path) -> float | None:
@@ -255,17 +247,18 @@ class Reaper:
     fetch: :func:`geco.sge.qstat.fetch` (tests pass a stand-in).
     on_reaped: called in the loop's thread with each key whose cgroups the
         reaper removed (gecod stops watching it for OOM kills).
-    job_lock: held around a job's teardown (gecod's per-job lock: the job's end
-        through its shepherd, :mod:`geco.daemon.jobend`, then finds it done).
+    gate: gecod's per-job lock and its set of ending jobs (:func:`geco.ending.end_job`:
+        the job's end through its shepherd, :mod:`geco.daemon.shepherdwatch`, then finds
+        it done, and no ssh session goes into it meanwhile).
     """
 
     def __init__(self, loop: Loop, backend: Backend, cfg: Config, executor: Executor, *,
                  node: str | None = None, clock: Callable[[], float] = time.time,
                  fetch: Callable[..., ResourceSet] = qstat.fetch,
                  on_reaped: Callable[[JobKey], None] | None = None,
-                 job_lock: Callable[[JobKey], AbstractContextManager[None]] | None = None) -> None:
+                 gate: ending.Gate | None = None) -> None:
         self.loop = loop
-        self.job_lock = job_lock or (lambda key: contextlib.nullcontext())
+        self.gate = gate
         self.backend = backend
         self.cfg = cfg
         self.executor = executor
@@ -452,26 +445,36 @@ class Reaper:
         return Verdict.ALIVE, "running on this host according to qstat"
 
     def _reap(self, cfg: Config, key: JobKey, why: str) -> teardown.Teardown | None:
-        """Tear a gone job down; journal it; forget its files when its cgroups are gone."""
-        with self.job_lock(key):
-            return self._reap_locked(cfg, key, why)
-
-    def _reap_locked(self, cfg: Config, key: JobKey, why: str) -> teardown.Teardown | None:
-        job, task = key.job, key.task
-        # the qstat call took time: the job may have been re-dispatched here, or the
-        # epilog (late, not gone) may have removed the cgroups meanwhile
-        if execd.find_spool_dir(cfg.execd_spool_dir, key, self.node) is not None:
-            _log.info("reaper: job %s is back in the execd spool; left alone", key)
-            return None
-        if not self.backend.exists(key):
-            _log.debug("reaper: job %s was removed meanwhile", key)
-            return None
-        retry = key in self._stuck
-        owner = strays.owner_of(cfg, key)  # before the resource file goes
+        """End a gone job (:func:`geco.ending.end_job`) and journal it (``reaped``); its
+        owner's strays are looked for after that record."""
+        looks: list[Callable[[], object]] = []
         # the spool (and the queue instance in its config) is gone: None = every queue
         # of this host; tear_down disables it once per stuck job, not every round
-        result = teardown.tear_down(key, self.backend, cfg, queue_instance=None,
-                                    cleaned_by="reaper")
+        ended = ending.end_job(key, self.backend, cfg, cleaned_by="reaper", gate=self.gate,
+                               confirm=lambda: self._still_gone(cfg, key),
+                               strays_when=lambda owner, look: looks.append(look))
+        if ended is None:
+            return None
+        self._journal(cfg, key, why, ended.teardown)
+        for look in looks:
+            look()
+        return ended.teardown
+
+    def _still_gone(self, cfg: Config, key: JobKey) -> bool:
+        """Under the job's lock: the qstat call took time; the job may have been
+        re-dispatched here, or the epilog (late, not gone) may have removed the cgroups."""
+        if execd.find_spool_dir(cfg.execd_spool_dir, key, self.node) is not None:
+            _log.info("reaper: job %s is back in the execd spool; left alone", key)
+            return False
+        if not self.backend.exists(key):
+            _log.debug("reaper: job %s was removed meanwhile", key)
+            return False
+        return True
+
+    def _journal(self, cfg: Config, key: JobKey, why: str, result: teardown.Teardown) -> None:
+        """``reaped``: the cgroups removed, or kept and tried again next round."""
+        job, task = key.job, key.task
+        retry = key in self._stuck
         fields: dict[str, object] = {"KILLED": result.killed, "REASON": why,
                                      "CGROUPS_REMOVED": int(result.clean),
                                      "CLEANED_BY": "reaper",
@@ -481,25 +484,18 @@ class Reaper:
             _log.info("job %s no longer runs on this node (%s): its cgroups were removed, "
                       "%d leftover process(es) killed", key, why, result.killed,
                       extra=log.job_fields(job, task, "reaped", **fields))
-            self._forget(cfg, key)
-            strays.after_job(cfg, self.backend, key, owner, cleaned_by="reaper")
-        else:
-            self._stuck.add(key)
-            pids = " ".join(str(p.pid) for p in result.stuck)
-            what = f"process(es) {pids} cannot be killed" if pids else \
-                f"its cgroups cannot be removed ({result.error})"
-            _log.warning("job %s no longer runs on this node (%s), but %s; its cgroups are "
-                         "kept and tried again in %g s", key, why, what,
-                         cfg.gecod_reaper_interval,
-                         extra=log.job_fields(job, task, "reaped", PIDS=pids or None,
-                                              STATES=" ".join(p.brief for p in result.stuck)
-                                              or None, RETRY=int(retry), **fields))
-        return result
-
-    def _forget(self, cfg: Config, key: JobKey) -> None:
-        """Remove a reaped job's resource file and OOM count file; tell the loop."""
-        forget_job(cfg, key)
-        self._reaped(key)
+            self._reaped(key)
+            return
+        self._stuck.add(key)
+        pids = " ".join(str(p.pid) for p in result.stuck)
+        what = f"process(es) {pids} cannot be killed" if pids else \
+            f"its cgroups cannot be removed ({result.error})"
+        _log.warning("job %s no longer runs on this node (%s), but %s; its cgroups are "
+                     "kept and tried again in %g s", key, why, what,
+                     cfg.gecod_reaper_interval,
+                     extra=log.job_fields(job, task, "reaped", PIDS=pids or None,
+                                          STATES=" ".join(p.brief for p in result.stuck)
+                                          or None, RETRY=int(retry), **fields))
 
     def _walltime(self, cfg: Config, key: JobKey, spool: Path | None) -> int:
         """Kill a running job's processes past h_rt + grace, sparing its shepherd.
@@ -582,7 +578,7 @@ class Reaper:
                     continue
             except (GecoError, OSError, ValueError):
                 continue  # not a job's file, or gone meanwhile
-            forget_job(cfg, key)
+            ending.forget(cfg, key)
             _log.info("reaper: job %s has no cgroups and no spool dir here; removed its "
                       "resource file", key,
                       extra=log.job_fields(key.job, key.task, "resource-file-pruned"))

@@ -339,7 +339,7 @@ class Server:
         job, e.g. for OOM kills).
     on_shepherd: called in the loop with a job's master shepherd, once it is in the
         job's cgroups, and a pidfd of it the callee owns (gecod ends the job when it
-        exits: :mod:`geco.daemon.jobend`).
+        exits: :mod:`geco.daemon.shepherdwatch`).
     """
 
     def __init__(self, loop: RunLoop, lanes: Sequence[Lane], secret: bytes, ctx: Context,

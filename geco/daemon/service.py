@@ -19,7 +19,7 @@ in its memory), listens, and tells systemd ``READY=1``. While it runs:
 ``WATCHDOG=1`` at half of ``$WATCHDOG_USEC`` from a runloop timer (a hung
 loop stops pinging, and systemd restarts it), ``STATUS=`` with the job count;
 each job's master shepherd watched through a pidfd, and the job torn down the
-moment it exits (:mod:`geco.daemon.jobend`; found again from the cgroups at
+moment it exits (:mod:`geco.daemon.shepherdwatch`; found again from the cgroups at
 start, so a restart loses no job end); the reaper (:mod:`geco.daemon.reaper`)
 every ``[gecod] reaper_interval`` s in a thread of its own: cgroups of jobs
 that no longer run here are emptied and
@@ -50,12 +50,12 @@ from typing import Any
 from geco import __version__, address, cgroup, cluster, keys, log, oom, trace
 from geco import config as _config
 from geco.daemon import clusterserve, fastlane, status
-from geco.daemon.jobend import JobEnds
 from geco.daemon.pools import Pools
 from geco.daemon.quarantine import Context, spool_root
 from geco.daemon.reaper import Reaper
 from geco.daemon.runloop import RunLoop
 from geco.daemon.server import PUBLIC_BUDGET, Lane, Server, root_budget
+from geco.daemon.shepherdwatch import ShepherdWatch
 from geco.errors import GecoError
 from geco.jobkey import JobKey
 from geco.topology import Topology
@@ -182,8 +182,8 @@ class Daemon:
                                   relay=self._relay_oom)
         # a job ends when its master shepherd exits: torn down at once, in the pool of
         # job ends (an allocation short of cores waits for them in a worker)
-        self.jobends = JobEnds(self.loop, self.ctx, self.pools.ends,
-                               before_end=self.oom.check, on_ended=self._job_reaped)
+        self.shepherds = ShepherdWatch(self.loop, self.ctx, self.pools.ends,
+                                       before_end=self.oom.check, on_ended=self._job_reaped)
         self.ctx.reclaim = self._reclaim
         # later tasks of contained jobs: served in C threads (geco.daemon.fastlane)
         self.lane = self.ctx.lane = fastlane.open_lane(
@@ -193,14 +193,14 @@ class Daemon:
                  Lane("public", self.listener, self.address, PUBLIC_BUDGET)]
         self.server = Server(self.loop, lanes, self.secret, self.ctx, self.pools,
                              on_change=self._report_status_soon, on_contained=self._watch_job,
-                             on_shepherd=self.jobends.watch)
+                             on_shepherd=self.shepherds.watch)
         # leftovers of ended jobs, and jobs past h_rt + grace: rounds in a thread of
         # their own, so a teardown waiting out kill_timeout never holds a worker a
         # quarantine request needs
         self.reaper_executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="gecod-reaper")
         self.reaper = Reaper(self.loop, self.backend, cfg, self.reaper_executor,
-                             on_reaped=self._job_reaped, job_lock=self.ctx.job_lock)
+                             on_reaped=self._job_reaped, gate=self.ctx)
         # the masters of parallel jobs with this host among their slaves (geco.cluster):
         # a lane of the server's, on the loop, with the budgets of the local sockets
         self.cluster = clusterserve.open_channel(
@@ -274,7 +274,7 @@ class Daemon:
 
     def _reclaim(self) -> None:
         # a worker short of cores: the jobs whose shepherd just exited free theirs first
-        if not self.jobends.wait_idle(self.cfg.kill_timeout + _RECLAIM_SLACK):
+        if not self.shepherds.wait_idle(self.cfg.kill_timeout + _RECLAIM_SLACK):
             _log.warning("the teardowns of ended jobs are still running after %g s; the new "
                          "job is placed with the cores free now", self.cfg.kill_timeout)
 
@@ -397,7 +397,7 @@ class Daemon:
                                        ROOT_SOCKET=self.root_address))
         self.oom.start()
         try:
-            watched = self.jobends.rewatch(self.backend, spool_root(self.cfg))
+            watched = self.shepherds.rewatch(self.backend, spool_root(self.cfg))
         except GecoError as exc:  # the reaper ends those jobs instead
             _log.warning("cannot find the shepherds of the running jobs: %s", exc)
         else:
@@ -427,7 +427,7 @@ class Daemon:
         if self.cluster is not None:
             self.cluster.close()
         self.oom.close()
-        self.jobends.close()
+        self.shepherds.close()
         self.reaper.close()
         # on the way out already: a second SIGTERM (an impatient admin, kill -TERM
         # twice) must not turn a clean exit into a kill while workers finish

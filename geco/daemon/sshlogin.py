@@ -30,6 +30,7 @@ from geco.daemon.quarantine import Context, Peer, WouldWait
 from geco.errors import GecoError
 from geco.jobkey import JobKey
 from geco.protocol import REPLY_MAX_TEXT, AckStatus, Adopt, AdoptReply, AdoptStage
+from geco.resourceset import short_hostname
 from geco.ssh import Login, Placement, serve_exec, serve_login, sshd_program, under_root_sshd
 
 __all__ = ["refusal", "serve"]
@@ -132,11 +133,11 @@ def serve(msg: Adopt, nonce: bytes, ctx: Context, pidfd: int,
         return AdoptReply(0, 0, AckStatus.REFUSED, nonce,
                           f"geco: your session cannot be placed on {ctx.hostname} now; try "
                           "again")
-    node = ctx.hostname.partition(".")[0]
+    node = short_hostname(ctx.hostname)
     placement = _placement(ctx, msg.pid, pidfd)
     logger = _Timed(time.monotonic() if accepted is None else accepted)
     if msg.stage is AdoptStage.EXEC:
-        wanted = JobKey(msg.job_id, msg.task_id or 1) if msg.job_id else None
+        wanted = JobKey(msg.job_id, JobKey.task_of(msg.task_id)) if msg.job_id else None
         answer = serve_exec(login, wanted, ctx.config, ctx.backend, node, placement, logger)
     else:
         answer = serve_login(msg.stage is AdoptStage.SESSION, login, ctx.config, ctx.backend,

@@ -34,11 +34,13 @@ from geco import log, procfs
 from geco.errors import (
     ConfigError,
     GecoError,
+    JobKeyError,
     NotContained,
     QstatParseError,
     ResourceFormatError,
 )
 from geco.gpus import GpuGrantError
+from geco.jobkey import JobKey
 from geco.sge import execd
 
 TYPE_CHECKING = False
@@ -217,11 +219,14 @@ def journal_done(logger: log.Logger, name: str, code: int, elapsed: float, since
                                      SINCE_EXEC_SEC=f"{since_exec:.3f}"))
 
 
-def _job_ids() -> tuple[str | None, str | None]:
+def _job_ids() -> tuple[int | None, int | None]:
     """The job and task this hook runs for, from the environment Grid Engine gave it
-    (journal fields only: a non-array job's task "undefined" is task 1)."""
-    task_id = os.environ.get("SGE_TASK_ID")
-    return os.environ.get("JOB_ID"), "1" if task_id == "undefined" else task_id
+    (journal fields only: none when it names no job)."""
+    try:
+        key = JobKey.from_sge(os.environ.get("JOB_ID"), os.environ.get("SGE_TASK_ID"))
+    except JobKeyError:
+        return None, None
+    return key.job, key.task
 
 
 def _run_body(name: str, body: Callable[[_config.Config, log.Logger], Exit],

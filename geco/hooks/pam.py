@@ -28,6 +28,7 @@ import sys
 
 from geco import cgroup, config, log, procfs
 from geco.errors import GecoError
+from geco.resourceset import short_hostname
 from geco.ssh import Answer, Login, Placement, is_admin, serve_login, sshd_program
 
 __all__ = ["main"]
@@ -91,7 +92,7 @@ def main() -> int:
         print("geco-pam: sshd's PAM module (pam_geco.so) runs it, as root", file=sys.stderr)
         return REFUSE
     logger = log.setup_hook("quiet", identifier="geco-pam")
-    node = os.uname().nodename.partition(".")[0]
+    node = short_hostname()
     user = os.environ.get("PAM_USER", "")
     try:
         login = Login.of(user, os.environ.get("PAM_RHOST", ""),

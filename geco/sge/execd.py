@@ -22,11 +22,11 @@ from pathlib import Path
 
 from geco import procfs
 from geco._tuple import NamedTuple
-from geco.errors import GecoError
+from geco.errors import GecoError, JobKeyError
 from geco.jobkey import JobKey
 
 __all__ = ["JobRef", "find_shepherd", "find_spool_dir", "is_job_shepherd", "job_from_hook",
-           "parse_key_values", "read_config"]
+           "key_of_environment", "parse_key_values", "read_config"]
 
 
 class JobRef(NamedTuple):
@@ -47,19 +47,6 @@ class JobRef(NamedTuple):
         return self.spool_dir / "pe_hostfile" if self.spool_dir else None
 
 
-def _task_number(text: str) -> int:
-    # SGE says 0 (queue argument) or "undefined" (environment) for non-array jobs
-    if text in ("", "0", "undefined"):
-        return 1
-    return _positive("task id", text)
-
-
-def _positive(what: str, text: str) -> int:
-    if not text.isdigit() or int(text) <= 0:
-        raise GecoError(f"{what} must be a positive number, got {text!r}")
-    return int(text)
-
-
 def job_from_hook(argv: Sequence[str], env: Mapping[str, str]) -> JobRef:
     """Return the job a hook runs for.
 
@@ -72,15 +59,15 @@ def job_from_hook(argv: Sequence[str], env: Mapping[str, str]) -> JobRef:
     Raises
     ------
     GecoError
-        when no job id can be found or an id is not a positive number.
+        when no job id can be found; JobKeyError (a GecoError) when an id is not one
+        Grid Engine writes (:meth:`JobKey.from_sge`).
     """
     job_text = argv[0] if argv else env.get("JOB_ID", "")
     if not job_text:
         raise GecoError("no job id: give $job_id as the first argument or run under Grid Engine")
-    task_text = argv[1] if len(argv) > 1 else env.get("SGE_TASK_ID", "")
+    key = JobKey.from_sge(job_text, argv[1] if len(argv) > 1 else env.get("SGE_TASK_ID"))
     spool = env.get("SGE_JOB_SPOOL_DIR")
-    return JobRef(_positive("job id", job_text), _task_number(task_text),
-                  Path(spool) if spool else None)
+    return JobRef(key.job, key.task, Path(spool) if spool else None)
 
 
 def parse_key_values(data: bytes) -> dict[bytes, bytes]:
@@ -94,6 +81,22 @@ def parse_key_values(data: bytes) -> dict[bytes, bytes]:
         if sep:
             out[key] = value
     return out
+
+
+def key_of_environment(data: bytes) -> JobKey:
+    """Return the job a spooled ``environment`` file names: its last ``JOB_ID=`` and
+    ``SGE_TASK_ID=`` lines (none: task 1), read by :meth:`JobKey.from_sge`
+    (``preload/geco_job.c`` reads it the same way).
+
+    Raises
+    ------
+    JobKeyError
+        when it has no ``JOB_ID=`` line or an id is not one Grid Engine writes.
+    """
+    env = parse_key_values(data)
+    if b"JOB_ID" not in env:
+        raise JobKeyError("it has no JOB_ID= line")
+    return JobKey.from_sge(env[b"JOB_ID"], env.get(b"SGE_TASK_ID"))
 
 
 def read_config(spool_dir: Path) -> dict[str, str]:

@@ -47,6 +47,7 @@ from pathlib import Path
 
 from geco import log, procfs
 from geco.config import Config
+from geco.resourceset import short_hostname
 
 __all__ = ["SYSTEM_PATH", "SgeEnv", "discover"]
 
@@ -161,8 +162,7 @@ def _execd_pids(cfg: Config, proc: Path, start: int) -> list[int]:
             break
         pid = int(fields[1])
         pids.append(pid)
-    host = platform.node().split(".")[0]
-    files = [cfg.execd_spool_dir / host / "execd.pid"]
+    files = [cfg.execd_spool_dir / short_hostname() / "execd.pid"]
     with contextlib.suppress(OSError):
         files += sorted(cfg.execd_spool_dir.glob("*/execd.pid"))
     for name in files:

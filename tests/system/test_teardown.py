@@ -390,7 +390,9 @@ def test_given_a_gpu_fd_passed_to_a_later_job_when_the_first_ends_then_its_holde
     assert bystander.output() == b"holding"
     assert new_owner.output() == b"holding"
 
-    result = tear_down(first, backend, cfg, queue_instance=None, cleaned_by="epilog")
+    result = tear_down(first, backend, cfg, queue_instance=None, cleaned_by="epilog",
+                       resources=resourcefile.read(cfg.resources_dir, first),
+                       owner=job_owner.name)
 
     assert result.clean
     assert sender.wait() == -signal.SIGKILL
@@ -429,7 +431,9 @@ def test_given_no_time_to_look_then_the_owners_other_jobs_processes_die_and_it_i
     for child in [*mine, shepherd, other]:
         assert child.output() == b"holding"
 
-    result = tear_down(first, backend, cfg, queue_instance=None, cleaned_by="epilog")
+    result = tear_down(first, backend, cfg, queue_instance=None, cleaned_by="epilog",
+                       resources=resourcefile.read(cfg.resources_dir, first),
+                       owner=job_owner.name)
 
     assert result.clean
     assert [child.wait(10) for child in mine] == [-signal.SIGKILL] * 3

@@ -11,6 +11,7 @@ import pytest
 
 from geco import procfs
 from geco.errors import GecoError
+from geco.jobkey import JOB_ID_RULE, TASK_ID_RULE
 from geco.sge import execd
 from geco.sge.execd import JobRef
 
@@ -30,10 +31,11 @@ def test_the_job_comes_from_arguments_else_environment(argv: list[str], env: dic
 
 @pytest.mark.parametrize(("argv", "env", "message"), [
     ([], {}, "no job id: give $job_id as the first argument or run under Grid Engine"),
-    (["x1"], {}, "job id must be a positive number, got 'x1'"),
-    (["0"], {}, "job id must be a positive number, got '0'"),
-    (["5", "-1"], {}, "task id must be a positive number, got '-1'"),
-    (["../5"], {}, "job id must be a positive number, got '../5'"),
+    (["x1"], {}, f"{JOB_ID_RULE}, got 'x1'"),
+    (["0"], {}, f"{JOB_ID_RULE}, got '0'"),
+    (["5", "-1"], {}, f"{TASK_ID_RULE}, got '-1'"),
+    (["../5"], {}, f"{JOB_ID_RULE}, got '../5'"),
+    ([], {"JOB_ID": "42", "SGE_TASK_ID": "x"}, f"{TASK_ID_RULE}, got 'x'"),
 ])
 def test_bad_ids_are_refused_with_a_clear_message(argv: list[str], env: dict[str, str],
                                                   message: str) -> None:

@@ -28,7 +28,8 @@ def test_the_picture_names_the_reserves_the_default_and_each_gpus_device(
         os.mknod(tmp_path / name, 0o600 | stat.S_IFCHR, os.makedev(195, minor))
     cpus = sorted(os.sched_getaffinity(0))
     cfg = Config(cpus_reserve=str(cpus[0]), memory_reserve=256 * M, memory_per_slot=2 << 30,
-                 gpu_devices=(str(tmp_path / "a"), str(tmp_path / "b")))
+                 gpu_devices=(str(tmp_path / "a"), str(tmp_path / "b")),
+                 state_dir=_complexes(tmp_path, ""))
     lines = dict(nodeview.lines(cfg, _before_any_job()))
     rest = cpus[1:]
     assert lines["cores"] == (f"cpus {format_cpulist(rest) or 'none'} for jobs ({len(rest)}); "
@@ -37,19 +38,42 @@ def test_the_picture_names_the_reserves_the_default_and_each_gpus_device(
     assert lines["memory"].startswith("all jobs together may use ")
     assert lines["memory"].endswith("less 256M kept for its daemons ([cgroup] memory_reserve)")
     assert lines["default"] == ("a job that requests no memory gets RAM 2G per slot, RAM+swap "
-                                "unlimited ([cgroup] memory_per_slot, vmem_per_slot)")
+                                "unlimited ([cgroup] memory_per_slot, vmem_per_slot; else the "
+                                "memory complexes' defaults, qconf -sc)")
     assert lines["gpus"] == (
         f"2, each job opens only those Grid Engine granted it ([gpu] complex gpu): "
         f"0 = {tmp_path / 'a'} (c 195:1), 1 = {tmp_path / 'b'} (c 195:0)")
 
 
+def _complexes(tmp_path: Path, qconf_sc: str) -> Path:
+    """A state dir holding ``qconf -sc``'s answer as gecod keeps it (fresh: not asked again)."""
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "complexes").write_text(qconf_sc)
+    return state
+
+
 def test_a_node_without_reserves_defaults_or_gpus_says_so(tmp_path: Path) -> None:
-    cfg = Config(gpu_devices=(str(tmp_path / "missing"),))
+    cfg = Config(gpu_devices=(str(tmp_path / "missing"),), state_dir=_complexes(tmp_path, ""))
     lines = dict(nodeview.lines(cfg, _before_any_job()))
     assert lines["cores"].endswith("none kept back ([cgroup] cpus_reserve)")
     assert lines["default"] == ("a job that requests no memory runs with no memory limit "
-                                "([cgroup] memory_per_slot, vmem_per_slot)")
+                                "([cgroup] memory_per_slot, vmem_per_slot; else the memory "
+                                "complexes' defaults, qconf -sc)")
     assert lines["gpus"].startswith("unusable: cannot use the GPU device in [gpu] devices: ")
+
+
+def test_the_default_is_grid_engines_complex_default_where_the_config_sets_none(
+        tmp_path: Path) -> None:
+    """Given no [cgroup] default and Grid Engine's h_vmem consumable with a default of 2G
+    (as in the demo's cluster), then `geco check` says such a job gets RAM+swap 2G per slot,
+    which is what its containment gives it."""
+    sc = ("#name shortcut type relop requestable consumable default urgency\n"
+          "h_vmem h_vmem MEMORY <= YES YES 2G 0\n")
+    cfg = Config(state_dir=_complexes(tmp_path, sc))
+    assert dict(nodeview.lines(cfg, _before_any_job()))["default"] == (
+        "a job that requests no memory gets RAM unlimited, RAM+swap 2G per slot ([cgroup] "
+        "memory_per_slot, vmem_per_slot; else the memory complexes' defaults, qconf -sc)")
 
 
 

@@ -10,7 +10,6 @@ size, so a read past the end is caught.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 import shutil
@@ -21,8 +20,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import cffi
 import pytest
+from ckit import ubsan_module
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -178,19 +177,8 @@ class C:
 @pytest.fixture(scope="module")
 def c(tmp_path_factory: pytest.TempPathFactory) -> C:
     """geco_proto.c built as a cffi extension (with UBSan) in a temporary directory."""
-    build = tmp_path_factory.mktemp("geco_proto_cffi")
-    ffi = cffi.FFI()
-    ffi.cdef(CDEF)
-    ffi.set_source("_geco_proto_test", '#include "geco_proto.h"', sources=[str(SOURCE)],
-                   include_dirs=[str(PRELOAD)], libraries=["sodium"],
-                   extra_compile_args=["-std=c11", "-Wall", "-Werror", "-fsanitize=undefined",
-                                       "-fno-sanitize-recover=all"],
-                   extra_link_args=["-fsanitize=undefined"])
-    so = ffi.compile(tmpdir=str(build))
-    spec = importlib.util.spec_from_file_location("_geco_proto_test", so)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = ubsan_module("_geco_proto_test", CDEF, "geco_proto.h", ["geco_proto.c"],
+                          tmp_path_factory.mktemp("geco_proto_cffi"), libraries=["sodium"])
     lib = C(module)
     assert lib.lib.geco_proto_init() == 0
     return lib

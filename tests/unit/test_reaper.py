@@ -175,7 +175,7 @@ class Teardowns:
     calls: list[tuple[str, str | None, str, bool]] = dataclasses.field(default_factory=list)
 
     def __call__(self, key: str, backend: Any, cfg: Config, *, queue_instance: str | None,
-                 cleaned_by: str) -> teardown.Teardown:
+                 cleaned_by: str, **facts: object) -> teardown.Teardown:
         assert backend is self.backend
         self.calls.append((key, queue_instance, cleaned_by, cfg.disable_queue_on_stuck))
         killed = len(self.backend.members.get(key, []))

@@ -1,13 +1,15 @@
-"""gecod ends jobs itself: the moment a job's ``sge_shepherd`` exits, its cgroups go.
+"""gecod's shepherd watch: the moment a job's ``sge_shepherd`` exits, the job ends here.
 
 With the exec() preload, gecod puts each job's shepherd into the job's cgroups
 at its exec (:mod:`geco.daemon.quarantine`), and the pidfd it opened for that
 request tells it when the shepherd exits: the job is over on this node (Grid
-Engine ran it, and its epilog if one is configured, under that shepherd). gecod
-then tears the job down as an epilog would (:func:`geco.teardown.tear_down`:
-the job's accounting in the journal, leftovers killed, cgroups removed, a stuck
-job escalated), so a queue with the preload needs no prolog or epilog of
-geco's, and a core is free again as soon as the job's processes are gone.
+Engine ran it, and its epilog if one is configured, under that shepherd). The
+watch decides that, and ends the job as every end does
+(:func:`geco.ending.end_job`: the job's accounting in the journal, leftovers
+killed, cgroups removed, a stuck job escalated, its files forgotten, its owner's
+strays looked for ``[strays] delay`` s later), so a queue with the preload needs
+no prolog or epilog of geco's, and a core is free again as soon as the job's
+processes are gone.
 
 Only the job's master shepherd ends it: a ``qrsh -inherit`` task's shepherd
 (working in a PE task dir below the job's) ends one task, and the job's
@@ -31,19 +33,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from geco import log, procfs, strays, teardown
+from geco import ending, log, procfs, teardown
 from geco.cgroup import Backend
 from geco.daemon.pools import Busy, Pool
 from geco.daemon.quarantine import Context, Shepherd, job_dir_of, spool_root
-from geco.daemon.reaper import forget_job
 from geco.daemon.runloop import RunLoop
 from geco.errors import GecoError
 from geco.jobkey import JobKey
 from geco.sge import execd
 
-__all__ = ["JobEnds"]
+__all__ = ["ShepherdWatch"]
 
-_log = log.get("gecod.jobend")
+_log = log.get("gecod.shepherdwatch")
 
 
 @dataclass(eq=False, slots=True)
@@ -60,8 +61,8 @@ class _Pending:
     changed: threading.Condition = field(default_factory=threading.Condition)
 
 
-class JobEnds:
-    """Watch master shepherds; tear their job down in a worker when one exits.
+class ShepherdWatch:
+    """Watch master shepherds; end their job in a worker when one exits.
 
     Parameters
     ----------
@@ -160,50 +161,51 @@ class JobEnds:
             self._pending.changed.notify_all()
 
     def _end(self, shepherd: Shepherd) -> None:
-        """Worker: the job's shepherd is gone; tear the job down unless it started again."""
-        key, cfg = shepherd.key, self.ctx.config
-        backend = self.ctx.backend
+        """Worker: the job's shepherd is gone; end the job unless it started again."""
+        key = shepherd.key
         try:
-            with self.ctx.job_lock(key):
-                if not backend.exists(key):
-                    return  # the epilog did it
-                if teardown.found_stuck(cfg, key):
-                    _log.info("job %s: its shepherd exited; its teardown was found stuck "
-                              "before, and the reaper tries again every round", key)
-                    return
-                spool = spool_root(cfg)
-                restarted = [p for p in backend.pids(key) if _new_start(key, p, spool)]
-                if restarted:
-                    _log.info("job %s: its shepherd %d exited, but the job started again on "
-                              "this node (pid %d); its cgroups stay", key, shepherd.pid,
-                              restarted[0])
-                    return
-                owner = strays.owner_of(cfg, key)  # before the resource file goes
-                result = teardown.tear_down(key, backend, cfg,
-                                            queue_instance=shepherd.queue_instance,
-                                            cleaned_by="gecod")
-            if result.clean:
-                forget_job(cfg, key)
-                if self.on_ended is not None:
-                    self.loop.call_soon_threadsafe(functools.partial(self.on_ended, key))
-                if cfg.strays_kill:
-                    self.loop.call_soon_threadsafe(functools.partial(self._strays_later, key,
-                                                                     owner))
+            ended = ending.end_job(key, self.ctx.backend, self.ctx.config, cleaned_by="gecod",
+                                   gate=self.ctx, confirm=lambda: self._over(shepherd),
+                                   queue_instance=shepherd.queue_instance,
+                                   strays_when=self._strays_later)
         except (GecoError, OSError) as exc:  # the reaper retries what is left
             _log.warning("job %s: its shepherd exited but its teardown failed: %s", key, exc,
                          extra=log.job_fields(key.job, key.task, "teardown-failed",
                                               REASON=str(exc)))
+            return
+        if ended is not None and ended.clean and self.on_ended is not None:
+            self.loop.call_soon_threadsafe(functools.partial(self.on_ended, key))
 
-    def _strays_later(self, key: JobKey, owner: str | None) -> None:
-        """In the loop: look for the owner's strays ``[strays] delay`` s from now, when a
+    def _over(self, shepherd: Shepherd) -> bool:
+        """Under the job's lock: True when the job is over here and still to be ended."""
+        key, cfg, backend = shepherd.key, self.ctx.config, self.ctx.backend
+        if not backend.exists(key):
+            return False  # the epilog did it
+        if teardown.found_stuck(cfg, key):
+            _log.info("job %s: its shepherd exited; its teardown was found stuck "
+                      "before, and the reaper tries again every round", key)
+            return False
+        spool = spool_root(cfg)
+        restarted = [p for p in backend.pids(key) if _new_start(key, p, spool)]
+        if restarted:
+            _log.info("job %s: its shepherd %d exited, but the job started again on "
+                      "this node (pid %d); its cgroups stay", key, shepherd.pid, restarted[0])
+            return False
+        return True
+
+    def _strays_later(self, owner: str | None, look: Callable[[], object]) -> None:
+        """From a worker: look for the owner's strays ``[strays] delay`` s from now, when a
         client of the job on this node (qrsh, qsub -sync) has seen its end and exited."""
         def submit() -> None:
             # the pool is shut down (gecod stops) or full: the owner's next job end looks
             with contextlib.suppress(RuntimeError, Busy):
-                self.executor.submit_for(
-                    {"owner": owner}, lambda: strays.after_job(
-                        self.ctx.config, self.ctx.backend, key, owner, cleaned_by="gecod"))
-        self.loop.add_timer(self.ctx.config.strays_delay, submit)
+                self.executor.submit_for({"owner": owner}, look)
+        self.loop.call_soon_threadsafe(
+            functools.partial(self._later, self.ctx.config.strays_delay, submit))
+
+    def _later(self, delay: float, work: Callable[[], None]) -> None:
+        """In the loop: ``work`` in ``delay`` s."""
+        self.loop.add_timer(delay, work)
 
 
 def _new_start(key: JobKey, pid: int, spool: Path) -> bool:

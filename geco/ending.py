@@ -1,0 +1,215 @@
+"""A job's one way out on this node: :func:`end_job`, the mirror of the way in
+(:func:`geco.containment.contain_job`).
+
+Each way a job ends decides only that it has ended, and calls :func:`end_job`:
+
+* the epilog (:func:`geco.hooks.epilog.end`, run by Grid Engine, or by gecod for it);
+* gecod's shepherd watch (:mod:`geco.daemon.shepherdwatch`): the job's master shepherd exited;
+* gecod's reaper (:mod:`geco.daemon.reaper`): the job no longer runs on this node;
+* a slave host's release (:mod:`geco.daemon.clusterserve`): the job's master ended it.
+
+The steps, in order:
+
+1. The job's end has begun: no new ssh session goes into it (``gate.ending``, read by
+   :mod:`geco.daemon.sshlogin`); then its lock is taken (``gate.job_lock``). The gate is
+   gecod's; the Python epilog, outside gecod, has none.
+2. Under the lock the caller confirms that the job has ended (it may have started again,
+   or been ended by someone else meanwhile) and readies it (the epilog steps out of its
+   cgroups). Not confirmed: nothing is done.
+3. The job's resource set is read once (or taken from a caller that read it): its GPUs
+   here, its other hosts, its owner all come from it.
+4. A parallel job's master (the epilog) tells the job's other hosts to end it
+   (:func:`geco.cluster.release`); their figures join this host's in one record.
+5. :func:`geco.teardown.tear_down`: freeze, kill, remove the cgroups, revoke GPU fds, and
+   journal ``job-end`` from the figures (or ``cleanup-stuck``, and the queue disabled).
+6. Its cgroups gone: forget the job (its resource file and OOM count file; the stuck
+   marker goes with the cgroups, in the teardown), then look for its owner's strays
+   (:func:`geco.strays.after_job`) as the caller schedules it: at once
+   (:func:`at_once`), or later (gecod's shepherd watch, once the job's clients have
+   seen its end). A job that is stuck keeps its files: the reaper's next try needs them.
+
+It returns an :class:`Ended`: who ended the job, its figures and leftovers (the teardown's
+result), and its owner.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from geco import log, strays, teardown
+from geco._tuple import NamedTuple
+from geco.cgroup import Backend
+from geco.config import Config
+from geco.errors import GecoError
+from geco.jobkey import JobKey
+from geco.sge import resourcefile
+from geco.teardown import Teardown
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+    from typing import Protocol
+
+    from geco.accounting import Accounting
+    from geco.cluster import WholeJob
+    from geco.resourceset import ResourceSet
+
+    class Gate(Protocol):
+        """What gecod lends a job's end (its :class:`geco.daemon.quarantine.Context`)."""
+
+        ending: set[JobKey]  # the jobs whose end has begun: no ssh session goes in
+
+        def job_lock(self, key: JobKey) -> AbstractContextManager[None]: ...
+
+__all__ = ["UNREAD", "Ended", "Unread", "at_once", "end_job", "forget"]
+
+_log = log.get("ending")
+
+# Schedules the look for an ended job's strays: called with the owner and the look.
+Schedule = Callable[[str | None, Callable[[], object]], None]
+
+
+class Unread(enum.Enum):
+    """The type of :data:`UNREAD`."""
+
+    UNREAD = "unread"
+
+
+# ``resources`` of a caller that has not read the job's resource set: end_job reads it.
+UNREAD = Unread.UNREAD
+
+
+class Ended(NamedTuple):
+    """What :func:`end_job` did for one job.
+
+    Attributes
+    ----------
+    key: ``<job>.<task>``.
+    cleaned_by: who ended it (``epilog``, ``gecod``, ``reaper``, ``master``), journaled
+        as ``CLEANED_BY``.
+    teardown: its figures and leftovers (:class:`~geco.teardown.Teardown`), from which
+        its ``job-end`` record was written.
+    owner: its owner's user name, None when nothing says.
+    """
+
+    key: JobKey
+    cleaned_by: str
+    teardown: Teardown
+    owner: str | None
+
+    @property
+    def clean(self) -> bool:
+        """True when the job's cgroups are gone (and its files forgotten)."""
+        return self.teardown.clean
+
+
+def at_once(owner: str | None, look: Callable[[], object]) -> None:
+    """Look for the owner's strays now, in the calling thread (the epilog, the reaper)."""
+    look()
+
+
+def end_job(key: JobKey, backend: Backend, cfg: Config, *, cleaned_by: str,
+            gate: Gate | None = None, confirm: Callable[[], bool] | None = None,
+            resources: ResourceSet | Unread | None = UNREAD,
+            queue_instance: str | None = None, spool_dir: Path | None = None,
+            release_others: bool = False, logger: log.Logger | None = None,
+            event: str = "job-end", strays_when: Schedule | None = at_once) -> Ended | None:
+    """End job ``key`` on this node (see the module docstring for the steps).
+
+    Parameters
+    ----------
+    key: ``<job>.<task>``.
+    backend: this node's cgroup backend.
+    cfg: the configuration.
+    cleaned_by: who ends it, journaled as ``CLEANED_BY``.
+    gate: gecod's per-job lock and its set of ending jobs; None outside gecod.
+    confirm: called under the lock: False leaves the job alone (it started again, or
+        someone else ended it); it may ready the job for its end.
+    resources: the job's resource set when the caller read it already (None: it has
+        none); :data:`UNREAD`: read here.
+    queue_instance: ``<queue>@<host>`` to disable when the job is stuck (None: every
+        queue of this host).
+    spool_dir: the job's execd spool dir, where its owner is read when its resource set
+        names none (default: looked up).
+    release_others: this is a parallel job's master end: its other hosts are told to end
+        it, and their figures join this host's ``job-end`` record.
+    logger: what the other hosts' failures are journaled through (the hook's).
+    event: the record's ``GECO_EVENT``: ``job-end``, or ``job-end-slave`` on a slave host.
+    strays_when: how the owner's strays are looked for once the cgroups are gone:
+        :func:`at_once`, or a scheduler of the caller's; None: not on this host (a slave's
+        release, which its master waits for).
+
+    Returns
+    -------
+    What was done; None when ``confirm`` left the job alone.
+
+    Raises
+    ------
+    GecoError, OSError
+        from ``confirm``, or when ``key`` is no job key; the teardown's own problems are
+        journaled and returned.
+    """
+    ending = gate.ending if gate is not None else set()
+    ending.add(key)  # before the lock: a login waiting for it is refused once it has it
+    try:
+        with gate.job_lock(key) if gate is not None else contextlib.nullcontext():
+            if confirm is not None and not confirm():
+                return None
+            rs = _read(cfg, key) if isinstance(resources, Unread) else resources
+            owner = strays.owner_in(rs, cfg, key, spool_dir)
+            result = teardown.tear_down(
+                key, backend, cfg, queue_instance=queue_instance, cleaned_by=cleaned_by,
+                resources=rs, owner=owner, event=event,
+                other_hosts=_other_hosts(rs, cfg, logger) if release_others else None)
+    finally:
+        ending.discard(key)
+    if result.clean:
+        forget(cfg, key)
+        if strays_when is not None and cfg.strays_kill:
+            strays_when(owner, lambda: strays.after_job(cfg, backend, key, owner,
+                                                        cleaned_by=cleaned_by))
+    return Ended(key, cleaned_by, result, owner)
+
+
+def _read(cfg: Config, key: JobKey) -> ResourceSet | None:
+    """The job's resource set, None when it has none or it cannot be used (then the job
+    is ended with what is known: no GPUs, no other hosts, its owner from the spool)."""
+    try:
+        return resourcefile.read(cfg.resources_dir, key)
+    except GecoError as exc:
+        _log.debug("job %s: its resource file cannot be used at its end: %s", key, exc)
+        return None
+
+
+def _other_hosts(rs: ResourceSet | None, cfg: Config, logger: log.Logger | None
+                 ) -> Callable[[Accounting], WholeJob] | None:
+    """A parallel job's other hosts, told to end it (all at once) and asked for their figures:
+    what joins this host's to make the job's one ``job-end`` record; None for a job of one
+    host (or with no resource set: then the slaves' reapers end it there)."""
+    if rs is None or len(rs.nodes) < 2:
+        return None
+    from geco import cluster  # a parallel job's master only
+
+    answers = cluster.release(rs, cfg, logger)
+    node = rs.node()
+    here = node.name if node is not None else os.uname().nodename
+    return lambda figures: cluster.whole_job(here, figures, answers)
+
+
+def forget(cfg: Config, key: JobKey) -> None:
+    """Remove the resource file and OOM count file of a job whose cgroups are gone (also
+    the reaper's, for a job whose cgroups went with no one to end it)."""
+    try:
+        resourcefile.remove(cfg.resources_dir, key)
+        # gecod's count file (geco.oom.watch): a hook, which counts nothing, loads gecod's
+        # OOM module (a tenth of its start) only for a job that has one
+        if (cfg.state_dir / "oom" / key).exists():
+            from geco.oom import remove_counts
+
+            remove_counts(cfg.state_dir, key)
+    except GecoError as exc:  # names the file; a later round or gecod's start prunes it
+        _log.warning("job %s: %s", key, exc)

@@ -1,0 +1,35 @@
+"""Building geco's C (preload/) into a Python module for a test: cffi, with UBSan.
+
+The C tests call the very functions the preload, the lane and the hook program link,
+built warning-free and with undefined behaviour fatal, from a temporary directory.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import cffi
+
+PRELOAD = Path(__file__).resolve().parents[1] / "preload"
+
+
+def ubsan_module(name: str, cdef: str, header: str, sources: Sequence[str], build: Path, *,
+                 libraries: Sequence[str] = ()) -> Any:
+    """The cffi module ``name`` (``.ffi``, ``.lib``) of ``sources`` (files in preload/)
+    declared by ``cdef``, with ``header`` included, compiled in ``build``."""
+    ffi = cffi.FFI()
+    ffi.cdef(cdef)
+    ffi.set_source(name, f'#include "{header}"', sources=[str(PRELOAD / s) for s in sources],
+                   include_dirs=[str(PRELOAD)], libraries=list(libraries),
+                   extra_compile_args=["-std=gnu11", "-Wall", "-Werror", "-fsanitize=undefined",
+                                       "-fno-sanitize-recover=all"],
+                   extra_link_args=["-fsanitize=undefined"])
+    so = ffi.compile(tmpdir=str(build))
+    spec = importlib.util.spec_from_file_location(name, so)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
