@@ -354,21 +354,26 @@ def test_a_flood_of_a_jobs_tasks_is_journaled_as_a_few_entries_and_a_summary(
     shepherd.exit()  # the job ends within the window: what the lane held is still told
     wait_gone(node, f"{job}.1")
 
-    def counted() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    def counted() -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
         about = logged(journal, since, JOB_ID=str(job), _PID=str(gecod.pid))
+        # gecod never waits for journald: a record its socket has no room for (journald
+        # slowed by a busy machine) is dropped, and counted in the next log-records-dropped
+        dropped = sum(int(e["DROPPED"]) for e in logged(
+            journal, since, GECO_EVENT="log-records-dropped", _PID=str(gecod.pid)))
         return ([e for e in about if e["GECO_EVENT"] == "quarantined"],
-                [e for e in about if e["GECO_EVENT"] == "quarantined-summary"])
+                [e for e in about if e["GECO_EVENT"] == "quarantined-summary"], dropped)
 
-    deadline = time.monotonic() + 25  # the window ends within 10 s
+    deadline = time.monotonic() + 40  # the window ends within 10 s, a drop report 10 s later
     while True:
-        single, summaries = counted()
-        if len(single) + sum(int(e["QUARANTINED"]) for e in summaries) >= 451:
+        single, summaries, dropped = counted()
+        told = len(single) + sum(int(e["QUARANTINED"]) for e in summaries)
+        if told >= 451 or (dropped and told + dropped >= 451):
             break
-        assert time.monotonic() < deadline, (len(single), summaries)
+        assert time.monotonic() < deadline, (len(single), summaries, dropped)
         time.sleep(0.5)
     windows = int((time.time() - since) // 10) + 2  # each (partial) 10 s window since
-    assert len(single) + sum(int(e["QUARANTINED"]) for e in summaries) == 451
-    assert summaries and len(single) <= 200 * windows, (len(single), windows)
+    assert told == 451 or told < 451 <= told + dropped, (told, dropped)
+    assert (summaries or dropped) and len(single) <= 200 * windows, (len(single), windows)
     assert all(e["WINDOW_S"] == "10.0" and e["SGE_TASK_ID"] == "1" for e in summaries)
     code = "server.py" if traced else LANE
     assert [e for e in single[1:] if not e["CODE_FILE"].endswith(code)] == []
