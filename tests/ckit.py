@@ -7,6 +7,7 @@ built warning-free and with undefined behaviour fatal, from a temporary director
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -33,3 +34,17 @@ def ubsan_module(name: str, cdef: str, header: str, sources: Sequence[str], buil
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def undefined_calls(source: Path, flags: Sequence[str], build: Path) -> dict[str, set[str]]:
+    """Per optimisation level (-O0, -O2): the names ``source``'s object calls but does not
+    define (``nm -u``), built with ``flags``."""
+    calls = {}
+    for opt in ("-O0", "-O2"):
+        obj = build / f"{source.stem}{opt}.o"
+        subprocess.run(["gcc", *flags, opt, "-c", str(source), "-o", str(obj)], check=True,
+                       capture_output=True, text=True)
+        nm = subprocess.run(["nm", "-u", str(obj)], check=True, capture_output=True,
+                            text=True).stdout
+        calls[opt] = {line.split()[-1] for line in nm.splitlines() if line.strip()}
+    return calls

@@ -9,12 +9,11 @@ not call in sge_execd's forked child (no allocator, no stdio, no lock).
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
-from ckit import ubsan_module
+from ckit import ubsan_module, undefined_calls
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCE = REPO / "preload" / "geco_job.c"
@@ -78,13 +77,7 @@ def test_the_c_compiles_warning_free_and_calls_nothing_that_allocates_or_locks(
     promise on the exec path)."""
     allowed = {"open", "open64", "fstat", "fstat64", "__fxstat", "__fxstat64", "read", "close",
                "memcmp", "memcpy", "strlen", "__errno_location", "__stack_chk_fail"}
-    for opt in ("-O0", "-O2"):
-        obj = tmp_path / f"geco_job{opt}.o"
-        subprocess.run(["gcc", *STRICT, opt, "-c", str(SOURCE), "-o", str(obj)], check=True,
-                       capture_output=True, text=True)
-        nm = subprocess.run(["nm", "-u", str(obj)], check=True, capture_output=True,
-                            text=True).stdout
-        undefined = {line.split()[-1] for line in nm.splitlines() if line.strip()}
+    for opt, undefined in undefined_calls(SOURCE, STRICT, tmp_path).items():
         assert undefined <= allowed, f"{opt}: unexpected calls {sorted(undefined - allowed)}"
 
 

@@ -21,7 +21,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from ckit import ubsan_module
+from ckit import ubsan_module, undefined_calls
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -196,13 +196,7 @@ def test_the_c_compiles_warning_free_and_calls_only_memcpy_clock_and_libsodium(
     allowed = {"memcpy", "memcmp", "memchr", "memset", "strlen", "clock_gettime", "sodium_init",
                "randombytes_buf",
                "crypto_generichash", "sodium_memcmp", "__stack_chk_fail"}
-    for opt in ("-O0", "-O2"):
-        obj = tmp_path / f"geco_proto{opt}.o"
-        subprocess.run(["gcc", *STRICT, opt, "-c", str(SOURCE), "-o", str(obj)], check=True,
-                       capture_output=True, text=True)
-        nm = subprocess.run(["nm", "-u", str(obj)], check=True, capture_output=True,
-                            text=True).stdout
-        undefined = {line.split()[-1] for line in nm.splitlines() if line.strip()}
+    for opt, undefined in undefined_calls(SOURCE, STRICT, tmp_path).items():
         assert undefined <= allowed, f"{opt}: unexpected calls {sorted(undefined - allowed)}"
 
 
