@@ -1,7 +1,7 @@
 #!/opt/geco/venv/bin/python
 """The start barrier of a parallel job: PREPARE to every slave host, all ready.
 
-What the master's prolog adds for a job with N slave hosts: :func:`geco.cluster.prepare`
+What the master's prolog adds for a job with N slave hosts: :func:`geco.wire.cluster.prepare`
 sends each slave's gecod a PREPARE (at once, one TCP connection each) and waits for every
 answer. The slaves here are the real cluster-channel servers
 (:class:`geco.daemon.clusterserve.ClusterServer`) in this process, each with its own real
@@ -39,7 +39,6 @@ from pathlib import Path
 from _common import percentile, remove_test_cgroups, sigterm_exits, v1_backend
 from _table import Row, add_json_option, write_rows
 
-from geco import cluster, keys
 from geco.cgroup import V1Backend
 from geco.config import Config
 from geco.daemon import clusterserve
@@ -47,9 +46,10 @@ from geco.daemon.pools import Pools
 from geco.daemon.quarantine import Context
 from geco.daemon.runloop import RunLoop
 from geco.daemon.server import Server
-from geco.protocol import MsgType
-from geco.resourceset import NodeResources, ResourceSet, short_hostname
-from geco.topology import Topology
+from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.node.topology import Topology
+from geco.wire import cluster, keys
+from geco.wire.protocol import MsgType
 
 HOSTS_FILE = Path("/etc/hosts")
 MARK = "# geco-test-bench"

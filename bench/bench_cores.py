@@ -22,9 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _table import Row, add_json_option, write_rows
 
-from geco.cores import allocate
 from geco.errors import CoresUnavailable
-from geco.topology import Topology
+from geco.node.cores import allocate
+from geco.node.topology import Topology
 
 BIG = "pack:8 core:64 pu:2"
 

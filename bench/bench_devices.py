@@ -4,7 +4,7 @@ Run as root from the repo root:
 
     /opt/geco/venv/bin/python bench/bench_devices.py [--runs 200]
 
-Picking: :func:`geco.gpus.pick` on a synthetic 8-GPU, 2-socket node (GPUs 0-3 on NUMA
+Picking: :func:`geco.node.gpus.pick` on a synthetic 8-GPU, 2-socket node (GPUs 0-3 on NUMA
 node 0, 4-7 on 1) for 1, 2 and 4 GPUs near socket 1, with 0-3 others busy (random, fixed
 seed), plus reading the busy picture as geco does under the node lock: the resource
 files of 7 running jobs (floor: one such file read).
@@ -31,10 +31,10 @@ from pathlib import Path
 from _common import percentile, sigterm_exits
 from _table import Row, add_json_option, write_rows
 
-from geco import gpus
 from geco.cgroup._bpfdev import deny_devices
 from geco.errors import GecoError
-from geco.resourceset import NodeResources, ResourceSet
+from geco.job.resourceset import NodeResources, ResourceSet
+from geco.node import gpus
 from geco.sge import resourcefile
 
 SIZES = (1, 7, 63)

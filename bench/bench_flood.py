@@ -34,7 +34,7 @@ from _common import percentile
 from _table import Row, add_json_option, write_rows
 from bench_gecod import JOB, TASK, bench_gecod
 
-from geco import protocol
+from geco.wire import protocol
 from tests.flood import flooding
 
 CLIENTS = 20
@@ -68,7 +68,7 @@ def _client(key: bytes, sock_path: str, job_dir: str, requests: int, start: floa
 
 def _round_trips(key: bytes, sock_path: str, job_dir: Path, clients: int,
                  requests: int) -> tuple[list[float], float]:
-    """``clients`` processes (Python, geco.protocol) in the job's PE task dir, each sending
+    """``clients`` processes (Python, geco.wire.protocol) in the job's PE task dir, each sending
     ``requests`` JOB_STARTED for its own pid; their latencies (s) and the wall time."""
     ctx = multiprocessing.get_context("fork")
     out: multiprocessing.queues.Queue[list[float] | str] = ctx.Queue()

@@ -83,11 +83,11 @@ from _common import REPO, journald, percentile, sigterm_exits
 from _table import Row, add_json_option, cells, table, write_rows
 from bench_flood import socket_floor
 
-from geco import cluster, keys, protocol
 from geco.errors import GecoError
-from geco.protocol import AdoptStage, MsgType, NodeRequest
-from geco.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import resourcefile
+from geco.wire import cluster, keys, protocol
+from geco.wire.protocol import AdoptStage, MsgType, NodeRequest
 from tests.cgroup_testkit import cgroup_mounts, raw_cleanup
 from tests.flood import NOBODY, flooding
 
@@ -111,7 +111,7 @@ RAMP_UP = 60.0
 # cgroups, as a job script) and stays until its stdin closes.
 SHEPHERD = r"""
 import os, socket, subprocess, sys, time
-from geco import protocol
+from geco.wire import protocol
 key_file, sock_path, job, workdir = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 work = sys.argv[5:]
 key = open(key_file, "rb").read()

@@ -11,9 +11,9 @@ Python forker inside it (moved in before it forks) that fills the job up to
 leftovers are) and sleepers for the rest. When the kernel lists every one of
 them in the job, the teardown is timed:
 
-* ``release``: :func:`geco.containment.release` (freeze, SIGKILL, thaw, wait
+* ``release``: :func:`geco.job.containment.release` (freeze, SIGKILL, thaw, wait
   until empty, remove), what the epilog has called so far;
-* ``tear_down``: :func:`geco.teardown.tear_down`, the epilog's and reaper's
+* ``tear_down``: :func:`geco.job.teardown.tear_down`, the epilog's and reaper's
   teardown with accounting and the stuck-process report (when this checkout has
   it; queue disabling off, journal off).
 
@@ -50,13 +50,14 @@ from typing import TypeVar
 from _common import remove_test_cgroups, run_in_cgroups, sigterm_exits, v1_backend
 from _table import Row, add_json_option, write_rows
 
-from geco import containment, log
+from geco import log
 from geco.cgroup import Hierarchy, Limits, V1Backend
 from geco.config import Config
+from geco.job import containment
 
 try:
-    from geco.teardown import tear_down
-except ImportError:  # a checkout older than geco/teardown.py: time release() alone
+    from geco.job.teardown import tear_down
+except ImportError:  # a checkout older than geco/job/teardown.py: time release() alone
     HAVE_TEAR_DOWN = False
 else:
     HAVE_TEAR_DOWN = True
@@ -340,7 +341,7 @@ def main() -> int:
         Row(f"teardown ({v}) of a job with {args.processes:,} processes, p50",
             statistics.median(r.total for r in results[v]) * 1e3, "ms") for v in variants])
     if not HAVE_TEAR_DOWN:
-        print("  tear_down: not timed (this checkout has no geco/teardown.py)")
+        print("  tear_down: not timed (this checkout has no geco/job/teardown.py)")
     return 0
 
 

@@ -6,7 +6,7 @@ Run from the repo root (root, for the traced case: trace files are chown'd):
 
 gecod's ``geco`` logger gets its usual stderr handler (seed format, level
 error, writing to /dev/null) and, in all but the first row, a
-:class:`geco.trace.TraceRouter`. Each row logs info records carrying job
+:class:`geco.job.trace.TraceRouter`. Each row logs info records carrying job
 fields (as gecod's journal events do) and prints the time per record (the
 best of 5 runs; the traced row runs once, a tenth as many records):
 
@@ -18,7 +18,7 @@ best of 5 runs; the traced row runs once, a tenth as many records):
 
 The ``router cost`` column is the row minus the baseline. Then the starter's
 part: the ``stat`` of the trace file that decides, for an untraced job, that
-nothing else is read, and the import time of geco.trace.
+nothing else is read, and the import time of geco.job.trace.
 """
 
 from __future__ import annotations
@@ -39,9 +39,10 @@ from _table import Row, add_json_option, write_rows
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from geco import log, trace  # noqa: E402
+from geco import log  # noqa: E402
 from geco.config import Config  # noqa: E402
-from geco.resourceset import NodeResources, ResourceSet  # noqa: E402
+from geco.job import trace  # noqa: E402
+from geco.job.resourceset import NodeResources, ResourceSet  # noqa: E402
 from geco.sge import resourcefile  # noqa: E402
 
 
@@ -93,16 +94,16 @@ print((time.perf_counter() - started) * 1e6)
 
 
 def _import_time(pycache: Path) -> int:
-    """geco.trace's own import time in a fresh process, with its byte code compiled
+    """geco.job.trace's own import time in a fresh process, with its byte code compiled
     (as an installed package has it), after the modules every hook imports anyway."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     argv = [sys.executable, "-X", f"pycache_prefix={pycache}", "-X", "importtime", "-c",
-            "import geco.config, geco.log, geco.sge.execd; import geco.trace"]
+            "import geco.config, geco.log, geco.sge.execd; import geco.job.trace"]
     runs = []
     for _ in range(6):  # the first run compiles
         out = subprocess.run(argv, capture_output=True, text=True, check=True, cwd=REPO,
                              env=env).stderr
-        own = [line for line in io.StringIO(out) if line.rstrip().endswith(" geco.trace")]
+        own = [line for line in io.StringIO(out) if line.rstrip().endswith(" geco.job.trace")]
         runs.append(int(own[-1].split(":")[1].split("|")[1]))
     return sorted(runs[1:])[2]
 
@@ -172,7 +173,7 @@ def main() -> int:
               f"starter, job-started record to journald (fresh process, socket included): "
               f"median {job_started:.0f} us of 5 runs")
         import_us = _import_time(base / "pycache")
-        print(f"import geco.trace (+ geco.resourceset) in a hook: median {import_us} us "
+        print(f"import geco.job.trace (+ geco.job.resourceset) in a hook: median {import_us} us "
               "of 5 runs; only the prolog, the epilog and a traced job's starter import it")
         table = [Row(f"log record in gecod, trace router, {name.removeprefix('router, ')}",
                      seconds * 1e6, "us", "-", baseline * 1e6, "no router")
@@ -181,7 +182,8 @@ def main() -> int:
         if job_started is not None:
             table.append(Row("starter, job-started record to journald (fresh process)",
                              job_started, "us"))
-        table.append(Row("import geco.trace (+ geco.resourceset), cumulative", import_us, "us"))
+        table.append(Row("import geco.job.trace (+ geco.job.resourceset), cumulative",
+                         import_us, "us"))
         write_rows(args.json, table)
     finally:
         log.setup("error", journal=False)

@@ -1,4 +1,4 @@
-"""cffi builder for ``geco._hwloc_cffi``, the tiny C bridge between hwloc and :mod:`geco.topology`.
+"""cffi builder for ``geco._hwloc_cffi``: the C bridge between hwloc and :mod:`geco.node.topology`.
 
 Why cffi in API (out-of-line) mode, with a C helper that flattens the topology:
 

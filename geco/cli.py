@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from geco import __version__, rsrcinfo
+from geco import __version__
 from geco import config as _config
 from geco.errors import (
     CgroupError,
@@ -47,14 +47,15 @@ from geco.errors import (
     QstatParseError,
     ResourceFormatError,
 )
-from geco.jobkey import JobKey
-from geco.resourceset import ResourceSet
+from geco.job import rsrcinfo
+from geco.job.jobkey import JobKey
+from geco.job.resourceset import ResourceSet
 from geco.sge import qstat, resourcefile, v1format
 from geco.sge.pe_hostfile import parse_pe_hostfile
 
 if TYPE_CHECKING:
     from geco.config import Config
-    from geco.jobstatus import JobStatus
+    from geco.job.jobstatus import JobStatus
 
 __all__ = ["main"]
 
@@ -145,7 +146,7 @@ def _failed(command: str, exc: GecoError) -> int:
 
 def _keygen(args: argparse.Namespace) -> int:
     # imported here: pynacl costs ~15 ms at import, which `geco rsrcinfo` need not pay
-    from geco import keys
+    from geco.wire import keys
 
     try:
         cfg = _config.load()
@@ -255,8 +256,9 @@ def _status_table(doc: dict[str, Any]) -> str:
 def _job_status(args: argparse.Namespace) -> int:
     import json
 
-    from geco import cgroup, jobstatus  # see _keygen
-    from geco.resourceset import short_hostname
+    from geco import cgroup  # see _keygen
+    from geco.job import jobstatus
+    from geco.job.resourceset import short_hostname
 
     job, task = args.job
     try:
@@ -296,8 +298,9 @@ def _other_hosts_status(cfg: Config, found: Sequence[JobStatus]
                         ) -> tuple[list[JobStatus], list[tuple[str, str]]]:
     """The other hosts' figures of a parallel job's tasks shown here, asked over the cluster
     channel (root: it needs the cluster key); and the hosts not shown, with why."""
-    from geco import cluster, jobstatus  # see _keygen
-    from geco.resourceset import short_hostname
+    from geco.job import jobstatus  # see _keygen
+    from geco.job.resourceset import short_hostname
+    from geco.wire import cluster
 
     shown: list[JobStatus] = []
     missing: list[tuple[str, str]] = []
@@ -323,8 +326,8 @@ def _other_hosts_status(cfg: Config, found: Sequence[JobStatus]
 
 
 def _journal(args: argparse.Namespace) -> int:
-    from geco import journalview  # see _keygen
-    from geco.resourceset import short_hostname
+    from geco.job import journalview  # see _keygen
+    from geco.job.resourceset import short_hostname
 
     job, task = args.job
     try:
@@ -363,7 +366,7 @@ def _journal(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     import json
 
-    from geco import client  # see _keygen
+    from geco.wire import client  # see _keygen
 
     if args.job is not None:
         return _job_status(args)
@@ -395,8 +398,10 @@ def _add_check_command(sub: Any) -> None:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from geco import cgroup, nodeview, strays  # see _keygen
-    from geco.resourceset import short_hostname
+    from geco import cgroup  # see _keygen
+    from geco.job import strays
+    from geco.job.resourceset import short_hostname
+    from geco.node import nodeview
 
     try:
         cfg = _config.load()

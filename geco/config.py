@@ -245,7 +245,7 @@ def _coerce_gpu_names(value: Any) -> tuple[tuple[str, int | str], ...]:
     """``[gpu] names``: Grid Engine GPU ids -> a GPU's id (PCI bus order) or device file.
 
     A number is no name: it always means the GPU of that id, which is what the resource
-    file carries once a job's ids are mapped (:func:`geco.gpus.map_share`). A name holds no
+    file carries once a job's ids are mapped (:func:`geco.node.gpus.map_share`). A name holds no
     space, ``,`` or ``=`` (the GPU list's separators)."""
     import re
 
@@ -296,7 +296,7 @@ def _coerce(name: str, value: Any, default: Any) -> Any:
             raise ValueError(f'must be an absolute path or "" (the default), got {value!r}')
         return os.path.normpath(value) if value else ""
     if name in _CPU_LISTS:
-        from geco.topology import format_cpulist, parse_cpulist  # only where one is set
+        from geco.node.topology import format_cpulist, parse_cpulist  # only where one is set
 
         try:
             if not isinstance(value, str):

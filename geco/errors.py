@@ -124,7 +124,7 @@ class JobNotFound(GecoError):
 
 
 class JobKeyError(GecoError, ValueError):
-    """A job key is not ``<job>.<task>`` in decimal digits (see :mod:`geco.jobkey`)."""
+    """A job key is not ``<job>.<task>`` in decimal digits (see :mod:`geco.job.jobkey`)."""
 
 
 class CgroupError(GecoError):

@@ -30,7 +30,7 @@ library's calling conventions. Where a record goes depends on the process:
   (:mod:`geco.log_handlers`), so its handlers, queues and ``caplog`` work.
 
 In a hook, records also reach the standard library's ``geco`` logger when
-something listens there (a job's trace file, :mod:`geco.trace`, imports it
+something listens there (a job's trace file, :mod:`geco.job.trace`, imports it
 only then). The journal is used when ``/run/systemd/journal/socket`` exists;
 without it the stream alone works (no environment override: root hooks run
 with the job's environment, which its owner controls). Logging never waits for

@@ -33,9 +33,10 @@ import re
 from collections.abc import Callable, Iterable
 from pathlib import Path, PurePosixPath
 
-from geco import address, atomicfile
+from geco import atomicfile
 from geco.config import Config
 from geco.errors import ConfigError
+from geco.wire import address
 
 __all__ = ["DEFAULT_PATH", "render", "write"]
 
@@ -140,7 +141,7 @@ def render(cfg: Config, *, source: Path | str | None = None) -> str:
     Returns
     -------
     ``key=value`` lines: ``socket`` (gecod's privileged socket, in canonical
-    ``path:`` form: :func:`geco.address.privileged`),
+    ``path:`` form: :func:`geco.wire.address.privileged`),
     ``key_file``, ``timeout_ms`` (request_timeout), ``max_skew_ms`` (the ack's
     clock check), ``policy``, ``exec_filter`` (comma-separated), and for the
     preload in sshd ``session_socket`` (everyone's socket: a session's process asks

@@ -37,7 +37,7 @@ def _path(proc: Path, pid: int | str, name: str) -> str:
 
 def read(pid: int | str, name: str, proc: Path = ROOT) -> bytes | None:
     """The bytes of ``/proc/<pid>/<name>``; None when it cannot be read (gone, no such file)."""
-    # os.read, not a buffered file: a scan of every pid (geco.strays) reads thousands
+    # os.read, not a buffered file: a scan of every pid (geco.job.strays) reads thousands
     try:
         fd = os.open(_path(proc, pid, name), os.O_RDONLY | os.O_CLOEXEC)
     except OSError:

@@ -1,6 +1,6 @@
 /*
  * geco_job.c - a Grid Engine job's identity and its spooled environment file (see
- * geco_job.h for the rule; geco.jobkey is its Python twin).
+ * geco_job.h for the rule; geco.job.jobkey is its Python twin).
  */
 #define _GNU_SOURCE
 #include "geco_job.h"
@@ -146,7 +146,7 @@ cleanup:
 
 const char *geco_env_strerror(int result)
 {
-    /* the refusals' words are geco.jobkey's (tests/vectors/job_identity.json) */
+    /* the refusals' words are geco.job.jobkey's (tests/vectors/job_identity.json) */
     switch (result) {
     case GECO_ENV_OK:
         return "ok";

@@ -79,7 +79,7 @@ struct queued {
 };
 
 /* The nonces accepted within the window, in arrival order (a ring), found by a chained
-   hash; the same rules as geco.protocol.ReplayCache (full of live nonces: refuse). Links
+   hash; the same rules as geco.wire.protocol.ReplayCache (full of live nonces: refuse). Links
    are a slot + 1 (0: none), so every array starts as calloc's untouched zero pages: a
    cache sized for a minute of the busiest node costs memory only as it fills. */
 struct replay {

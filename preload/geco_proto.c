@@ -2,7 +2,7 @@
  * geco_proto.c - encode and verify gecod quarantine frames (protocol 1).
  *
  * The layout, check order and test vectors are in docs/wire-format.md;
- * geco/protocol.py is the Python twin and tests/unit/test_proto_c.py holds
+ * geco/wire/protocol.py is the Python twin and tests/unit/test_proto_c.py holds
  * both to the vectors in tests/vectors/quarantine.json.
  *
  * Rules of this file (it runs inside sge_execd and sshd, also in a child

@@ -3,7 +3,7 @@
  *
  * The byte-by-byte layout, the receiver's check order and test vectors are
  * in docs/wire-format.md; tests/unit/test_proto_c.py holds this code to the
- * same vectors as the Python implementation (geco/protocol.py).
+ * same vectors as the Python implementation (geco/wire/protocol.py).
  *
  * No malloc, no stdio, no global mutable state: safe in any thread and in a
  * child between fork() and exec() (only memcpy and libsodium calls).
@@ -31,7 +31,7 @@ extern "C" {
 enum geco_type { GECO_JOB_STARTED = 1, GECO_ACK = 2, GECO_STATUS = 3, GECO_STATUS_REPLY = 4,
                  GECO_ADOPT = 5, GECO_QUARANTINE_SELF = 6, GECO_ADOPT_REPLY = 7, GECO_HOOK = 8,
                  GECO_STARTER = 9, GECO_STARTER_REPLY = 10,
-                 /* between gecods (geco/cluster.py), never on the preload's socket: named
+                 /* between gecods (geco/wire/cluster.py), never on the preload's socket: named
                     here so that the two sides keep one numbering */
                  GECO_PREPARE = 11, GECO_ABORT = 12, GECO_RELEASE = 13, GECO_NODE_REPLY = 14,
                  GECO_NODE_STATUS = 15, GECO_OOM_REPORT = 16,

@@ -14,7 +14,7 @@
  *   with geco's preload in sshd, JOB_ID and SGE_TASK_ID are the preload's to
  *   set, so that a JOB_ID the client sends can choose the job).
  *
- * The decision is gecod's (geco.ssh.login_verdict): it has the config, the
+ * The decision is gecod's (geco.ssh.policy.login_verdict): it has the config, the
  * cgroups and the spool at hand, so a login costs one round trip on its
  * privileged socket, signed with the quarantine key (socket and key from
  * /etc/geco/preload.conf, as for the exec() preload). gecod moves the sender

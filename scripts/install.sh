@@ -262,7 +262,7 @@ fi
 # 8. quarantine key (made once per node; every node of a cluster may have its own)
 #    and the preload's configuration, rendered from geco.toml every time
 # ---------------------------------------------------------------------------
-if [ -f "$REPO/geco/keys.py" ]; then
+if [ -f "$REPO/geco/wire/keys.py" ]; then
   if [ -e /etc/geco/quarantine.key ]; then
     log "key: /etc/geco/quarantine.key kept (exists)"
   else

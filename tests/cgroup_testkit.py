@@ -229,7 +229,7 @@ def verdicts(child: Child) -> dict[str, str]:
 
 def gpu_story(backend: Any, registry: list[int], tmp: Path) -> None:
     """Two fake GPUs (id 0 = ``c 195:1``, id 1 = ``c 195:0``: ids and minors crossed, as
-    the driver may number them) and nvidiactl, through :func:`geco.containment.contain_job`
+    the driver may number them) and nvidiactl, through :func:`geco.job.containment.contain_job`
     with jobs Grid Engine counted GPUs for (``count:N``): each job opens its own GPU and
     gets EPERM on the other (the kernel's verdict: no driver here), ordinary devices and
     a pty keep working, a job granted an id the node lacks gets neither GPU, a job asking
@@ -238,10 +238,10 @@ def gpu_story(backend: Any, registry: list[int], tmp: Path) -> None:
     (what it held before may be another job's by then)."""
     import stat
 
-    from geco import gpus
     from geco.config import Config
-    from geco.containment import contain_job
-    from geco.resourceset import NodeResources, ResourceSet
+    from geco.job.containment import contain_job
+    from geco.job.resourceset import NodeResources, ResourceSet
+    from geco.node import gpus
     from geco.sge import resourcefile
     from geco.sge.execd import JobRef
     from geco.sge.lookup import Found
@@ -348,7 +348,7 @@ def mig_tree(tmp: Path, caps_major: int) -> tuple[Path, dict[str, str]]:
 def mig_story(backend: Any, registry: list[int], tmp: Path) -> None:
     """Two fake GPUs (id 0 = ``c 195:1``, id 1 = ``c 195:0``), nvidiactl and the MIG
     capability devices of a made-up caps major (:func:`mig_tree`), denied through
-    ``backend.deny_devices(key, geco.gpus.denied(...))``: a job granted GPU 0 opens its
+    ``backend.deny_devices(key, geco.node.gpus.denied(...))``: a job granted GPU 0 opens its
     GPU and the caps of its instances (``gpu1/...``: minor 1 is id 0's) and gets EPERM on
     the other GPU, its caps, and ``config`` and ``monitor``; a caps entry of a GPU the
     node's table lacks (``gpu2``) is left as open as that GPU; a job granted no GPU gets
@@ -356,8 +356,8 @@ def mig_story(backend: Any, registry: list[int], tmp: Path) -> None:
     (195:*, nvidiactl too) and every cap. ENXIO = allowed (no driver here), EPERM = denied."""
     import stat
 
-    from geco import gpus
     from geco.cgroup import Limits
+    from geco.node import gpus
 
     proc, caps = mig_tree(tmp, free_char_major())
     for name, minor in {"gpu0": 1, "gpu1": 0, "ctl": 255}.items():

@@ -28,7 +28,7 @@ PYTHON = "/opt/geco/venv/bin/python"
 # run in a host's network namespace: one frame from stdin to host:port, the reply to stdout
 _EXCHANGE = """
 import socket, sys, time
-from geco import protocol
+from geco.wire import protocol
 host, port = sys.argv[1], int(sys.argv[2])
 with socket.create_connection((host, port), timeout=10) as sock:
     sock.sendall(sys.stdin.buffer.read())

@@ -31,7 +31,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from geco import protocol
+from geco.wire import protocol
 
 NOBODY = 65534
 # the flooder's fd limit: the held connections plus the threads' own

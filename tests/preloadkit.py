@@ -6,7 +6,7 @@ builds the library with its own Makefile and the tiny C programs of
 traverse; :func:`new_node` makes one test's world: a test config
 (``$GECO_PRELOAD_CONF``), a test key (a root-owned 0600 file), a job directory with
 its ``environment``, and :class:`FakeGecod`, a fake gecod that speaks the real
-protocol (``geco.protocol``), records each request with the kernel's view of the
+protocol (``geco.wire.protocol``), records each request with the kernel's view of the
 sender (SO_PEERCRED) and answers as the test tells it to.
 
 Programs (``tests/preload/``):
@@ -54,8 +54,8 @@ from typing import Any
 
 import pytest
 
-from geco import address, protocol
-from geco.protocol import Ack, AckStatus, JobStarted, MsgType
+from geco.wire import address, protocol
+from geco.wire.protocol import Ack, AckStatus, JobStarted, MsgType
 
 REPO = Path(__file__).resolve().parents[1]
 PRELOAD_SRC = REPO / "preload"

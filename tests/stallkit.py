@@ -191,7 +191,7 @@ def tcp_idle(user: str, host: str, port: int, count: int, netns: str = ""
 
 
 _GARBAGE = _LOOP + """
-from geco import protocol
+from geco.wire import protocol
 host, port, job = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 key = os.urandom(32)
 while not stop:

@@ -31,7 +31,7 @@ from geco.cgroup._fs import (
     walk_dirs,
 )
 from geco.errors import CgroupError, JobKeyError
-from geco.jobkey import JobKey
+from geco.job.jobkey import JobKey
 
 __all__ = ["Backend", "Limits", "check_key", "check_name", "is_under", "warn_once"]
 
@@ -57,7 +57,7 @@ def warn_once(key: str, msg: str, *args: object) -> None:
 
 
 def check_key(key: str) -> JobKey:
-    """Return ``key`` as a :class:`~geco.jobkey.JobKey` when it names a job cgroup, else raise.
+    """Return ``key`` as a :class:`~geco.job.jobkey.JobKey` when it names a job cgroup, else raise.
 
     Every backend method checks its key again, whoever made it: nothing like
     ``..``, ``/`` or a newline ever reaches a path.

@@ -64,7 +64,7 @@ from geco.cgroup._fs import (
     write_each,
 )
 from geco.errors import CgroupError
-from geco.jobkey import JobKey
+from geco.job.jobkey import JobKey
 
 __all__ = ["OPTIONAL", "REQUIRED", "SYSTEMD_HIERARCHIES", "Hierarchy", "V1Backend",
            "find_hierarchies", "find_systemd_hierarchies"]

@@ -65,7 +65,7 @@ from geco.cgroup._fs import (
     write_bytes,
 )
 from geco.errors import CgroupError
-from geco.jobkey import JobKey
+from geco.job.jobkey import JobKey
 
 __all__ = ["HOLDER", "OPTIONAL", "REQUIRED", "V2Backend", "unit_cgroup"]
 

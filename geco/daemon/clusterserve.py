@@ -4,13 +4,13 @@ A job's master host asks this host's gecod, over TCP on ``[cluster] address``
 (``[cluster] bind``: every address of the host by default), to PREPARE the job
 (make its cgroups for this host's share, from the resource set the master sends:
 no qstat here), to ABORT it (the job could not start on all its hosts) or to
-RELEASE it (the job ended: :func:`geco.ending.end_job` here, as every way a job
+RELEASE it (the job ended: :func:`geco.job.ending.end_job` here, as every way a job
 ends, and answer with the figures). Any host of a
 job may ask for its live figures here (NODE_STATUS, for ``geco status --job``),
 and a slave host tells the job's master of an OOM kill (OOM_REPORT): the master's
 gecod appends the words to the job owner's stderr file, as the owner. A host an
 ssh login reached asks whether a process of the user's job here made the
-connection (CALLERID). :mod:`geco.cluster` is the asking side.
+connection (CALLERID). :mod:`geco.wire.cluster` is the asking side.
 
 The channel is a lane of gecod's server (:class:`geco.daemon.server.Lane`): the
 same non-blocking connections on the runloop, deadlines and budgets as the local
@@ -18,7 +18,7 @@ sockets, per peer address (a host's users can use its address too, so an idle
 connection is closed for that host's next one). Before anything is read, the
 peer must be one of the cluster's hosts (:mod:`geco.daemon.allowlist`).
 Nothing is believed before its frame passes every check of
-:func:`geco.protocol.decode` with the cluster key (MAC, clock, a replay cache of
+:func:`geco.wire.protocol.decode` with the cluster key (MAC, clock, a replay cache of
 its own) and names *this* host: a frame recorded for another host is refused
 here. A refusal is journaled (``cluster-refused``: peer address, the job only
 when the frame was the key holder's, reason; within the peer's budget) and
@@ -39,24 +39,27 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from geco import cluster, containment, ending, jobstatus, log, ssh
+from geco import log
 from geco.config import Config
 from geco.daemon.allowlist import AllowList
 from geco.daemon.pools import Keys, Pool, Pools
 from geco.daemon.quarantine import Context
 from geco.daemon.server import CLUSTER_BUDGET, Lane
 from geco.errors import GecoError, JobKeyError, ProtocolError
-from geco.jobkey import JobKey
+from geco.job import containment, ending, jobstatus
+from geco.job.jobkey import JobKey
+from geco.job.resourceset import short_hostname
 from geco.oom.owner_file import stderr_target, tell_owner
-from geco.protocol import (
+from geco.sge import execd, lookup, resourcefile, v1format
+from geco.ssh import policy as ssh
+from geco.wire import cluster
+from geco.wire.protocol import (
     NODE_REQUESTS,
     Frame,
     MsgType,
     NodeRequest,
     ReplayCache,
 )
-from geco.resourceset import short_hostname
-from geco.sge import execd, lookup, resourcefile, v1format
 
 __all__ = ["REPLAY_CAPACITY", "ClusterChannel", "listen", "open_channel"]
 

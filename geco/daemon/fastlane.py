@@ -49,8 +49,8 @@ from geco import log
 from geco.cgroup import Backend, Limits
 from geco.config import Config
 from geco.daemon.ratelimit import SUCCESS_BURST
-from geco.jobkey import JobKey
-from geco.protocol import ReplayCache
+from geco.job.jobkey import JobKey
+from geco.wire.protocol import ReplayCache
 
 __all__ = ["REPLAY_CAPACITY", "FastLane", "Handoff", "open_lane"]
 
@@ -99,8 +99,8 @@ class Handoff(NamedTuple):
     died: bool
 
 
-class _Replay:  # a geco.protocol.Replay
-    """The lane's replay cache, as :class:`geco.protocol.ReplayCache` is used by decode."""
+class _Replay:  # a geco.wire.protocol.Replay
+    """The lane's replay cache, as :class:`geco.wire.protocol.ReplayCache` is used by decode."""
 
     def __init__(self, lane: FastLane, window: float) -> None:
         self._lane = lane
@@ -263,8 +263,8 @@ class FastLane:
 def _traced(cfg: Config, key: JobKey) -> bool:
     """True when the job's trace takes info records (or its resource file is unreadable:
     then Python, whose trace router decides per record, serves it)."""
+    from geco.job.trace import logging_level
     from geco.sge import resourcefile
-    from geco.trace import logging_level
 
     try:
         rs = resourcefile.read(cfg.resources_dir, key)

@@ -44,13 +44,14 @@ import os
 import time
 from pathlib import Path
 
-from geco import gpus, log, procfs
+from geco import log, procfs
 from geco.daemon.quarantine import Context, Peer
 from geco.errors import GecoError
 from geco.hooks import Exit, epilog, journal_done, prolog, starter
-from geco.jobkey import JobKey
-from geco.protocol import STARTER_ENVIRON, AckStatus, Hook, HookName, Starter, StarterReply
+from geco.job.jobkey import JobKey
+from geco.node import gpus
 from geco.sge import execd, lookup, resourcefile
+from geco.wire.protocol import STARTER_ENVIRON, AckStatus, Hook, HookName, Starter, StarterReply
 
 __all__ = ["refusal", "serve", "serve_starter"]
 

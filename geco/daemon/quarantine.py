@@ -22,7 +22,7 @@ JOB_STARTED (the preload inside sge_execd's child, about to exec sge_shepherd)
 3. Cgroups: reuse the job's when they exist (several tasks of a job on a
    node share them); else get its resources (resource file, else qstat, else
    the spool: :mod:`geco.sge.lookup`) and build this node's share
-   (:func:`geco.containment.contain_job`).
+   (:func:`geco.job.containment.contain_job`).
 4. Move the pid in. A pidfd taken when the peer connected proves afterwards
    that the pid still named the same process (pid reuse).
 
@@ -42,7 +42,7 @@ Both: a Unix socket peer must come with a pidfd (taken at accept). Without
 one (``pidfd_open`` failed) nothing proves that the pid moved in is still the
 peer, so the request is refused, never served unpinned.
 
-Outcomes are :class:`~geco.protocol.AckStatus` values; every refusal carries a
+Outcomes are :class:`~geco.wire.protocol.AckStatus` values; every refusal carries a
 sentence saying which rule refused and why.
 """
 
@@ -59,15 +59,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from geco import containment, log, procfs
+from geco import log, procfs
 from geco.cgroup import Backend, Limits
 from geco.config import Config
 from geco.errors import GecoError, JobKeyError, JobNotFound, TaskNotRunning
-from geco.jobkey import JobKey
-from geco.protocol import AckStatus, MsgType
-from geco.resourceset import short_hostname
+from geco.job import containment
+from geco.job.jobkey import JobKey
+from geco.job.resourceset import short_hostname
+from geco.node.topology import Topology
 from geco.sge import execd
-from geco.topology import Topology
+from geco.wire.protocol import AckStatus, MsgType
 
 if TYPE_CHECKING:
     from geco.daemon.fastlane import FastLane

@@ -1,7 +1,7 @@
 """gecod's reaper: remove what jobs leave behind, kill what outlives its walltime.
 
 The epilog, or gecod's shepherd watch, ends each job as it finishes
-(:func:`geco.ending.end_job`). The reaper is the backstop for what they miss --
+(:func:`geco.job.ending.end_job`). The reaper is the backstop for what they miss --
 an epilog that never ran (execd killed, node rebooted mid-job, a hook
 misconfigured), a cgroup the epilog could not empty -- and for processes Grid
 Engine does not track (OAR's Sarko): every ``[gecod] reaper_interval`` seconds,
@@ -20,7 +20,7 @@ round, in order:
       fails -> UNKNOWN: kept (never kill what may run), warned about once per
       round, and qstat is not asked again in that round;
 
-3. GONE: end it (:func:`geco.ending.end_job`, as every way a job ends does): under
+3. GONE: end it (:func:`geco.job.ending.end_job`, as every way a job ends does): under
    its lock, look at the spool once more (the job may just have been re-dispatched
    here), then tear it down (freeze, SIGKILL, thaw, wait, remove) and forget its
    resource file and OOM count file; journal ``GECO_EVENT=reaped``, then look for
@@ -61,12 +61,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from geco import containment, ending, log, teardown
+from geco import log
 from geco.cgroup import Backend
 from geco.config import Config
 from geco.errors import GecoError, JobNotFound, TaskNotRunning
-from geco.jobkey import JobKey
-from geco.resourceset import ResourceSet, short_hostname
+from geco.job import containment, ending, teardown
+from geco.job.jobkey import JobKey
+from geco.job.resourceset import ResourceSet, short_hostname
 from geco.sge import execd, qstat, resourcefile
 
 __all__ = ["FIRST_ROUND_DELAY", "Reaper", "RoundReport", "Verdict", "min_age", "prune_traces",
@@ -247,7 +248,7 @@ class Reaper:
     fetch: :func:`geco.sge.qstat.fetch` (tests pass a stand-in).
     on_reaped: called in the loop's thread with each key whose cgroups the
         reaper removed (gecod stops watching it for OOM kills).
-    gate: gecod's per-job lock and its set of ending jobs (:func:`geco.ending.end_job`:
+    gate: gecod's per-job lock and its set of ending jobs (:func:`geco.job.ending.end_job`:
         the job's end through its shepherd, :mod:`geco.daemon.shepherdwatch`, then finds
         it done, and no ssh session goes into it meanwhile).
     """
@@ -445,7 +446,7 @@ class Reaper:
         return Verdict.ALIVE, "running on this host according to qstat"
 
     def _reap(self, cfg: Config, key: JobKey, why: str) -> teardown.Teardown | None:
-        """End a gone job (:func:`geco.ending.end_job`) and journal it (``reaped``); its
+        """End a gone job (:func:`geco.job.ending.end_job`) and journal it (``reaped``); its
         owner's strays are looked for after that record."""
         looks: list[Callable[[], object]] = []
         # the spool (and the queue instance in its config) is gone: None = every queue

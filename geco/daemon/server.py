@@ -88,7 +88,6 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from geco import __version__, log
-from geco.address import Address
 from geco.config import Config
 from geco.daemon import hookserve, sshlogin, status
 from geco.daemon.fastlane import FastLane, Handoff
@@ -111,8 +110,9 @@ from geco.daemon.ratelimit import (
 )
 from geco.daemon.runloop import RunLoop, Timer
 from geco.errors import ProtocolError
-from geco.jobkey import JobKey
-from geco.protocol import (
+from geco.job.jobkey import JobKey
+from geco.wire.address import Address
+from geco.wire.protocol import (
     AFTER_MAC,
     CLUSTER_MAX_PAYLOAD,
     HEADER_BYTES,
@@ -243,7 +243,7 @@ class Lane:
     Parameters
     ----------
     name: ``root``, ``public`` or ``cluster`` (journaled as ``LANE``).
-    listener: a listening stream socket (:func:`geco.address.listen`).
+    listener: a listening stream socket (:func:`geco.wire.address.listen`).
     address: where it listens (for messages).
     budget: what its clients may hold at once.
     inline: JOB_STARTED for a job gecod has seen is served in the loop, not a worker

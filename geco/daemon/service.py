@@ -4,7 +4,7 @@ Start-up refuses, with one line on stderr and exit status 1, when:
 
 * it does not run as root (it creates cgroups and moves other users' processes);
 * the configuration or the socket address is unusable;
-* the key file is unsafe (the message of :func:`geco.keys.load_key` says the fix);
+* the key file is unsafe (the message of :func:`geco.wire.keys.load_key` says the fix);
 * another gecod already answers on the socket;
 * the cgroup hierarchy or the node topology cannot be used.
 
@@ -47,7 +47,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from geco import __version__, address, cgroup, cluster, keys, log, oom, trace
+from geco import __version__, cgroup, log, oom
 from geco import config as _config
 from geco.daemon import clusterserve, fastlane, status
 from geco.daemon.pools import Pools
@@ -57,8 +57,10 @@ from geco.daemon.runloop import RunLoop
 from geco.daemon.server import PUBLIC_BUDGET, Lane, Server, root_budget
 from geco.daemon.shepherdwatch import ShepherdWatch
 from geco.errors import GecoError
-from geco.jobkey import JobKey
-from geco.topology import Topology
+from geco.job import trace
+from geco.job.jobkey import JobKey
+from geco.node.topology import Topology
+from geco.wire import address, cluster, keys
 
 __all__ = ["Daemon", "notify", "run"]
 
@@ -201,7 +203,7 @@ class Daemon:
             max_workers=1, thread_name_prefix="gecod-reaper")
         self.reaper = Reaper(self.loop, self.backend, cfg, self.reaper_executor,
                              on_reaped=self._job_reaped, gate=self.ctx)
-        # the masters of parallel jobs with this host among their slaves (geco.cluster):
+        # the masters of parallel jobs with this host among their slaves (geco.wire.cluster):
         # a lane of the server's, on the loop, with the budgets of the local sockets
         self.cluster = clusterserve.open_channel(
             self.ctx, self.pools,

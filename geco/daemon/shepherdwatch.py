@@ -5,7 +5,7 @@ at its exec (:mod:`geco.daemon.quarantine`), and the pidfd it opened for that
 request tells it when the shepherd exits: the job is over on this node (Grid
 Engine ran it, and its epilog if one is configured, under that shepherd). The
 watch decides that, and ends the job as every end does
-(:func:`geco.ending.end_job`: the job's accounting in the journal, leftovers
+(:func:`geco.job.ending.end_job`: the job's accounting in the journal, leftovers
 killed, cgroups removed, a stuck job escalated, its files forgotten, its owner's
 strays looked for ``[strays] delay`` s later), so a queue with the preload needs
 no prolog or epilog of geco's, and a core is free again as soon as the job's
@@ -33,13 +33,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from geco import ending, log, procfs, teardown
+from geco import log, procfs
 from geco.cgroup import Backend
 from geco.daemon.pools import Busy, Pool
 from geco.daemon.quarantine import Context, Shepherd, job_dir_of, spool_root
 from geco.daemon.runloop import RunLoop
 from geco.errors import GecoError
-from geco.jobkey import JobKey
+from geco.job import ending, teardown
+from geco.job.jobkey import JobKey
 from geco.sge import execd
 
 __all__ = ["ShepherdWatch"]
@@ -133,7 +134,7 @@ class ShepherdWatch:
 
     def _exited(self, entry: _Watch) -> None:
         self._drop(entry)
-        # the job is over here: from now on no ssh session goes into it (see geco.ssh)
+        # the job is over here: from now on no ssh session goes into it (see geco.ssh.policy)
         self.ctx.ending.add(entry.shepherd.key)
         if self.before_end is not None:
             self.before_end(entry.shepherd.key)

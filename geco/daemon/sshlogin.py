@@ -3,11 +3,11 @@
 ``pam_geco.so`` runs inside sshd's root process for the connection and asks
 twice: at PAM's account stage (may this user log in here?) and at its session
 stage (and move me into the job). The decision and the move are
-:func:`geco.ssh.serve_login`'s, the same the helper makes when gecod cannot be
+:func:`geco.ssh.policy.serve_login`'s, the same the helper makes when gecod cannot be
 reached; here they cost one round trip on the privileged socket instead of a
 Python start per stage. Then the preload in sshd asks once more from the
 session's own process, running as the user, before it runs anything (stage
-EXEC, :func:`geco.ssh.serve_exec`): into the job its ``JOB_ID`` names, or
+EXEC, :func:`geco.ssh.policy.serve_exec`): into the job its ``JOB_ID`` names, or
 the one it is in, or as at login when PAM did not adopt it.
 
 What is taken on trust: nothing the kernel does not vouch for. ACCOUNT and
@@ -25,13 +25,14 @@ import signal
 import time
 from collections.abc import Iterator, Mapping
 
-from geco import log, teardown
+from geco import log
 from geco.daemon.quarantine import Context, Peer, WouldWait
 from geco.errors import GecoError
-from geco.jobkey import JobKey
-from geco.protocol import REPLY_MAX_TEXT, AckStatus, Adopt, AdoptReply, AdoptStage
-from geco.resourceset import short_hostname
-from geco.ssh import Login, Placement, serve_exec, serve_login, sshd_program, under_root_sshd
+from geco.job import teardown
+from geco.job.jobkey import JobKey
+from geco.job.resourceset import short_hostname
+from geco.ssh.policy import Login, Placement, serve_exec, serve_login, sshd_program, under_root_sshd
+from geco.wire.protocol import REPLY_MAX_TEXT, AckStatus, Adopt, AdoptReply, AdoptStage
 
 __all__ = ["refusal", "serve"]
 

@@ -4,7 +4,7 @@ A restart (crash, upgrade, ``systemctl restart``) must lose nothing, so gecod
 holds no job table of its own. The kernel already has the facts: which job
 cgroups exist, their cpus, NUMA nodes and memory limits, and the processes in
 them. :func:`scan` reads them back; core allocation does the same under the
-node lock (:func:`geco.containment.contain_job`), and the resource files under
+node lock (:func:`geco.job.containment.contain_job`), and the resource files under
 ``<state_dir>/resources`` hold everything Grid Engine said about each job.
 """
 
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from geco import log
 from geco.cgroup import Backend
 from geco.errors import GecoError
-from geco.jobkey import JobKey
-from geco.topology import format_cpulist, parse_cpulist
+from geco.job.jobkey import JobKey
+from geco.node.topology import format_cpulist, parse_cpulist
 
 __all__ = ["JobCgroup", "NodeJobs", "scan", "status_document"]
 

@@ -13,7 +13,7 @@ Any other code would put the *queue* in error state and stop the node for
 everyone, so no hook ever returns one, not even on a bug.
 
 :func:`run` also writes the job's trace (``-l geco_trace_level=N``, see
-:mod:`geco.trace`): the epilog and the starter read the job's level from the
+:mod:`geco.job.trace`): the epilog and the starter read the job's level from the
 resource file the prolog saved, before their body runs; the prolog learns it
 only from the resources it fetches, so it calls :func:`attach_trace` then, and
 what it logged before is replayed into the file. The outcome and the
@@ -39,8 +39,8 @@ from geco.errors import (
     QstatParseError,
     ResourceFormatError,
 )
-from geco.gpus import GpuGrantError
-from geco.jobkey import JobKey
+from geco.job.jobkey import JobKey
+from geco.node.gpus import GpuGrantError
 from geco.sge import execd
 
 TYPE_CHECKING = False
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from pathlib import Path
 
-    from geco.resourceset import ResourceSet
+    from geco.job.resourceset import ResourceSet
 
 __all__ = ["Exit", "attach_trace", "journal_done", "run"]
 
@@ -101,7 +101,7 @@ class _Trace:
                 self._drop_backlog()
                 return None
             try:
-                from geco import trace
+                from geco.job import trace
 
                 self.path = self.stack.enter_context(
                     trace.for_job(cfg, rs, program=self.program, backlog=self.backlog))
@@ -142,7 +142,7 @@ def _saved_resources(cfg: _config.Config, name: str,
     try:
         argv = sys.argv[1:] if _AFTER_PROLOG[name] else []
         job = execd.job_from_hook(argv, os.environ)
-        # only root writes trace files (geco.trace): a hook running as the owner (the
+        # only root writes trace files (geco.job.trace): a hook running as the owner (the
         # starter, on every job's critical path) traces nothing, decided before
         # anything else is imported or read
         if os.geteuid() != 0:

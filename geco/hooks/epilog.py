@@ -11,7 +11,7 @@ Steps, in order:
 2. Step out (under the job's lock, when gecod runs this): the epilog and the shepherd
    were born inside the job's cgroups; move both back to where ``sge_execd`` lives so
    that killing the job's cgroup cannot kill them.
-3. End the job (:func:`geco.ending.end_job`, as every way a job ends does): a parallel
+3. End the job (:func:`geco.job.ending.end_job`, as every way a job ends does): a parallel
    job's other hosts told; freeze, SIGKILL, thaw, wait until the cgroups are empty,
    remove them, and journal the job's end with its accounting. A cgroup that does not
    empty is journaled with its stuck processes and kept for gecod's reaper, and
@@ -31,14 +31,15 @@ from __future__ import annotations
 import os
 import sys
 
-from geco import cgroup, ending, log, procfs
+from geco import cgroup, log, procfs
 from geco.config import Config
 from geco.hooks import Exit, run
+from geco.job import ending
 from geco.sge import execd
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from geco.resourceset import ResourceSet
+    from geco.job.resourceset import ResourceSet
 
 __all__ = ["end", "main"]
 

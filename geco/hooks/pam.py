@@ -1,7 +1,7 @@
 """sshd's PAM helper: the login decision when gecod cannot make it.
 
 ``pam_geco.so`` (sshd's account and session module) asks gecod, which decides
-(:func:`geco.ssh.serve_login`). When gecod cannot be reached, the module runs
+(:func:`geco.ssh.policy.serve_login`). When gecod cannot be reached, the module runs
 this helper, installed as ``/opt/geco/libexec/geco-pam``, the way ``pam_exec``
 would (``PAM_TYPE``, ``PAM_USER``, ``PAM_RHOST``, ``SSH_CONNECTION``; its
 first line of output reaches the user; exit 0 lets the stage pass), and it
@@ -16,7 +16,7 @@ does what ``[ssh] gecod_unreachable`` says:
 * ``allow``: everyone gets in, uncontained.
 
 Every decision is journaled under ``SYSLOG_IDENTIFIER=geco-pam`` with the
-events of :func:`geco.ssh.serve_login`; the other two add ``REASON``
+events of :func:`geco.ssh.policy.serve_login`; the other two add ``REASON``
 ``gecod-unreachable``.
 """
 
@@ -28,8 +28,8 @@ import sys
 
 from geco import cgroup, config, log, procfs
 from geco.errors import GecoError
-from geco.resourceset import short_hostname
-from geco.ssh import Answer, Login, Placement, is_admin, serve_login, sshd_program
+from geco.job.resourceset import short_hostname
+from geco.ssh.policy import Answer, Login, Placement, is_admin, serve_login, sshd_program
 
 __all__ = ["main"]
 

@@ -21,7 +21,7 @@ Steps, in order:
 4. Move the shepherd in. The job, the epilog and everything they fork are
    born inside; nothing of the job exists yet, so nothing can escape.
 5. A job with other hosts: have every one of them make its cgroups now
-   (:func:`geco.cluster.prepare`, all asked at once). Any host that cannot: the
+   (:func:`geco.wire.cluster.prepare`, all asked at once). Any host that cannot: the
    others undo theirs, this host too, and the job is re-queued (99) with the
    host and the reason journaled (``barrier-failed``); a job never starts with
    a host that cannot contain it.
@@ -31,7 +31,7 @@ The journal tells the story (``journalctl JOB_ID=<job>``): ``resources-read``
 ``job-contained`` (the cores and limits applied). A job submitted with
 ``-l geco_trace_level=N`` gets the same lines, and at level 4 every step
 (qstat, timings, the cores free and chosen), in its trace file
-(:mod:`geco.trace`).
+(:mod:`geco.job.trace`).
 """
 
 from __future__ import annotations
@@ -41,11 +41,13 @@ import sys
 import time
 from pathlib import Path
 
-from geco import cgroup, containment, gpus, log, procfs
+from geco import cgroup, log, procfs
 from geco.config import Config
 from geco.errors import GecoError
 from geco.hooks import Exit, attach_trace, run
-from geco.resourceset import NodeResources, ResourceSet
+from geco.job import containment
+from geco.job.resourceset import NodeResources, ResourceSet
+from geco.node import gpus
 from geco.sge import execd, lookup, resourcefile, v1format
 from geco.units import format_memory
 
@@ -199,7 +201,7 @@ def _other_hosts_ready(job: execd.JobRef, rs: ResourceSet, cfg: Config,
                        logger: log.Logger) -> bool:
     """Step 5: every other host of the job prepared it (else they undid it, and it is
     journaled which did not and why)."""
-    from geco import cluster  # a parallel job's prolog only
+    from geco.wire import cluster  # a parallel job's prolog only
 
     try:
         return not cluster.prepare(rs, cfg, logger)

@@ -13,7 +13,7 @@ Steps, in order:
    shepherd there, or the prolog did).
 3. If it is not (a site without the preload, a ``qrsh -inherit`` task), ask
    gecod to move it: a peer-credentialed QUARANTINE_SELF for its own pid
-   (:func:`geco.client.quarantine_self`; gecod checks, through the kernel, that
+   (:func:`geco.wire.client.quarantine_self`; gecod checks, through the kernel, that
    it runs as the job's owner below the job's shepherd). When gecod answers
    OK, check containment again from /proc. When it refuses or cannot be
    reached: a batch job is refused with one plain sentence in its stderr file
@@ -44,12 +44,13 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from geco import cgroup, gpus, log, procfs
+from geco import cgroup, log, procfs
 from geco._tuple import NamedTuple
 from geco.config import Config
 from geco.errors import GecoError, NotContained
 from geco.hooks import Exit, run
-from geco.jobkey import JobKey
+from geco.job.jobkey import JobKey
+from geco.node import gpus
 from geco.sge import execd
 
 __all__ = ["FOR_THE_STARTER", "Launch", "job_argv", "journal_started", "launch_of", "main",
@@ -180,7 +181,7 @@ def _ask_gecod(cfg: Config, job: execd.JobRef, backend: cgroup.Backend,
     """Have gecod move this process into the job's cgroups; return "" or why it did not."""
     # imported only on this rare path: the protocol and socket code are not needed by a
     # starter that is already contained, which is every job on a node with the preload
-    from geco import client
+    from geco.wire import client
 
     try:
         client.quarantine_self(cfg, job.job_id, job.task_id)

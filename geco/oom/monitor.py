@@ -28,17 +28,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from geco import cluster, log
+from geco import log
 from geco.cgroup import Backend
 from geco.daemon.pools import Busy, Pool
 from geco.errors import CgroupError, GecoError
-from geco.jobkey import JobKey
+from geco.job.jobkey import JobKey
+from geco.job.resourceset import short_hostname
 from geco.oom.kmsg import KMSG, KernelLog
 from geco.oom.message import RequestHint, owner_message, request_hint
 from geco.oom.owner_file import StderrTarget, stderr_target, tell_owner
 from geco.oom.watch import OomEvent, OomWatch, remove_counts
-from geco.resourceset import short_hostname
 from geco.sge import execd, resourcefile
+from geco.wire import cluster
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -229,7 +230,7 @@ class OomMonitor:
     on_events: called in the loop with each batch (before :func:`handle`);
         for tests and the bench.
     relay: sends a slave job's report to its master host (``relay(master, key, text)``,
-        raises GecoError; :func:`geco.cluster.report_oom`); None = journal only there.
+        raises GecoError; :func:`geco.wire.cluster.report_oom`); None = journal only there.
 
     Raises
     ------

@@ -37,9 +37,9 @@ from pathlib import Path
 from geco import atomicfile, log
 from geco.cgroup import Backend, Limits, check_key
 from geco.errors import CgroupError, GecoError
-from geco.jobkey import JobKey
+from geco.job.jobkey import JobKey
+from geco.job.resourceset import short_hostname
 from geco.oom.kmsg import KernelLog, _is_under
-from geco.resourceset import short_hostname
 
 __all__ = ["OomEvent", "OomWatch", "open_inotify", "parse_keyed", "remove_counts"]
 

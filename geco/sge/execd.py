@@ -23,7 +23,7 @@ from pathlib import Path
 from geco import procfs
 from geco._tuple import NamedTuple
 from geco.errors import GecoError, JobKeyError
-from geco.jobkey import JobKey
+from geco.job.jobkey import JobKey
 
 __all__ = ["JobRef", "find_shepherd", "find_spool_dir", "is_job_shepherd", "job_from_hook",
            "key_of_environment", "parse_key_values", "read_config"]

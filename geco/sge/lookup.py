@@ -1,6 +1,6 @@
 """A job's granted resources, the way every geco component gets them.
 
-The prolog and gecod both need one task's :class:`~geco.resourceset.ResourceSet`
+The prolog and gecod both need one task's :class:`~geco.job.resourceset.ResourceSet`
 before they can build its cgroups, and must get it the same way, in this order:
 
 1. the resource file ``<state_dir>/resources/<job>.<task>`` (an earlier hook or
@@ -29,11 +29,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from geco import gpus, log
+from geco import log
 from geco._tuple import NamedTuple
 from geco.config import Config
 from geco.errors import GecoError, QstatError, TaskNotRunning
-from geco.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.node import gpus
 from geco.sge import execd, jobinstance, resourcefile
 
 __all__ = ["Found", "find", "from_spool"]
@@ -45,7 +46,7 @@ def from_spool(job: execd.JobRef, gpu_complex: str = "gpu") -> ResourceSet:
     """Build what the node itself knows about the job: owner, name, hosts and slots, and
     on the master node the GPU ids Grid Engine granted there (an RSMAP's
     ``SGE_HGR_<complex>`` in the job's spooled environment, ids separated by spaces, mapped
-    to the node's GPUs at containment: :func:`geco.gpus.map_share`). A count without ids
+    to the node's GPUs at containment: :func:`geco.node.gpus.map_share`). A count without ids
     (Son of Grid Engine, an INT consumable) is not known here: no GPU, never a guess.
 
     Parameters

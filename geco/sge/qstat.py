@@ -17,7 +17,7 @@ Where the facts are:
   each task's granted hosts (``JAT_granted_destin_identifier_list``) and
   granted resources per host (``grl``: ``m_mem_free``, the GPU complex's RSMAP ids,
   ``intel_phi``); Son of Grid Engine 8.1.9 prints neither: a GPU request there is a
-  count (``count:N`` in the node's GPU list) whose ids geco picks (:mod:`geco.gpus`).
+  count (``count:N`` in the node's GPU list) whose ids geco picks (:mod:`geco.node.gpus`).
 * so the placement (hosts, slots per host, master) comes from the job's
   ``pe_hostfile`` (:func:`parse_pe_hostfile`; execd writes one for every job,
   serial ones too) or from ``qstat -xml -u '*' -g t`` (:func:`parse_placement_gt`).
@@ -27,7 +27,7 @@ The XML parser never resolves entities, never touches the network, keeps
 libxml2's size limits and refuses any DOCTYPE (Grid Engine never prints one),
 so a "billion laughs" or an external entity is a :class:`QstatParseError`,
 never a hang or a file read. Text is decoded byte for byte: bytes that are not
-UTF-8 survive as surrogate escapes, as :mod:`geco.resourceset` expects.
+UTF-8 survive as surrogate escapes, as :mod:`geco.job.resourceset` expects.
 
 Outcomes a hook maps to an exit code (``sge_shepherd(8)``):
 
@@ -65,8 +65,8 @@ from lxml import etree
 from geco import log
 from geco.config import Config
 from geco.errors import JobNotFound, QstatError, QstatParseError, TaskNotRunning
-from geco.gpus import COUNT_PREFIX, GpuComplex
-from geco.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.node.gpus import COUNT_PREFIX, GpuComplex
 from geco.sge import _xml, requests
 from geco.sge.pe_hostfile import Placement, merge, parse_pe_hostfile, shown
 from geco.sge.requests import JobRequests

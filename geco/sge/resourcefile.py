@@ -21,8 +21,8 @@ from pathlib import Path
 from geco import log
 from geco.atomicfile import write_atomic
 from geco.errors import GecoError
-from geco.jobkey import JobKey
-from geco.resourceset import ResourceSet
+from geco.job.jobkey import JobKey
+from geco.job.resourceset import ResourceSet
 from geco.sge import v1format
 
 __all__ = ["path_for", "read", "remove", "write", "write_to"]

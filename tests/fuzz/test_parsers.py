@@ -42,8 +42,8 @@ from geco.errors import (
     ResourceFormatError,
     TaskNotRunning,
 )
+from geco.job.resourceset import NodeResources, ResourceSet
 from geco.oom import owner_file
-from geco.resourceset import NodeResources, ResourceSet
 from geco.sge import execd, lookup, qstat, v1format
 from geco.sge.pe_hostfile import Placement, parse_pe_hostfile
 

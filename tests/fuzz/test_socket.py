@@ -69,8 +69,8 @@ from test_gecod import (
     start_gecod,
 )
 
-from geco import protocol
-from geco.protocol import PEERCRED, PUBLIC_KEY, Ack, Adopt, AdoptStage, JobStarted, MsgType
+from geco.wire import protocol
+from geco.wire.protocol import PEERCRED, PUBLIC_KEY, Ack, Adopt, AdoptStage, JobStarted, MsgType
 
 pytestmark = [pytest.mark.root, pytest.mark.skipif(bool(_why_not()), reason=_why_not())]
 
@@ -102,8 +102,8 @@ while ctl.recv(1):
 # [start, seconds, status]; print them all as JSON when stdin closes.
 PROBER = r"""
 import json, os, select, socket, sys, time
-from geco import protocol
-from geco.protocol import JobStarted, MsgType
+from geco.wire import protocol
+from geco.wire.protocol import JobStarted, MsgType
 key_file, path, job, interval = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
 key = open(key_file, "rb").read()
 protocol.encode(MsgType.JOB_STARTED, JobStarted(job, 1, os.getpid()), key)  # load libsodium

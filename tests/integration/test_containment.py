@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from geco.topology import Topology
+from geco.node.topology import Topology
 
 pytestmark = pytest.mark.sge
 

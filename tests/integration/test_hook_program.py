@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 from cleanslate import listener_pid
 
-from geco import address, config, protocol
+from geco import config
+from geco.wire import address, protocol
 
 pytestmark = pytest.mark.sge
 

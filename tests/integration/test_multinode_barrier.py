@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 from clusterkit import QUEUE, cluster, exchange_from, submit_pe
 
-from geco import protocol
-from geco.protocol import MsgType, NodeRequest
-from geco.resourceset import NodeResources, ResourceSet
+from geco.job.resourceset import NodeResources, ResourceSet
 from geco.sge import v1format
+from geco.wire import protocol
+from geco.wire.protocol import MsgType, NodeRequest
 
 pytestmark = pytest.mark.sge
 

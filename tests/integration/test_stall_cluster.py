@@ -46,8 +46,8 @@ from stallkit import (
     unfifo,
 )
 
-from geco import protocol
-from geco.protocol import MsgType, NodeRequest
+from geco.wire import protocol
+from geco.wire.protocol import MsgType, NodeRequest
 from tests.conftest import JobOwner, ensure_user
 
 pytestmark = pytest.mark.sge

@@ -3,7 +3,7 @@
 A job's own processes die with its cgroups. A job can also ask a root daemon to
 start a process for its owner: ``at`` (atd) and ``crontab`` (cron) here; such a
 process is born outside every job cgroup. When the owner's last job on the node
-ends, the epilog kills it and journals ``strays-killed`` (geco.strays).
+ends, the epilog kills it and journals ``strays-killed`` (geco.job.strays).
 
 The epilog ends these jobs; the last test ends one through gecod (a queue with
 the preload and no epilog, as ``demo.sh`` sets up), which looks ``[strays]

@@ -27,9 +27,9 @@ from pathlib import Path
 
 import pytest
 
-from geco import gpus
 from geco.cgroup._bpfdev import _program, deny_devices
 from geco.errors import CgroupError
+from geco.node import gpus
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for cgroup_testkit
 from cgroup_testkit import MIG_MINORS, free_char_major
@@ -221,7 +221,7 @@ def test_given_a_run_of_minors_then_exactly_that_run_is_refused_by_one_rule(
 
 def test_given_what_geco_denies_a_job_granted_one_gpu_of_a_mig_node_then_it_keeps_its_caps(
         cg: Cgroup, tmp_path: Path) -> None:
-    """geco.gpus.denied for a job granted GPU id 0 (c 195:1; id 1 is c 195:0) with the MIG
+    """geco.node.gpus.denied for a job granted GPU id 0 (c 195:1; id 1 is c 195:0) with the MIG
     caps table (cgroup_testkit.MIG_MINORS, its major a free one): the other GPU, its caps
     (gpu0/...: minor 0 is id 1's), config and monitor are refused; its own caps are not."""
     proc = tmp_path / "proc"

@@ -36,7 +36,7 @@ from geco.cgroup import (
 )
 from geco.cgroup._v1 import find_systemd_hierarchies
 from geco.errors import CgroupError, JobKeyError
-from geco.jobkey import JobKey
+from geco.job.jobkey import JobKey
 
 # pytest puts only this file's own directory on sys.path; tests/ is added here, not
 # left to a conftest (tests/vm, the other user of cgroup_testkit, runs with --noconftest)
@@ -671,5 +671,5 @@ def test_given_two_gpus_when_jobs_are_granted_one_each_then_each_opens_only_its_
 @pytest.mark.skipif("devices" not in HIER, reason="no v1 devices hierarchy here")
 def test_given_mig_caps_then_a_job_opens_only_its_own_gpus_caps_and_never_config_or_monitor(
         backend: V1Backend, children: list[int], tmp_path: Path) -> None:
-    """devices.deny from geco.gpus.denied with a MIG caps table (cgroup_testkit.mig_story)."""
+    """devices.deny from geco.node.gpus.denied with a MIG caps table (cgroup_testkit.mig_story)."""
     mig_story(backend, children, tmp_path)

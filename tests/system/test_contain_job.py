@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from geco import gpus
 from geco.cgroup import V1Backend, find_hierarchies, parse_mountinfo
 from geco.config import Config
-from geco.containment import contain_job
 from geco.errors import CgroupError, GecoError
-from geco.jobkey import JobKey
-from geco.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.job.containment import contain_job
+from geco.job.jobkey import JobKey
+from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.node import gpus
 from geco.sge import resourcefile
 from geco.sge.execd import JobRef
 
@@ -131,7 +131,7 @@ def test_cpus_kept_for_the_nodes_daemons_are_never_given_to_a_job(
     another one, and when only reserved cpus are left, the next job is refused (its
     cores unavailable) with nothing of it made."""
     from geco.errors import CoresUnavailable
-    from geco.topology import format_cpulist, parse_cpulist
+    from geco.node.topology import format_cpulist, parse_cpulist
 
     cpus = sorted(parse_cpulist(backend.available_cpus()))
     if len(cpus) < 2:
@@ -228,7 +228,7 @@ def test_on_a_node_without_gpus_a_process_that_cannot_deny_devices_still_contain
     before NVIDIA's devices were denied there, and a warning says they are not, once per
     process."""
     asked = refuse_devices(backend, monkeypatch)
-    monkeypatch.setattr("geco.containment._devices_open_said", False)
+    monkeypatch.setattr("geco.job.containment._devices_open_said", False)
     records = RecordingHandler()
     with handler_on("geco.containment", records):
         for job in (63, 64):

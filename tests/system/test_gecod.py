@@ -10,7 +10,7 @@ qstat is ever needed.
 A "job process" is a separate Python process whose cwd is that spool dir and
 which sends JOB_STARTED for its own pid, as the preload does inside the child
 sge_execd forks for sge_shepherd (or, as the job owner without the key, a
-peer-credentialed QUARANTINE_SELF through :mod:`geco.client`, as the starter's
+peer-credentialed QUARANTINE_SELF through :mod:`geco.wire.client`, as the starter's
 fallback does); it prints the ACK's status and stays alive until the test lets
 it go. What is checked is the kernel's word: ``/proc/<pid>/cgroup``, the
 cgroup files, and journald's entries.
@@ -49,15 +49,16 @@ from typing import Any, TypeVar
 
 import pytest
 
-from geco import address, client, config, protocol
+from geco import config
 from geco.cgroup import find_hierarchies, parse_mountinfo
 from geco.cgroup._v1 import OPTIONAL, REQUIRED
 from geco.errors import GecoError, ProtocolError
-from geco.jobkey import JobKey
-from geco.protocol import AckStatus, JobStarted, MsgType
-from geco.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.job.jobkey import JobKey
+from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.node.topology import parse_cpulist
 from geco.sge import resourcefile
-from geco.topology import parse_cpulist
+from geco.wire import address, client, protocol
+from geco.wire.protocol import AckStatus, JobStarted, MsgType
 
 # pytest puts only this file's own directory on sys.path (tests/ for cgroup_testkit)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -94,7 +95,8 @@ pytestmark = [pytest.mark.root, pytest.mark.skipif(bool(_why_not()), reason=_why
 # nobody, ask for quarantine, print the ACK status, stay alive until stdin closes.
 CLIENT = r"""
 import dataclasses, os, sys
-from geco import address, client, config, protocol
+from geco import config
+from geco.wire import address, client, protocol
 key_file, where, job, task, mode = sys.argv[1:6]
 key = b"" if mode == "peercred" else open(key_file, "rb").read()
 pid = os.getpid()
@@ -211,7 +213,7 @@ class Node:
                 "sge_shepherd", *argv]
 
     def client_config(self, sock: str) -> config.Config:
-        """The configuration a client of the gecod at ``sock`` uses (geco.client)."""
+        """The configuration a client of the gecod at ``sock`` uses (geco.wire.client)."""
         return config.Config()._replace(gecod_socket=sock)
 
     def cgroup(self, controller: str, key: str = "") -> Path:
@@ -237,7 +239,7 @@ class Node:
         as the child sge_execd forks for the shepherd), ``pid=<n>`` (JOB_STARTED for another pid),
         ``self-nobody`` (QUARANTINE_SELF as nobody, MAC'd with the key read before),
         ``peercred`` (QUARANTINE_SELF as nobody that never had the key:
-        :func:`geco.client.quarantine_self`). ``shepherd``: run it as the
+        :func:`geco.wire.client.quarantine_self`). ``shepherd``: run it as the
         child of a fake ``sge_shepherd`` (a copy of /bin/sh) working in the spool dir.
         ``named_shepherd``: the process itself is called ``sge_shepherd`` (Python run
         through a symlink of that name), as the shepherd JOB_STARTED comes from is.
@@ -452,7 +454,7 @@ def exchange(sock_path: str, data: bytes, *, half_close: bool = False,
 
 
 def status(node: Node, sock: str) -> dict[str, Any]:
-    """Ask gecod for STATUS (as any user would: geco.client) and return the JSON document."""
+    """Ask gecod for STATUS (as any user would: geco.wire.client) and return the JSON document."""
     return client.status(node.client_config(sock), timeout=10)
 
 
@@ -1121,7 +1123,7 @@ def test_adopts_exec_stage_is_refused_to_a_user_process_that_is_no_ssh_session(
 def test_a_job_owner_without_the_key_is_quarantined_by_a_peercred_request(
         node: Node, gecod: Gecod, journal: Any) -> None:
     """Given a job of nobody under its (fake) shepherd, when a child of the shepherd running
-    as nobody, which cannot read the key, asks through geco.client (a PEERCRED
+    as nobody, which cannot read the key, asks through geco.wire.client (a PEERCRED
     QUARANTINE_SELF), then OK, it is in the job's cgroups in every controller, and the
     journal says so with PEERCRED=1; the same request from a nobody process outside the
     shepherd's tree is REFUSED: the kernel, not a key, decides."""
@@ -1182,7 +1184,7 @@ def test_a_peercred_request_over_tcp_is_refused_and_geco_client_never_sends_one(
         node: Node, journal: Any) -> None:
     """Given gecod on a loopback TCP port, when a PEERCRED STATUS arrives there, then gecod
     refuses it (BAD_REQUEST, in kind) and journals why: over TCP no kernel names the sender.
-    geco.client does not even try as a user: over TCP nothing vouches for the reply either
+    geco.wire.client does not even try as a user: over TCP nothing vouches for the reply either
     (root asks on gecod's privileged Unix socket instead)."""
     port = free_tcp_port()
     since = time.time()
@@ -1263,7 +1265,7 @@ def test_geco_status_without_gecod_says_so_in_one_line_and_exits_1(node: Node) -
                f"{node.socket_path('nogecod')})\n")
 
 
-# -- geco.client against fake gecods ----------------------------------------------------
+# -- geco.wire.client against fake gecods ----------------------------------------------------
 
 
 @contextlib.contextmanager
@@ -1306,7 +1308,7 @@ def _peercred_ack(status: AckStatus) -> Callable[[protocol.Frame], bytes]:
 
 
 def test_geco_client_waits_out_busy_answers_within_its_timeout(node: Node) -> None:
-    """Given a gecod that answers BUSY twice, then the document, when geco.client asks for
+    """Given a gecod that answers BUSY twice, then the document, when geco.wire.client asks for
     STATUS, then it retries and returns the document; one that is always BUSY makes it give
     up at its timeout with "gecod refused: BUSY"."""
     sock = node.base / "busy.sock"
@@ -1334,7 +1336,7 @@ def test_geco_client_waits_out_busy_answers_within_its_timeout(node: Node) -> No
 
 def test_geco_client_reports_a_silent_a_hanging_up_and_an_old_gecod(node: Node) -> None:
     """Given a gecod that never answers, one that hangs up, and one too old for PEERCRED
-    (it answers with an ACK MAC'd with its secret key), then geco.client raises
+    (it answers with an ACK MAC'd with its secret key), then geco.wire.client raises
     GecodTimeout, GecodUnavailable and ProtocolError (flags), each saying so."""
     sock = node.base / "odd.sock"
     where = f"path:{sock}"
@@ -1365,7 +1367,7 @@ def test_geco_client_reports_a_silent_a_hanging_up_and_an_old_gecod(node: Node) 
 def test_geco_client_asks_no_socket_that_another_user_could_have_put_there(
         node: Node, mode: int, owner: int) -> None:
     """Given a listener in a directory that is writable by others or not owned by root,
-    then geco.client refuses to ask it (its reply would prove nothing) and says where to put
+    then geco.wire.client refuses to ask it (its reply would prove nothing) and says where to put
     the socket; nothing is sent."""
     d = node.base / f"untrusted-{mode:o}-{owner}"
     d.mkdir()

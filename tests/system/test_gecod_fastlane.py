@@ -47,7 +47,7 @@ LANE = "preload/geco_lane.c"
 # both ACK statuses (the second is the replay).
 TWICE = r"""
 import os, sys
-from geco import address, client, protocol
+from geco.wire import address, client, protocol
 key_file, where, job = sys.argv[1:4]
 key = open(key_file, "rb").read()
 frame = protocol.encode(protocol.MsgType.JOB_STARTED,
@@ -61,7 +61,7 @@ for _ in range(2):
 # prints how many were answered OK.
 MANY = r"""
 import os, sys
-from geco import address, client, protocol
+from geco.wire import address, client, protocol
 key_file, where, job, n = sys.argv[1:5]
 key = open(key_file, "rb").read()
 ok = 0
@@ -77,7 +77,7 @@ print(ok, flush=True)
 # root's socket; prints the ACK's status and its pid.
 TRAILING = r"""
 import os, socket, sys
-from geco import protocol
+from geco.wire import protocol
 key_file, where, job = sys.argv[1:4]
 key = open(key_file, "rb").read()
 frame = protocol.encode(protocol.MsgType.JOB_STARTED,
@@ -98,7 +98,7 @@ print(protocol.decode_ack(reply, key, frame[12:28]).status.name, os.getpid(), fl
 # root's socket; prints the reply's type.
 STATUS_TRAILING = r"""
 import socket, sys
-from geco import protocol
+from geco.wire import protocol
 frame = protocol.encode(protocol.MsgType.STATUS, b"", protocol.PUBLIC_KEY,
                         flags=protocol.PEERCRED)
 reply = b""

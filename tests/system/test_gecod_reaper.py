@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import test_gecod as gecod_tests
 from test_gecod import CONTROLLERS, Gecod, JobProcess, Node, logged, start_gecod
 
-from geco.jobkey import JobKey
+from geco.job.jobkey import JobKey
 from geco.sge import resourcefile
 
 pytestmark = gecod_tests.pytestmark

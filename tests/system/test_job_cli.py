@@ -35,10 +35,10 @@ from typing import Any
 import pytest
 
 from geco import log
-from geco.accounting import Accounting
 from geco.cgroup import Limits, V1Backend, find_hierarchies, parse_mountinfo
-from geco.journalview import JOURNAL_DIRS
-from geco.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.job.accounting import Accounting
+from geco.job.journalview import JOURNAL_DIRS
+from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import resourcefile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # see test_cgroup_v1.py

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from geco import jobstatus
 from geco.cgroup import V1Backend, find_hierarchies, parse_mountinfo
 from geco.cgroup import _base as cgroup_base
 from geco.config import Config
-from geco.containment import PidsLimit, contain, pids_unenforced
-from geco.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.job import jobstatus
+from geco.job.containment import PidsLimit, contain, pids_unenforced
+from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge.resourcefile import write as write_resources
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

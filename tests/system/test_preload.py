@@ -45,10 +45,11 @@ from preloadkit import (
     parse_output,
 )
 
-from geco import address, preload_config, protocol
+from geco import preload_config
 from geco.config import Config
-from geco.jobkey import JOB_ID_RULE, TASK_ID_RULE
-from geco.protocol import AckStatus, MsgType
+from geco.job.jobkey import JOB_ID_RULE, TASK_ID_RULE
+from geco.wire import address, protocol
+from geco.wire.protocol import AckStatus, MsgType
 
 pytestmark = [
     pytest.mark.root,

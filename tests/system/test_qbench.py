@@ -5,7 +5,7 @@ module. Each test runs it as the benchmark does and reads the one JSON line it
 prints: ``floor-socket`` (a bare Unix-socket round trip), ``floor-cgroup`` and
 ``floor-cgroup-again`` (writes of its own pid into a ``cgroup.procs`` this module creates
 and removes) and ``rtt``
-against a fake gecod written here (the real protocol, :mod:`geco.protocol`) or
+against a fake gecod written here (the real protocol, :mod:`geco.wire.protocol`) or
 against no socket at all.
 """
 
@@ -26,8 +26,8 @@ from typing import Any
 
 import pytest
 
-from geco import protocol
-from geco.protocol import Ack, AckStatus, JobStarted, MsgType
+from geco.wire import protocol
+from geco.wire.protocol import Ack, AckStatus, JobStarted, MsgType
 
 pytestmark = [
     pytest.mark.root,

@@ -5,7 +5,7 @@ and :func:`end_jobs` are reused): a test directory under /tmp with a fake
 execd spool tree and the cgroup parent ``geco-test-<pid>-qself``. A job's
 "shepherd" is a copy of /bin/sh called ``sge_shepherd`` working in the job's
 spool dir; its child asks for itself the way the starter's fallback does
-(:func:`geco.client.quarantine_self`, as the job's owner nobody, no key).
+(:func:`geco.wire.client.quarantine_self`, as the job's owner nobody, no key).
 
 The starter's fallback believes the sge_shepherd above it; anyone can call a
 program ``sge_shepherd`` and run it in a spool dir they can read. What tells
@@ -38,7 +38,8 @@ AS_NOBODY = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-group
 # The starter's fallback: QUARANTINE_SELF without the key (the kernel vouches for the uid).
 SELF = r"""
 import dataclasses, os, sys
-from geco import client, config
+from geco import config
+from geco.wire import client
 where, job = sys.argv[1:3]
 cfg = config.Config()._replace(gecod_socket=where)
 try:

@@ -29,8 +29,8 @@ import pytest
 import test_gecod as gecod_tests
 from test_gecod import Gecod, Node, end_jobs, logged, make_node, new_job, start_gecod
 
-from geco import protocol
-from geco.protocol import AckStatus
+from geco.wire import protocol
+from geco.wire.protocol import AckStatus
 from tests.conftest import JobOwner, ensure_user
 
 pytestmark = gecod_tests.pytestmark
@@ -60,7 +60,7 @@ def owner() -> JobOwner:
 # itself, then it waits (what the session runs is in its job, or nowhere)
 SSHD_STANDIN = textwrap.dedent("""
     import os, sys, time
-    from geco import client, address, protocol
+    from geco.wire import client, address, protocol
     sock, key_file, uid, delay = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
     key = open(key_file, "rb").read()
     print("ready", flush=True)

@@ -1,8 +1,8 @@
-"""geco.strays on this machine: real processes of a real user, real cgroups, journald.
+"""geco.job.strays on this machine: real processes of a real user, real cgroups, journald.
 
 A job's owner can leave processes behind through a root daemon that forks for
 them (atd, cron, systemd's user manager, sshd): born outside every job cgroup.
-When the owner's last job on the node ends, :func:`geco.strays.after_job` kills
+When the owner's last job on the node ends, :func:`geco.job.strays.after_job` kills
 them. Here the job that ended is only a key (its cgroups are gone already);
 what is around it is real: processes of the test user ``gecostray`` (a user of
 its own, so that nothing of another test or a demo's jobs can be among them)
@@ -30,11 +30,11 @@ from typing import Any
 
 import pytest
 
-from geco import strays
 from geco.cgroup import Limits, V1Backend, find_hierarchies, parse_mountinfo
 from geco.config import Config
-from geco.jobkey import JobKey
-from geco.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.job import strays
+from geco.job.jobkey import JobKey
+from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import resourcefile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

@@ -1,4 +1,4 @@
-"""geco.teardown on this machine's real cgroup v1 hierarchies, with journald.
+"""geco.job.teardown on this machine's real cgroup v1 hierarchies, with journald.
 
 Each test works in its own parent ``geco-test-<pid>-<n>`` in every hierarchy,
 removed afterwards with plain syscalls (thaw, SIGKILL, rmdir: see
@@ -31,12 +31,12 @@ from typing import Any
 
 import pytest
 
-from geco import gpus
 from geco.cgroup import Limits, V1Backend, find_hierarchies, parse_mountinfo
 from geco.config import Config
-from geco.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.job.teardown import StuckProcess, tear_down
+from geco.node import gpus
 from geco.sge import resourcefile
-from geco.teardown import StuckProcess, tear_down
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cgroup_testkit import (
@@ -419,7 +419,7 @@ def test_given_no_time_to_look_then_the_owners_other_jobs_processes_die_and_it_i
     GPU 0 is torn down, then every process of the owner's other jobs here is killed (any may
     hold GPU 0), gpu-fds-unchecked names the job, its GPUs and them; a root process in such
     a job (Grid Engine's shepherd) and the jobs of other users are left alone."""
-    monkeypatch.setattr("geco.gpufds.BUDGET", 0.0)
+    monkeypatch.setattr("geco.job.gpufds.BUDGET", 0.0)
     cfg, paths = gpu_node(tmp_path, devices)
     first = gpu_job(cfg, backend, job_owner.name, "0")
     later = gpu_job(cfg, backend, job_owner.name, "1")

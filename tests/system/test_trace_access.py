@@ -1,7 +1,7 @@
 """Per-job trace files as a real job owner sees them: root's, readable by the owner only.
 
 Root writes the files here the way the prolog, the epilog and gecod do
-(:func:`geco.trace.for_job`, :class:`geco.trace.TraceRouter`), for jobs owned
+(:func:`geco.job.trace.for_job`, :class:`geco.job.trace.TraceRouter`), for jobs owned
 by the unprivileged test user ``gecotest`` (the ``job_owner`` fixture; its
 primary group is its own, as ``useradd`` makes it on Debian); the files are
 then read, and written to, as ``gecotest`` and as ``nobody`` with ``runuser``.
@@ -28,10 +28,11 @@ from pathlib import Path
 import pytest
 
 from geco import config as _config
-from geco import hooks, log, trace
+from geco import hooks, log
 from geco.config import Config
 from geco.hooks import Exit
-from geco.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.job import trace
+from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import resourcefile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo: tests.conftest
@@ -222,7 +223,7 @@ log.journal_socket = lambda: None
 from geco.hooks import Exit, run
 sys.argv = ["starter", "/bin/true"]
 code = run("starter", lambda cfg, logger: Exit.OK)
-print(code, " ".join(m for m in ("geco.trace", "geco.sge.resourcefile", "geco.resourceset")
+print(code, " ".join(m for m in ("geco.job.trace", "geco.sge.resourcefile", "geco.job.resourceset")
                      if m in sys.modules) or "none")
 """
 
@@ -230,7 +231,7 @@ print(code, " ".join(m for m in ("geco.trace", "geco.sge.resourcefile", "geco.re
 def test_the_starter_of_an_untraced_job_imports_no_trace_code(site: Config,
                                                               job_owner: JobOwner) -> None:
     """Given a job without a trace file, when its starter runs as the owner, then its uid
-    decides: neither geco.trace nor the resource file code is imported (the starter is
+    decides: neither geco.job.trace nor the resource file code is imported (the starter is
     on every job's critical path)."""
     site.trace_dir.mkdir(mode=0o755)
     repo = Path(__file__).resolve().parents[2]

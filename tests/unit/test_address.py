@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from geco import address
-from geco.address import Address
 from geco.errors import ConfigError, GecoError
+from geco.wire import address
+from geco.wire.address import Address
 
 FORMS = ("service:<name|port>, port:<n>, path:</absolute/path>, <n> (a loopback TCP port) "
          "or </absolute/path> (a Unix socket)")

@@ -1,4 +1,4 @@
-"""geco.ending.end_job: every way a job ends reads its resource file once, and forgets it.
+"""geco.job.ending.end_job: every way a job ends reads its resource file once, and forgets it.
 
 A job's end needs its resource set four times over (its GPUs here, its other hosts, its
 owner, and gecod's hook check); these tests count the reads of ``geco.sge.resourcefile``
@@ -20,14 +20,15 @@ from typing import Any, cast
 
 import pytest
 
-from geco import ending, log
+from geco import log
 from geco.cgroup import Backend
 from geco.config import Config
 from geco.daemon.quarantine import Context, Shepherd
 from geco.daemon.shepherdwatch import ShepherdWatch
 from geco.hooks import Exit, epilog
-from geco.jobkey import JobKey
-from geco.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.job import ending
+from geco.job.jobkey import JobKey
+from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import execd, resourcefile
 
 KEY = JobKey(7001, 1)

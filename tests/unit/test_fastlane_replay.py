@@ -1,4 +1,4 @@
-"""The fast lane's replay cache (preload/geco_lane.c) keeps geco.protocol.ReplayCache's rules.
+"""The fast lane's replay cache (preload/geco_lane.c) keeps geco.wire.protocol.ReplayCache's rules.
 
 gecod's decoding of every frame MAC'd with the secret key asks the lane's cache
 when the lane runs, so the two must agree on every sequence: a nonce is taken
@@ -18,8 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from geco import _lane_cffi as lane_cffi  # built by scripts/install.sh (python -m geco._lane_build)
-from geco import config, protocol
+from geco import config
 from geco.daemon import fastlane, server
+from geco.wire import protocol
 
 WINDOW_NS = 1_000_000_000
 CAPACITY = 3

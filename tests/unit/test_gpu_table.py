@@ -1,4 +1,4 @@
-"""A node's GPU table, a job's share of it, the pick and what the job is told (geco.gpus).
+"""A node's GPU table, a job's share of it, the pick and what the job is told (geco.node.gpus).
 
 The driver's table is read from a recorded ``/proc/driver/nvidia/gpus`` layout (one
 ``<pci bus id>/information`` per GPU, "Device Minor: N") whose minors are not the ids,
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from geco import gpus
 from geco.errors import GecoError
-from geco.gpus import Gpu, GpusUnavailable, Share
+from geco.node import gpus
+from geco.node.gpus import Gpu, GpusUnavailable, Share
 from geco.sge import lookup
 from geco.sge.execd import JobRef
 

@@ -1,4 +1,4 @@
-"""geco.gpufds's decisions that need no process: nothing held, an owner nobody names.
+"""geco.job.gpufds's decisions that need no process: nothing held, an owner nobody names.
 
 The look itself (real processes holding a GPU fd handed over through a socket, the time
 budget running out) is in tests/system/test_teardown.py.
@@ -10,11 +10,11 @@ import sys
 from pathlib import Path
 from typing import cast
 
-from geco import gpufds
 from geco.cgroup import Backend
 from geco.config import Config
-from geco.jobkey import JobKey
-from geco.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.job import gpufds
+from geco.job.jobkey import JobKey
+from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import resourcefile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo: tests.conftest

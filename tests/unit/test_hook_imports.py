@@ -16,7 +16,7 @@ SHIM = REPO / "sge_hooks" / "geco-hook"
 # library's logging (geco.log writes a hook's lines itself), dataclasses (with inspect),
 # the qstat XML parser, process inspection, argument parsing, subprocesses.
 HEAVY = ("logging", "dataclasses", "inspect", "lxml", "psutil", "argparse", "subprocess",
-         "socket", "tempfile", "geco.topology", "geco.sge.qstat", "nacl")
+         "socket", "tempfile", "geco.node.topology", "geco.sge.qstat", "nacl")
 
 IMPORTED = """
 import sys

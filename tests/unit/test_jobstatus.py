@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from geco import jobstatus
 from geco.cgroup import Limits
 from geco.config import Config
 from geco.errors import CgroupError, GecoError
-from geco.jobkey import JobKey
-from geco.jobstatus import JobStatus, Process, format_duration, format_table
-from geco.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.job import jobstatus
+from geco.job.jobkey import JobKey
+from geco.job.jobstatus import JobStatus, Process, format_duration, format_table
+from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import resourcefile
 
 HOST = short_hostname()

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from geco import atomicfile, keys
+from geco import atomicfile
 from geco.errors import GecoError, KeyFileError
+from geco.wire import keys
 
 REPO = Path(__file__).resolve().parents[2]
 NOBODY = 65534

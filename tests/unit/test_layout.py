@@ -1,4 +1,13 @@
-"""The package's shape: no module imports itself back through another at load time.
+"""The package's shape: wings by what they serve, and no import cycles.
+
+What sits directly in ``geco/`` is what every wing shares (configuration, logging,
+errors, units, atomic files, the /proc reader, the CLI); everything else lives in the
+wing it serves: a job's life (``job``), the node's resources (``node``), ssh
+(``ssh``), the wire between preload, gecod and hosts (``wire``), Grid Engine's texts
+(``sge``), cgroups (``cgroup``), gecod (``daemon``), the hooks (``hooks``), OOM
+reports (``oom``). The private ``_*`` modules are cffi builders and their helpers.
+
+No module imports itself back through another at load time.
 
 An import cycle makes a module's names depend on which of the two was imported
 first (a half-initialised module), and makes the code hard to walk. Imports
@@ -81,9 +90,30 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_module_of_geco_imports_itself_back_at_load_time() -> None:
     graph = load_time_imports()
-    assert "geco.sge.v1format" in graph and "geco.resourceset" in graph
+    assert "geco.sge.v1format" in graph and "geco.job.resourceset" in graph
     assert cycles(graph) == []
 
 
 def test_the_cycle_finder_sees_a_cycle() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+SHARED = {"atomicfile", "cli", "config", "configcache", "errors", "log", "log_handlers",
+          "preload_config", "procfs", "units"}
+WINGS = {"cgroup", "daemon", "hooks", "job", "node", "oom", "sge", "ssh", "wire"}
+
+
+def test_the_flat_street_holds_only_what_every_wing_shares() -> None:
+    flat = {p.stem for p in PACKAGE.glob("*.py") if not p.stem.startswith("_")}
+    wings = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    assert (flat, wings) == (SHARED, WINGS)
+
+
+def test_a_new_wing_costs_a_hook_nothing_to_enter() -> None:
+    """job, node, ssh and wire are only directories: importing one module of theirs
+    loads no other (the hooks' start-up budget, tests/unit/test_hook_imports.py)."""
+    graph = load_time_imports()
+    assert {wing: graph[f"geco.{wing}"] for wing in ("job", "node", "ssh", "wire")} == {
+        "job": set(), "node": set(), "ssh": set(), "wire": set()}
+    assert all(ast.get_docstring(ast.parse((PACKAGE / wing / "__init__.py").read_text()))
+               for wing in ("job", "node", "ssh", "wire"))

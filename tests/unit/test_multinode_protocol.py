@@ -15,14 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from geco import cluster, log
 from geco import config as config_mod
-from geco import protocol as P
-from geco.accounting import Accounting
+from geco import log
 from geco.errors import ConfigError, GecoError, ProtocolError
-from geco.jobkey import JobKey
+from geco.job.accounting import Accounting
+from geco.job.jobkey import JobKey
+from geco.job.resourceset import NodeResources, ResourceSet
 from geco.oom import OomEvent, handle
-from geco.resourceset import NodeResources, ResourceSet
+from geco.wire import cluster
+from geco.wire import protocol as P
 
 KEY = bytes(range(32))
 

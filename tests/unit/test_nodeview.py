@@ -1,4 +1,4 @@
-"""What `geco check` says the node gives jobs (geco.nodeview): cores, memory, the default
+"""What `geco check` says the node gives jobs (geco.node.nodeview): cores, memory, the default
 for a job that requests none, the GPUs with their devices, and how the kernel moves a
 process into its job, as the configuration and the kernel say them."""
 
@@ -8,10 +8,10 @@ import os
 import stat
 from pathlib import Path
 
-from geco import nodeview
 from geco.cgroup import Backend, detect
 from geco.config import Config
-from geco.topology import format_cpulist
+from geco.node import nodeview
+from geco.node.topology import format_cpulist
 
 M = 1 << 20
 

@@ -6,7 +6,7 @@ whose ``complex_values`` said ``gpu=2(0 1)``, and ``nvidia0`` / ``nvidia1`` wher
 tests/fixtures/ocs-9.1.4). geco reads each granted id by the first rule that applies: a
 name in ``[gpu] names``, else ``nvidia<N>`` as ``/dev/nvidia<N>``, else a number N as the GPU
 of id N (PCI bus order). It maps them once, where the node's table is known (the job's
-containment: :class:`geco.containment.GpuShare`), saves the ids in the node's resource file,
+containment: :class:`geco.job.containment.GpuShare`), saves the ids in the node's resource file,
 and everything after reads ids. A grant it cannot map holds the job (exit 100, one sentence)
 instead of refusing its shepherd, which Grid Engine would start again and again.
 
@@ -26,12 +26,13 @@ from pathlib import Path
 import pytest
 
 from geco import config as _config
-from geco import containment, gpus
 from geco.config import Config
-from geco.gpus import Share
 from geco.hooks import Exit, run
-from geco.jobkey import JobKey
-from geco.resourceset import NodeResources, ResourceSet
+from geco.job import containment
+from geco.job.jobkey import JobKey
+from geco.job.resourceset import NodeResources, ResourceSet
+from geco.node import gpus
+from geco.node.gpus import Share
 from geco.sge import lookup, resourcefile
 from geco.sge.execd import JobRef
 from tests.conftest import RecordingHandler, handler_on  # not "conftest": others exist

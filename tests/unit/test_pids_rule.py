@@ -15,14 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from geco import config, containment
+from geco import config
 from geco.cgroup import Limits, V2Backend
 from geco.config import Config
-from geco.containment import PidsLimit, pids_unenforced
-from geco.jobkey import JobKey
-from geco.jobstatus import JobStatus, Process, format_table, to_dict
-from geco.resourceset import NodeResources
-from geco.topology import Topology
+from geco.job import containment
+from geco.job.containment import PidsLimit, pids_unenforced
+from geco.job.jobkey import JobKey
+from geco.job.jobstatus import JobStatus, Process, format_table, to_dict
+from geco.job.resourceset import NodeResources
+from geco.node.topology import Topology
 
 # -- the rule ------------------------------------------------------------------
 

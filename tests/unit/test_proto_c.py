@@ -25,7 +25,7 @@ from ckit import ubsan_module, undefined_calls
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from geco import protocol as P
+from geco.wire import protocol as P
 
 REPO = Path(__file__).resolve().parents[2]
 PRELOAD = REPO / "preload"

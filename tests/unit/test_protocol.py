@@ -1,4 +1,4 @@
-"""The quarantine wire format (geco/protocol.py): vectors, check order, replay, transport.
+"""The quarantine wire format (geco/wire/protocol.py): vectors, check order, replay, transport.
 
 The vectors in tests/vectors/quarantine.json are checked three ways: against
 frames rebuilt here with ``struct`` and ``hashlib.blake2b`` (independent of
@@ -25,8 +25,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from geco import protocol as P
 from geco.errors import ProtocolError
+from geco.wire import protocol as P
 
 REPO = Path(__file__).resolve().parents[2]
 VECTORS = json.loads((REPO / "tests" / "vectors" / "quarantine.json").read_text())

@@ -18,7 +18,7 @@ import pytest
 from geco.cgroup import Backend
 from geco.config import Config
 from geco.daemon.quarantine import Context, Peer, Request, quarantine
-from geco.protocol import AckStatus, MsgType
+from geco.wire.protocol import AckStatus, MsgType
 
 
 @pytest.mark.parametrize("kind", [MsgType.JOB_STARTED, MsgType.QUARANTINE_SELF])

@@ -20,8 +20,6 @@ from typing import Any
 
 import pytest
 
-from geco import teardown
-from geco.accounting import Accounting
 from geco.config import Config
 from geco.daemon import reaper
 from geco.daemon.reaper import Reaper, RoundReport, Verdict
@@ -33,8 +31,10 @@ from geco.errors import (
     QstatParseError,
     TaskNotRunning,
 )
-from geco.jobkey import JobKey
-from geco.resourceset import NodeResources, ResourceSet
+from geco.job import teardown
+from geco.job.accounting import Accounting
+from geco.job.jobkey import JobKey
+from geco.job.resourceset import NodeResources, ResourceSet
 from geco.sge import execd, resourcefile
 
 HOST = "n001"
@@ -167,7 +167,7 @@ def failing(job: int, task: int) -> ResourceSet:
 
 @dataclasses.dataclass
 class Teardowns:
-    """Stands in for geco.teardown.tear_down: removes the fake cgroups unless told stuck."""
+    """Stands in for geco.job.teardown.tear_down: removes the fake cgroups unless told stuck."""
 
     backend: FakeBackend
     stuck: set[str] = dataclasses.field(default_factory=set)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from geco.pamstack import Line, sshd_gate, stack
+from geco.ssh.pamstack import Line, sshd_gate, stack
 from tests.sshkit import readme_pam_stack as readme_stack
 
 DEBIAN_COMMON = {

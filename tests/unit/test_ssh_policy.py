@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from geco import config
-from geco.ssh import _client_socket, _from_this_node, _holds, connection_ends
+from geco.ssh.policy import _client_socket, _from_this_node, _holds, connection_ends
 
 REPO = Path(__file__).resolve().parents[2]
 

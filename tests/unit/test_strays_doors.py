@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from geco import cli, strays
+from geco import cli
 from geco.config import Config, load
+from geco.job import strays
 
 
 def process(proc: Path, pid: int, comm: str, uid: int) -> None:

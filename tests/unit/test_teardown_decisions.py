@@ -1,4 +1,4 @@
-"""geco.teardown's decisions and records, on a stand-in backend, a fake /proc and a fake qmod.
+"""geco.job.teardown's decisions and records, on a stand-in backend, a fake /proc and a fake qmod.
 
 The kernel side (real cgroups, real stuck processes, journald) is in
 tests/system/test_teardown.py; here every branch a real machine rarely
@@ -18,14 +18,14 @@ from typing import Any, cast
 import pytest
 
 from geco import procfs
-from geco.accounting import Accounting
 from geco.cgroup import Backend
 from geco.config import Config
 from geco.errors import CgroupError
-from geco.resourceset import short_hostname
+from geco.job.accounting import Accounting
+from geco.job.resourceset import short_hostname
+from geco.job.teardown import StuckProcess, Teardown, tear_down
 from geco.sge import execd
 from geco.sge.siteenv import discover
-from geco.teardown import StuckProcess, Teardown, tear_down
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo: tests.conftest
 from tests.conftest import RecordingHandler, handler_on  # not "conftest": others exist
@@ -89,7 +89,7 @@ def fake_proc(tmp_path: Path, pid: int, state: str, comm: str, wchan: str) -> Pa
 
 
 class Records(RecordingHandler):
-    """The records of logger geco.teardown, whatever the geco logger's own setup."""
+    """The records of logger geco.job.teardown, whatever the geco logger's own setup."""
 
     def events(self) -> list[tuple[str, str, dict[str, str]]]:
         """(level, message, journal fields) of each record that names a GECO_EVENT."""

@@ -18,7 +18,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from geco.errors import TopologyError
-from geco.topology import MAX_CPU, Core, Topology, format_cpulist, parse_cpulist
+from geco.node.topology import MAX_CPU, Core, Topology, format_cpulist, parse_cpulist
 
 BOX = "pack:2 numa:2 core:16 pu:2"
 SYS_CPU = Path("/sys/devices/system/cpu")

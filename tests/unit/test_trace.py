@@ -1,4 +1,4 @@
-"""Per-job trace files (geco.trace) and how the hooks write them.
+"""Per-job trace files (geco.job.trace) and how the hooks write them.
 
 Files are made in a root-owned temporary directory, so these tests need root
 (every geco hook that writes a trace runs as root; a non-root writer is
@@ -21,13 +21,14 @@ from pathlib import Path
 import pytest
 
 from geco import config as _config
-from geco import hooks, log, trace
+from geco import hooks, log
 from geco.cgroup import Limits
 from geco.config import Config
 from geco.errors import GecoError
 from geco.hooks import Exit
-from geco.jobkey import JobKey
-from geco.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.job import trace
+from geco.job.jobkey import JobKey
+from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import lookup, resourcefile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo: tests.conftest
@@ -652,8 +653,10 @@ class FakeBackend:
 @pytest.fixture
 def prolog_env(site: Config, monkeypatch: pytest.MonkeyPatch) -> FakeBackend:
     """The prolog with Grid Engine, qstat and the cgroups replaced by fakes."""
-    from geco import cgroup, cluster, containment
+    from geco import cgroup
+    from geco.job import containment
     from geco.sge import execd
+    from geco.wire import cluster
 
     backend = FakeBackend()
     monkeypatch.setattr(sys, "argv", ["prolog", "42", "0"])

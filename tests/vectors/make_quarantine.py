@@ -7,8 +7,8 @@ exits 1 when a file would change)::
 
 The frames are built here with ``struct`` and ``hashlib.blake2b`` straight
 from the layout in docs/wire-format.md section 2, independently of
-geco/protocol.py and preload/geco_proto.c; only the error *texts* of the
-negative vectors come from geco.protocol (they are what its decoder says).
+geco/wire/protocol.py and preload/geco_proto.c; only the error *texts* of the
+negative vectors come from geco.wire.protocol (they are what its decoder says).
 Sections 1 to 8 of the document are prose and are kept as they are; section 9
 is rewritten from the JSON, so the two cannot drift
 (tests/unit/test_protocol.py checks that too).
@@ -277,10 +277,10 @@ def negative_vectors(vectors: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def add_messages(negatives: list[dict[str, Any]]) -> None:
-    """Record what geco.protocol.decode_ack says for each negative vector (its full text)."""
+    """Record what geco.wire.protocol.decode_ack says for each negative vector (its full text)."""
     sys.path.insert(0, str(REPO))
-    from geco import protocol
     from geco.errors import ProtocolError
+    from geco.wire import protocol
 
     key = KEY
     for n in negatives:

@@ -4,7 +4,7 @@ Runs INSIDE the QEMU machine (systemd as PID 1, pure cgroup v2): the host's
 ``tests/system/test_gecod_systemd_vm.py`` boots it with ``run-in-vm.sh`` and runs
 ``python3 -m pytest ... tests/vm tests/vm_systemd`` there. The guest has
 no venv: the standard library, pytest and geco (with Debian's python3-lxml
-for geco.teardown's qstat import) are what is used.
+for geco.job.teardown's qstat import) are what is used.
 The helpers shared with tests/system/test_cgroup_v1.py are in
 ``tests/cgroup_testkit.py``, standard library only as well.
 
@@ -33,7 +33,7 @@ import pytest
 from geco.cgroup import Limits, V2Backend, detect, parse_mountinfo
 from geco.config import Config
 from geco.errors import CgroupError
-from geco.teardown import tear_down
+from geco.job.teardown import tear_down
 
 # pytest puts only this file's own directory on sys.path, and the guest runs
 # with --noconftest: add tests/ for the stdlib-only helpers in cgroup_testkit
@@ -132,7 +132,7 @@ def test_given_the_readmes_remount_then_geco_check_says_the_kernel_moves_at_once
     puts the kernel's moves in favordynmods mode and ``geco check`` says so; a remount with
     the boot's own options (mount(2): mount(8) would keep the options it finds) puts the
     kernel's default back, and the line follows."""
-    from geco import nodeview
+    from geco.node import nodeview
 
     def moves() -> str:
         return dict(nodeview.lines(Config(), detect(name="geco-test-moves")))["moves"]
@@ -426,8 +426,8 @@ def test_given_memory_reserve_in_the_config_then_contain_job_holds_the_base_to_r
         backend: V2Backend, children: list[int], tmp_path: Path) -> None:
     """Through contain_job, as the prolog and gecod set it: the base's memory.max is the
     node's RAM less [cgroup] memory_reserve, in whole pages."""
-    from geco.containment import contain_job
-    from geco.resourceset import NodeResources, ResourceSet
+    from geco.job.containment import contain_job
+    from geco.job.resourceset import NodeResources, ResourceSet
     from geco.sge.execd import JobRef
     from geco.sge.lookup import Found
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from geco.topology import parse_cpulist
+from geco.node.topology import parse_cpulist
 from tests.integration import livekit as kit
 from tests.integration.conftest import JobDir
 

@@ -40,9 +40,10 @@ from typing import Any
 
 import pytest
 
-from geco import client, config
-from geco.resourceset import NodeResources, ResourceSet, short_hostname
+from geco import config
+from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import resourcefile
+from geco.wire import client
 
 REPO = Path(__file__).resolve().parents[2]
 MOUNT = Path("/sys/fs/cgroup")
@@ -86,7 +87,7 @@ pytestmark = [pytest.mark.vm, pytest.mark.skipif(bool(_why_not()), reason=_why_n
 # the ACK's status, then optionally fill memory, then wait until stdin closes.
 CLIENT = r"""
 import os, sys
-from geco import address, client, protocol
+from geco.wire import address, client, protocol
 key = open(sys.argv[1], "rb").read()
 job, hog = int(sys.argv[2]), int(sys.argv[3])
 frame = protocol.encode(protocol.MsgType.JOB_STARTED, protocol.JobStarted(job, 1, os.getpid()),

@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from geco import log
-from geco.accounting import Accounting
 from geco.errors import GecoError
+from geco.job.accounting import Accounting
 
 __all__ = ["JOURNAL_DIRS", "Entry", "Instance", "accounting_from_fields", "check_access",
            "format_entry", "format_stories", "format_story", "instances", "others_note",

@@ -1,14 +1,14 @@
 """Make and unmake one job's cgroups on this node.
 
 :func:`contain` turns a job's record for this host into cgroups: it picks
-whole cores (packed by :mod:`geco.cores` on the hwloc topology), sets the
+whole cores (packed by :mod:`geco.node.cores` on the hwloc topology), sets the
 memory limits (the node's default for a job that requests none:
 :class:`MemoryDefault`), the task limit (:class:`PidsLimit`, from the
 configuration) and the job's GPUs (:class:`GpuShare`: granted or picked, every other
 GPU and its MIG caps denied; on a node where geco knows no GPU, every NVIDIA device),
 and creates the cgroups in every managed controller.
 :func:`release` is the other half: freeze, kill, thaw, wait until empty,
-remove (the epilog and gecod's reaper go through :mod:`geco.teardown`, which
+remove (the epilog and gecod's reaper go through :mod:`geco.job.teardown`, which
 adds the journal record and the escalation when a process does not die).
 
 Core and GPU choice need a node-wide lock: two prologs starting at the same moment
@@ -25,21 +25,22 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from geco import gpus, log
+from geco import log
 from geco._tuple import NamedTuple
 from geco.cgroup import Backend, Limits
 from geco.config import Config
 from geco.errors import CgroupError, CoresUnavailable, GecoError
-from geco.jobkey import JobKey
-from geco.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.job.jobkey import JobKey
+from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.node import gpus
 from geco.sge import lookup, resourcefile
 from geco.sge.execd import JobRef
 from geco.sge.lookup import Found
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from geco.cores import Allocation
-    from geco.topology import Topology
+    from geco.node.cores import Allocation
+    from geco.node.topology import Topology
 
 __all__ = ["Contained", "GpuShare", "MemoryDefault", "PidsLimit", "Release", "contain",
            "contain_job", "jobs_memory", "join", "kill_and_remove", "last_changed",
@@ -154,14 +155,14 @@ class GpuShare(NamedTuple):
 
     Attributes
     ----------
-    table: the node's GPUs (:func:`geco.gpus.node_table`); empty on a node where geco
+    table: the node's GPUs (:func:`geco.node.gpus.node_table`); empty on a node where geco
         knows none (the job has none, and is denied every NVIDIA device).
     resources: the job's resource set; when geco picks the ids, this node's record
         gets them and is saved (``resources_dir``), so they are known after a restart.
     hostname: this node's name as the resource set spells it (None: this host's).
     resources_dir: where the running jobs' resource files are.
-    caps: the node's MIG capability devices (:func:`geco.gpus.mig_caps`), None: none.
-    names: ``[gpu] names``, what Grid Engine's GPU ids mean here (:func:`geco.gpus.map_share`).
+    caps: the node's MIG capability devices (:func:`geco.node.gpus.mig_caps`), None: none.
+    names: ``[gpu] names``, what Grid Engine's GPU ids mean here (:func:`geco.node.gpus.map_share`).
     """
 
     table: tuple[gpus.Gpu, ...]
@@ -181,7 +182,7 @@ class GpuShare(NamedTuple):
         A grant geco cannot map is the job's own problem: refusing its start would have
         Grid Engine start it again and again. It is contained with no GPU (every one
         denied), journaled, and held by the first hook that tells it its GPUs (prolog or
-        starter: :func:`geco.gpus.job_environment` raises the same sentence, exit 100).
+        starter: :func:`geco.node.gpus.job_environment` raises the same sentence, exit 100).
 
         Raises
         ------
@@ -207,7 +208,7 @@ class GpuShare(NamedTuple):
         return gpus.pick(self.table, share.amount, busy, near)
 
     def denied(self, ids: tuple[int, ...] | None) -> list[tuple[str, int, int | None]]:
-        """The devices the job may not open, granted ``ids`` (:func:`geco.gpus.denied`)."""
+        """The devices the job may not open, granted ``ids`` (:func:`geco.node.gpus.denied`)."""
         return gpus.denied(self.table, ids or (), self.caps)
 
     def save(self, ids: tuple[int, ...] | None) -> None:
@@ -419,7 +420,7 @@ def _contain(key: JobKey, node: NodeResources, backend: Backend, *, state_dir: P
         if existing is not None:
             return existing, False, None
         # here, not at the top: a hook that joins cgroups gecod made needs no hwloc
-        from geco.topology import Topology, format_cpulist
+        from geco.node.topology import Topology, format_cpulist
 
         resources_dir = state_dir / "resources"  # Config.resources_dir
         _drop_stale(backend, active_jobs, keep=key, resources_dir=resources_dir)
@@ -501,7 +502,7 @@ class Contained(NamedTuple):
     found: the job's resource set and where it came from; None when the existing
         cgroups were joined without it.
     gpus: the job's GPU ids here when the cgroups were made now on a GPU node, else None
-        (and for a grant that names no GPU here: :func:`geco.gpus.job_environment` says why).
+        (and for a grant that names no GPU here: :func:`geco.node.gpus.job_environment` says why).
     """
 
     limits: Limits
@@ -574,7 +575,7 @@ def _gpu_share(cfg: Config, rs: ResourceSet, node: NodeResources,
     """How the job's GPUs here are decided, and the devices it is denied.
 
     On a node where geco knows no GPU the table is empty and the job is denied every
-    NVIDIA device (:func:`geco.gpus.denied`): the driver may load, and nvidia-modprobe
+    NVIDIA device (:func:`geco.node.gpus.denied`): the driver may load, and nvidia-modprobe
     make the device files, after the job started. That costs every job there one more
     devices write (v1) or device program (v2) at its start.
 
@@ -603,8 +604,8 @@ def jobs_memory(reserve: int) -> int:
 def _allocate(key: JobKey, node: NodeResources, backend: Backend, topo: Topology,
               hardware_threads: bool, reserved_cpus: str) -> Allocation:
     """Whole cores for the job among those no other job cgroup holds (under the node lock)."""
-    from geco import cores
-    from geco.topology import parse_cpulist
+    from geco.node import cores
+    from geco.node.topology import parse_cpulist
 
     busy = cores.busy_from_cpusets(_cpus_held(backend, key))
     return cores.allocate(topo, node.slots, busy_pus=busy,

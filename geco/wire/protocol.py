@@ -126,7 +126,7 @@ class MsgType(enum.IntEnum):
     HOOK = 8
     STARTER = 9
     STARTER_REPLY = 10
-    # one gecod to another over the cluster channel (geco.cluster), MAC'd with the cluster key
+    # one gecod to another over the cluster channel (geco.wire.cluster), MAC'd with the cluster key
     PREPARE = 11
     ABORT = 12
     RELEASE = 13

@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from geco._tuple import NamedTuple
 from geco.errors import CoresUnavailable
-from geco.topology import Topology, format_cpulist, parse_cpulist
+from geco.node.topology import Topology, format_cpulist, parse_cpulist
 
 __all__ = ["Allocation", "allocate", "busy_from_cpusets"]
 

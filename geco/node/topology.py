@@ -4,7 +4,7 @@
 built by :mod:`geco._hwloc_build` (its docstring says why cffi in API mode and
 not ``lstopo`` XML). The bridge hands back four flat ``int`` arrays, one entry
 per PU; this module groups them into :class:`Core` records, which is all the
-allocator (:mod:`geco.cores`) needs. No hwloc struct ever reaches Python.
+allocator (:mod:`geco.node.cores`) needs. No hwloc struct ever reaches Python.
 
 Facts about what is loaded:
 

@@ -64,9 +64,9 @@ from pathlib import Path
 from geco import log
 from geco.config import Config
 from geco.errors import JobKeyError
-from geco.jobkey import JobKey
+from geco.job.jobkey import JobKey
+from geco.job.resourceset import ResourceSet
 from geco.log_handlers import SeedFormatter
-from geco.resourceset import ResourceSet
 
 __all__ = ["LEVELS", "TraceFormatter", "TraceRouter", "for_job", "logging_level",
            "trace_path"]

@@ -56,8 +56,8 @@ from geco.errors import GecoError
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from geco.config import Config
-    from geco.jobkey import JobKey
-    from geco.resourceset import ResourceSet
+    from geco.job.jobkey import JobKey
+    from geco.job.resourceset import ResourceSet
 
 __all__ = ["COUNT_PREFIX", "Gpu", "GpuComplex", "GpuGrantError", "GpusUnavailable", "MigCaps",
            "Share", "denied", "environment", "format_ids", "from_hgr", "held", "job_environment",

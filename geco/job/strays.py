@@ -59,10 +59,10 @@ from geco.cgroup._base import is_under
 from geco.cgroup._fs import proc_cgroups
 from geco.config import Config
 from geco.errors import GecoError
-from geco.jobkey import JobKey
-from geco.pamstack import sshd_gate
-from geco.resourceset import ResourceSet, short_hostname
+from geco.job.jobkey import JobKey
+from geco.job.resourceset import ResourceSet, short_hostname
 from geco.sge import execd, resourcefile
+from geco.ssh.pamstack import sshd_gate
 
 __all__ = ["Door", "Outcome", "Result", "Stray", "after_job", "doors", "find", "is_exempt",
            "owner_in", "owner_of"]
@@ -498,7 +498,7 @@ def doors(cfg: Config, *, proc: Path = procfs.ROOT, etc: Path = Path("/etc"),
           linger: Path = Path("/var/lib/systemd/linger"),
           systemd: Path = SYSTEMD_RUN) -> list[Door]:
     """The doors out of a job on this node: atd, cron, systemd linger, sshd's PAM stack
-    (:func:`geco.pamstack.sshd_gate`), systemd's own cgroup moves, and the stray killing.
+    (:func:`geco.ssh.pamstack.sshd_gate`), systemd's own cgroup moves, and the stray killing.
 
     A daemon is a root process of that command name; its door is closed when its
     allow file (``/etc/at.allow``, ``/etc/cron.allow``) names only exempt users. Linger

@@ -12,7 +12,7 @@ What is shown, and where it comes from:
 * tasks now, at their peak and forks refused at the limit: the backend's
   :meth:`~geco.cgroup.Backend.usage` (pids controller);
 * current and peak memory, CPU user/system time, OOM kills: the backend's
-  :meth:`~geco.cgroup.Backend.usage`, through :class:`~geco.accounting.Accounting`
+  :meth:`~geco.cgroup.Backend.usage`, through :class:`~geco.job.accounting.Accounting`
   -- the same record the job-end journal entry gets;
 * processes: the pids in the job's cgroups with their ``comm``;
 * owner, job name and ``h_rt``: the resource file, when there is one;
@@ -29,14 +29,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from geco import gpus, procfs
-from geco.accounting import Accounting
+from geco import procfs
 from geco.cgroup import Backend, check_key
 from geco.config import Config
-from geco.containment import PidsLimit, pids_unenforced
 from geco.errors import CgroupError, GecoError
-from geco.jobkey import JobKey
-from geco.resourceset import ResourceSet, short_hostname
+from geco.job.accounting import Accounting
+from geco.job.containment import PidsLimit, pids_unenforced
+from geco.job.jobkey import JobKey
+from geco.job.resourceset import ResourceSet, short_hostname
+from geco.node import gpus
 from geco.sge import execd, resourcefile
 from geco.units import format_memory
 

@@ -13,12 +13,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from geco import gpus, procfs
+from geco import procfs
 from geco.cgroup import Backend, favors_dynmods, parse_mountinfo
 from geco.config import Config
-from geco.containment import MemoryDefault, jobs_memory
 from geco.errors import GecoError
-from geco.topology import format_cpulist, parse_cpulist
+from geco.job.containment import MemoryDefault, jobs_memory
+from geco.node import gpus
+from geco.node.topology import format_cpulist, parse_cpulist
 from geco.units import format_memory
 
 __all__ = ["lines"]

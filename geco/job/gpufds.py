@@ -3,13 +3,13 @@
 The kernel's devices cgroup checks a device at open(2) only. A job of user U can open
 its GPU, hand the fd (SCM_RIGHTS) to a process of U's later job on this node, whose
 cgroup denies that GPU, and go on using the GPU after it went to another job.
-:func:`after_job` closes that when a job ends here (:func:`geco.teardown.tear_down`,
+:func:`after_job` closes that when a job ends here (:func:`geco.job.teardown.tear_down`,
 once the job's cgroups are gone). Its ordered steps:
 
 1. The ended job's GPUs here (its ``GECO_GPUS``) and their device numbers (the node's
    table). None: nothing.
-2. Its owner (its resource file, else the execd spool: :func:`geco.strays.owner_in`,
-   read once by the job's end, :func:`geco.ending.end_job`).
+2. Its owner (its resource file, else the execd spool: :func:`geco.job.strays.owner_in`,
+   read once by the job's end, :func:`geco.job.ending.end_job`).
    Unknown: journaled ``gpu-fds-unchecked``, nothing killed (whose jobs to look in is
    not known).
 3. The owner's other jobs here: each job cgroup whose resource file (else spool) names
@@ -29,7 +29,7 @@ once the job's cgroups are gone). Its ordered steps:
    processes there (Grid Engine's root shepherd) are spared: the owner cannot have
    made them take an fd.
 
-Not looked at: processes outside every job (:mod:`geco.strays` ends those when the
+Not looked at: processes outside every job (:mod:`geco.job.strays` ends those when the
 owner's last job here ends), jobs of other users (an fd handed to another user's
 process), a GPU mapped into memory whose fd was closed (a mapping keeps the device
 open without an fd), and the driver's state behind an ``nvidiactl`` fd.
@@ -44,13 +44,15 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from geco import gpus, log, procfs, strays
+from geco import log, procfs
 from geco._tuple import NamedTuple
 from geco.cgroup import Backend
 from geco.cgroup._fs import signal_pid
 from geco.config import Config
 from geco.errors import GecoError
-from geco.jobkey import JobKey
+from geco.job import strays
+from geco.job.jobkey import JobKey
+from geco.node import gpus
 from geco.sge import resourcefile
 
 __all__ = ["BUDGET", "Holder", "Revoked", "after_job"]
@@ -115,7 +117,7 @@ def after_job(cfg: Config, backend: Backend, key: JobKey, ids: tuple[int, ...],
     backend: this node's cgroups (the jobs and their processes, its /proc).
     key: ``<job>.<task>`` of the job that ended.
     ids: its GPU ids here (its ``GECO_GPUS``).
-    owner: its owner's user name (:func:`geco.strays.owner_in`, read at its end); None:
+    owner: its owner's user name (:func:`geco.job.strays.owner_in`, read at its end); None:
         unknown, so whose other jobs to look in is not known.
 
     Returns

@@ -27,11 +27,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from geco import address, protocol
-from geco.address import Address
 from geco.config import Config
 from geco.errors import GecoError, ProtocolError
-from geco.protocol import PEERCRED, PUBLIC_KEY, Ack, AckStatus, JobStarted, MsgType
+from geco.wire import address, protocol
+from geco.wire.address import Address
+from geco.wire.protocol import PEERCRED, PUBLIC_KEY, Ack, AckStatus, JobStarted, MsgType
 
 __all__ = [
     "GecodNotRunning",
@@ -124,13 +124,13 @@ def request(addr: Address, frame: bytes, timeout: float) -> bytes:
 
     Parameters
     ----------
-    addr: gecod's address (:func:`geco.address.parse`).
+    addr: gecod's address (:func:`geco.wire.address.parse`).
     frame: the encoded request.
     timeout: seconds for the whole exchange (connect, send, reply).
 
     Returns
     -------
-    The reply's bytes, one whole frame (not yet verified: :func:`geco.protocol.decode`).
+    The reply's bytes, one whole frame (not yet verified: :func:`geco.wire.protocol.decode`).
 
     Raises
     ------

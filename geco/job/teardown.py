@@ -1,6 +1,6 @@
 """The end of a job on this node: kill what is left, account for it, escalate what will not die.
 
-A job's end (:func:`geco.ending.end_job`: the epilog, gecod's shepherd watch, a
+A job's end (:func:`geco.job.ending.end_job`: the epilog, gecod's shepherd watch, a
 slave's release, and gecod's reaper for jobs nobody ended, again every round for a
 job whose teardown got stuck) calls :func:`tear_down` with the job's resource set it
 read. The steps (OAR's Leon: normal, then exterminate):
@@ -9,10 +9,10 @@ read. The steps (OAR's Leon: normal, then exterminate):
    still exist: removing a cgroup removes its counters.
 2. Freeze, SIGKILL every process (sub-cgroups included), thaw, wait up to
    ``cfg.kill_timeout`` seconds for the cgroups to empty, remove them deepest
-   first (:func:`geco.containment.kill_and_remove`).
+   first (:func:`geco.job.containment.kill_and_remove`).
 3. Clean: journal ``GECO_EVENT=job-end`` with the accounting. A job that held GPUs
    here: kill what of its owner's other jobs here holds one open, an fd the job handed
-   over (:func:`geco.gpufds.after_job`: the kernel checks a device at open only).
+   over (:func:`geco.job.gpufds.after_job`: the kernel checks a device at open only).
 4. Stuck: journal ``GECO_EVENT=cleanup-stuck`` (PRIORITY 3) with every process
    left, its state and the kernel function it sleeps in, and keep the cgroups
    for the reaper. When ``cfg.disable_queue_on_stuck``, disable the queue
@@ -41,19 +41,21 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from geco import containment, gpus, log, procfs
+from geco import log, procfs
 from geco._tuple import NamedTuple
-from geco.accounting import Accounting
 from geco.cgroup import Backend, check_key
 from geco.config import Config
 from geco.errors import GecoError
-from geco.jobkey import JobKey
-from geco.resourceset import ResourceSet, short_hostname
+from geco.job import containment
+from geco.job.accounting import Accounting
+from geco.job.jobkey import JobKey
+from geco.job.resourceset import ResourceSet, short_hostname
+from geco.node import gpus
 from geco.sge import qmod as qmod_command
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from geco.cluster import WholeJob
+    from geco.wire.cluster import WholeJob
 
 __all__ = ["StuckProcess", "Teardown", "found_stuck", "tear_down"]
 
@@ -145,11 +147,11 @@ def tear_down(key: JobKey, backend: Backend, cfg: Config, *, queue_instance: str
         epilog reads it from the job's spooled ``config``); None disables
         every queue on this host, ``*@<short hostname>``.
     cleaned_by: who tears down, journaled as ``CLEANED_BY`` (``epilog``, ``reaper``).
-    resources: the job's resource set, read once by its end (:func:`geco.ending.end_job`):
+    resources: the job's resource set, read once by its end (:func:`geco.job.ending.end_job`):
         which GPUs it held here; None: none on record.
     owner: its owner (whose other jobs may hold its GPUs open); None: unknown.
     other_hosts: a parallel job's master: given this host's figures, the whole job's
-        (:func:`geco.cluster.whole_job`), which join its ``job-end`` record, so that the
+        (:func:`geco.wire.cluster.whole_job`), which join its ``job-end`` record, so that the
         job has one record for all its hosts.
     event: the record's ``GECO_EVENT``: ``job-end``, or ``job-end-slave`` on a slave host
         of a parallel job, whose figures go into its master's ``job-end``.
@@ -225,7 +227,7 @@ def _revoke_gpu_fds(key: JobKey, backend: Backend, cfg: Config, held: tuple[int,
                     owner: str | None) -> None:
     """A job that held GPUs is gone: kill what of its owner's other jobs here holds one."""
     if held:
-        from geco import gpufds  # a GPU job's end only
+        from geco.job import gpufds  # a GPU job's end only
 
         gpufds.after_job(cfg, backend, key, held, owner)
 

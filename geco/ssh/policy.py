@@ -44,12 +44,14 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from geco import containment, gpus, log, procfs
+from geco import log, procfs
 from geco._tuple import NamedTuple
 from geco.cgroup import Backend
 from geco.config import Config
 from geco.errors import GecoError
-from geco.jobkey import JobKey
+from geco.job import containment
+from geco.job.jobkey import JobKey
+from geco.node import gpus
 from geco.sge import execd, resourcefile
 
 if TYPE_CHECKING:
@@ -359,7 +361,7 @@ def caller_job(connection: str, uid: int, keys: Sequence[JobKey], backend: Backe
 
     From this node to itself: :func:`holder_job` here. From another host: each job whose
     resource set names a host with the connection's source address asks that host's
-    gecod (:func:`geco.cluster.caller`), which answers with :func:`holder_job` there.
+    gecod (:func:`geco.wire.cluster.caller`), which answers with :func:`holder_job` there.
     All of it by ``deadline``.
 
     Raises
@@ -372,7 +374,7 @@ def caller_job(connection: str, uid: int, keys: Sequence[JobKey], backend: Backe
         return None
     if _from_this_node(ends):
         return holder_job(ends, uid, keys, backend, proc, deadline=deadline)
-    from geco import cluster
+    from geco.wire import cluster
 
     for key in keys:
         _check(deadline)

@@ -1,5 +1,5 @@
 """A job's one way out on this node: :func:`end_job`, the mirror of the way in
-(:func:`geco.containment.contain_job`).
+(:func:`geco.job.containment.contain_job`).
 
 Each way a job ends decides only that it has ended, and calls :func:`end_job`:
 
@@ -19,12 +19,12 @@ The steps, in order:
 3. The job's resource set is read once (or taken from a caller that read it): its GPUs
    here, its other hosts, its owner all come from it.
 4. A parallel job's master (the epilog) tells the job's other hosts to end it
-   (:func:`geco.cluster.release`); their figures join this host's in one record.
-5. :func:`geco.teardown.tear_down`: freeze, kill, remove the cgroups, revoke GPU fds, and
+   (:func:`geco.wire.cluster.release`); their figures join this host's in one record.
+5. :func:`geco.job.teardown.tear_down`: freeze, kill, remove the cgroups, revoke GPU fds, and
    journal ``job-end`` from the figures (or ``cleanup-stuck``, and the queue disabled).
 6. Its cgroups gone: forget the job (its resource file and OOM count file; the stuck
    marker goes with the cgroups, in the teardown), then look for its owner's strays
-   (:func:`geco.strays.after_job`) as the caller schedules it: at once
+   (:func:`geco.job.strays.after_job`) as the caller schedules it: at once
    (:func:`at_once`), or later (gecod's shepherd watch, once the job's clients have
    seen its end). A job that is stuck keeps its files: the reaper's next try needs them.
 
@@ -40,23 +40,24 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from geco import log, strays, teardown
+from geco import log
 from geco._tuple import NamedTuple
 from geco.cgroup import Backend
 from geco.config import Config
 from geco.errors import GecoError
-from geco.jobkey import JobKey
+from geco.job import strays, teardown
+from geco.job.jobkey import JobKey
+from geco.job.teardown import Teardown
 from geco.sge import resourcefile
-from geco.teardown import Teardown
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
     from typing import Protocol
 
-    from geco.accounting import Accounting
-    from geco.cluster import WholeJob
-    from geco.resourceset import ResourceSet
+    from geco.job.accounting import Accounting
+    from geco.job.resourceset import ResourceSet
+    from geco.wire.cluster import WholeJob
 
     class Gate(Protocol):
         """What gecod lends a job's end (its :class:`geco.daemon.quarantine.Context`)."""
@@ -91,7 +92,7 @@ class Ended(NamedTuple):
     key: ``<job>.<task>``.
     cleaned_by: who ended it (``epilog``, ``gecod``, ``reaper``, ``master``), journaled
         as ``CLEANED_BY``.
-    teardown: its figures and leftovers (:class:`~geco.teardown.Teardown`), from which
+    teardown: its figures and leftovers (:class:`~geco.job.teardown.Teardown`), from which
         its ``job-end`` record was written.
     owner: its owner's user name, None when nothing says.
     """
@@ -192,7 +193,7 @@ def _other_hosts(rs: ResourceSet | None, cfg: Config, logger: log.Logger | None
     host (or with no resource set: then the slaves' reapers end it there)."""
     if rs is None or len(rs.nodes) < 2:
         return None
-    from geco import cluster  # a parallel job's master only
+    from geco.wire import cluster  # a parallel job's master only
 
     answers = cluster.release(rs, cfg, logger)
     node = rs.node()

@@ -29,13 +29,16 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from geco import address, keys, log
+from geco import log
 from geco._tuple import NamedTuple
-from geco.accounting import Accounting
 from geco.config import Config
 from geco.errors import ConfigError, GecoError, ProtocolError
-from geco.jobkey import JobKey
-from geco.protocol import (
+from geco.job.accounting import Accounting
+from geco.job.jobkey import JobKey
+from geco.job.resourceset import ResourceSet, short_hostname
+from geco.units import format_memory
+from geco.wire import address, keys
+from geco.wire.protocol import (
     CLUSTER_MAX_PAYLOAD,
     MsgType,
     NodeRequest,
@@ -44,8 +47,6 @@ from geco.protocol import (
     encode,
     read_frame,
 )
-from geco.resourceset import ResourceSet, short_hostname
-from geco.units import format_memory
 
 __all__ = ["Answer", "WholeJob", "abort", "ask", "ask_all", "caller", "load_key", "master",
            "other_hosts", "port", "prepare", "release", "report_oom", "show", "whole_job"]
@@ -253,7 +254,7 @@ def release(rs: ResourceSet, cfg: Config, logger: log.Logger | None = None) -> l
 
 def show(job: JobKey, hosts: Sequence[str], cfg: Config) -> list[Answer]:
     """Each host's live figures of job task ``job`` (``document["jobs"]``: its
-    :func:`geco.jobstatus.to_dict` there), all asked at once.
+    :func:`geco.job.jobstatus.to_dict` there), all asked at once.
 
     Raises
     ------
