@@ -1,8 +1,8 @@
-"""What several bench scripts share: the repo on sys.path, test cgroups, journald, percentiles.
+"""What several bench scripts share: test cgroups, journald, percentiles.
 
-A bench script imports this first (``bench/`` is on ``sys.path`` when the script
-runs), which puts the repo root on ``sys.path`` so ``geco`` and the test kits
-under ``tests/`` import from the checkout, not from an installed copy.
+A bench script runs as a module of the package ``bench`` from the repo root
+(``python -m bench.bench_x``, as ``bench/run`` starts each), so ``geco`` and the
+test kits under ``tests/`` import from the checkout, not from an installed copy.
 
 Cgroups are made the way the system tests make theirs: a ``geco-test-bench-*``
 parent in every v1 hierarchy (inside an idle cpu_exclusive GECO cpuset when one
@@ -26,8 +26,6 @@ from types import FrameType
 from typing import TypeVar
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 from geco.cgroup import V1Backend, find_hierarchies, parse_mountinfo  # noqa: E402
 from geco.errors import GecoError  # noqa: E402
@@ -118,17 +116,17 @@ def journald() -> Iterator[None]:
     as PID 1 needed) and stops it afterwards unless a test session started using it
     meanwhile (the same lock as the ``journal`` fixture in ``tests/conftest.py``).
     """
-    # imported here: conftest pulls in pytest, which only the journal benches need
-    from tests import conftest as harness
+    # imported here: servicekit pulls in pytest, which only the journal benches need
+    from tests import servicekit as harness
 
     with harness.shared_use("journald") as lock:
         run_dir_existed = harness.JOURNAL_SOCKET.parent.exists()
-        started = None if harness.journald_alive() else harness._start_journald()
+        started = None if harness.journald_alive() else harness.start_journald()
         try:
             yield
         finally:
             if started is not None and harness.sole_user(lock):
-                harness._stop(started)
+                harness.stop(started)
                 # its socket files outlive it and would look like a journal refusing all
                 if not run_dir_existed:
                     shutil.rmtree(harness.JOURNAL_SOCKET.parent, ignore_errors=True)

@@ -23,7 +23,7 @@ each way, close). Goal (issue 14): the barrier adds at most 2x the single-host p
 (``bench_hooks.py``: 15 ms median with gecod) for 3 hosts, and grows no worse than
 linearly with a small constant (prepares sent in parallel).
 
-    bench/bench_barrier.py [--rounds 10] [--hosts 1,3,16,64]
+    /opt/geco/venv/bin/python -m bench.bench_barrier [--rounds 10] [--hosts 1,3,16,64]
 """
 
 from __future__ import annotations
@@ -36,20 +36,19 @@ import threading
 import time
 from pathlib import Path
 
-from _common import percentile, remove_test_cgroups, sigterm_exits, v1_backend
-from _table import Row, add_json_option, write_rows
-
+from bench._common import percentile, remove_test_cgroups, sigterm_exits, v1_backend
+from bench._table import Row, add_json_option, write_rows
 from geco.cgroup import V1Backend
 from geco.config import Config
 from geco.daemon import clusterserve
+from geco.daemon.context import GecodContext
 from geco.daemon.pools import Pools
-from geco.daemon.quarantine import Context
 from geco.daemon.runloop import RunLoop
 from geco.daemon.server import Server
 from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.node.topology import Topology
 from geco.wire import cluster, keys
-from geco.wire.protocol import MsgType
+from geco.wire.messages import MsgType
 
 HOSTS_FILE = Path("/etc/hosts")
 MARK = "# geco-test-bench"
@@ -128,7 +127,7 @@ def main() -> int:
             backends.append(backend)
             cfg = base._replace(state_dir=tmp / name(k), cgroup_name=f"geco-test-bench-sim{k}",
                                 cluster_bind=f"127.0.1.{k}")
-            ctx = Context(cfg, backend, topology, hostname=name(k))
+            ctx = GecodContext(cfg, backend, topology, hostname=name(k))
             # each simulated host has pools of its own, as a real one has (their caps are
             # per job and per asking host: shared, the hosts' PREPAREs of one job would
             # take turns on one thread)

@@ -1,6 +1,6 @@
 """Time core allocation on a big synthetic node, and topology loading.
 
-Run from the repo root:  /opt/geco/venv/bin/python bench/bench_cores.py [--runs N]
+Run from the repo root:  /opt/geco/venv/bin/python -m bench.bench_cores [--runs N]
 
 Allocation: ``pack:8 core:64 pu:2`` (1024 PUs, 512 cores), random job sizes
 1..64 slots against a node whose cores are 0 %, 50 % or 90 % busy (random
@@ -13,15 +13,10 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from _table import Row, add_json_option, write_rows
-
+from bench._table import Row, add_json_option, write_rows
 from geco.errors import CoresUnavailable
 from geco.node.cores import allocate
 from geco.node.topology import Topology

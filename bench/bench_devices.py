@@ -2,7 +2,7 @@
 
 Run as root from the repo root:
 
-    /opt/geco/venv/bin/python bench/bench_devices.py [--runs 200]
+    /opt/geco/venv/bin/python -m bench.bench_devices [--runs 200]
 
 Picking: :func:`geco.node.gpus.pick` on a synthetic 8-GPU, 2-socket node (GPUs 0-3 on NUMA
 node 0, 4-7 on 1) for 1, 2 and 4 GPUs near socket 1, with 0-3 others busy (random, fixed
@@ -28,9 +28,8 @@ import sys
 import time
 from pathlib import Path
 
-from _common import percentile, sigterm_exits
-from _table import Row, add_json_option, write_rows
-
+from bench._common import percentile, sigterm_exits
+from bench._table import Row, add_json_option, write_rows
 from geco.cgroup._bpfdev import deny_devices
 from geco.errors import GecoError
 from geco.job.resourceset import NodeResources, ResourceSet

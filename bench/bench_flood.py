@@ -2,7 +2,7 @@
 
 Run as root from the repo root:
 
-    /opt/geco/venv/bin/python bench/bench_flood.py [--requests 200] [--hold 2000] [--json PATH]
+    /opt/geco/venv/bin/python -m bench.bench_flood [--requests 200] [--hold 2000] [--json PATH]
 
 Starts a throw-away gecod with one spooled job (``bench_gecod.bench_gecod``).
 Then, as root on gecod's privileged socket (where the preload asks), client
@@ -30,11 +30,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import percentile
-from _table import Row, add_json_option, write_rows
-from bench_gecod import JOB, TASK, bench_gecod
-
-from geco.wire import protocol
+from bench._common import percentile
+from bench._table import Row, add_json_option, write_rows
+from bench.bench_gecod import JOB, TASK, bench_gecod
+from geco.wire.frame import decode_ack, encode
+from geco.wire.messages import AckStatus, JobStarted, MsgType
+from geco.wire.reader import read_frame
 from tests.flood import flooding
 
 CLIENTS = 20
@@ -50,15 +51,15 @@ def _client(key: bytes, sock_path: str, job_dir: str, requests: int, start: floa
     try:
         for _ in range(requests):
             t0 = time.perf_counter()
-            frame = protocol.encode(protocol.MsgType.JOB_STARTED,
-                                    protocol.JobStarted(JOB, TASK, os.getpid()), key)
+            frame = encode(MsgType.JOB_STARTED,
+                           JobStarted(JOB, TASK, os.getpid()), key)
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
                 s.connect(sock_path)
                 s.sendall(frame)
-                reply = protocol.read_frame(s, time.monotonic() + 30)
-            ack = protocol.decode_ack(reply, key, frame[12:28])
+                reply = read_frame(s, time.monotonic() + 30)
+            ack = decode_ack(reply, key, frame[12:28])
             times.append(time.perf_counter() - t0)
-            if ack.status is not protocol.AckStatus.OK:
+            if ack.status is not AckStatus.OK:
                 out.put(f"ACK {ack.status.name}")
                 return
         out.put(times)
@@ -68,7 +69,7 @@ def _client(key: bytes, sock_path: str, job_dir: str, requests: int, start: floa
 
 def _round_trips(key: bytes, sock_path: str, job_dir: Path, clients: int,
                  requests: int) -> tuple[list[float], float]:
-    """``clients`` processes (Python, geco.wire.protocol) in the job's PE task dir, each sending
+    """``clients`` processes (Python, geco.wire) in the job's PE task dir, each sending
     ``requests`` JOB_STARTED for its own pid; their latencies (s) and the wall time."""
     ctx = multiprocessing.get_context("fork")
     out: multiprocessing.queues.Queue[list[float] | str] = ctx.Queue()

@@ -2,14 +2,14 @@
 
 Run as root from the repo root:
 
-    /opt/geco/venv/bin/python bench/bench_gecod.py [--requests 100] [--idle-seconds 60]
+    /opt/geco/venv/bin/python -m bench.bench_gecod [--requests 100] [--idle-seconds 60]
 
 Starts gecod (``python -m geco.daemon``) with a throw-away configuration: its
 own directory under /tmp, a fresh key, the cgroup parent ``geco-test-bench-<pid>``
 (cgroup v1 or v2, as this machine has them) and one spooled 2-slot job with a
 resource file, so no qstat is involved. Then:
 
-* **round trip**: ``preload/geco_qbench`` (built here from the preload's own
+* **round trip**: ``bench/geco_qbench.c`` (built here with the preload's own
   client code: the C call the preload makes) forks client *processes* whose cwd
   is a PE task dir of the job (as the shepherds of ``qrsh -inherit`` tasks:
   gecod ends a job when its master shepherd exits, and a client in the job's
@@ -59,9 +59,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from _common import REPO, journald
-from _table import Row, add_json_option, write_rows
-
+from bench._common import REPO, journald
+from bench._table import Row, add_json_option, write_rows
 from geco.cgroup import favors_dynmods, parse_mountinfo
 from geco.daemon.ratelimit import WINDOW
 from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
@@ -72,10 +71,10 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 def qbench() -> Path:
-    """Build ``preload/geco_qbench`` (the preload's own client code, timed) once per run."""
+    """Build ``geco_qbench`` (the preload's own client code, timed) once per run."""
     build = Path(tempfile.mkdtemp(prefix="geco-test-qbench-"))
     target = build / "geco_qbench"
-    subprocess.run(["make", "-s", "-C", str(REPO / "preload"), f"BUILD={build}", str(target)],
+    subprocess.run(["make", "-s", "-C", str(REPO), f"BUILD={build}", str(target)],
                    check=True, stdout=subprocess.DEVNULL)
     return target
 

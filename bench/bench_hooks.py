@@ -2,8 +2,8 @@
 
 Run as root from the repo root (after scripts/install.sh):
 
-    /opt/geco/venv/bin/python bench/bench_hooks.py [--jobs 20] [--json PATH]
-    /opt/geco/venv/bin/python bench/bench_hooks.py --since EPOCH
+    /opt/geco/venv/bin/python -m bench.bench_hooks [--jobs 20] [--json PATH]
+    /opt/geco/venv/bin/python -m bench.bench_hooks --since EPOCH
 
 Brings up journald and the single-host Grid Engine with geco's prolog, epilog and
 starter (the same way the test fixtures do) and submits N one-slot ``-b y /bin/true``
@@ -47,10 +47,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import gecod, journald, percentile
-from _table import Row, add_json_option, write_rows
-
-from tests import conftest as harness  # the test fixtures' service helpers
+from bench._common import gecod, journald, percentile
+from bench._table import Row, add_json_option, write_rows
+from tests import servicekit as harness  # the test fixtures' service helpers
+from tests.cleanslate import TEST_USER
 
 
 def hook_times(since: float, jobs: set[int] | None = None) -> dict[str, list[dict[str, str]]]:
@@ -194,7 +194,7 @@ def _setup(env: dict[str, str], preload: str) -> None:
 
 
 def _run(count: int, json_path: Path | None) -> int:
-    owner = harness.ensure_user(harness.TEST_USER)
+    owner = harness.ensure_user(TEST_USER)
     env = dict(harness.CLEAN_ENV, SGE_TEST_USER=owner.name,
                GECO_PROLOG=harness.HOOK_LINES["prolog"], GECO_EPILOG=harness.HOOK_LINES["epilog"],
                GECO_STARTER=harness.HOOK_LINES["starter"])

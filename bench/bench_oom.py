@@ -2,7 +2,7 @@
 
 Run as root from the repo root:
 
-    /opt/geco/venv/bin/python bench/bench_oom.py [--runs N] [--journal-kills M]
+    /opt/geco/venv/bin/python -m bench.bench_oom [--runs N] [--journal-kills M]
 
 A child in a 64 MiB job cgroup touches 200 MiB and is OOM-killed; a thread
 blocked in ``waitpid`` notes when the kernel has reaped it, and an
@@ -58,9 +58,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from _common import journald, percentile, run_in_cgroups, sigterm_exits, v1_backend
-from _table import Row, add_json_option, write_rows
-
+from bench._common import journald, percentile, run_in_cgroups, sigterm_exits, v1_backend
+from bench._table import Row, add_json_option, write_rows
 from geco import log, oom
 from geco.cgroup import Limits, V1Backend
 from geco.daemon.runloop import RunLoop

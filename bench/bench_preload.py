@@ -2,9 +2,9 @@
 
 Run as root from the repo root:
 
-    /opt/geco/venv/bin/python bench/bench_preload.py [--forks 2000] [--batches 10]
+    /opt/geco/venv/bin/python -m bench.bench_preload [--forks 2000] [--batches 10]
 
-Builds ``preload/`` with make when needed, compiles a small C driver, and
+Builds ``preload/`` with make (``make preload``) when needed, compiles a small C driver, and
 writes a throw-away config and key (the preload is active, as in sge_execd;
 no gecod is needed because /bin/true is not in ``exec_filter``). Then, in
 interleaved batches so that machine noise hits every mode alike:
@@ -37,11 +37,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _table import Row, add_json_option, write_rows
+from bench._table import Row, add_json_option, write_rows
 
 REPO = Path(__file__).resolve().parent.parent
-PRELOAD = REPO / "preload"
-LIB = PRELOAD / "build" / "libgeco_preload.so"
+# the Makefile's default BUILD
+LIB = REPO / "build" / "c" / "libgeco_preload.so"
 ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 
 DRIVER = r"""
@@ -112,7 +112,7 @@ int execve(const char *p, char *const a[], char *const e[]) { return next(p, a, 
 
 def _build(work: Path) -> tuple[Path, Path]:
     """Build the preload (make), the driver and the do-nothing interposer."""
-    subprocess.run(["make", "-s", "-C", str(PRELOAD)], check=True, env=ENV)
+    subprocess.run(["make", "-s", "-C", str(REPO), "preload"], check=True, env=ENV)
     (work / "driver.c").write_text(DRIVER)
     (work / "interposer.c").write_text(INTERPOSER)
     # named sge_execd: the preload works only there (by /proc/self/exe), and the wrapper's

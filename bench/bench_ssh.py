@@ -2,7 +2,7 @@
 
 Run as root from the repo root (after scripts/install.sh):
 
-    /opt/geco/venv/bin/python bench/bench_ssh.py [--logins 20] [--json PATH]
+    /opt/geco/venv/bin/python -m bench.bench_ssh [--logins 20] [--json PATH]
 
 Brings up journald and the single-host Grid Engine with geco's hooks (as the test
 fixtures do), starts gecod and one ``sleep`` job of the test user, and two real sshds on
@@ -24,10 +24,10 @@ import sys
 import time
 from pathlib import Path
 
-from _common import gecod, journald, percentile
-from _table import Row, add_json_option, write_rows
-
-from tests import conftest as harness  # the test fixtures' service helpers
+from bench._common import gecod, journald, percentile
+from bench._table import Row, add_json_option, write_rows
+from tests import servicekit as harness  # the test fixtures' service helpers
+from tests.cleanslate import TEST_USER
 from tests.sshkit import GECO_PAM_STACK, PLAIN_PAM_STACK, Sshd, running_sshd
 
 GOAL_MS = 50  # the issue's: geco adds at most this much to a login, p50
@@ -56,7 +56,7 @@ def _job_running(owner: harness.JobOwner) -> int:
 
 
 def _run(logins: int, json_path: Path | None) -> int:
-    owner = harness.ensure_user(harness.TEST_USER)
+    owner = harness.ensure_user(TEST_USER)
     env = dict(harness.CLEAN_ENV, SGE_TEST_USER=owner.name,
                GECO_PROLOG=harness.HOOK_LINES["prolog"], GECO_EPILOG=harness.HOOK_LINES["epilog"],
                GECO_STARTER=harness.HOOK_LINES["starter"])

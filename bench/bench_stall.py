@@ -2,7 +2,7 @@
 
 Run as root from the repo root:
 
-    /opt/geco/venv/bin/python bench/bench_stall.py [--rounds 40] [--fds 200000] [--hold 1000]
+    /opt/geco/venv/bin/python -m bench.bench_stall [--rounds 40] [--fds 200000] [--hold 1000]
                                                    [--json PATH]
 
 Starts a throw-away gecod with its own configuration (its own directory under
@@ -79,20 +79,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _common import REPO, journald, percentile, sigterm_exits
-from _table import Row, add_json_option, cells, table, write_rows
-from bench_flood import socket_floor
-
+from bench._common import REPO, journald, percentile, sigterm_exits
+from bench._table import Row, add_json_option, cells, table, write_rows
+from bench.bench_flood import socket_floor
 from geco.errors import GecoError
 from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import resourcefile
-from geco.wire import cluster, keys, protocol
-from geco.wire.protocol import AdoptStage, MsgType, NodeRequest
+from geco.wire import cluster, keys
+from geco.wire.frame import decode, encode
+from geco.wire.messages import Adopt, AdoptReply, AdoptStage, MsgType, NodeRequest
+from geco.wire.reader import read_frame
 from tests.cgroup_testkit import cgroup_mounts, raw_cleanup
 from tests.flood import NOBODY, flooding
-
-# stallkit imports its neighbours as the tests do (tests/ on sys.path)
-sys.path.append(str(REPO / "tests"))
 from tests.stallkit import ALLOCATE, tcp_garbage, tcp_idle
 
 HOST = short_hostname()
@@ -111,18 +109,19 @@ RAMP_UP = 60.0
 # cgroups, as a job script) and stays until its stdin closes.
 SHEPHERD = r"""
 import os, socket, subprocess, sys, time
-from geco.wire import protocol
+from geco.wire.frame import decode_ack, encode
+from geco.wire.messages import JobStarted, MsgType
+from geco.wire.reader import read_frame
 key_file, sock_path, job, workdir = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 work = sys.argv[5:]
 key = open(key_file, "rb").read()
-frame = protocol.encode(protocol.MsgType.JOB_STARTED,
-                        protocol.JobStarted(job, 1, os.getpid()), key)
+frame = encode(MsgType.JOB_STARTED, JobStarted(job, 1, os.getpid()), key)
 started = time.perf_counter()
 with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
     s.connect(sock_path)
     s.sendall(frame)
-    reply = protocol.read_frame(s, time.monotonic() + 30)
-status = protocol.decode_ack(reply, key, frame[12:28]).status.name
+    reply = read_frame(s, time.monotonic() + 30)
+status = decode_ack(reply, key, frame[12:28]).status.name
 took = time.perf_counter() - started
 pid = 0
 if work and status == "OK":
@@ -434,17 +433,17 @@ def _adopt_loop(sock_path: str, key: bytes, connection: str, senders: int,
 
     def send() -> None:
         while not stop.is_set():
-            adopt = protocol.Adopt(0, 0, os.getpid(), NOBODY, AdoptStage.ACCOUNT, connection)
-            frame = protocol.encode(MsgType.ADOPT, adopt, key)
+            adopt = Adopt(0, 0, os.getpid(), NOBODY, AdoptStage.ACCOUNT, connection)
+            frame = encode(MsgType.ADOPT, adopt, key)
             try:
                 with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
                     s.settimeout(30)
                     s.connect(sock_path)
                     s.sendall(frame)
-                    got = protocol.decode(protocol.read_frame(s, time.monotonic() + 30), key)
+                    got = decode(read_frame(s, time.monotonic() + 30), key)
                 reply = got.message
                 outcome = (f"logins {reply.status.name}"
-                           if isinstance(reply, protocol.AdoptReply) else "logins answered?")
+                           if isinstance(reply, AdoptReply) else "logins answered?")
             except (OSError, GecoError) as exc:
                 outcome = f"logins failed: {type(exc).__name__}"
                 time.sleep(0.01)

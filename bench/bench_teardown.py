@@ -2,7 +2,7 @@
 
 Run as root from the repo root:
 
-    /opt/geco/venv/bin/python bench/bench_teardown.py [--runs 5] [--processes 1000]
+    /opt/geco/venv/bin/python -m bench.bench_teardown [--runs 5] [--processes 1000]
 
 Each run makes a job cgroup under ``geco-test-bench-<pid>`` and starts a small
 Python forker inside it (moved in before it forks) that fills the job up to
@@ -47,9 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from _common import remove_test_cgroups, run_in_cgroups, sigterm_exits, v1_backend
-from _table import Row, add_json_option, write_rows
-
+from bench._common import remove_test_cgroups, run_in_cgroups, sigterm_exits, v1_backend
+from bench._table import Row, add_json_option, write_rows
 from geco import log
 from geco.cgroup import Hierarchy, Limits, V1Backend
 from geco.config import Config

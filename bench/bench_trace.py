@@ -2,7 +2,7 @@
 
 Run from the repo root (root, for the traced case: trace files are chown'd):
 
-    /opt/geco/venv/bin/python bench/bench_trace.py [--records 100000] [--json PATH]
+    /opt/geco/venv/bin/python -m bench.bench_trace [--records 100000] [--json PATH]
 
 gecod's ``geco`` logger gets its usual stderr handler (seed format, level
 error, writing to /dev/null) and, in all but the first row, a
@@ -34,10 +34,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from _table import Row, add_json_option, write_rows
+from bench._table import Row, add_json_option, write_rows
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 from geco import log  # noqa: E402
 from geco.config import Config  # noqa: E402

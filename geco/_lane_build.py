@@ -1,10 +1,9 @@
-"""cffi builder for ``geco._lane_cffi``: gecod's fast lane (``preload/geco_lane.c``).
+"""cffi builder for ``geco._lane_cffi``: gecod's fast lane (``lane/geco_lane.c``).
 
-The C sources live in ``preload/`` beside the preload's, whose wire-format code
-(``geco_proto.c``) and job identity (``geco_job.c``) they share: one implementation
-of the frame and of a job's ids for the preload, the hook program, pam_geco.so and
-this lane. API (out-of-line) mode, as for
-hwloc: the compiler checks the declarations below against ``geco_lane.h``.
+The lane shares libgeco's wire format (``libgeco/geco_proto.c``) and job identity
+(``libgeco/geco_job.c``) with the preload, the hook program and pam_geco.so: one
+implementation of the frame and of a job's ids for all of them. API (out-of-line)
+mode, as for hwloc: the compiler checks the declarations below against ``geco_lane.h``.
 
 Build in place (writes ``geco/_lane_cffi.*.so`` next to this file)::
 
@@ -24,39 +23,41 @@ from cffi import FFI
 __all__ = ["ffibuilder"]
 
 MODULE_NAME = "geco._lane_cffi"
-PRELOAD = Path(__file__).resolve().parent.parent / "preload"
+REPO = Path(__file__).resolve().parent.parent
 
 
 
 def _cdef() -> str:
     """The declarations ``geco_lane.h`` marks for Python, its constants spelled out from
     ``geco_proto.h`` (cffi's parser expands no macros): one text, in the header."""
-    header = (PRELOAD / "geco_lane.h").read_text()
+    header = (REPO / "lane" / "geco_lane.h").read_text()
     text = header.split("/* cffi: from here", 1)[1].split("*/", 1)[1]
     text = text.split("/* cffi: to here */", 1)[0]
     constants = dict(re.findall(r"^#define (GECO_\w+) (.+)$",
-                                (PRELOAD / "geco_proto.h").read_text(), re.MULTILINE))
+                                (REPO / "libgeco" / "geco_proto.h").read_text(), re.MULTILINE))
     while (name := next((n for n in constants if re.search(rf"\b{n}\b", text)), None)):
         text = re.sub(rf"\b{name}\b", f"({constants[name]})", text)
     return text
 
 
 
-def _builder(preload: str) -> FFI:
-    """The module's builder with its C sources in ``preload`` (setuptools wants a path
-    relative to setup.py; the in-place build compiles elsewhere and needs it absolute)."""
+def _builder(root: Path) -> FFI:
+    """The module's builder with its C sources under ``root``, the project's root
+    (setuptools wants paths relative to setup.py; the in-place build compiles elsewhere
+    and needs them absolute)."""
     builder = FFI()
     builder.cdef(_cdef())
     builder.set_source(
         MODULE_NAME, '#include "geco_lane.h"\n',
-        sources=[f"{preload}/geco_lane.c", f"{preload}/geco_proto.c", f"{preload}/geco_job.c"],
-        include_dirs=[preload], libraries=["sodium"],
+        sources=[str(root / "lane" / "geco_lane.c"), str(root / "libgeco" / "geco_proto.c"),
+                 str(root / "libgeco" / "geco_job.c")],
+        include_dirs=[str(root / "lane"), str(root / "libgeco")], libraries=["sodium"],
         extra_compile_args=["-std=gnu11", "-O2", "-pthread", "-Wall", "-Wextra"],
         extra_link_args=["-pthread"])
     return builder
 
 
-ffibuilder = _builder("preload")  # setup.py's (cffi_modules), run from the project's root
+ffibuilder = _builder(Path())  # setup.py's (cffi_modules), run from the project's root
 
 
 def main() -> None:
@@ -64,7 +65,7 @@ def main() -> None:
     # here, not at the top: setup.py runs this file as a script, with no geco to import
     from geco._cffi_inplace import build_in_place
 
-    print(build_in_place(_builder(str(PRELOAD)), Path(__file__).resolve().parent))
+    print(build_in_place(_builder(REPO), Path(__file__).resolve().parent))
 
 
 if __name__ == "__main__":

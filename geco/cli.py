@@ -183,14 +183,17 @@ def _preload_config(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# argparse refills a description's white space: these read as the paragraphs they are
+_STATUS_DESCRIPTION = """Ask gecod (any user may) which jobs it contains on this node: their
+cpus, NUMA nodes, memory limit and process count. Exit 1 when gecod is not running. With
+--job: one job's live figures, read from its cgroups (no gecod needed); exit 1 when it has
+no cgroups on this node."""
+
+
 def _add_status_command(sub: Any) -> None:
     """The parser entry of `geco status`."""
     st = sub.add_parser("status", help="show the jobs gecod contains on this node",
-                        description="Ask gecod (any user may) which jobs it contains on this "
-                                    "node: their cpus, NUMA nodes, memory limit and process "
-                                    "count. Exit 1 when gecod is not running. With --job: "
-                                    "one job's live figures, read from its cgroups (no gecod "
-                                    "needed); exit 1 when it has no cgroups on this node.")
+                        description=_STATUS_DESCRIPTION)
     st.add_argument("--json", action="store_true", help="print gecod's STATUS document as JSON")
     st.add_argument("-j", "--job", type=_job_spec, metavar="JOB[.TASK]",
                     help="show this job's cores, memory, CPU time, OOM kills, processes and "
@@ -199,19 +202,18 @@ def _add_status_command(sub: Any) -> None:
                     help="with --job: list the job's processes (pid and command)")
 
 
+_JOURNAL_DESCRIPTION = """Print the journal entries of a job on this node, oldest first
+(time, writer, GECO_EVENT, message), then how it ended: peak memory, CPU time, OOM kills,
+processes killed at cleanup. Grid Engine reuses job numbers: when the journal holds several
+jobs of the number (told apart by SGE_CLUSTER and JOB_SUBMITTED), the newest is shown, under
+a heading, and a last line says what else there is. Needs root or the systemd-journal group.
+Exit 1 when the journal has no entry of the job or cannot be read."""
+
+
 def _add_journal_command(sub: Any) -> None:
     """The parser entry of `geco journal`."""
     jo = sub.add_parser("journal", help="tell a job's story from this node's journal",
-                        description="Print the journal entries of a job on this node, oldest "
-                                    "first (time, writer, GECO_EVENT, message), then how it "
-                                    "ended: peak memory, CPU time, OOM kills, processes killed "
-                                    "at cleanup. Grid Engine reuses job numbers: when the "
-                                    "journal holds several jobs of the number (told apart by "
-                                    "SGE_CLUSTER and JOB_SUBMITTED), the newest is shown, "
-                                    "under a heading, and a last line says what else there "
-                                    "is. Needs root or the systemd-journal group. "
-                                    "Exit 1 when the journal has no entry of the job or "
-                                    "cannot be read.")
+                        description=_JOURNAL_DESCRIPTION)
     jo.add_argument("job", type=_job_spec, metavar="JOB[.TASK]",
                     help="the job (no TASK: every task)")
     which = jo.add_mutually_exclusive_group()
@@ -425,8 +427,8 @@ def _add_daemon_command(sub: Any) -> None:
     """The parser entry of `geco daemon` (gecod); its options live in geco.daemon."""
     from geco import daemon
 
-    daemon.add_arguments(sub.add_parser("daemon", help="run gecod, the quarantine daemon (root)",
-                                description="Run gecod, the quarantine daemon, in the "
+    daemon.add_arguments(sub.add_parser("daemon", help="run gecod, the node daemon (root)",
+                                description="Run gecod, the node daemon, in the "
                                             "foreground (systemd: gecod.service)."))
 
 

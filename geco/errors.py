@@ -144,7 +144,7 @@ class NotContained(GecoError):
 
 
 class ProtocolError(GecoError, ValueError):
-    """A quarantine frame was refused (see ``docs/wire-format.md``).
+    """A frame was refused (see ``docs/wire-format.md``).
 
     Attributes
     ----------

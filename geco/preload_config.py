@@ -18,7 +18,7 @@ instead. Those lines are generated from ``/etc/geco/geco.toml`` by
     session_admin_gids=
     session_bypass=/etc/geco/ssh-bypass
 
-Every value is validated here against what the C parser (``preload/geco_config.c``)
+Every value is validated here against what the C parser (``libgeco/geco_config.c``)
 accepts, so a config that renders is one the preload reads: values on one line,
 without surrounding blanks or a `` #`` (which starts a comment there),
 milliseconds in 1..3600000, at most 16 exec_filter names, at most 4 job_cgroups
@@ -48,11 +48,11 @@ _FILE_MODE = 0o644
 _BASENAME = re.compile(r"[A-Za-z0-9._+-]+")
 _POLICIES = ("refuse", "allow")
 # the sshd preload's session_policy for each [ssh] gecod_unreachable: what its exec does when
-# gecod cannot place a session's process (preload/geco_preload.c, unplaced_may_run)
+# gecod cannot place a session's process (preload/session_policy.c, unplaced_may_run)
 _SESSION_POLICIES = {"decide-here": "in-job", "refuse": "refuse", "allow": "allow"}
 _MAX_MS = 3_600_000
 _MAX_FILTERS = 16
-# the C parser's limits (preload/geco_config.h): a job_cgroups path (at most 4 of them: we
+# the C parser's limits (libgeco/geco_config.h): a job_cgroups path (at most 4 of them: we
 # render 2 at most), admin ids, the file's size
 _JOB_CGROUP_MAX = 255
 _MAX_ADMINS = 64

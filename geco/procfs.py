@@ -6,12 +6,22 @@ read as bytes (a command name is whatever the job chose) and a process that is
 gone, or a file the kernel does not provide, reads as "gone" (``""``, ``None``
 or ``0``): a report or a check must never fail because the process just died.
 
-Why not psutil: the hooks import this module on every job's start, where
-psutil's import costs more than the hook's work; gecod's quarantine answers in
-microseconds and reads exactly the fields its rules name (the *real* uid of
-``status``, the ppid after the last ``)`` of ``stat``), a few bytes each, where
-``psutil.Process`` reads and caches more than it is asked for. One small reader
-serves both, so no field is parsed two ways.
+Why not psutil (measured for issue 33; README, Layout), reader by reader:
+
+* the hooks' readers (:func:`seconds_since_start`, :func:`ppid`, :func:`comm`,
+  :func:`cwd`, :func:`read` of ``cmdline``): psutil's import (26-35 ms) costs as much
+  as a hook's own imports;
+* the rules' readers (:func:`real_uid`, :func:`uids`, :func:`ppid`, :func:`cwd` for
+  gecod's requests, ssh and strays): geco pins the process they decide on (a pidfd,
+  its start time), where ``psutil.Process`` opens ``/proc/<pid>`` again by pid per read;
+* the scans (:func:`stat_fields`, :func:`comm` over every pid, strays): 4.5 us a name
+  here against psutil's 44 us;
+* ``geco status --job``'s names (:func:`comm`): psutil's name reads a 15-character
+  name's whole command line (7.8 ms for 2 MB), a cost the job sets on gecod's answer;
+* :func:`char_devices_open`: psutil's ``open_files`` stats each path (a FUSE server
+  the job runs can hold it), where this asks statx for the type alone, never synced;
+* :func:`state` (its letter), :func:`wchan`, :func:`boot_time`, a root per call
+  (tests' fixture trees; ``psutil.PROCFS_PATH`` is one global): not in psutil.
 """
 
 from __future__ import annotations

@@ -15,8 +15,10 @@
 #   5. sge_hooks/* -> /opt/geco/libexec/ (the paths the queue configuration names)
 #   6. conf/geco.toml -> /etc/geco/geco.toml, only if there is none yet (on systemd with
 #      cgroup v2, with [cgroup] v2_base in geco-jobs.service)
-#   7. the exec() preload -> /opt/geco/lib/libgeco_preload.so, and the prolog, epilog and
-#      starter (preload/geco_hook.c) -> /opt/geco/libexec/{prolog,epilog,starter}
+#   7. geco's C programs (the Makefile, built in build/c): the exec() preload (preload/)
+#      -> /opt/geco/lib/libgeco_preload.so, sshd's PAM module (pam/) ->
+#      /opt/geco/lib/security/pam_geco.so, and the prolog, epilog and starter
+#      (hook/geco_hook.c) -> /opt/geco/libexec/{prolog,epilog,starter}
 #   8. the quarantine key (/etc/geco/quarantine.key, root-only; made once) and
 #      /etc/geco/preload.conf rendered from geco.toml (the preload's view of it)
 #   9. with systemd as PID 1: gecod.service and geco-jobs.service installed, gecod
@@ -46,7 +48,7 @@ SYSTEM_PY=/usr/bin/python3
 PACKAGES=(
   python3-venv python3-dev gcc pkg-config  # venv + C builds (systemd-python, cffi extension)
   libhwloc-dev hwloc                       # topology (geco._hwloc_cffi, lstopo)
-  libsodium-dev make                        # signed quarantine messages (preload, gecod)
+  libsodium-dev make                        # signed wire frames (preload, gecod)
   libpam0g-dev                              # pam_geco.so, sshd's gate into jobs
   libsystemd-dev systemd                   # systemd-python build; journald + journalctl
   netbase procps psmisc util-linux         # /etc/services, ps/pkill, fuser, runuser/setsid
@@ -90,23 +92,13 @@ trap cleanup EXIT
 # ---------------------------------------------------------------------------
 # 1. Debian packages
 # ---------------------------------------------------------------------------
-missing=()
-for p in "${PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
-done
+# missing_packages, install_packages (no daemon started by a postinst: tests start
+# exactly the daemons they need, from a clean environment)
+. "$REPO/scripts/packages.sh"
+mapfile -t missing < <(missing_packages "${PACKAGES[@]}")
 if [ ${#missing[@]} -gt 0 ]; then
   log "packages: installing ${missing[*]}"
-  # Package postinsts (openssh-server, ...) start their daemons through invoke-rc.d
-  # when no policy forbids it. Tests start exactly the daemons they need, from a
-  # clean environment, so forbid that for the duration of this install.
-  if [ ! -e /usr/sbin/policy-rc.d ]; then
-    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
-    chmod 0755 /usr/sbin/policy-rc.d
-    POLICY_RC_ADDED=1
-  fi
-  apt-get update -q >"$TMPD/apt.log" 2>&1 || { cat "$TMPD/apt.log" >&2; die "apt-get update failed"; }
-  apt-get install -y -q --no-install-recommends "${missing[@]}" >>"$TMPD/apt.log" 2>&1 \
-    || { cat "$TMPD/apt.log" >&2; die "apt-get install failed"; }
+  install_packages "$TMPD/apt.log" "${missing[@]}"
   log "packages: done"
 else
   log "packages: all ${#PACKAGES[@]} present"
@@ -210,7 +202,7 @@ if [ -d "$REPO/sge_hooks" ] && [ -n "$(ls -A "$REPO/sge_hooks")" ]; then
     [ -f "$f" ] && install -m 0755 "$f" "$PREFIX/libexec/"
   done
   # a hook removed from the repo must not stay configured-and-running on the node
-  # (the prolog, epilog and starter are built from preload/geco_hook.c, in step 7)
+  # (the prolog, epilog and starter are built from hook/geco_hook.c, in step 7)
   for f in "$PREFIX"/libexec/*; do
     case $(basename "$f") in prolog|epilog|starter) continue ;; esac
     [ -f "$f" ] && [ ! -e "$REPO/sge_hooks/$(basename "$f")" ] \
@@ -250,12 +242,12 @@ if [ -f "$REPO/conf/geco.toml" ]; then
 fi
 
 # ---------------------------------------------------------------------------
-# 7. the exec() preload for sge_execd (and later sshd)
+# 7. the C programs: the exec() preload for sge_execd and sshd, pam_geco.so, the hooks
 # ---------------------------------------------------------------------------
-if [ -f "$REPO/preload/Makefile" ]; then
-  make -s -C "$REPO/preload" install PREFIX="$PREFIX" >"$TMPD/make.log" 2>&1 \
-    || { cat "$TMPD/make.log" >&2; die "building the preload failed"; }
-  log "preload: $PREFIX/lib/libgeco_preload.so"
+if [ -f "$REPO/Makefile" ]; then
+  make -s -C "$REPO" install PREFIX="$PREFIX" >"$TMPD/make.log" 2>&1 \
+    || { cat "$TMPD/make.log" >&2; die "building geco's C programs failed"; }
+  log "preload: $PREFIX/lib/libgeco_preload.so; PAM module: $PREFIX/lib/security/pam_geco.so"
 fi
 
 # ---------------------------------------------------------------------------

@@ -5,7 +5,8 @@ other tests/system modules that make job cgroups, and ``tests/vm/test_cgroup_v2.
 (inside the QEMU machine). Standard library only (geco's own modules are imported
 where a helper needs them), and no pytest fixtures: the guest runs tests/vm with a
 bare python3 and pytest, ``--noconftest``, so this is a plain module those tests
-put on sys.path themselves; their fixtures are thin wrappers of the context
+import (``tests.cgroup_testkit``, the repo root on sys.path by pyproject's pytest
+``pythonpath``); their fixtures are thin wrappers of the context
 managers here. Nothing here uses the code under test: cleanup is plain
 syscalls, so a broken backend cannot leak cgroups or processes.
 
@@ -47,8 +48,10 @@ __all__ = [
     "free_char_major",
     "fresh_name",
     "gpu_story",
+    "kill_from_inside_story",
     "mig_story",
     "mig_tree",
+    "move_story",
     "open_verdicts",
     "parent_name",
     "parse_list",
@@ -61,6 +64,7 @@ __all__ = [
     "usable_v1_hierarchies",
     "usage_after_kill",
     "v1_backend",
+    "v1_fixtures",
     "verdicts",
 ]
 
@@ -196,6 +200,45 @@ def small_lives_big_dies(backend: _Backend, key: str, registry: list[int],
     dies = start_in(backend, key, allocate(big), registry)
     assert dies.output() == b""
     assert dies.wait() == -signal.SIGKILL
+
+
+def move_story(backend: Any, registry: list[int], body: Callable[[int], None]) -> None:
+    """The epilog steps out to sge_execd's cgroups: a process of job 12.1 moved to the
+    cgroups of one in job 12.2 (standing in for execd's) leaves 12.1 empty. ``body``
+    keeps both processes alive."""
+    from geco.cgroup import Limits
+
+    backend.create("12.1", Limits())
+    backend.create("12.2", Limits())
+    job = start_in(backend, "12.1", body, registry)
+    execd = start_in(backend, "12.2", body, registry)
+    assert backend.contains("12.1", job.pid)
+    assert not backend.contains("12.2", job.pid)
+    backend.move_to_cgroups_of(job.pid, execd.pid)
+    assert backend.contains("12.2", job.pid)
+    assert not backend.contains("12.1", job.pid)
+    assert backend.pids("12.1") == []
+
+
+def kill_from_inside_story(backend: Any, registry: list[int]) -> None:
+    """The epilog runs inside the job; killing the job from there would kill the epilog
+    itself: refused, with the way out named."""
+    from geco.cgroup import Limits
+    from geco.errors import CgroupError
+
+    backend.create("15.1", Limits())
+
+    def kill_own_job(out: int) -> None:
+        try:
+            backend.kill("15.1")
+        except CgroupError as exc:
+            os.write(out, str(exc).encode())
+
+    child = start_in(backend, "15.1", kill_own_job, registry)
+    assert child.output().decode() == (
+        "refusing to kill job 15.1 from inside its cgroup: move this process out first "
+        f"(move_to_cgroups_of) (key=15.1 pid={child.pid})")
+    assert child.wait() == 0
 
 
 def open_verdicts(paths: Mapping[str, str]) -> Callable[[int], None]:
@@ -526,6 +569,24 @@ def v1_backend(hierarchies: Mapping[str, Hierarchy], **options: Any) -> Iterator
         backend = V1Backend(hierarchies, name, **options)
         backend.ensure_root()
         yield backend
+
+
+def v1_fixtures(hierarchies: Mapping[str, Hierarchy]) -> tuple[Any, Any]:
+    """The fixtures ``children`` (pids the test started or adopted as subreaper, SIGKILLed
+    and reaped afterwards) and ``backend`` (a v1 backend on a fresh geco-test-* parent in
+    ``hierarchies``, removed with plain syscalls afterwards), for a test module to bind
+    to those names."""
+    import pytest
+
+    def children() -> Iterator[list[int]]:
+        with subreaper_children() as pids:
+            yield pids
+
+    def backend(children: list[int]) -> Iterator[V1Backend]:
+        with v1_backend(hierarchies, exclusive_cpus=False) as b:
+            yield b
+
+    return pytest.fixture(children), pytest.fixture(backend)
 
 
 def _write(path: Path, data: bytes) -> None:

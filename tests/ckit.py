@@ -1,4 +1,4 @@
-"""Building geco's C (preload/) into a Python module for a test: cffi, with UBSan.
+"""Building geco's C (libgeco/, lane/) into a Python module for a test: cffi, with UBSan.
 
 The C tests call the very functions the preload, the lane and the hook program link,
 built warning-free and with undefined behaviour fatal, from a temporary directory.
@@ -14,17 +14,19 @@ from typing import Any
 
 import cffi
 
-PRELOAD = Path(__file__).resolve().parents[1] / "preload"
+REPO = Path(__file__).resolve().parents[1]
+#: where the C that several programs share lives, and its headers
+LIBGECO = REPO / "libgeco"
 
 
 def ubsan_module(name: str, cdef: str, header: str, sources: Sequence[str], build: Path, *,
                  libraries: Sequence[str] = ()) -> Any:
-    """The cffi module ``name`` (``.ffi``, ``.lib``) of ``sources`` (files in preload/)
+    """The cffi module ``name`` (``.ffi``, ``.lib``) of ``sources`` (files in libgeco/)
     declared by ``cdef``, with ``header`` included, compiled in ``build``."""
     ffi = cffi.FFI()
     ffi.cdef(cdef)
-    ffi.set_source(name, f'#include "{header}"', sources=[str(PRELOAD / s) for s in sources],
-                   include_dirs=[str(PRELOAD)], libraries=list(libraries),
+    ffi.set_source(name, f'#include "{header}"', sources=[str(LIBGECO / s) for s in sources],
+                   include_dirs=[str(LIBGECO)], libraries=list(libraries),
                    extra_compile_args=["-std=gnu11", "-Wall", "-Werror", "-fsanitize=undefined",
                                        "-fno-sanitize-recover=all"],
                    extra_link_args=["-fsanitize=undefined"])

@@ -352,7 +352,7 @@ def remove_stale_cgroups() -> list[str]:
 
 def remove_orphaned_test_cgroups() -> list[str]:
     """Remove the test cgroup parents of sessions that are gone (step 5 of the docstring)."""
-    from cgroup_testkit import cgroup_mounts, raw_cleanup
+    from tests.cgroup_testkit import cgroup_mounts, raw_cleanup
 
     tops = []
     for mount in cgroup_mounts():

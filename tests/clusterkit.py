@@ -28,11 +28,12 @@ PYTHON = "/opt/geco/venv/bin/python"
 # run in a host's network namespace: one frame from stdin to host:port, the reply to stdout
 _EXCHANGE = """
 import socket, sys, time
-from geco.wire import protocol
+from geco.wire.messages import CLUSTER_MAX_PAYLOAD
+from geco.wire.reader import read_frame
 host, port = sys.argv[1], int(sys.argv[2])
 with socket.create_connection((host, port), timeout=10) as sock:
     sock.sendall(sys.stdin.buffer.read())
-    reply = protocol.read_frame(sock, time.monotonic() + 10, protocol.CLUSTER_MAX_PAYLOAD)
+    reply = read_frame(sock, time.monotonic() + 10, CLUSTER_MAX_PAYLOAD)
 sys.stdout.buffer.write(reply)
 """
 

@@ -43,106 +43,63 @@ A clean slate first
     The ``geco`` logger restored afterwards (handlers, level, propagation,
     ``logging.raiseExceptions``) -- for tests that call ``geco.log.setup()``. The plain
     helpers behind these (:func:`restored_logger`, :func:`handler_on`,
-    :class:`RecordingHandler`) are imported as ``from tests.conftest import ...``
-    (a bare ``conftest`` may be tests/integration's or tests/system's).
+    :class:`RecordingHandler`) are in ``tests/logkit.py``; those behind ``journal``,
+    ``job_owner`` and ``sge`` (commands run clean, journald, the test user) in
+    ``tests/servicekit.py``, which bench/ uses too.
 
 ``job_owner``
     The unprivileged user ``gecotest`` (uid >= 1000; Grid Engine refuses jobs of
     system accounts) with its home directory, and ``job_owner.make_dir()`` for
     job directories it can write.
+
+``job_dir``
+    ``sge`` with geco's hooks, and a fresh job directory of ``job_owner`` holding
+    tests/integration/probe.py, one per test module (:class:`tests.jobdirkit.JobDir`:
+    submit, output, the probe's reports); for tests/integration and tests/vm_sge.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import logging
 import os
 import pwd
 import re
 import shutil
-import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
 
 import pytest
 
-# tests/ itself, so that cleanslate imports also where this file is imported as
-# tests.conftest (bench/ does) rather than loaded by pytest
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import figurekit
-from cleanslate import TEST_USER, clean_slate, report_line
-
-REPO = Path(__file__).resolve().parent.parent
-SGE_SETUP = REPO / "integration" / "sge" / "setup.sh"
-SGE_TEARDOWN = REPO / "integration" / "sge" / "teardown.sh"
-LIBEXEC = Path("/opt/geco/libexec")
-JOURNALD = Path("/lib/systemd/systemd-journald")
-JOURNAL_SOCKET = Path("/run/systemd/journal/socket")
-SGE_SPOOL = Path("/var/spool/gridengine")
-SGE_CELL_COMMON = Path("/var/lib/gridengine/default/common")
-LOCK_DIR = Path("/run/lock")
-# What every child gets instead of pytest's environment (pyenv shims, PYTHONPATH, ...).
-CLEAN_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-             "LANG": "C.UTF-8"}
-HOOK_LINES = {
-    "prolog": "root@/opt/geco/libexec/prolog $job_id $ja_task_id",
-    "epilog": "root@/opt/geco/libexec/epilog $job_id $ja_task_id",
-    "starter": "/opt/geco/libexec/starter",
-}
-
-
-def run(argv: list[str], *, timeout: float = 60.0, check: bool = True,
-        **kwargs: Any) -> subprocess.CompletedProcess[str]:
-    """Run a command with a clean environment; on failure raise with its whole output.
-
-    Parameters
-    ----------
-    argv: the command.
-    timeout: seconds before it is killed (subprocess.TimeoutExpired).
-    check: raise RuntimeError when it exits non-zero.
-    **kwargs: passed to subprocess.run (cwd, env, input, ...).
-
-    Returns
-    -------
-    The completed process, stdout and stderr as text.
-    """
-    kwargs.setdefault("env", CLEAN_ENV)
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **kwargs)
-    if check and proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} exited {proc.returncode}\n"
-                           f"--- stdout\n{proc.stdout}--- stderr\n{proc.stderr}")
-    return proc
-
-
-# ---------------------------------------------------------------------------
-# shared use of a service started by one of several overlapping sessions
-# ---------------------------------------------------------------------------
-
-@contextlib.contextmanager
-def shared_use(name: str) -> Iterator[IO[bytes]]:
-    """Hold a shared lock saying "this session uses <name>" for the with-block."""
-    LOCK_DIR.mkdir(parents=True, exist_ok=True)
-    with open(LOCK_DIR / f"geco-test-{name}.users", "ab") as lock:
-        fcntl.flock(lock, fcntl.LOCK_SH)
-        yield lock
-
-
-def sole_user(lock: IO[bytes]) -> bool:
-    """True when no other session holds *lock* (converts our shared lock to exclusive)."""
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    return True
-
+from tests import figurekit
+from tests.cleanslate import TEST_USER, clean_slate, report_line
+from tests.jobdirkit import PROBE, JobDir
+from tests.logkit import handler_on, restored_logger
+from tests.servicekit import (
+    CLEAN_ENV,
+    HOOK_LINES,
+    JOURNAL_SOCKET,
+    LIBEXEC,
+    LOCK_DIR,
+    SGE_CELL_COMMON,
+    SGE_SETUP,
+    SGE_SPOOL,
+    SGE_TEARDOWN,
+    JobOwner,
+    Journal,
+    ensure_user,
+    journald_alive,
+    run,
+    shared_use,
+    sole_user,
+    start_journald,
+    stop,
+)
 
 # ---------------------------------------------------------------------------
 # figures: what the tests measured, one table at the end of the run
@@ -161,6 +118,21 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.section("figures")
         for line in figurekit.FIGURES:
             terminalreporter.write_line(line)
+    # what the run waited for: the host's tests or a VM boot behind them (vmrun)
+    path = figurekit.critical_path()
+    if path:
+        terminalreporter.section("critical path")
+        for line in path:
+            terminalreporter.write_line(line)
+
+
+@pytest.hookimpl(hookwrapper=True)  # old-style: the VM's Debian pytest 7.2 runs this too
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    """Time the tests run on this host (a ``vm`` test only waits for its boot)."""
+    start = time.monotonic()
+    yield
+    if item.get_closest_marker("vm") is None:
+        figurekit.host_test_ran(start, time.monotonic())
 
 
 # ---------------------------------------------------------------------------
@@ -171,6 +143,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Run the clean slate when this is the only geco test session (see the docstring),
     after the terminal reporter printed its header (trylast: after its own hook)."""
+    figurekit.session_started()
     LOCK_DIR.mkdir(parents=True, exist_ok=True)
     lock = open(LOCK_DIR / "geco-test-session.users", "ab")  # noqa: SIM115 -- session-long
     session.config.add_cleanup(lock.close)
@@ -189,94 +162,6 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 # journald
 # ---------------------------------------------------------------------------
 
-def journald_alive(path: Path = JOURNAL_SOCKET) -> bool:
-    """True when something receives datagrams on *path* (a stale socket file refuses)."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect(str(path))
-        except OSError:
-            return False
-    return True
-
-
-@dataclass
-class Journal:
-    """A running journald, and the entries it got during this session."""
-
-    socket: Path
-    pid: int | None  # journald started by this session, None when it was running already
-    since: float = field(default_factory=time.time)
-
-    def sync(self) -> None:
-        """Make journald write out everything it received so far (journalctl --sync)."""
-        run(["journalctl", "--sync"], timeout=30)
-
-    def entries(self, since: float | None = None, /, **match: str | int) -> list[dict[str, Any]]:
-        """Return the journal entries that match every field, oldest first.
-
-        Parameters
-        ----------
-        since: epoch seconds; default: the start of this session (0 = everything kept).
-        **match: journal fields, e.g. ``JOB_ID="42"``, ``GECO_EVENT="cgroup-created"``.
-
-        Returns
-        -------
-        journalctl's JSON objects (values are str; repeated fields are lists).
-        """
-        self.sync()
-        start = self.since if since is None else since
-        argv = ["journalctl", "-o", "json", "--no-pager", "--since", f"@{max(start - 1, 0):.0f}"]
-        argv += [f"{key}={value}" for key, value in match.items()]
-        out = run(argv, timeout=30).stdout
-        return [json.loads(line) for line in out.splitlines() if line.strip()]
-
-    def wait_for(self, timeout: float = 10.0, **match: str | int) -> list[dict[str, Any]]:
-        """Like :meth:`entries`, but wait until there is at least one (hooks log asynchronously).
-
-        Raises
-        ------
-        TimeoutError: nothing matched within *timeout* seconds.
-        """
-        deadline = time.monotonic() + timeout
-        while True:
-            found = self.entries(**match)
-            if found:
-                return found
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no journal entry with {match} within {timeout} s")
-            time.sleep(0.2)
-
-
-def _start_journald() -> subprocess.Popen[bytes]:
-    """Start systemd-journald without systemd as PID 1 and wait for its socket."""
-    if not JOURNALD.exists():
-        pytest.fail(f"{JOURNALD} missing: run scripts/install.sh (Debian package systemd)")
-    log = open(tempfile.gettempdir() + "/geco-test-journald.log", "ab")  # noqa: SIM115
-    # Same hygiene as the Grid Engine daemons: clean environment, own session, cwd /.
-    proc = subprocess.Popen([str(JOURNALD)], env=CLEAN_ENV, cwd="/", stdin=subprocess.DEVNULL,
-                            stdout=log, stderr=log, start_new_session=True)
-    log.close()
-    deadline = time.monotonic() + 15
-    while not journald_alive():
-        if proc.poll() is not None:
-            pytest.fail(f"systemd-journald exited {proc.returncode} at start; see {log.name}")
-        if time.monotonic() > deadline:
-            proc.kill()
-            proc.wait()
-            pytest.fail(f"systemd-journald did not open {JOURNAL_SOCKET} within 15 s")
-        time.sleep(0.05)
-    return proc
-
-
-def _stop(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 @pytest.fixture(scope="session")
 def journal() -> Iterator[Journal]:
     """A running journald for the whole session (see the module docstring)."""
@@ -285,12 +170,12 @@ def journal() -> Iterator[Journal]:
             yield Journal(JOURNAL_SOCKET, None)
             return
         run_dir_existed = JOURNAL_SOCKET.parent.exists()
-        proc = _start_journald()
+        proc = start_journald()
         try:
             yield Journal(JOURNAL_SOCKET, proc.pid)
         finally:
             if sole_user(lock):
-                _stop(proc)
+                stop(proc)
                 # Its socket files outlive it; left behind they look like a journal
                 # (geco.log checks for the socket) that refuses every message.
                 if not run_dir_existed:
@@ -300,51 +185,6 @@ def journal() -> Iterator[Journal]:
 # ---------------------------------------------------------------------------
 # geco's loggers
 # ---------------------------------------------------------------------------
-
-class RecordingHandler(logging.Handler):
-    """Keeps every record it gets, whatever its level, in ``records``."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
-@contextlib.contextmanager
-def handler_on(logger_name: str, handler: logging.Handler) -> Iterator[None]:
-    """``handler`` on the logger ``logger_name``, set to DEBUG, until exit; then the handler
-    is taken off again and the logger's level restored."""
-    logger = logging.getLogger(logger_name)
-    old_level = logger.level
-    logger.setLevel(logging.DEBUG)
-    logger.addHandler(handler)
-    try:
-        yield
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(old_level)
-
-
-@contextlib.contextmanager
-def restored_logger(name: str = "geco") -> Iterator[logging.Logger]:
-    """The logger ``name``, restored on exit to what it was on entry: its handlers (those
-    added meanwhile closed), level and propagation, and ``logging.raiseExceptions``
-    -- geco.log.setup() changes all four."""
-    logger = logging.getLogger(name)
-    saved = (list(logger.handlers), logger.level, logger.propagate, logging.raiseExceptions)
-    try:
-        yield logger
-    finally:
-        for handler in list(logger.handlers):
-            if handler not in saved[0]:
-                handler.close()
-        logger.handlers[:] = saved[0]
-        logger.setLevel(saved[1])
-        logger.propagate = saved[2]
-        logging.raiseExceptions = saved[3]
-
 
 @pytest.fixture
 def restored_geco_logger() -> Iterator[logging.Logger]:
@@ -372,42 +212,6 @@ def journal_log(journal: Journal, request: pytest.FixtureRequest) -> Iterator[Jo
 # ---------------------------------------------------------------------------
 # test user
 # ---------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class JobOwner:
-    """An unprivileged user who submits jobs."""
-
-    name: str
-    uid: int
-    gid: int
-    home: Path
-
-    def make_dir(self, prefix: str = "job") -> Path:
-        """Create a fresh directory the user owns, under ``~/geco-tests/``, and return it."""
-        base = self.home / "geco-tests"
-        base.mkdir(mode=0o755, exist_ok=True)
-        os.chown(base, self.uid, self.gid)
-        path = Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir=base))
-        os.chown(path, self.uid, self.gid)
-        path.chmod(0o755)
-        return path
-
-
-def ensure_user(name: str) -> JobOwner:
-    """Create *name* (uid >= 1000, home dir, bash) unless it exists; return its ids."""
-    try:
-        pw = pwd.getpwnam(name)
-    except KeyError:
-        proc = run(["useradd", "-m", "-K", "UID_MIN=1000", "-K", "GID_MIN=1000",
-                    "-s", "/bin/bash", name], check=False)
-        # 9 = name in use: another session created it meanwhile, which is fine
-        if proc.returncode not in (0, 9):
-            raise RuntimeError(f"useradd {name} exited {proc.returncode}: {proc.stderr}") from None
-        pw = pwd.getpwnam(name)
-    if pw.pw_uid < 1000:
-        pytest.fail(f"user {name} has uid {pw.pw_uid}: Grid Engine refuses jobs of uids < 1000")
-    return JobOwner(pw.pw_name, pw.pw_uid, pw.pw_gid, Path(pw.pw_dir))
-
 
 @pytest.fixture(scope="session")
 def job_owner() -> JobOwner:
@@ -647,3 +451,14 @@ def sge(job_owner: JobOwner) -> Iterator[GridEngine]:
             if (not was_running and os.environ.get("GECO_KEEP_SGE") != "1"
                     and sole_user(lock)):
                 run(["bash", str(SGE_TEARDOWN), "--no-wait"], timeout=120, check=False)
+
+
+@pytest.fixture(scope="module")
+def job_dir(sge: GridEngine, job_owner: JobOwner, request: pytest.FixtureRequest) -> JobDir:
+    """The cluster with geco's hooks, and a fresh job directory for this test module."""
+    sge.require_hooks()
+    prefix = request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_")
+    path = job_owner.make_dir(prefix)
+    shutil.copy(PROBE, path / "probe.py")
+    os.chown(path / "probe.py", job_owner.uid, job_owner.gid)
+    return JobDir(path, sge, job_owner)

@@ -2,9 +2,16 @@
 
 Tests append lines through the ``figures`` fixture; kits that are not tests
 (``tests/fuzz/fuzzkit.py``) call :func:`add`.
+
+The run's critical path is told the same way: what ran side by side (the tests on
+this host, each VM boot behind them, ``tests/system/vmrun.py``) as :class:`Span`\\ s
+on the session's clock, and which of them ended last, the one the run waited for.
 """
 
 from __future__ import annotations
+
+import time
+from dataclasses import dataclass
 
 FIGURES: list[str] = []
 
@@ -12,3 +19,57 @@ FIGURES: list[str] = []
 def add(line: str) -> None:
     """Keep ``line`` for the table at the end of the run."""
     FIGURES.append(line)
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """One part of the run that ran beside the others, on ``time.monotonic()``'s clock."""
+
+    what: str
+    start: float
+    end: float
+    detail: str = ""
+
+
+SPANS: list[Span] = []
+_session_start = [time.monotonic()]
+_host_tests: list[float] = []  # the first test's start, the latest one's end, how many ran
+
+
+def session_started() -> None:
+    """Start the session's clock (conftest's pytest_sessionstart)."""
+    _session_start[0] = time.monotonic()
+
+
+def span(what: str, start: float, end: float, detail: str = "") -> None:
+    """Keep a part that ran beside the others (a VM boot, the image build before it)."""
+    SPANS.append(Span(what, start, end, detail))
+
+
+def host_test_ran(start: float, end: float) -> None:
+    """Widen the span of the tests run on this host by one test's run."""
+    if _host_tests:
+        _host_tests[1:] = [end, _host_tests[2] + 1]
+    else:
+        _host_tests.extend((start, end, 1))
+
+
+def critical_path() -> list[str]:
+    """The run's parts in the order they ended, on the session's clock, and the last of
+    them: what the run waited for. Empty when nothing ran beside the host's tests."""
+    if not SPANS:
+        return []
+    parts = list(SPANS)
+    if _host_tests:
+        start, end, count = _host_tests
+        parts.append(Span("tests on this host", start, end, f"{count:,.0f} tests"))
+    t0 = _session_start[0]
+    parts.sort(key=lambda part: part.end)
+    lines = [f"{part.what}: {part.start - t0:.0f} s -> {part.end - t0:.0f} s "
+             f"({part.end - part.start:.0f} s{'; ' + part.detail if part.detail else ''})"
+             for part in parts]
+    last = parts[-1]
+    line = f"critical path: {last.what}, done at {last.end - t0:.0f} s"
+    if len(parts) > 1:
+        line += f" ({last.end - parts[-2].end:.0f} s after {parts[-2].what})"
+    return [*lines, line]

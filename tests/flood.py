@@ -31,7 +31,10 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from geco.wire import protocol
+from geco.errors import ProtocolError
+from geco.wire.frame import PEERCRED, PUBLIC_KEY, encode
+from geco.wire.messages import Ack, MsgType
+from geco.wire.reader import read_frame
 
 NOBODY = 65534
 # the flooder's fd limit: the held connections plus the threads' own
@@ -90,18 +93,18 @@ def _hold(path: str, count: int, stop: threading.Event, stats: Counter[str],
 def _status(path: str, stop: threading.Event, stats: Counter[str],
             lock: threading.Lock) -> None:
     while not stop.is_set():
-        frame = protocol.encode(protocol.MsgType.STATUS, b"", protocol.PUBLIC_KEY,
-                                flags=protocol.PEERCRED)
+        frame = encode(MsgType.STATUS, b"", PUBLIC_KEY,
+                       flags=PEERCRED)
         outcome = "status answered"
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
                 s.settimeout(5)
                 s.connect(path)
                 s.sendall(frame)
-                reply = protocol.read_frame(s, time.monotonic() + 5)
-            if reply[5] == protocol.MsgType.ACK:
-                outcome = f"status {protocol.Ack.unpack(reply[36:-32]).status.name}"
-        except (OSError, protocol.ProtocolError) as exc:
+                reply = read_frame(s, time.monotonic() + 5)
+            if reply[5] == MsgType.ACK:
+                outcome = f"status {Ack.unpack(reply[36:-32]).status.name}"
+        except (OSError, ProtocolError) as exc:
             outcome = f"status failed: {type(exc).__name__}"
         with lock:
             stats[outcome] += 1

@@ -1,12 +1,12 @@
 """The exec() preload built for tests, and a fake execd node to run it in.
 
 Used by ``tests/system/test_preload.py`` and ``test_ocs_preload.py``: :func:`build`
-builds the library with its own Makefile and the tiny C programs of
+builds the library with the project's Makefile and the tiny C programs of
 ``tests/preload/`` with ``cc`` into a scratch directory that unprivileged users can
 traverse; :func:`new_node` makes one test's world: a test config
 (``$GECO_PRELOAD_CONF``), a test key (a root-owned 0600 file), a job directory with
 its ``environment``, and :class:`FakeGecod`, a fake gecod that speaks the real
-protocol (``geco.wire.protocol``), records each request with the kernel's view of the
+protocol (``geco.wire``), records each request with the kernel's view of the
 sender (SO_PEERCRED) and answers as the test tells it to.
 
 Programs (``tests/preload/``):
@@ -54,11 +54,13 @@ from typing import Any
 
 import pytest
 
-from geco.wire import address, protocol
-from geco.wire.protocol import Ack, AckStatus, JobStarted, MsgType
+from geco.wire import address
+from geco.wire.frame import VERSION, decode, encode
+from geco.wire.messages import Ack, AckStatus, JobStarted, MsgType
+from geco.wire.reader import read_frame
+from geco.wire.replay import ReplayCache
 
 REPO = Path(__file__).resolve().parents[1]
-PRELOAD_SRC = REPO / "preload"
 PROGRAMS_SRC = REPO / "tests" / "preload"
 # the tests/preload/*.c built as shared libraries (lib/<name>.so), not as programs
 SHARED_LIBS = ("spy_exec", "other_preload")
@@ -96,7 +98,8 @@ class Built:
 
 @contextlib.contextmanager
 def build() -> Iterator[Built]:
-    """Build libgeco_preload.so (make) and every tests/preload/*.c (cc) into a scratch
+    """Build libgeco_preload.so (make, with geco's other C programs) and every
+    tests/preload/*.c (cc) into a scratch
     directory, removed afterwards (a module's ``built`` fixture, once per session)."""
     for tool in ("make", "cc", "strace", "nm"):
         if shutil.which(tool) is None:
@@ -105,10 +108,10 @@ def build() -> Iterator[Built]:
     root = Path(tempfile.mkdtemp(prefix="geco-test-preload-"))
     root.chmod(0o755)
     try:
-        proc = subprocess.run(["make", "-C", str(PRELOAD_SRC), f"BUILD={root}/lib"],
+        proc = subprocess.run(["make", "-C", str(REPO), f"BUILD={root}/lib"],
                               capture_output=True, text=True, env=BASE_ENV, check=False)
         if proc.returncode != 0:
-            pytest.fail(f"make -C preload failed:\n{proc.stdout}{proc.stderr}")
+            pytest.fail(f"make failed:\n{proc.stdout}{proc.stderr}")
         (root / "plain").mkdir(mode=0o755)
         for src in sorted(PROGRAMS_SRC.glob("*.c")):
             shared = src.stem in SHARED_LIBS
@@ -172,7 +175,7 @@ class FakeGecod:
         self.answer = answer
         self.requests: list[Request] = []
         self.errors: list[str] = []
-        self._cache = protocol.ReplayCache.for_skew(30.0)
+        self._cache = ReplayCache.for_skew(30.0)
         self._stop = threading.Event()
         self._listener = address.listen(addr)
         self._listener.settimeout(0.05)
@@ -207,8 +210,8 @@ class FakeGecod:
         if conn.family == socket.AF_UNIX:
             creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
             peer_pid = struct.unpack("3i", creds)[0]
-        frame = protocol.decode(protocol.read_frame(conn, time.monotonic() + 5), self.key,
-                                replay=self._cache)
+        frame = decode(read_frame(conn, time.monotonic() + 5), self.key,
+                       replay=self._cache)
         msg = frame.message
         assert frame.type is MsgType.JOB_STARTED and isinstance(msg, JobStarted), frame
         self.requests.append(Request(msg.job_id, msg.task_id, msg.pid, peer_pid, frame.nonce))
@@ -227,9 +230,9 @@ class FakeGecod:
         job = msg.job_id + 1 if answer == "other_job" else msg.job_id
         nonce = secrets.token_bytes(16) if answer == "wrong_nonce" else frame.nonce
         ts_ns = time.time_ns() - 60 * 10**9 if answer == "stale" else None
-        version = 2 if answer == "version" else protocol.VERSION
-        reply = protocol.encode(MsgType.ACK, Ack(job, msg.task_id, status, nonce), self.key,
-                                ts_ns=ts_ns, version=version)
+        version = 2 if answer == "version" else VERSION
+        reply = encode(MsgType.ACK, Ack(job, msg.task_id, status, nonce), self.key,
+                       ts_ns=ts_ns, version=version)
         if answer == "bad_mac":
             reply = reply[:-1] + bytes([reply[-1] ^ 1])
         conn.sendall(reply)

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from cleanslate import stop_process  # tests/ is on sys.path (tests/conftest.py)
+from tests.cleanslate import stop_process
 
 REPO = Path(__file__).resolve().parents[1]
 SSHD = Path("/usr/sbin/sshd")

@@ -30,7 +30,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from cleanslate import stop_process  # tests/ is on sys.path (tests/conftest.py)
+from tests.cleanslate import stop_process
 
 __all__ = [
     "ALLOCATE",
@@ -191,13 +191,14 @@ def tcp_idle(user: str, host: str, port: int, count: int, netns: str = ""
 
 
 _GARBAGE = _LOOP + """
-from geco.wire import protocol
+from geco.wire.frame import encode
+from geco.wire.messages import CLUSTER_MAX_PAYLOAD, MsgType, NodeRequest
 host, port, job = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 key = os.urandom(32)
 while not stop:
-    frame = protocol.encode(protocol.MsgType.PREPARE,
-                            protocol.NodeRequest(job, 1, host, b""), key,
-                            max_payload=protocol.CLUSTER_MAX_PAYLOAD)
+    frame = encode(MsgType.PREPARE,
+                   NodeRequest(job, 1, host, b""), key,
+                   max_payload=CLUSTER_MAX_PAYLOAD)
     try:
         with socket.create_connection((host, port), timeout=5) as s:
             s.sendall(frame)

@@ -328,7 +328,6 @@ class Backend(ABC):
             when either process is gone or the kernel refuses the move.
         """
 
-    @abstractmethod
     def freeze(self, key: JobKey, timeout: float = 10.0) -> None:
         """Stop every process of the job and wait until the kernel reports it frozen.
 
@@ -337,16 +336,17 @@ class Backend(ABC):
         CgroupError
             when there is no freezer, or the job is not frozen within ``timeout`` s.
         """
+        self._set_frozen(key, True, timeout)
+
+    def thaw(self, key: JobKey, timeout: float = 10.0) -> None:
+        """Let the job's processes run again and wait until the kernel reports it thawed
+        (raises as :meth:`freeze` does)."""
+        self._set_frozen(key, False, timeout)
 
     @abstractmethod
-    def thaw(self, key: JobKey, timeout: float = 10.0) -> None:
-        """Let the job's processes run again and wait until the kernel reports it thawed.
-
-        Raises
-        ------
-        CgroupError
-            when there is no freezer, or the job is not thawed within ``timeout`` s.
-        """
+    def _set_frozen(self, key: JobKey, frozen: bool, timeout: float) -> None:
+        """Set the job's freezer and wait until the kernel reports the state (CgroupError
+        when there is no freezer, or the state is not reached within ``timeout`` s)."""
 
     @abstractmethod
     def kill(self, key: JobKey) -> int:
@@ -458,11 +458,8 @@ class Backend(ABC):
         CgroupError
             when the key is bad or ``/proc/<pid>/cgroup`` cannot be read.
         """
-        want = self.cgroup_paths(check_key(key))
-        have = proc_cgroups(self.proc, pid)
-        if have is None:
-            return False
-        return all(k in have and is_under(have[k], path) for k, path in want.items())
+        inside = self._inside(key, pid)
+        return inside is not None and None not in inside
 
     def relative_cgroup(self, key: JobKey, pid: int) -> str | None:
         """Return where in the job ``pid`` is: its cgroup relative to the job's own.
@@ -479,16 +476,21 @@ class Backend(ABC):
         CgroupError
             when the key is bad or ``/proc/<pid>/cgroup`` cannot be read.
         """
-        want = self.cgroup_paths(check_key(key))
-        have = proc_cgroups(self.proc, pid)
-        if have is None:
-            return None
-        found = [posixpath.relpath(have[k], path) for k, path in want.items()
-                 if k in have and is_under(have[k], path)]
+        found = [rel for rel in self._inside(key, pid) or () if rel is not None]
         if not found:
             return None
         deepest = max(found, key=lambda rel: 0 if rel == "." else rel.count("/") + 1)
         return "" if deepest == "." else deepest
+
+    def _inside(self, key: JobKey, pid: int) -> list[str | None] | None:
+        """Per managed controller, ``pid``'s cgroup relative to the job's (``"."``: the
+        job's own), None where it is outside the job; None when the process is gone."""
+        want = self.cgroup_paths(check_key(key))
+        have = proc_cgroups(self.proc, pid)
+        if have is None:
+            return None
+        return [posixpath.relpath(have[k], path) if k in have and is_under(have[k], path)
+                else None for k, path in want.items()]
 
     def _is_member(self, key: JobKey, pid: int) -> bool:
         """True when ``pid`` is in the job's cgroup in at least one managed controller."""

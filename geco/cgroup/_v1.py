@@ -503,7 +503,8 @@ class V1Backend(Backend):
                               "not mounted (cgroup v1)", key=key)
         return self._dir("freezer", key) / "freezer.state"
 
-    def _set_freezer(self, key: JobKey, state: str, timeout: float) -> None:
+    def _set_frozen(self, key: JobKey, frozen: bool, timeout: float) -> None:
+        state = "FROZEN" if frozen else "THAWED"
         path = self._freezer_state(key)
         write_bytes(path, state.encode("ascii"),
                     hints={errno.ENOENT: f"job {key} has no freezer cgroup"}, key=key)
@@ -512,12 +513,6 @@ class V1Backend(Backend):
             raise CgroupError(f"job {key} is not {state} after {timeout:g} s (freezer.state "
                               f"says {read_str(path)}); a process may be stuck in the kernel",
                               key=key, path=path)
-
-    def freeze(self, key: JobKey, timeout: float = 10.0) -> None:
-        self._set_freezer(key, "FROZEN", timeout)
-
-    def thaw(self, key: JobKey, timeout: float = 10.0) -> None:
-        self._set_freezer(key, "THAWED", timeout)
 
     def kill(self, key: JobKey) -> int:
         """SIGKILL every process of the job (freezing first when the freezer is mounted).

@@ -384,12 +384,6 @@ class V2Backend(Backend):
                               f"{timeout:g} s (cgroup.events still says frozen "
                               f"{1 - want})", key=key, path=d / "cgroup.events")
 
-    def freeze(self, key: JobKey, timeout: float = 10.0) -> None:
-        self._set_frozen(key, True, timeout)
-
-    def thaw(self, key: JobKey, timeout: float = 10.0) -> None:
-        self._set_frozen(key, False, timeout)
-
     def kill(self, key: JobKey) -> int:
         """SIGKILL every process of the job and its sub-cgroups.
 

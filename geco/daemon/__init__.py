@@ -1,13 +1,19 @@
-"""gecod: the quarantine daemon.
+"""gecod: geco's daemon on each execution node.
 
-Modules, each with one job:
+It answers signed requests over its sockets (job starts, hooks, the starter, ssh
+logins, STATUS, other hosts' gecods), watches jobs' shepherds and OOM events, and
+reaps what ended jobs leave. Modules, each with one job:
 
 * :mod:`~geco.daemon.runloop` - the single-threaded epoll loop (sources, timers,
   observers, signals, wake-ups from worker threads);
 * :mod:`~geco.daemon.server` - connections: read one frame, verify it, hand the
   request to a worker, send the reply;
-* :mod:`~geco.daemon.quarantine` - the policy: may this pid go into this job,
-  and putting it there;
+* :mod:`~geco.daemon.lanes` - the listening sockets' budgets and each connection's state;
+* :mod:`~geco.daemon.dispatch` - where each kind of request runs, and its answer;
+* :mod:`~geco.daemon.requestlog` - the journal of refusals and successes, within budgets;
+* :mod:`~geco.daemon.context` - gecod's shared state, lent to every kind of request;
+* :mod:`~geco.daemon.quarantine` - JOB_STARTED and QUARANTINE_SELF: may this pid go
+  into this job before it runs anything, and putting it there;
 * :mod:`~geco.daemon.status` - the node's jobs, read back from the cgroup tree;
 * :mod:`~geco.daemon.service` - start-up checks, systemd notification, signals.
 
@@ -50,5 +56,5 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run gecod from a command line (``python -m geco.daemon``); return its exit status."""
     parser = argparse.ArgumentParser(
-        prog="gecod", description="The geco quarantine daemon (run by systemd as root).")
+        prog="gecod", description="geco's node daemon (run by systemd as root).")
     return run(add_arguments(parser).parse_args(argv))

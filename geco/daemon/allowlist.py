@@ -144,10 +144,10 @@ class AllowList:
         if self.cfg.cluster_allow:
             self._addresses, self._networks = resolve(self.cfg.cluster_allow)
             return
-        from geco.sge import qstat
+        from geco.sge import command
 
         try:
-            names = qstat.run_qconf(["-sel"], self.cfg).split()
+            names = command.run_qconf(["-sel"], self.cfg).split()
         except GecoError as exc:
             self._why_none = str(exc)
             if self._addresses is None:

@@ -12,13 +12,13 @@ gecod appends the words to the job owner's stderr file, as the owner. A host an
 ssh login reached asks whether a process of the user's job here made the
 connection (CALLERID). :mod:`geco.wire.cluster` is the asking side.
 
-The channel is a lane of gecod's server (:class:`geco.daemon.server.Lane`): the
+The channel is a lane of gecod's server (:class:`geco.daemon.lanes.Lane`): the
 same non-blocking connections on the runloop, deadlines and budgets as the local
 sockets, per peer address (a host's users can use its address too, so an idle
 connection is closed for that host's next one). Before anything is read, the
 peer must be one of the cluster's hosts (:mod:`geco.daemon.allowlist`).
 Nothing is believed before its frame passes every check of
-:func:`geco.wire.protocol.decode` with the cluster key (MAC, clock, a replay cache of
+:func:`geco.wire.frame.decode` with the cluster key (MAC, clock, a replay cache of
 its own) and names *this* host: a frame recorded for another host is refused
 here. A refusal is journaled (``cluster-refused``: peer address, the job only
 when the frame was the key holder's, reason; within the peer's budget) and
@@ -36,15 +36,16 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import KW_ONLY, InitVar, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from geco import log
 from geco.config import Config
 from geco.daemon.allowlist import AllowList
+from geco.daemon.context import GecodContext
+from geco.daemon.lanes import CLUSTER_BUDGET, Lane
 from geco.daemon.pools import Keys, Pool, Pools
-from geco.daemon.quarantine import Context
-from geco.daemon.server import CLUSTER_BUDGET, Lane
 from geco.errors import GecoError, JobKeyError, ProtocolError
 from geco.job import containment, ending, jobstatus
 from geco.job.jobkey import JobKey
@@ -53,13 +54,9 @@ from geco.oom.owner_file import stderr_target, tell_owner
 from geco.sge import execd, lookup, resourcefile, v1format
 from geco.ssh import policy as ssh
 from geco.wire import cluster
-from geco.wire.protocol import (
-    NODE_REQUESTS,
-    Frame,
-    MsgType,
-    NodeRequest,
-    ReplayCache,
-)
+from geco.wire.frame import Frame
+from geco.wire.messages import NODE_REQUESTS, MsgType, NodeRequest
+from geco.wire.replay import ReplayCache
 
 __all__ = ["REPLAY_CAPACITY", "ClusterChannel", "listen", "open_channel"]
 
@@ -84,6 +81,7 @@ def listen(cfg: Config) -> socket.socket:
     return socket.create_server(("", port), backlog=128)
 
 
+@dataclass(eq=False)
 class ClusterChannel:
     """The cluster lane's requests (see the module docstring).
 
@@ -91,7 +89,7 @@ class ClusterChannel:
     ----------
     ctx: gecod's context (settings, cgroup backend, topology, job locks).
     key: the cluster key.
-    listener: a listening TCP socket (:func:`listen`).
+    listener: a listening TCP socket (:func:`listen`), served as :attr:`lane`.
     pools: where each kind of request runs.
     allow: who may connect (None: everyone, for a bench on loopback).
     on_change: called (from a worker) after a request made or removed a job's cgroups.
@@ -101,19 +99,21 @@ class ClusterChannel:
         (gecod reads its OOM counter one last time, while the cgroup exists).
     """
 
-    def __init__(self, ctx: Context, key: bytes, listener: socket.socket, pools: Pools, *,
-                 allow: AllowList | None = None,
-                 on_change: Callable[[], None] | None = None,
-                 on_prepared: Callable[[JobKey], None] | None = None,
-                 before_release: Callable[[JobKey], None] | None = None) -> None:
-        self.ctx = ctx
-        self.key = key
-        self.pools = pools
-        self.allow = allow
-        self.on_change = on_change
-        self.on_prepared = on_prepared
-        self.before_release = before_release
-        self.replay = ReplayCache.for_skew(ctx.config.gecod_max_skew, capacity=REPLAY_CAPACITY)
+    ctx: GecodContext
+    key: bytes
+    listener: InitVar[socket.socket]
+    pools: Pools
+    _: KW_ONLY
+    allow: AllowList | None = None
+    on_change: Callable[[], None] | None = None
+    on_prepared: Callable[[JobKey], None] | None = None
+    before_release: Callable[[JobKey], None] | None = None
+    replay: ReplayCache = field(init=False)
+    lane: Lane = field(init=False)
+
+    def __post_init__(self, listener: socket.socket) -> None:
+        self.replay = ReplayCache.for_skew(self.ctx.config.gecod_max_skew,
+                                           capacity=REPLAY_CAPACITY)
         where = listener.getsockname()
         self.lane = Lane("cluster", listener, f"port {where[1]}", CLUSTER_BUDGET, channel=self)
 
@@ -308,7 +308,7 @@ class ClusterChannel:
         return {"status": "reported"}
 
 
-def open_channel(ctx: Context, pools: Pools, *, on_change: Callable[[], None] | None = None,
+def open_channel(ctx: GecodContext, pools: Pools, *, on_change: Callable[[], None] | None = None,
                  on_prepared: Callable[[JobKey], None] | None = None,
                  before_release: Callable[[JobKey], None] | None = None
                  ) -> ClusterChannel | None:

@@ -6,7 +6,7 @@ is the kernel's: a socket round trip, a MAC, a few ``/proc`` and spool reads and
 one ``cgroup.procs`` write per hierarchy, tens of microseconds. Python spent
 about half a millisecond of the loop's core on each (the profile: logging, the
 frame's objects, the loop's turns), so 64 tasks at once waited tens of
-milliseconds. The lane (``preload/geco_lane.c``) accepts root's socket in
+milliseconds. The lane (``lane/geco_lane.c``) accepts root's socket in
 threads of its own and serves exactly that case there; everything else comes
 back to :class:`geco.daemon.server.Server` as a :class:`Handoff`, with the bytes
 read so far, and is decided as without the lane.
@@ -50,7 +50,7 @@ from geco.cgroup import Backend, Limits
 from geco.config import Config
 from geco.daemon.ratelimit import SUCCESS_BURST
 from geco.job.jobkey import JobKey
-from geco.wire.protocol import ReplayCache
+from geco.wire.replay import ReplayCache
 
 __all__ = ["REPLAY_CAPACITY", "FastLane", "Handoff", "open_lane"]
 
@@ -99,8 +99,8 @@ class Handoff(NamedTuple):
     died: bool
 
 
-class _Replay:  # a geco.wire.protocol.Replay
-    """The lane's replay cache, as :class:`geco.wire.protocol.ReplayCache` is used by decode."""
+class _Replay:  # a geco.wire.replay.Replay
+    """The lane's replay cache, as :class:`geco.wire.replay.ReplayCache` is used by decode."""
 
     def __init__(self, lane: FastLane, window: float) -> None:
         self._lane = lane

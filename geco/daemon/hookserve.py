@@ -2,7 +2,7 @@
 that start in a millisecond.
 
 Grid Engine runs ``/opt/geco/libexec/prolog``, ``epilog`` and ``starter`` for every
-job: a small C program (``preload/geco_hook.c``) that asks gecod to do the hook's work.
+job: a small C program (``hook/geco_hook.c``) that asks gecod to do the hook's work.
 gecod has the interpreter, the config and the cgroups at hand; the Python hook would
 spend most of its time starting. gecod runs the very same code and journals it under
 the hook's name (``SYSLOG_IDENTIFIER=geco-prolog``, ...; ``<hook>-done`` and
@@ -45,13 +45,13 @@ import time
 from pathlib import Path
 
 from geco import log, procfs
-from geco.daemon.quarantine import Context, Peer
+from geco.daemon.context import GecodContext, Peer
 from geco.errors import GecoError
 from geco.hooks import Exit, epilog, journal_done, prolog, starter
 from geco.job.jobkey import JobKey
 from geco.node import gpus
 from geco.sge import execd, lookup, resourcefile
-from geco.wire.protocol import STARTER_ENVIRON, AckStatus, Hook, HookName, Starter, StarterReply
+from geco.wire.messages import STARTER_ENVIRON, AckStatus, Hook, HookName, Starter, StarterReply
 
 __all__ = ["refusal", "serve", "serve_starter"]
 
@@ -73,7 +73,7 @@ def refusal(msg: Hook | Starter, peer: Peer | None, lane: str) -> str:
     return ""
 
 
-def serve(msg: Hook, ctx: Context) -> tuple[AckStatus, str]:
+def serve(msg: Hook, ctx: GecodContext) -> tuple[AckStatus, str]:
     """Worker: do the hook's work for the sender; ``(OK, "")`` when done, else a status
     and why the hook must do it itself."""
     started = time.monotonic()
@@ -110,7 +110,7 @@ def serve(msg: Hook, ctx: Context) -> tuple[AckStatus, str]:
     return (AckStatus.OK if code == Exit.OK else AckStatus.REQUEUE), ""
 
 
-def serve_starter(msg: Starter, nonce: bytes, peer: Peer, ctx: Context) -> StarterReply:
+def serve_starter(msg: Starter, nonce: bytes, peer: Peer, ctx: GecodContext) -> StarterReply:
     """Worker: how the starter ``msg.pid`` starts its job, as the Python starter would
     decide it, with the ``job-started`` record journaled; a reply that is not OK when the
     starter must decide it itself (outside the job's cgroups, a traced or verbose site,
@@ -145,7 +145,7 @@ def serve_starter(msg: Starter, nonce: bytes, peer: Peer, ctx: Context) -> Start
     return reply
 
 
-def _starter_refusal(msg: Starter, key: JobKey, ctx: Context) -> str:
+def _starter_refusal(msg: Starter, key: JobKey, ctx: GecodContext) -> str:
     if ctx.config.log_level in _VERBOSE:
         return f"log level {ctx.config.log_level}: the starter's lines go to the job"
     if not msg.argv:

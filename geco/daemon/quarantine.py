@@ -1,4 +1,5 @@
-"""The quarantine policy: may this process go into this job, and if so, put it there.
+"""The quarantine: may this process go into this job before it runs anything, and if so,
+put it there.
 
 One function, :func:`quarantine`, decides and acts for JOB_STARTED and
 QUARANTINE_SELF requests whose frame already passed the protocol checks
@@ -42,7 +43,7 @@ Both: a Unix socket peer must come with a pidfd (taken at accept). Without
 one (``pidfd_open`` failed) nothing proves that the pid moved in is still the
 peer, so the request is refused, never served unpinned.
 
-Outcomes are :class:`~geco.wire.protocol.AckStatus` values; every refusal carries a
+Outcomes are :class:`~geco.wire.messages.AckStatus` values; every refusal carries a
 sentence saying which rule refused and why.
 """
 
@@ -53,28 +54,21 @@ import functools
 import os
 import pwd
 import signal
-import threading
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from geco import log, procfs
-from geco.cgroup import Backend, Limits
+from geco.cgroup import Limits
 from geco.config import Config
+from geco.daemon.context import GecodContext, Outcome, Peer, Shepherd, WouldWait
 from geco.errors import GecoError, JobKeyError, JobNotFound, TaskNotRunning
 from geco.job import containment
 from geco.job.jobkey import JobKey
 from geco.job.resourceset import short_hostname
-from geco.node.topology import Topology
 from geco.sge import execd
-from geco.wire.protocol import AckStatus, MsgType
+from geco.wire.messages import AckStatus, MsgType
 
-if TYPE_CHECKING:
-    from geco.daemon.fastlane import FastLane
-
-__all__ = ["Context", "Outcome", "Peer", "Request", "Shepherd", "WouldWait", "job_dir_of",
-           "pid_reused", "quarantine", "spool_root"]
+__all__ = ["Request", "pid_reused", "quarantine", "spool_root"]
 
 _log = log.get("gecod.quarantine")
 
@@ -84,146 +78,16 @@ _MAX_ANCESTORS = 32
 
 
 @dataclass(frozen=True, slots=True)
-class Peer:
-    """The connecting process as the kernel names it (SO_PEERCRED at connect time)."""
-
-    pid: int
-    uid: int
-    gid: int
-
-
-@dataclass(frozen=True, slots=True)
 class Request:
-    """A verified JOB_STARTED or QUARANTINE_SELF request.
+    """A verified JOB_STARTED or QUARANTINE_SELF request."""
 
-    Attributes
-    ----------
-    type: ``MsgType.JOB_STARTED`` or ``MsgType.QUARANTINE_SELF``.
-    job_id, task_id, pid: from the message (claims, until checked).
-    peer: the kernel's word on the sender; None over TCP.
-    pidfd: a pidfd of ``peer.pid`` opened at accept time, or -1.
-    """
-
-    type: MsgType
+    type: MsgType  # JOB_STARTED or QUARANTINE_SELF
+    # the message's claims, until checked
     job_id: int
     task_id: int
     pid: int
-    peer: Peer | None = None
-    pidfd: int = -1
-
-
-@dataclass(frozen=True, slots=True)
-class Shepherd:
-    """A job's master ``sge_shepherd`` on this node (its exit ends the job here).
-
-    Attributes
-    ----------
-    key: ``<job>.<task>``.
-    pid: the shepherd's pid.
-    queue_instance: ``<queue>@<host>`` from the job's spooled config (what a stuck
-        teardown disables), None when it does not say.
-    """
-
-    key: JobKey
-    pid: int
-    queue_instance: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """What happened to a request.
-
-    Attributes
-    ----------
-    status: the ACK status.
-    reason: one sentence for the journal (why refused, or what was done).
-    created: True when this request created the job's cgroups.
-    limits: the job's limits when the pid was quarantined.
-    shepherd: set when the pid is the job's master shepherd (JOB_STARTED in the job's
-        own spool dir, not a PE task's): gecod ends the job when it exits.
-    first: the first process this gecod put into these cgroups (made now or by a hook):
-        it starts watching the job (OOM kills); later tasks of the job need not.
-    """
-
-    status: AckStatus
-    reason: str
-    created: bool = False
-    limits: Limits | None = None
-    shepherd: Shepherd | None = None
-    first: bool = False
-
-    @property
-    def ok(self) -> bool:
-        """True when the pid is in the job's cgroups."""
-        return self.status is AckStatus.OK
-
-
-@dataclass(slots=True)
-class Context:
-    """What the policy needs from the daemon: settings, the node's cgroups, its topology.
-
-    Shared by all worker threads. ``config`` may be replaced on SIGHUP (one
-    attribute assignment, atomic); the per-job locks keep two tasks of one
-    job from both asking qstat and building its cgroups at the same time.
-    """
-
-    config: Config
-    backend: Backend
-    topology: Topology | None = None
-    hostname: str = field(default_factory=short_hostname)
-    proc: Path = procfs.ROOT
-    # called when the node has too few free cores for a job: frees what ended jobs
-    # still hold (gecod waits for the teardowns of jobs whose shepherd just exited)
-    reclaim: Callable[[], None] | None = None
-    # job -> (identity of its cgroups, their limits), learnt when a process first went in:
-    # later tasks of the job join with one stat and the moves, nothing read again
-    ready: dict[JobKey, tuple[int, Limits]] = field(default_factory=dict)
-    # the C lane that serves later tasks of the jobs in ``ready`` (None: Python serves all)
-    lane: FastLane | None = None
-    # jobs whose end has begun (their master shepherd exited, a teardown holds their
-    # lock): no ssh session is moved into them any more
-    ending: set[JobKey] = field(default_factory=set)
-    _locks: dict[str, _KeyLock] = field(default_factory=dict)
-    _locks_guard: threading.Lock = field(default_factory=threading.Lock)
-
-    @contextlib.contextmanager
-    def job_lock(self, key: JobKey, *, wait: bool = True, moves: bool = False,
-                 timeout: float | None = None) -> Iterator[None]:
-        """Hold the lock of job ``key``: created on first use, forgotten when nobody holds
-        or waits for it, so the table does not grow with every job the node ever ran.
-        ``wait=False``: raise :class:`WouldWait` instead of waiting for it; ``timeout``:
-        raise it after waiting that long. Unless the holder only ``moves`` processes in,
-        the fast lane stops serving the job first (a teardown must not find a task moved
-        in behind it)."""
-        with self._locks_guard:
-            entry = self._locks.setdefault(key, _KeyLock())
-            entry.users += 1
-        try:
-            if not entry.lock.acquire(blocking=wait, timeout=-1 if timeout is None or not wait
-                                      else timeout):
-                raise WouldWait(f"job {key}'s lock is held")
-            try:
-                if not moves and self.lane is not None:
-                    self.lane.withdraw(key)
-                yield
-            finally:
-                entry.lock.release()
-        finally:
-            with self._locks_guard:
-                entry.users -= 1
-                if entry.users == 0:
-                    del self._locks[key]
-
-
-@dataclass(slots=True)
-class _KeyLock:
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    users: int = 0
-
-
-class WouldWait(Exception):
-    """A request asked not to wait (gecod's loop) needs a worker: the job's lock is held, or
-    its cgroups are new to this gecod (their limits must be read, or made)."""
+    peer: Peer | None = None  # the kernel's word on the sender; None over TCP
+    pidfd: int = -1  # a pidfd of ``peer.pid`` opened at accept time, or -1
 
 
 class _Refused(Exception):
@@ -284,30 +148,6 @@ def _alive(pidfd: int) -> bool:
 # -- the spool -----------------------------------------------------------------
 
 
-def job_dir_of(cwd: Path, spool_root: Path, key: JobKey) -> Path | None:
-    """Return the job's ``active_jobs/<job>.<task>`` dir when ``cwd`` is it or a PE task dir.
-
-    ``<spool_root>/<host>/active_jobs/<job>.<task>[/<pe task>]``; the host part
-    is not compared with this host's name: Grid Engine may spell it another way
-    (host_aliases, a domain), and only the execd user can create it anyway.
-    """
-    found = _job_dir(str(cwd), str(spool_root), key)
-    return None if found is None else Path(found)
-
-
-def _job_dir(cwd: str, spool_root: str, key: JobKey) -> str | None:
-    # job_dir_of on the kernel's own spelling of paths (readlink of /proc/<pid>/cwd: no
-    # "//", ".", ".." or trailing "/"), in strings: gecod does this for every request
-    prefix = spool_root.rstrip("/") + "/"
-    if not cwd.startswith(prefix):
-        return None
-    parts = cwd[len(prefix):].split("/")
-    if len(parts) not in (3, 4) or "" in parts or parts[1] != "active_jobs" \
-            or parts[2] != key:
-        return None
-    return prefix + "/".join(parts[:3])
-
-
 def _read_environment(directory: str | Path) -> bytes:
     path = f"{directory}/environment"
     try:
@@ -341,7 +181,7 @@ def _real_path(path: Path) -> Path:
 # -- the rules -------------------------------------------------------------------
 
 
-def _check_job_started(req: Request, key: JobKey, ctx: Context) -> tuple[str, bool]:
+def _check_job_started(req: Request, key: JobKey, ctx: GecodContext) -> tuple[str, bool]:
     """Steps 1 and 2 for JOB_STARTED; return the job's spool dir, and whether the pid works
     in it (the job's master shepherd) rather than in a PE task dir below it."""
     cfg = ctx.config
@@ -361,7 +201,7 @@ def _check_job_started(req: Request, key: JobKey, ctx: Context) -> tuple[str, bo
                           f"effective) and [gecod] execd_uids "
                           f"({', '.join(map(str, allowed))}) start jobs")
     cwd = _proc_cwd(ctx.proc, req.pid)
-    job_dir = _job_dir(cwd, str(spool_root(cfg)), key)
+    job_dir = execd.job_dir_in(cwd, str(spool_root(cfg)), key)
     if job_dir is None:
         raise _refuse(f"process {req.pid} works in {cwd}, not in the spool dir of job "
                       f"{key} ({cfg.execd_spool_dir}/<host>/active_jobs/{key})")
@@ -381,7 +221,7 @@ def _owner_uid(job_dir: Path) -> int:
                       "user") from None
 
 
-def _check_quarantine_self(req: Request, key: JobKey, ctx: Context) -> Path:
+def _check_quarantine_self(req: Request, key: JobKey, ctx: GecodContext) -> Path:
     """Steps 1 and 2 for QUARANTINE_SELF; return the job's spool dir."""
     if req.peer is None:
         raise _refuse("QUARANTINE_SELF needs the Unix socket: over TCP the kernel cannot "
@@ -402,7 +242,7 @@ def _on_this_host(job_dir: Path, root: Path, hostname: str) -> bool:
     return short_hostname(job_dir.relative_to(root).parts[0]) == short_hostname(hostname)
 
 
-def _shepherd_job_dir(req: Request, key: JobKey, ctx: Context) -> Path:
+def _shepherd_job_dir(req: Request, key: JobKey, ctx: GecodContext) -> Path:
     """The job's spool dir, found as the cwd of an ``sge_shepherd`` ancestor of the pid
     that runs with real uid 0 and works in this host's spool."""
     root = spool_root(ctx.config)
@@ -417,7 +257,7 @@ def _shepherd_job_dir(req: Request, key: JobKey, ctx: Context) -> Path:
         # a shepherd of another job, or one gone meanwhile: keep looking upwards
         with contextlib.suppress(_Refused):
             cwd = _proc_cwd(ctx.proc, pid)
-            job_dir = job_dir_of(Path(cwd), root, key)
+            job_dir = execd.job_dir_of(Path(cwd), root, key)
             if job_dir is None:
                 continue
             # anyone can call a program sge_shepherd and chdir into a readable spool
@@ -437,7 +277,7 @@ def _shepherd_job_dir(req: Request, key: JobKey, ctx: Context) -> Path:
                   f"{key}{why}")
 
 
-def _contain(key: JobKey, req: Request, job_dir: str | Path, ctx: Context,
+def _contain(key: JobKey, req: Request, job_dir: str | Path, ctx: GecodContext,
              wait: bool, master: bool) -> tuple[Limits, bool, bool]:
     """Steps 3 and 4 under the job's lock: the job's cgroups, reused or built, and the pid
     moved in; return their limits, whether we built them, and whether they are new to
@@ -481,7 +321,7 @@ def pid_reused(req: Request) -> Outcome:
     return Outcome(AckStatus.FAILED, f"process {req.pid} exited while being moved")
 
 
-def quarantine(req: Request, ctx: Context, *, wait: bool = True) -> Outcome:
+def quarantine(req: Request, ctx: GecodContext, *, wait: bool = True) -> Outcome:
     """Decide on a request and, when it passes, put the pid into its job's cgroups.
 
     Parameters

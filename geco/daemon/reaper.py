@@ -57,7 +57,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -233,6 +233,7 @@ def prune_traces(trace_dir: Path, keep_days: int, now: float | None = None) -> i
 # ---------------------------------------------------------------------------
 
 
+@dataclass(eq=False)
 class Reaper:
     """The reaper timer of gecod (see the module docstring for what a round does).
 
@@ -242,8 +243,8 @@ class Reaper:
     backend: the node's cgroup backend.
     cfg: the configuration; :meth:`reconfigure` replaces it (SIGHUP).
     executor: where rounds run (one at a time).
-    node: this host's short name (default: from ``gethostname``), as the spool
-        dir and qstat's host lists name it.
+    node: this host's short name (default: from ``uname``), as the spool dir and
+        qstat's host lists name it.
     clock: epoch seconds (tests move time).
     fetch: :func:`geco.sge.qstat.fetch` (tests pass a stand-in).
     on_reaped: called in the loop's thread with each key whose cgroups the
@@ -253,32 +254,29 @@ class Reaper:
         it done, and no ssh session goes into it meanwhile).
     """
 
-    def __init__(self, loop: Loop, backend: Backend, cfg: Config, executor: Executor, *,
-                 node: str | None = None, clock: Callable[[], float] = time.time,
-                 fetch: Callable[..., ResourceSet] = qstat.fetch,
-                 on_reaped: Callable[[JobKey], None] | None = None,
-                 gate: ending.Gate | None = None) -> None:
-        self.loop = loop
-        self.gate = gate
-        self.backend = backend
-        self.cfg = cfg
-        self.executor = executor
-        self.node = short_hostname(node)
-        self.clock = clock
-        self.fetch = fetch
-        self.on_reaped = on_reaped
-        self.rounds = 0
-        self._timer: _Cancellable | None = None
-        self._first: _Cancellable | None = None
-        self._round: Future[RoundReport] | None = None
-        self._said_busy = False
-        self._closing = threading.Event()
-        # touched by the round's thread only (one round at a time):
-        # jobs found stuck by an earlier round (journaled as RETRY=1)
-        self._stuck: set[str] = set()
-        # resource files already warned about, by (key, mtime_ns, size): warn again on change
-        self._bad_files: set[tuple[str, int, int]] = set()
-        self._said_no_spool = False  # warned that the spool root is missing (until it is back)
+    loop: Loop
+    backend: Backend
+    cfg: Config
+    executor: Executor
+    _: KW_ONLY
+    node: str = field(default_factory=short_hostname)
+    clock: Callable[[], float] = time.time
+    fetch: Callable[..., ResourceSet] = qstat.fetch
+    on_reaped: Callable[[JobKey], None] | None = None
+    gate: ending.Gate | None = None
+    rounds: int = field(default=0, init=False)
+    _timer: _Cancellable | None = field(default=None, init=False)
+    _first: _Cancellable | None = field(default=None, init=False)
+    _round: Future[RoundReport] | None = field(default=None, init=False)
+    _said_busy: bool = field(default=False, init=False)
+    _closing: threading.Event = field(default_factory=threading.Event, init=False)
+    # touched by the round's thread only (one round at a time):
+    # jobs found stuck by an earlier round (journaled as RETRY=1)
+    _stuck: set[str] = field(default_factory=set, init=False)
+    # resource files already warned about, by (key, mtime_ns, size): warn again on change
+    _bad_files: set[tuple[str, int, int]] = field(default_factory=set, init=False)
+    # warned that the spool root is missing (until it is back)
+    _said_no_spool: bool = field(default=False, init=False)
 
     # -- life cycle -------------------------------------------------------------
 

@@ -50,11 +50,13 @@ from typing import Any
 from geco import __version__, cgroup, log, oom
 from geco import config as _config
 from geco.daemon import clusterserve, fastlane, status
+from geco.daemon.context import GecodContext
+from geco.daemon.lanes import PUBLIC_BUDGET, Lane, root_budget
 from geco.daemon.pools import Pools
-from geco.daemon.quarantine import Context, spool_root
+from geco.daemon.quarantine import spool_root
 from geco.daemon.reaper import Reaper
 from geco.daemon.runloop import RunLoop
-from geco.daemon.server import PUBLIC_BUDGET, Lane, Server, root_budget
+from geco.daemon.server import Server
 from geco.daemon.shepherdwatch import ShepherdWatch
 from geco.errors import GecoError
 from geco.job import trace
@@ -152,7 +154,7 @@ class Daemon:
             node = status.scan(self.backend)
         except GecoError as exc:
             raise _StartupError(str(exc)) from exc
-        self.ctx = Context(cfg, self.backend, self.topology)
+        self.ctx = GecodContext(cfg, self.backend, self.topology)
         _log.info("gecod %s: %d job cgroups on this node (cpus in use: %s of %s), rebuilt "
                   "from %s", __version__, len(node.jobs), node.cpus_in_use or "none",
                   node.available_cpus, self.backend,

@@ -33,10 +33,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from geco import log, procfs
+from geco import log
 from geco.cgroup import Backend
+from geco.daemon.context import GecodContext, Shepherd
 from geco.daemon.pools import Busy, Pool
-from geco.daemon.quarantine import Context, Shepherd, job_dir_of, spool_root
+from geco.daemon.quarantine import spool_root
 from geco.daemon.runloop import RunLoop
 from geco.errors import GecoError
 from geco.job import ending, teardown
@@ -76,7 +77,7 @@ class ShepherdWatch:
     on_ended: called in the loop with each key whose cgroups are gone.
     """
 
-    def __init__(self, loop: RunLoop, ctx: Context, executor: Pool, *,
+    def __init__(self, loop: RunLoop, ctx: GecodContext, executor: Pool, *,
                  before_end: Callable[[JobKey], None] | None = None,
                  on_ended: Callable[[JobKey], None] | None = None) -> None:
         self.loop = loop
@@ -108,11 +109,11 @@ class ShepherdWatch:
                     pidfd = os.pidfd_open(pid)  # first: what is checked next is this process
                 except OSError:
                     continue  # gone meanwhile: the reaper ends its job
-                shepherd = _master_shepherd(key, pid, spool)
-                if shepherd is None:
+                job_dir = execd.job_start_dir(key, pid, spool)
+                if job_dir is None:
                     os.close(pidfd)
                     continue
-                self.watch(shepherd, pidfd)
+                self.watch(Shepherd(key, pid, execd.queue_instance(job_dir)), pidfd)
                 found += 1
         return found
 
@@ -187,7 +188,8 @@ class ShepherdWatch:
                       "before, and the reaper tries again every round", key)
             return False
         spool = spool_root(cfg)
-        restarted = [p for p in backend.pids(key) if _new_start(key, p, spool)]
+        restarted = [p for p in backend.pids(key)
+                     if execd.job_start_dir(key, p, spool, or_forking=True)]
         if restarted:
             _log.info("job %s: its shepherd %d exited, but the job started again on "
                       "this node (pid %d); its cgroups stay", key, shepherd.pid, restarted[0])
@@ -207,26 +209,3 @@ class ShepherdWatch:
     def _later(self, delay: float, work: Callable[[], None]) -> None:
         """In the loop: ``work`` in ``delay`` s."""
         self.loop.add_timer(delay, work)
-
-
-def _new_start(key: JobKey, pid: int, spool: Path) -> bool:
-    """A master shepherd of a new start of the job: running, or still sge_execd's child
-    before its exec (a qrsh -inherit task's shepherd, ending with the job, does not count)."""
-    if procfs.comm(pid) == "sge_execd" and procfs.real_uid(pid) == 0:
-        return _job_dir(key, pid, spool) is not None
-    return _master_shepherd(key, pid, spool) is not None
-
-
-def _job_dir(key: JobKey, pid: int, spool: Path) -> Path | None:
-    """The job's own spool dir when ``pid`` works in it (not in a PE task dir below it)."""
-    try:
-        cwd = Path(procfs.cwd(pid))
-    except OSError:
-        return None
-    return cwd if job_dir_of(cwd, spool, key) == cwd else None
-
-
-def _master_shepherd(key: JobKey, pid: int, spool: Path) -> Shepherd | None:
-    """The job's master shepherd when ``pid`` is it: an sge_shepherd in the job's own dir."""
-    job_dir = _job_dir(key, pid, spool) if execd.is_job_shepherd(pid) else None
-    return Shepherd(key, pid, execd.queue_instance(job_dir)) if job_dir else None

@@ -26,13 +26,13 @@ import time
 from collections.abc import Iterator, Mapping
 
 from geco import log
-from geco.daemon.quarantine import Context, Peer, WouldWait
+from geco.daemon.context import GecodContext, Peer, WouldWait
 from geco.errors import GecoError
 from geco.job import teardown
 from geco.job.jobkey import JobKey
 from geco.job.resourceset import short_hostname
 from geco.ssh.policy import Login, Placement, serve_exec, serve_login, sshd_program, under_root_sshd
-from geco.wire.protocol import REPLY_MAX_TEXT, AckStatus, Adopt, AdoptReply, AdoptStage
+from geco.wire.messages import REPLY_MAX_TEXT, AckStatus, Adopt, AdoptReply, AdoptStage
 
 __all__ = ["refusal", "serve"]
 
@@ -67,7 +67,7 @@ def refusal(msg: Adopt, peer: Peer | None, lane: str, peercred: bool) -> str:
     return ""
 
 
-def _placement(ctx: Context, pid: int, pidfd: int) -> Placement:
+def _placement(ctx: GecodContext, pid: int, pidfd: int) -> Placement:
     """The sender's move: under its job's lock, never into a job whose end has begun, and
     pinned by the pidfd taken when it connected."""
 
@@ -115,7 +115,7 @@ class _Timed:
         _log.info(msg, *args, extra=fields)
 
 
-def serve(msg: Adopt, nonce: bytes, ctx: Context, pidfd: int,
+def serve(msg: Adopt, nonce: bytes, ctx: GecodContext, pidfd: int,
           accepted: float | None = None) -> AdoptReply:
     """Worker: decide the login (and at the session stage, move the sender, pinned by
     ``pidfd``); the reply's text is the user's line, then the session's ``NAME=value``

@@ -20,16 +20,18 @@ The steps, in order:
    here, its other hosts, its owner all come from it.
 4. A parallel job's master (the epilog) tells the job's other hosts to end it
    (:func:`geco.wire.cluster.release`); their figures join this host's in one record.
-5. :func:`geco.job.teardown.tear_down`: freeze, kill, remove the cgroups, revoke GPU fds, and
-   journal ``job-end`` from the figures (or ``cleanup-stuck``, and the queue disabled).
-6. Its cgroups gone: forget the job (its resource file and OOM count file; the stuck
-   marker goes with the cgroups, in the teardown), then look for its owner's strays
-   (:func:`geco.job.strays.after_job`) as the caller schedules it: at once
-   (:func:`at_once`), or later (gecod's shepherd watch, once the job's clients have
-   seen its end). A job that is stuck keeps its files: the reaper's next try needs them.
+5. :func:`geco.job.teardown.tear_down`: freeze, kill, remove the cgroups (or journal
+   ``cleanup-stuck``, and the queue disabled).
+6. Its cgroups gone: the :class:`Ended` record is journaled (``job-end``: who ended the
+   job, its figures, its other hosts'); what of its owner's other jobs holds one of its
+   GPUs open is killed (:func:`geco.job.gpufds.after_job`: the kernel checks a device at
+   open only); the job is forgotten (its resource file, OOM count file and stuck
+   marker); then its owner's strays are looked for (:func:`geco.job.strays.after_job`)
+   as the caller schedules it: at once (:func:`at_once`), or later (gecod's shepherd
+   watch, once the job's clients have seen its end). A job that is stuck keeps its
+   files: the reaper's next try needs them.
 
-It returns an :class:`Ended`: who ended the job, its figures and leftovers (the teardown's
-result), and its owner.
+It returns the :class:`Ended` record.
 """
 
 from __future__ import annotations
@@ -46,8 +48,10 @@ from geco.cgroup import Backend
 from geco.config import Config
 from geco.errors import GecoError
 from geco.job import strays, teardown
+from geco.job.accounting import Accounting
 from geco.job.jobkey import JobKey
 from geco.job.teardown import Teardown
+from geco.node import gpus
 from geco.sge import resourcefile
 
 TYPE_CHECKING = False
@@ -55,12 +59,11 @@ if TYPE_CHECKING:
     from contextlib import AbstractContextManager
     from typing import Protocol
 
-    from geco.job.accounting import Accounting
     from geco.job.resourceset import ResourceSet
-    from geco.wire.cluster import WholeJob
+    from geco.wire.cluster import Answer, WholeJob
 
     class Gate(Protocol):
-        """What gecod lends a job's end (its :class:`geco.daemon.quarantine.Context`)."""
+        """What gecod lends a job's end (its :class:`geco.daemon.context.GecodContext`)."""
 
         ending: set[JobKey]  # the jobs whose end has begun: no ssh session goes in
 
@@ -92,15 +95,18 @@ class Ended(NamedTuple):
     key: ``<job>.<task>``.
     cleaned_by: who ended it (``epilog``, ``gecod``, ``reaper``, ``master``), journaled
         as ``CLEANED_BY``.
-    teardown: its figures and leftovers (:class:`~geco.job.teardown.Teardown`), from which
-        its ``job-end`` record was written.
+    teardown: its figures and leftovers (:class:`~geco.job.teardown.Teardown`).
     owner: its owner's user name, None when nothing says.
+    gpus: the GPU ids it held here.
+    whole: a parallel job's master: every host's figures (:func:`geco.wire.cluster.whole_job`).
     """
 
     key: JobKey
     cleaned_by: str
     teardown: Teardown
     owner: str | None
+    gpus: tuple[int, ...] = ()
+    whole: WholeJob | None = None
 
     @property
     def clean(self) -> bool:
@@ -162,18 +168,25 @@ def end_job(key: JobKey, backend: Backend, cfg: Config, *, cleaned_by: str,
                 return None
             rs = _read(cfg, key) if isinstance(resources, Unread) else resources
             owner = strays.owner_in(rs, cfg, key, spool_dir)
-            result = teardown.tear_down(
-                key, backend, cfg, queue_instance=queue_instance, cleaned_by=cleaned_by,
-                resources=rs, owner=owner, event=event,
-                other_hosts=_other_hosts(rs, cfg, logger) if release_others else None)
+            answers = _release(rs, cfg, logger) if release_others else None
+            done = teardown.tear_down(key, backend, cfg, queue_instance=queue_instance,
+                                      cleaned_by=cleaned_by)
+            ended = Ended(key, cleaned_by, done, owner, _gpus_held(cfg, key, rs),
+                          _whole(rs, done.accounting, answers))
+            if ended.clean:
+                _journal(ended, event)
+                if ended.gpus:
+                    from geco.job import gpufds  # a GPU job's end only
+
+                    gpufds.after_job(cfg, backend, key, ended.gpus, owner)
     finally:
         ending.discard(key)
-    if result.clean:
+    if ended.clean:
         forget(cfg, key)
         if strays_when is not None and cfg.strays_kill:
             strays_when(owner, lambda: strays.after_job(cfg, backend, key, owner,
                                                         cleaned_by=cleaned_by))
-    return Ended(key, cleaned_by, result, owner)
+    return ended
 
 
 def _read(cfg: Config, key: JobKey) -> ResourceSet | None:
@@ -186,25 +199,63 @@ def _read(cfg: Config, key: JobKey) -> ResourceSet | None:
         return None
 
 
-def _other_hosts(rs: ResourceSet | None, cfg: Config, logger: log.Logger | None
-                 ) -> Callable[[Accounting], WholeJob] | None:
-    """A parallel job's other hosts, told to end it (all at once) and asked for their figures:
-    what joins this host's to make the job's one ``job-end`` record; None for a job of one
-    host (or with no resource set: then the slaves' reapers end it there)."""
+def _gpus_held(cfg: Config, key: JobKey, rs: ResourceSet | None) -> tuple[int, ...]:
+    """The job's GPU ids here (its ``GECO_GPUS``); () on a node without GPUs, or when its
+    resource set names none."""
+    try:
+        return gpus.held(cfg, key, rs)
+    except GecoError as exc:  # [gpu] devices unusable: geco check says so
+        _log.warning("job %s: which GPUs it held here is not known: %s", key, exc)
+        return ()
+
+
+def _release(rs: ResourceSet | None, cfg: Config, logger: log.Logger | None
+             ) -> list[Answer] | None:
+    """Tell a parallel job's other hosts to end it (all at once); their answers, with their
+    figures, join this host's ``job-end`` record. None for a job of one host (or with no
+    resource set: then the slaves' reapers end it there)."""
     if rs is None or len(rs.nodes) < 2:
         return None
     from geco.wire import cluster  # a parallel job's master only
 
-    answers = cluster.release(rs, cfg, logger)
+    return cluster.release(rs, cfg, logger)
+
+
+def _whole(rs: ResourceSet | None, figures: Accounting, answers: list[Answer] | None
+           ) -> WholeJob | None:
+    """Every host's figures of a parallel job whose master ends it, else None."""
+    if rs is None or answers is None:
+        return None
+    from geco.wire import cluster
+
     node = rs.node()
-    here = node.name if node is not None else os.uname().nodename
-    return lambda figures: cluster.whole_job(here, figures, answers)
+    return cluster.whole_job(node.name if node is not None else os.uname().nodename,
+                             figures, answers)
+
+
+def _journal(ended: Ended, event: str) -> None:
+    """Journal a clean end: ``job-end`` (``job-end-slave`` on a slave host) with who ended
+    it, its figures, the GPUs it held here and, for a parallel job's master, every host's."""
+    done, key, whole = ended.teardown, ended.key, ended.whole
+    others = f"; {whole.text}" if whole else ""
+    shown = gpus.format_ids(ended.gpus)
+    fields = {"KILLED": done.killed, "CLEANED_BY": ended.cleaned_by,
+              **(whole.fields if whole else {})}
+    if not done.had_cgroups:
+        _log.info("job %s ended: it has no cgroups on this node%s", key, others,
+                  extra=log.job_fields(key.job, key.task, event, **fields))
+        return
+    _log.info("job %s ended: %s%s; cgroups removed, %d leftover process(es) killed%s",
+              key, done.accounting.describe(), f", GPUs {shown}" if shown else "", done.killed,
+              others, extra=log.job_fields(key.job, key.task, event, GPUS=shown or None,
+                                           **fields, **done.accounting.journal_fields()))
 
 
 def forget(cfg: Config, key: JobKey) -> None:
-    """Remove the resource file and OOM count file of a job whose cgroups are gone (also
-    the reaper's, for a job whose cgroups went with no one to end it)."""
+    """Remove the resource file, OOM count file and stuck marker of a job whose cgroups are
+    gone (also the reaper's, for a job whose cgroups went with no one to end it)."""
     try:
+        teardown.stuck_marker(cfg, key).unlink(missing_ok=True)
         resourcefile.remove(cfg.resources_dir, key)
         # gecod's count file (geco.oom.watch): a hook, which counts nothing, loads gecod's
         # OOM module (a tenth of its start) only for a job that has one

@@ -3,7 +3,7 @@
 The kernel's devices cgroup checks a device at open(2) only. A job of user U can open
 its GPU, hand the fd (SCM_RIGHTS) to a process of U's later job on this node, whose
 cgroup denies that GPU, and go on using the GPU after it went to another job.
-:func:`after_job` closes that when a job ends here (:func:`geco.job.teardown.tear_down`,
+:func:`after_job` closes that when a job ends here (:func:`geco.job.ending.end_job`,
 once the job's cgroups are gone). Its ordered steps:
 
 1. The ended job's GPUs here (its ``GECO_GPUS``) and their device numbers (the node's
@@ -70,18 +70,11 @@ _PASSES = 20
 
 
 class Holder(NamedTuple):
-    """A process that held a GPU of the ended job open, and was killed.
-
-    Attributes
-    ----------
-    pid: the process.
-    job: the owner's other job it was in.
-    gpus: the ended job's GPU ids it held.
-    """
+    """A process that held a GPU of the ended job open, and was killed."""
 
     pid: int
-    job: JobKey
-    gpus: tuple[int, ...]
+    job: JobKey  # the owner's other job it was in
+    gpus: tuple[int, ...]  # the ended job's GPU ids it held
 
 
 class Revoked(NamedTuple):

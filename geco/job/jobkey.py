@@ -14,7 +14,7 @@ leading zeros only: a key can never be ``..``, ``1/2`` or a name with a NUL.
 Grid Engine's own words for a job (``JOB_ID`` and ``SGE_TASK_ID``, the queue's
 ``$job_id $ja_task_id``) are read by :meth:`JobKey.from_sge`, :meth:`JobKey.job_of`
 and :meth:`JobKey.task_of`, the one Python home of that rule (its C twin is
-``preload/geco_job.c``; both are tested against ``tests/vectors/job_identity.json``):
+``libgeco/geco_job.c``; both are tested against ``tests/vectors/job_identity.json``):
 a job id is decimal digits only, no sign, blank or leading zero, 1 to 19 digits; a
 task id is the same, or absent, ``""``, ``0`` or ``undefined``, which mean task 1
 (not an array job: Grid Engine says ``$ja_task_id`` 0 and ``SGE_TASK_ID=undefined``
@@ -34,7 +34,7 @@ _ID_RE = re.compile(r"[1-9][0-9]{0,18}")
 # not an array job: absent, "" (nothing to read), $ja_task_id 0, SGE_TASK_ID=undefined
 _TASK_ONE = (None, "", "0", "undefined")
 
-#: What an id Grid Engine writes must be (preload/geco_job.c says the same words).
+#: What an id Grid Engine writes must be (libgeco/geco_job.c says the same words).
 JOB_ID_RULE = ("JOB_ID must be a number from 1 to 9999999999999999999, digits only, no "
                "leading zero")
 TASK_ID_RULE = ('SGE_TASK_ID must be "undefined", 0 or a number from 1 to '

@@ -49,16 +49,10 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class Process:
-    """One process in a job's cgroups.
-
-    Attributes
-    ----------
-    pid: its pid.
-    command: its ``comm`` ("" when it could not be read: gone, or /proc hides it).
-    """
+    """One process in a job's cgroups."""
 
     pid: int
-    command: str
+    command: str  # its ``comm`` ("" when it could not be read: gone, or /proc hides it)
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,17 +2,15 @@
 
 A job's end (:func:`geco.job.ending.end_job`: the epilog, gecod's shepherd watch, a
 slave's release, and gecod's reaper for jobs nobody ended, again every round for a
-job whose teardown got stuck) calls :func:`tear_down` with the job's resource set it
-read. The steps (OAR's Leon: normal, then exterminate):
+job whose teardown got stuck) calls :func:`tear_down`, which does only what touches the
+job's cgroups and processes (OAR's Leon: normal, then exterminate):
 
 1. Read the job's counters (peak memory, CPU time, OOM kills) while its cgroups
    still exist: removing a cgroup removes its counters.
 2. Freeze, SIGKILL every process (sub-cgroups included), thaw, wait up to
    ``cfg.kill_timeout`` seconds for the cgroups to empty, remove them deepest
    first (:func:`geco.job.containment.kill_and_remove`).
-3. Clean: journal ``GECO_EVENT=job-end`` with the accounting. A job that held GPUs
-   here: kill what of its owner's other jobs here holds one open, an fd the job handed
-   over (:func:`geco.job.gpufds.after_job`: the kernel checks a device at open only).
+3. Clean: return the figures; the job's end journals them (``job-end``).
 4. Stuck: journal ``GECO_EVENT=cleanup-stuck`` (PRIORITY 3) with every process
    left, its state and the kernel function it sleeps in, and keep the cgroups
    for the reaper. When ``cfg.disable_queue_on_stuck``, disable the queue
@@ -26,7 +24,8 @@ so its processes are reported as stuck (cgroup ``"stuck"``, state ``D``)
 rather than overruled; once it is thawed, the reaper's next round finishes.
 
 The queue is disabled once per stuck job: the marker ``<state_dir>/stuck/<key>``
-remembers it until the job's cgroups are gone (or the machine reboots), so an
+remembers it until the job's cgroups are gone (the job's end forgets it, or the
+machine reboots), so an
 admin who looked and enabled the queue again is not overruled by the reaper's
 next round. geco never enables a queue: whether the node is healthy again is
 the admin's call (``qmod -e``).
@@ -38,7 +37,6 @@ result says what happened.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 from geco import log, procfs
@@ -49,15 +47,10 @@ from geco.errors import GecoError
 from geco.job import containment
 from geco.job.accounting import Accounting
 from geco.job.jobkey import JobKey
-from geco.job.resourceset import ResourceSet, short_hostname
-from geco.node import gpus
+from geco.job.resourceset import short_hostname
 from geco.sge import qmod as qmod_command
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from geco.wire.cluster import WholeJob
-
-__all__ = ["StuckProcess", "Teardown", "found_stuck", "tear_down"]
+__all__ = ["StuckProcess", "Teardown", "found_stuck", "stuck_marker", "tear_down"]
 
 _log = log.get("teardown")
 
@@ -115,6 +108,7 @@ class Teardown(NamedTuple):
     queue_disabled: the queue instance ``qmod -d`` disabled in this call, if any.
     error: why the cgroups are kept although no process is listed (the kernel
         refused a read, a write or the removal); ``""`` otherwise.
+    had_cgroups: False when the job had no cgroups on this node to tear down.
     """
 
     key: JobKey
@@ -123,6 +117,7 @@ class Teardown(NamedTuple):
     accounting: Accounting
     queue_disabled: str | None
     error: str = ""
+    had_cgroups: bool = True
 
     @property
     def clean(self) -> bool:
@@ -131,11 +126,8 @@ class Teardown(NamedTuple):
 
 
 def tear_down(key: JobKey, backend: Backend, cfg: Config, *, queue_instance: str | None,
-              cleaned_by: str, resources: ResourceSet | None = None,
-              owner: str | None = None, qmod: str | None = None,
-              other_hosts: Callable[[Accounting], WholeJob] | None = None,
-              event: str = "job-end") -> Teardown:
-    """Kill what is left of a job, remove its cgroups, journal the job's end or the escalation.
+              cleaned_by: str, qmod: str | None = None) -> Teardown:
+    """Kill what is left of a job and remove its cgroups; journal and escalate what will not die.
 
     Parameters
     ----------
@@ -147,14 +139,6 @@ def tear_down(key: JobKey, backend: Backend, cfg: Config, *, queue_instance: str
         epilog reads it from the job's spooled ``config``); None disables
         every queue on this host, ``*@<short hostname>``.
     cleaned_by: who tears down, journaled as ``CLEANED_BY`` (``epilog``, ``reaper``).
-    resources: the job's resource set, read once by its end (:func:`geco.job.ending.end_job`):
-        which GPUs it held here; None: none on record.
-    owner: its owner (whose other jobs may hold its GPUs open); None: unknown.
-    other_hosts: a parallel job's master: given this host's figures, the whole job's
-        (:func:`geco.wire.cluster.whole_job`), which join its ``job-end`` record, so that the
-        job has one record for all its hosts.
-    event: the record's ``GECO_EVENT``: ``job-end``, or ``job-end-slave`` on a slave host
-        of a parallel job, whose figures go into its master's ``job-end``.
     qmod: the qmod command; default: ``qmod`` next to ``cfg.qstat`` when that
         is a full path, else ``qmod`` from the fixed PATH qstat uses (:mod:`geco.sge.siteenv`).
         It is run argv-only (``qmod -d <instance>``), once, for at most
@@ -171,19 +155,8 @@ def tear_down(key: JobKey, backend: Backend, cfg: Config, *, queue_instance: str
         qmod problems are journaled and returned, never raised.
     """
     key = check_key(key)
-    job, task = key.job, key.task
-    marker = cfg.state_dir / "stuck" / key
-    held = _gpus_held(cfg, key, resources)
     if not backend.exists(key):
-        _forget(marker)
-        whole = other_hosts(Accounting()) if other_hosts else None
-        _log.info("job %s ended: it has no cgroups on this node%s", key,
-                  f"; {whole.text}" if whole else "",
-                  extra=log.job_fields(job, task, event, KILLED=0, CLEANED_BY=cleaned_by,
-                                       **(whole.fields if whole else {})))
-        # an earlier teardown may have stopped between the cgroups' removal and this
-        _revoke_gpu_fds(key, backend, cfg, held, owner)
-        return Teardown(key, 0, (), Accounting(), None)
+        return Teardown(key, 0, (), Accounting(), None, had_cgroups=False)
     accounting = Accounting.from_usage(containment.read_usage(key, backend))
     killed, error = 0, ""
     try:
@@ -193,43 +166,14 @@ def tear_down(key: JobKey, backend: Backend, cfg: Config, *, queue_instance: str
         error = str(exc) if backend.exists(key) else ""
         left = _pids_left(key, backend) if error else ()
     if not left and not error:
-        _forget(marker)
-        whole = other_hosts(accounting) if other_hosts else None
-        shown = gpus.format_ids(held)
-        _log.info("job %s ended: %s%s; cgroups removed, %d leftover process(es) killed%s",
-                  key, accounting.describe(), f", GPUs {shown}" if held else "", killed,
-                  f"; {whole.text}" if whole else "",
-                  extra=log.job_fields(job, task, event, KILLED=killed, GPUS=shown or None,
-                                       CLEANED_BY=cleaned_by, **accounting.journal_fields(),
-                                       **(whole.fields if whole else {})))
-        _revoke_gpu_fds(key, backend, cfg, held, owner)
         return Teardown(key, killed, (), accounting, None)
     stuck = tuple(_describe(key, backend, pid) for pid in left)
     _report_stuck(key, stuck, error, killed, cfg.kill_timeout, cleaned_by)
     disabled = None
     if cfg.disable_queue_on_stuck:
-        disabled = _disable_queue(key, queue_instance or f"*@{short_hostname()}", marker,
-                                  cfg, qmod, cleaned_by)
+        disabled = _disable_queue(key, queue_instance or f"*@{short_hostname()}",
+                                  stuck_marker(cfg, key), cfg, qmod, cleaned_by)
     return Teardown(key, killed, stuck, accounting, disabled, error)
-
-
-def _gpus_held(cfg: Config, key: JobKey, rs: ResourceSet | None) -> tuple[int, ...]:
-    """The job's GPU ids here (its ``GECO_GPUS``); () on a node without GPUs, or when its
-    resource set names none."""
-    try:
-        return gpus.held(cfg, key, rs)
-    except GecoError as exc:  # [gpu] devices unusable: geco check says so
-        _log.warning("job %s: which GPUs it held here is not known: %s", key, exc)
-        return ()
-
-
-def _revoke_gpu_fds(key: JobKey, backend: Backend, cfg: Config, held: tuple[int, ...],
-                    owner: str | None) -> None:
-    """A job that held GPUs is gone: kill what of its owner's other jobs here holds one."""
-    if held:
-        from geco.job import gpufds  # a GPU job's end only
-
-        gpufds.after_job(cfg, backend, key, held, owner)
 
 
 def _pids_left(key: JobKey, backend: Backend) -> tuple[int, ...]:
@@ -311,10 +255,15 @@ def _disable_queue(key: JobKey, instance: str, marker: Path, cfg: Config, qmod: 
     return None
 
 
+def stuck_marker(cfg: Config, key: JobKey) -> Path:
+    """The file that says the queue was disabled for job ``key`` (forgotten with the job)."""
+    return cfg.state_dir / "stuck" / check_key(key)
+
+
 def found_stuck(cfg: Config, key: JobKey) -> bool:
     """True when a teardown since boot found job ``key`` stuck and disabled its queue: the
     reaper owns it now and tries again every round."""
-    return _marked(cfg.state_dir / "stuck" / check_key(key)) is not None
+    return _marked(stuck_marker(cfg, key)) is not None
 
 
 def _marked(marker: Path) -> str | None:
@@ -347,11 +296,3 @@ def _remember(marker: Path, instance: str) -> None:
     except OSError as exc:
         _log.warning("cannot write %s (%s): the queue may be disabled again next round",
                      marker, exc)
-
-
-def _forget(marker: Path) -> None:
-    """Remove the marker of a job whose cgroups are gone."""
-    try:
-        marker.unlink(missing_ok=True)
-    except OSError as exc:
-        _log.warning("cannot remove %s: %s", marker, exc)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from geco import log
 from geco.errors import GecoError
+from geco.oom.fdowner import FdOwner
 
 __all__ = ["KMSG", "KernelLog", "KillRecord", "parse_oom_kill"]
 
@@ -121,7 +122,7 @@ def _is_under(path: str, parent: str) -> bool:
 # ---------------------------------------------------------------------------
 
 
-class KernelLog:
+class KernelLog(FdOwner):
     """``/dev/kmsg``, opened once, read from its end on, kill lines kept until a watch claims them.
 
     Each ``read(2)`` of ``/dev/kmsg`` returns one record; the reader's position
@@ -170,10 +171,6 @@ class KernelLog:
                                          path=path) from exc
         return cls(fd, path)
 
-    def fileno(self) -> int:
-        """The fd, for the runloop."""
-        return self._fd
-
     def drain(self) -> int:
         """Read every record logged since the last call; keep the ``oom-kill:`` lines.
 
@@ -219,17 +216,6 @@ class KernelLog:
             self._records.remove(record)
         return mine
 
-    def close(self) -> None:
-        """Close the fd (remove it from the runloop first); closing twice is harmless."""
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-
-    def __enter__(self) -> KernelLog:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _seq_of(header: bytes) -> int:

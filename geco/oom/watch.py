@@ -39,6 +39,7 @@ from geco.cgroup import Backend, Limits, check_key
 from geco.errors import CgroupError, GecoError
 from geco.job.jobkey import JobKey
 from geco.job.resourceset import short_hostname
+from geco.oom.fdowner import FdOwner
 from geco.oom.kmsg import KernelLog, _is_under
 
 __all__ = ["OomEvent", "OomWatch", "open_inotify", "parse_keyed", "remove_counts"]
@@ -133,34 +134,22 @@ def open_inotify(path: Path, mask: int = _IN_MODIFY) -> int:
 
 @dataclass(frozen=True, slots=True)
 class OomEvent:
-    """One OOM kill in a job's cgroup.
-
-    Attributes
-    ----------
-    key: ``<job>.<task>``.
-    node: this host's short name.
-    limit: the limit that applied in bytes (the one the job was closest to),
-        0 = the job had none.
-    peak: the job's peak use of that kind in bytes (v1 ``max_usage_in_bytes``
-        (page cache included), v2 ``memory.peak``; 0 when the kernel has none).
-    pid, command: the victim, from the kernel log; ``0`` and ``""`` when its
-        line could not be found.
-    kill_count: the kernel's ``oom_kill`` counter for the job at this kill
-        (1 for the first one).
-    limit_kind: ``"ram"`` or ``"ram+swap"`` (v1 memsw / v2 memory + swap).
-    scope: ``"job"`` when the kernel log says the job's own limit was hit,
-        ``"node"`` when it says the node (or a parent cgroup) ran out, ``""``
-        when there was no line to tell.
-    """
+    """One OOM kill in a job's cgroup."""
 
     key: JobKey
-    node: str
+    node: str  # this host's short name
+    # the limit that applied, in bytes (the one the job was closest to); 0: the job had none
     limit: int
+    # the job's peak use of that kind in bytes (v1 ``max_usage_in_bytes``, page cache
+    # included; v2 ``memory.peak``); 0 when the kernel has none
     peak: int
+    # the victim, from the kernel log; 0 and "" when its line could not be found
     pid: int = 0
     command: str = ""
-    kill_count: int = 1
-    limit_kind: str = "ram"
+    kill_count: int = 1  # the kernel's ``oom_kill`` counter for the job at this kill
+    limit_kind: str = "ram"  # or "ram+swap" (v1 memsw, v2 memory + swap)
+    # "job" when the kernel log says the job's own limit was hit, "node" when it says the
+    # node (or a parent cgroup) ran out, "" when there was no line to tell
     scope: str = ""
 
     @property
@@ -259,7 +248,7 @@ def _boot_id() -> str:
 # ---------------------------------------------------------------------------
 
 
-class OomWatch:
+class OomWatch(FdOwner):
     """Watch one job cgroup for OOM kills (see the module docstring).
 
     Parameters
@@ -350,10 +339,6 @@ class OomWatch:
                 f"cannot register for OOM notifications of job {self.key} in {control.name}",
                 exc, key=self.key, path=control) from exc
         return efd
-
-    def fileno(self) -> int:
-        """The fd the runloop polls for reading."""
-        return self._fd
 
     def on_readable(self) -> list[OomEvent]:
         """Drain the notification and return the kills not reported before (usually one).
@@ -467,14 +452,3 @@ class OomWatch:
         except OSError as exc:
             _log.warning("cannot remove the OOM count file %s: %s", self._counts_file, exc)
 
-    def close(self) -> None:
-        """Close the fd (remove it from the runloop first); closing twice is harmless."""
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-
-    def __enter__(self) -> OomWatch:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

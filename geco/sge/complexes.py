@@ -62,11 +62,11 @@ def memory_defaults(cfg: Config) -> dict[str, int]:
             return parse(path.read_text(errors="replace"))
     except OSError:
         pass
-    from geco.sge import qstat  # only when the kept answer is stale
+    from geco.sge import command  # only when the kept answer is stale
 
     text = ""
     try:
-        text = qstat.run_qconf(["-sc"], cfg)
+        text = command.run_qconf(["-sc"], cfg)
     except GecoError as exc:
         _log.warning("cannot read Grid Engine's complex defaults (%s): a job that requests "
                      "no memory gets [cgroup] memory_per_slot and vmem_per_slot only", exc)

@@ -25,8 +25,9 @@ from geco._tuple import NamedTuple
 from geco.errors import GecoError, JobKeyError
 from geco.job.jobkey import JobKey
 
-__all__ = ["JobRef", "find_shepherd", "find_spool_dir", "is_job_shepherd", "job_from_hook",
-           "key_of_environment", "parse_key_values", "read_config"]
+__all__ = ["JobRef", "find_shepherd", "find_spool_dir", "is_job_shepherd", "job_dir_in",
+           "job_dir_of", "job_from_hook", "job_start_dir", "key_of_environment",
+           "parse_key_values", "read_config"]
 
 
 class JobRef(NamedTuple):
@@ -86,7 +87,7 @@ def parse_key_values(data: bytes) -> dict[bytes, bytes]:
 def key_of_environment(data: bytes) -> JobKey:
     """Return the job a spooled ``environment`` file names: its last ``JOB_ID=`` and
     ``SGE_TASK_ID=`` lines (none: task 1), read by :meth:`JobKey.from_sge`
-    (``preload/geco_job.c`` reads it the same way).
+    (``libgeco/geco_job.c`` reads it the same way).
 
     Raises
     ------
@@ -135,6 +136,49 @@ def is_job_shepherd(pid: int) -> bool:
     become root, so naming itself does not let it survive.
     """
     return procfs.comm(pid).startswith("sge_shepherd") and procfs.real_uid(pid) == 0
+
+
+def job_dir_of(cwd: Path, spool_root: Path, key: JobKey) -> Path | None:
+    """Return the job's ``active_jobs/<job>.<task>`` dir when ``cwd`` is it or a PE task dir.
+
+    ``<spool_root>/<host>/active_jobs/<job>.<task>[/<pe task>]``; the host part
+    is not compared with this host's name: Grid Engine may spell it another way
+    (host_aliases, a domain), and only the execd user can create it anyway.
+    """
+    found = job_dir_in(str(cwd), str(spool_root), key)
+    return None if found is None else Path(found)
+
+
+def job_dir_in(cwd: str, spool_root: str, key: JobKey) -> str | None:
+    """:func:`job_dir_of` on the kernel's own spelling of paths (readlink of /proc/<pid>/cwd:
+    no "//", ".", ".." or trailing "/"), in strings: gecod does this for every request."""
+    prefix = spool_root.rstrip("/") + "/"
+    if not cwd.startswith(prefix):
+        return None
+    parts = cwd[len(prefix):].split("/")
+    if len(parts) not in (3, 4) or "" in parts or parts[1] != "active_jobs" \
+            or parts[2] != key:
+        return None
+    return prefix + "/".join(parts[:3])
+
+
+def job_start_dir(key: JobKey, pid: int, spool_root: Path, *,
+                  or_forking: bool = False) -> Path | None:
+    """The job's own spool dir when ``pid`` is a start of job ``key`` on this node: its master
+    shepherd (an ``sge_shepherd`` of real uid 0, see :func:`is_job_shepherd`), or, with
+    ``or_forking``, sge_execd's child on its way to become it; None otherwise. Either works in
+    the job's own dir: a ``qrsh -inherit`` task's shepherd, in a PE task dir below it, ends
+    with the job and is no start of it.
+    """
+    comm = procfs.comm(pid)
+    if not (comm.startswith("sge_shepherd") or (or_forking and comm == "sge_execd")) \
+            or procfs.real_uid(pid) != 0:
+        return None
+    try:
+        cwd = Path(procfs.cwd(pid))
+    except OSError:
+        return None
+    return cwd if job_dir_of(cwd, spool_root, key) == cwd else None
 
 
 def find_spool_dir(execd_spool_dir: Path, key: JobKey, node: str) -> Path | None:

@@ -29,13 +29,13 @@ def disable(instance: str, cfg: Config, qmod: str | None = None) -> str | None:
     qmod: the qmod command to run instead.
     """
     # only for a job that cannot be killed: the epilog of every other job loads none of it
-    from geco.sge import qstat, siteenv
+    from geco.sge import command, siteenv
 
     try:
         env = siteenv.discover(cfg)
-        command = qstat.find_command(qmod or qstat.beside_qstat(cfg, "qmod"), env,
+        found = command.find_command(qmod or command.beside_qstat(cfg, "qmod"), env,
                                      what="qmod", remedy=_REMEDY)
-        _, why, status = qstat.run_once([command, "-d", instance], cfg.qstat_timeout, env)
+        _, why, status = command.run_once([found, "-d", instance], cfg.qstat_timeout, env)
     except GecoError as exc:
         return str(exc)
     except OSError as exc:

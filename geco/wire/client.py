@@ -29,9 +29,11 @@ from typing import Any
 
 from geco.config import Config
 from geco.errors import GecoError, ProtocolError
-from geco.wire import address, protocol
+from geco.wire import address
 from geco.wire.address import Address
-from geco.wire.protocol import PEERCRED, PUBLIC_KEY, Ack, AckStatus, JobStarted, MsgType
+from geco.wire.frame import PEERCRED, PUBLIC_KEY, Frame, decode, encode, nonce_of
+from geco.wire.messages import Ack, AckStatus, JobStarted, MsgType, StatusReply
+from geco.wire.reader import read_frame
 
 __all__ = [
     "GecodNotRunning",
@@ -130,7 +132,7 @@ def request(addr: Address, frame: bytes, timeout: float) -> bytes:
 
     Returns
     -------
-    The reply's bytes, one whole frame (not yet verified: :func:`geco.wire.protocol.decode`).
+    The reply's bytes, one whole frame (not yet verified: :func:`geco.wire.frame.decode`).
 
     Raises
     ------
@@ -161,7 +163,7 @@ def request(addr: Address, frame: bytes, timeout: float) -> bytes:
     with sock:
         try:
             sock.sendall(frame)
-            return protocol.read_frame(sock, deadline)
+            return read_frame(sock, deadline)
         except ProtocolError as exc:
             if exc.reason == "timeout":
                 raise GecodTimeout(f"gecod did not answer within {timeout:g} s",
@@ -178,8 +180,14 @@ def request(addr: Address, frame: bytes, timeout: float) -> bytes:
                                                 address=addr) from exc
 
 
+def _ack_of(got: Frame) -> Ack:
+    """The ACK a decoded ACK frame carries (decode unpacked it once)."""
+    assert isinstance(got.message, Ack)
+    return got.message
+
+
 def _ask(cfg: Config, msg_type: MsgType, payload: JobStarted | bytes,
-         timeout: float | None) -> protocol.Frame:
+         timeout: float | None) -> Frame:
     """One PEERCRED request, retried while gecod says BUSY or closes the connection unanswered
     (a full connection table); return the verified reply frame."""
     addr = _address(cfg)
@@ -189,7 +197,7 @@ def _ask(cfg: Config, msg_type: MsgType, payload: JobStarted | bytes,
     deadline = time.monotonic() + limit
     pause = _BUSY_PAUSE
     while True:
-        frame = protocol.encode(msg_type, payload, PUBLIC_KEY, flags=PEERCRED)
+        frame = encode(msg_type, payload, PUBLIC_KEY, flags=PEERCRED)
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise GecodTimeout(f"gecod did not answer within {limit:g} s", address=addr)
@@ -205,13 +213,13 @@ def _ask(cfg: Config, msg_type: MsgType, payload: JobStarted | bytes,
             time.sleep(pause)
             pause = min(pause * 2, _BUSY_PAUSE_MAX)
             continue
-        got = protocol.decode(reply, PUBLIC_KEY, max_skew=cfg.gecod_max_skew, peercred=True)
+        got = decode(reply, PUBLIC_KEY, max_skew=cfg.gecod_max_skew, peercred=True)
         if got.type is not MsgType.ACK:
             return got
-        ack = Ack.unpack(got.payload)
-        if ack.request_nonce != frame[12:28]:
+        ack = _ack_of(got)
+        if ack.request_nonce != nonce_of(frame):
             raise ProtocolError(f"the ACK answers request {ack.request_nonce.hex()}, not this "
-                                f"one ({frame[12:28].hex()})", reason="nonce")
+                                f"one ({nonce_of(frame).hex()})", reason="nonce")
         if ack.status is not AckStatus.BUSY or time.monotonic() + pause >= deadline:
             return got
         time.sleep(pause)
@@ -259,7 +267,7 @@ def quarantine_self(cfg: Config, job_id: int, task_id: int,
     got = _ask(cfg, MsgType.QUARANTINE_SELF, JobStarted(job_id, task_id, os.getpid()), timeout)
     if got.type is not MsgType.ACK:
         raise ProtocolError(f"the reply must be an ACK, got {got.type.name}", reason="type")
-    ack = Ack.unpack(got.payload)
+    ack = _ack_of(got)
     if ack.status is not AckStatus.OK:
         raise GecodRefused(ack.status, job=job_id, task=task_id)
     return ack
@@ -286,9 +294,9 @@ def status(cfg: Config, timeout: float | None = None) -> dict[str, Any]:
     """
     got = _ask(cfg, MsgType.STATUS, b"", timeout)
     if got.type is MsgType.ACK:
-        raise GecodRefused(Ack.unpack(got.payload).status)
+        raise GecodRefused(_ack_of(got).status)
     msg = got.message
-    if not isinstance(msg, protocol.StatusReply):
+    if not isinstance(msg, StatusReply):
         raise ProtocolError(f"the reply to STATUS must be a STATUS_REPLY, got {got.type.name}",
                             reason="type")
     return msg.document

@@ -38,15 +38,9 @@ from geco.job.jobkey import JobKey
 from geco.job.resourceset import ResourceSet, short_hostname
 from geco.units import format_memory
 from geco.wire import address, keys
-from geco.wire.protocol import (
-    CLUSTER_MAX_PAYLOAD,
-    MsgType,
-    NodeRequest,
-    StatusReply,
-    decode,
-    encode,
-    read_frame,
-)
+from geco.wire.frame import decode, encode, nonce_of
+from geco.wire.messages import CLUSTER_MAX_PAYLOAD, MsgType, NodeRequest, StatusReply
+from geco.wire.reader import read_frame
 
 __all__ = ["Answer", "WholeJob", "abort", "ask", "ask_all", "caller", "load_key", "master",
            "other_hosts", "port", "prepare", "release", "report_oom", "show", "whole_job"]
@@ -130,7 +124,7 @@ def ask(host: str, kind: MsgType, request: NodeRequest, key: bytes, port: int,
     started = time.monotonic()
     deadline = started + timeout
     frame = encode(kind, request, key, max_payload=CLUSTER_MAX_PAYLOAD)
-    nonce = frame[12:28]
+    nonce = nonce_of(frame)
     try:
         with socket.create_connection((host, port), timeout=timeout) as sock:
             sock.sendall(frame)
@@ -149,7 +143,8 @@ def ask(host: str, kind: MsgType, request: NodeRequest, key: bytes, port: int,
         if got.type is not MsgType.NODE_REPLY:
             raise ProtocolError(f"the reply must be a NODE_REPLY, got {got.type.name}",
                                 reason="type")
-        doc = StatusReply.unpack(got.payload).document
+        assert isinstance(got.message, StatusReply)  # decode unpacked it
+        doc = got.message.document
         if doc.get("request") != nonce.hex():
             raise ProtocolError("the reply answers another request", reason="nonce")
     except ProtocolError as exc:

@@ -20,7 +20,7 @@ import nacl.utils
 
 from geco import atomicfile
 from geco.errors import KeyFileError
-from geco.wire.protocol import KEY_BYTES
+from geco.wire.frame import KEY_BYTES
 
 __all__ = ["KEY_BYTES", "KEY_MODE", "generate_key", "load_key"]
 

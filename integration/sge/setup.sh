@@ -299,26 +299,16 @@ log "   $HN resolves to $(getent ahostsv4 "$HN" | awk 'NR == 1 {print $1}')"
 # 3. packages (debconf preseeded: no questions)
 # ---------------------------------------------------------------------------
 log "== packages"
-missing=()
-for p in "${PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
-done
+# missing_packages, install_packages (no daemon started by a postinst: we start them ourselves)
+. "$HERE/../../scripts/packages.sh"
+mapfile -t missing < <(missing_packages "${PACKAGES[@]}")
 if [ ${#missing[@]} -gt 0 ]; then
   debconf-set-selections <<EOF
 gridengine-common shared/gridengineconfig boolean true
 gridengine-common shared/gridenginecell string $SGE_CELL
 gridengine-common shared/gridenginemaster string $HN
 EOF
-  # The postinsts would start the daemons (and exim4, a dependency) through
-  # invoke-rc.d on a host where that works; we start them ourselves, cleanly.
-  if [ ! -e /usr/sbin/policy-rc.d ]; then
-    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
-    chmod 0755 /usr/sbin/policy-rc.d
-    POLICY_RC_ADDED=1
-  fi
-  apt-get update -q >"$TMPD/apt.log" 2>&1 || { cat "$TMPD/apt.log" >&2; die "apt-get update failed"; }
-  apt-get install -y -q --no-install-recommends "${missing[@]}" >>"$TMPD/apt.log" 2>&1 \
-    || { cat "$TMPD/apt.log" >&2; die "apt-get install ${missing[*]} failed"; }
+  install_packages "$TMPD/apt.log" "${missing[@]}"
   log "   installed ${missing[*]}"
 fi
 log "   gridengine $(dpkg-query -W -f='${Version}' gridengine-master)"
@@ -382,8 +372,19 @@ q() { "$@" >"$TMPD/q.out" 2>&1 || { cat "$TMPD/q.out" >&2; die "failed: $*"; }; 
 join_cont() { awk '{ if (sub(/\\$/, "")) { buf = buf $0; next } print buf $0; buf = "" }'; }
 # same content, whatever the spacing (qconf pads columns; our rewritten lines do not)
 same() { cmp -s <(awk '{ $1 = $1; print }' "$1") <(awk '{ $1 = $1; print }' "$2"); }
+# every line of the file is in what qconf shows (which adds what the qmaster keeps itself,
+# e.g. an exec host's load_values and processors), whatever the spacing
+has_all() { # shown file
+  awk 'NR == FNR { $1 = $1; want[$0] = 1; next } { $1 = $1; delete want[$0] }
+       END { for (line in want) exit 1 }' "$2" "$1"
+}
+# each qconf costs ~3 s on an emulated machine (the VM tests'): written only when it differs
 add_or_modify() { # show-option add-option modify-option name file
-  if qconf "$1" "$4" >/dev/null 2>&1; then q qconf "$3" "$5"; else q qconf "$2" "$5"; fi
+  if qconf "$1" "$4" 2>/dev/null | join_cont > "$TMPD/shown"; then
+    has_all "$TMPD/shown" "$5" || { q qconf "$3" "$5"; log "   $4 rewritten"; }
+  else
+    q qconf "$2" "$5"; log "   $4 added"
+  fi
 }
 
 qconf -sh 2>/dev/null | grep -qx "$SGEH" || q qconf -ah "$SGEH"

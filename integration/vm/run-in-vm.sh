@@ -37,6 +37,15 @@
 #                the image before VM_EXTRA_PACKAGES are installed
 #   VM_MASK      units masked in the image (services of the packages that the
 #                command starts its own way), e.g. "gridengine-exec.service"
+#   VM_PREPARE   a command run as root in the image's chroot at build time, after
+#                the packages and the guest's own configuration, with the guest's
+#                host name and the address slirp gives it (private UTS and network
+#                namespaces): what every boot would set up the same way, done once
+#                and natively (the guest's CPU is emulated). It must stop what it
+#                starts. Its output is in the image's prepare.log
+#   VM_PREPARE_FILES  files for it, paths relative to VM_PREPARE_ROOT (a host
+#                directory), copied to the same paths under /tmp/runinvm-prepare in
+#                the chroot (removed afterwards); their content is part of the image key
 #   VM_MIRROR / VM_SECURITY_MIRROR / VM_SUITE  Debian mirror & suite
 #   VM_DISK_SIZE size of the (sparse) guest root disk          [4G]
 #   VM_AUTO_INSTALL 1 = apt-get install missing host tools     [1]
@@ -53,7 +62,7 @@
 set -euo pipefail
 
 # --------------------------------------------------------------- settings --
-IMAGE_RECIPE_VERSION=7   # bump when the image recipe below changes
+IMAGE_RECIPE_VERSION=8   # bump when the image recipe below changes
 VM_CACHE=${VM_CACHE:-/var/cache/geco-vm}
 VM_MOUNT=${VM_MOUNT:-/mnt/host}
 _ncpu=$(nproc 2>/dev/null || echo 2); (( _ncpu > 4 )) && _ncpu=4
@@ -68,6 +77,9 @@ VM_KEEP=${VM_KEEP:-0}
 VM_EXTRA_PACKAGES=${VM_EXTRA_PACKAGES:-}
 VM_PRESEED=${VM_PRESEED:-}
 VM_MASK=${VM_MASK:-}
+VM_PREPARE=${VM_PREPARE:-}
+VM_PREPARE_FILES=${VM_PREPARE_FILES:-}
+VM_PREPARE_ROOT=${VM_PREPARE_ROOT:-.}
 VM_SUITE=${VM_SUITE:-bookworm}
 VM_MIRROR=${VM_MIRROR:-http://deb.debian.org/debian}
 VM_SECURITY_MIRROR=${VM_SECURITY_MIRROR:-http://deb.debian.org/debian-security}
@@ -81,6 +93,8 @@ VM_CPU_MODEL=${VM_CPU_MODEL:-}
 
 BASE_PACKAGES="systemd,systemd-sysv,udev,kmod,dbus,libpam-systemd,python3,python3-venv,openssh-server,iproute2,procps"
 IMG_DIR=""   # $VM_CACHE/image-<key>, set by ensure_image
+GUEST_NAME=runinvm
+GUEST_ADDR=10.0.2.15   # slirp's first DHCP lease (VM_NET=user)
 
 log()  { printf 'run-in-vm: %s\n' "$*" >&2; }
 die()  { log "ERROR: $*"; exit 126; }
@@ -98,6 +112,7 @@ ensure_host_tools() {
     command -v debootstrap >/dev/null       || missing+=(debootstrap)
     command -v mkfs.ext4 >/dev/null         || missing+=(e2fsprogs)
     command -v flock >/dev/null             || missing+=(util-linux)
+    [[ -z $VM_PREPARE ]] || command -v ip >/dev/null || missing+=(iproute2)
     if ((${#missing[@]})); then
         [[ $VM_AUTO_INSTALL == 1 ]] || die "missing host packages: ${missing[*]}"
         log "installing host packages: ${missing[*]}"
@@ -118,8 +133,10 @@ image_key() {
     {
         printf '%s|%s|%s|%s|%s|%s|%s\n' "$IMAGE_RECIPE_VERSION" "$VM_SUITE" "$VM_MIRROR" \
             "$VM_SECURITY_MIRROR" "$BASE_PACKAGES" "$VM_EXTRA_PACKAGES" "$VM_DISK_SIZE"
-        printf '%s\n' "$VM_PRESEED" "$VM_MASK"
+        printf '%s\n' "$VM_PRESEED" "$VM_MASK" "$VM_PREPARE"
         ca_files | while read -r f; do cat "$f"; done
+        local f
+        for f in $VM_PREPARE_FILES; do printf '%s\n' "$f"; cat "$VM_PREPARE_ROOT/$f"; done
     } | sha256sum | cut -c1-16
 }
 
@@ -128,6 +145,12 @@ image_ok() {
 }
 
 BUILD_ROOT=""
+mount_chroot() {
+    mount -t proc proc "$BUILD_ROOT/proc"
+    mount -t sysfs sysfs "$BUILD_ROOT/sys"
+    mount --bind /dev "$BUILD_ROOT/dev"
+    mount -t devpts devpts "$BUILD_ROOT/dev/pts" || true
+}
 umount_chroot() {
     [[ -n $BUILD_ROOT ]] || return 0
     local m
@@ -139,8 +162,8 @@ umount_chroot() {
 # everything that goes into the guest is written here
 configure_rootfs() {
     local r=$1
-    echo runinvm > "$r/etc/hostname"
-    printf '127.0.0.1 localhost\n127.0.1.1 runinvm\n::1 localhost ip6-localhost ip6-loopback\n' > "$r/etc/hosts"
+    echo "$GUEST_NAME" > "$r/etc/hostname"
+    printf '127.0.0.1 localhost\n127.0.1.1 %s\n::1 localhost ip6-localhost ip6-loopback\n' "$GUEST_NAME" > "$r/etc/hosts"
     printf '/dev/vda / ext4 rw,noatime,errors=remount-ro 0 1\n' > "$r/etc/fstab"
     printf 'nameserver 10.0.2.3\n' > "$r/etc/resolv.conf"
     chroot "$r" passwd -d root >/dev/null
@@ -229,6 +252,35 @@ EOF
     chroot "$r" systemctl enable runinvm.service >/dev/null 2>&1
 }
 
+# VM_PREPARE in the chroot, as if on the guest: its host name, and its address on a NIC
+# (a veth pair: the host may have no dummy driver) in a network namespace of its own
+prepare_rootfs() {
+    local r=$1 log=$2 f
+    [[ -n $VM_PREPARE ]] || return 0
+    mkdir -p "$r/tmp/runinvm-prepare"
+    for f in $VM_PREPARE_FILES; do
+        install -D "$VM_PREPARE_ROOT/$f" "$r/tmp/runinvm-prepare/$f"
+    done
+    mount_chroot
+    local rc=0
+    unshare --uts --net --fork /bin/bash -c '
+        set -e
+        hostname "$2"; ip link set lo up
+        ip link add eth0 type veth peer name eth1
+        ip addr add "$3/24" dev eth0; ip link set eth1 up; ip link set eth0 up
+        exec chroot "$1" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 \
+            HOME=/root /bin/bash -c "$4"' _ "$r" "$GUEST_NAME" "$GUEST_ADDR" "$VM_PREPARE" \
+        > "$log" 2>&1 || rc=$?
+    # nothing it started may outlive it (the build directory is removed next)
+    local p
+    for p in /proc/[0-9]*; do
+        if [[ $(readlink "$p/root" 2>/dev/null) == "$r" ]]; then kill -KILL "${p#/proc/}" 2>/dev/null || true; fi
+    done
+    umount_chroot
+    rm -rf "$r/tmp/runinvm-prepare"
+    ((rc == 0)) || { tail -30 "$log" >&2; die "VM_PREPARE failed ($rc)"; }
+}
+
 prune_rootfs() {
     local r=$1 k m
     rm -rf "$r"/var/cache/apt/*.bin "$r"/var/cache/apt/archives/*.deb "$r"/var/lib/apt/lists/* \
@@ -263,10 +315,7 @@ EOF
     echo 'MODULES=list' > "$BUILD_ROOT/etc/initramfs-tools/conf.d/runinvm.conf"
     printf '%s\n' virtio_pci virtio_blk ext4 crc32c_generic >> "$BUILD_ROOT/etc/initramfs-tools/modules"
     printf '#!/bin/sh\nexit 101\n' > "$BUILD_ROOT/usr/sbin/policy-rc.d"; chmod 755 "$BUILD_ROOT/usr/sbin/policy-rc.d"
-    mount -t proc proc "$BUILD_ROOT/proc"
-    mount -t sysfs sysfs "$BUILD_ROOT/sys"
-    mount --bind /dev "$BUILD_ROOT/dev"
-    mount -t devpts devpts "$BUILD_ROOT/dev/pts" || true
+    mount_chroot
     # answers for packages that would otherwise ask (or configure themselves for the
     # build host, whose name the guest does not have)
     printf '%s\n' "$VM_PRESEED" > "$BUILD_ROOT/tmp/preseed"
@@ -282,6 +331,7 @@ EOF
     rm -f "$BUILD_ROOT/usr/sbin/policy-rc.d"
     t2=$(now)
     configure_rootfs "$BUILD_ROOT"
+    prepare_rootfs "$BUILD_ROOT" "$bdir/prepare.log"
     prune_rootfs "$BUILD_ROOT"
     mkdir -p "$bdir/image"
     cp -L "$BUILD_ROOT/vmlinuz" "$bdir/image/vmlinuz"
@@ -308,8 +358,8 @@ sys.stdout.buffer.write(k)' > "$bdir/image/vmlinux" 2>/dev/null; then :; else rm
         | while read -r old; do rm -rf "$old"; done
     cp "$bdir"/*.log "$IMG_DIR/" 2>/dev/null || true
     rm -rf "$bdir"; trap - EXIT; BUILD_ROOT=""
-    printf 'debootstrap=%s s, kernel+packages=%s s, configure+mkfs=%s s, rootfs.img=%s allocated (%s apparent)\n' \
-        "$(dt "$t0" "$t1")" "$(dt "$t1" "$t2")" "$(dt "$t2" "$t3")" \
+    printf '%s s (debootstrap=%s s, kernel+packages=%s s, configure+prepare+mkfs=%s s), rootfs.img=%s allocated (%s apparent)\n' \
+        "$(dt "$t0" "$t3")" "$(dt "$t0" "$t1")" "$(dt "$t1" "$t2")" "$(dt "$t2" "$t3")" \
         "$(du -h "$IMG_DIR/rootfs.img" | cut -f1)" "$VM_DISK_SIZE" > "$IMG_DIR/build-times.txt"
     log "image built: $(cat "$IMG_DIR/build-times.txt")"
 }

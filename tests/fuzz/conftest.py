@@ -6,13 +6,9 @@ Not to be imported (pytest finds it by name); the helpers are in ``fuzzkit.py``.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # for fuzzkit, from any rootdir
-import fuzzkit
+from tests.fuzz import fuzzkit
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

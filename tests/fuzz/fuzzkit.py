@@ -1,7 +1,7 @@
 """Helpers of the fuzz tests: example counts, a hang/memory guard, and the figures.
 
 Not a conftest (pytest loads those by name); the test modules import it as
-``fuzzkit`` (pytest puts ``tests/fuzz`` on ``sys.path``).
+``from tests.fuzz import fuzzkit``.
 
 ``GECO_FUZZ_EXAMPLES=<n>`` scales every fuzz test up for a long run (the
 benchmark): each hypothesis test then tries ``n`` examples instead of its
@@ -23,8 +23,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import figurekit  # tests/, on sys.path through tests/conftest.py
 from hypothesis import HealthCheck, settings
+
+from tests import figurekit
 
 __all__ = [
     "FIGURES",

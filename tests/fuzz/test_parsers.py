@@ -29,7 +29,6 @@ import copy
 from collections.abc import Callable
 from pathlib import Path
 
-import fuzzkit
 import pytest
 from hypothesis import assume, example, given
 from hypothesis import strategies as st
@@ -46,6 +45,7 @@ from geco.job.resourceset import NodeResources, ResourceSet
 from geco.oom import owner_file
 from geco.sge import execd, lookup, qstat, v1format
 from geco.sge.pe_hostfile import Placement, parse_pe_hostfile
+from tests.fuzz import fuzzkit
 
 # hypothesis warns when it shows an example of megabytes; they are the point here
 pytestmark = pytest.mark.filterwarnings("ignore:Generating overly large repr")

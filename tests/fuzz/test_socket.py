@@ -1,6 +1,6 @@
 """Socket fuzzing: a real gecod's public socket under hostile clients, while jobs start.
 
-gecod runs as in ``tests/system/test_gecod.py`` (its helpers are reused): its own
+gecod runs with :mod:`tests.gecodkit`, as in ``tests/system/test_gecod.py``: its own
 directory under /tmp, key, socket ``[gecod] socket``, connection_deadline 1 s,
 and a cgroup parent ``geco-fuzz-<pid>``. The hostile clients are uid 65534: a
 helper process running as nobody connects to the socket and hands each
@@ -49,30 +49,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import fuzzkit
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-# gecod as tests/system/test_gecod.py starts it (its node, config and helpers)
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "system"))
-from test_gecod import (
+from geco.wire.frame import HEADER_BYTES, MAGIC, PEERCRED, PUBLIC_KEY, decode, encode
+from geco.wire.messages import Ack, AckStatus, Adopt, AdoptStage, JobStarted, MsgType
+from tests.fuzz import fuzzkit
+from tests.gecodkit import (
     DEADLINE,
+    MARKS,
     REPO,
     Gecod,
     Node,
-    _root_socket,
-    _why_not,
     end_jobs,
     make_node,
     new_job,
+    root_socket,
     start_gecod,
 )
 
-from geco.wire import protocol
-from geco.wire.protocol import PEERCRED, PUBLIC_KEY, Ack, Adopt, AdoptStage, JobStarted, MsgType
-
-pytestmark = [pytest.mark.root, pytest.mark.skipif(bool(_why_not()), reason=_why_not())]
+pytestmark = MARKS
 
 NOBODY = 65534
 PROBE_INTERVAL = 0.01  # seconds between the prober's JOB_STARTED requests
@@ -102,11 +99,11 @@ while ctl.recv(1):
 # [start, seconds, status]; print them all as JSON when stdin closes.
 PROBER = r"""
 import json, os, select, socket, sys, time
-from geco.wire import protocol
-from geco.wire.protocol import JobStarted, MsgType
+from geco.wire.frame import decode_ack, encode
+from geco.wire.messages import JobStarted, MsgType
 key_file, path, job, interval = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
 key = open(key_file, "rb").read()
-protocol.encode(MsgType.JOB_STARTED, JobStarted(job, 1, os.getpid()), key)  # load libsodium
+encode(MsgType.JOB_STARTED, JobStarted(job, 1, os.getpid()), key)  # load libsodium
 samples = []
 print("ready", flush=True)
 while not select.select([sys.stdin], [], [], interval)[0]:
@@ -116,7 +113,7 @@ while not select.select([sys.stdin], [], [], interval)[0]:
         os.close(r)
         start = time.monotonic()
         try:
-            frame = protocol.encode(MsgType.JOB_STARTED, JobStarted(job, 1, os.getpid()), key)
+            frame = encode(MsgType.JOB_STARTED, JobStarted(job, 1, os.getpid()), key)
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
                 s.settimeout(30)
                 s.connect(path)
@@ -124,7 +121,7 @@ while not select.select([sys.stdin], [], [], interval)[0]:
                 reply = b""
                 while chunk := s.recv(4096):
                     reply += chunk
-            status = protocol.decode_ack(reply, key, frame[12:28]).status.name
+            status = decode_ack(reply, key, frame[12:28]).status.name
         except Exception as exc:
             status = f"{type(exc).__name__}: {exc}"
         os.write(w, json.dumps([start, time.monotonic() - start, status]).encode())
@@ -192,7 +189,7 @@ def authentic(reply: bytes, key: bytes) -> None:
     """A reply is nothing (gecod may close a flood's connections unanswered) or one frame
     gecod made: an ACK, a STATUS_REPLY or an ADOPT_REPLY with a good MAC."""
     if reply:
-        got = protocol.decode(reply, key, max_skew=3600)
+        got = decode(reply, key, max_skew=3600)
         assert got.type in (MsgType.ACK, MsgType.STATUS_REPLY, MsgType.ADOPT_REPLY), got
 
 
@@ -229,10 +226,10 @@ class Fuzz:
         assert self.gecod.proc.poll() is None, f"gecod died:\n{self.gecod.output()[-5000:]}"
         log = self.gecod.output()
         assert "Traceback" not in log and "internal error" not in log, log[-5000:]
-        frame = protocol.encode(MsgType.STATUS, b"", self.node.key)
+        frame = encode(MsgType.STATUS, b"", self.node.key)
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.connect(self.gecod.sock)
-            got = protocol.decode(exchange(s, frame, timeout=30), self.node.key)
+            got = decode(exchange(s, frame, timeout=30), self.node.key)
         assert got.type is MsgType.STATUS_REPLY
         assert json.loads(got.payload)["pid"] == self.gecod.pid
 
@@ -248,7 +245,7 @@ def fuzz(journal: Any) -> Iterator[Fuzz]:
         task_dir = node.make_pe_task_dir(job)
         prober = subprocess.Popen(
             # on gecod's privileged socket, where the preload asks
-            [sys.executable, "-c", PROBER, str(node.key_file), _root_socket(gecod), str(job),
+            [sys.executable, "-c", PROBER, str(node.key_file), root_socket(gecod), str(job),
              str(PROBE_INTERVAL)], cwd=task_dir, stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, text=True, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin"})
         node.processes.append(prober)
@@ -273,12 +270,12 @@ def _frames(key: bytes) -> list[bytes]:
     """Valid frames of each kind: what the mutations start from."""
     pid = os.getpid()
     return [
-        protocol.encode(MsgType.JOB_STARTED, JobStarted(1, 1, pid), key),
-        protocol.encode(MsgType.STATUS, b"", PUBLIC_KEY, flags=PEERCRED),
-        protocol.encode(MsgType.QUARANTINE_SELF, JobStarted(1, 1, pid), PUBLIC_KEY,
-                        flags=PEERCRED),
-        protocol.encode(MsgType.ADOPT, Adopt(0, 0, pid, NOBODY, AdoptStage.ACCOUNT), key),
-        protocol.encode(MsgType.ACK, Ack(1, 1, protocol.AckStatus.OK, bytes(16)), key),
+        encode(MsgType.JOB_STARTED, JobStarted(1, 1, pid), key),
+        encode(MsgType.STATUS, b"", PUBLIC_KEY, flags=PEERCRED),
+        encode(MsgType.QUARANTINE_SELF, JobStarted(1, 1, pid), PUBLIC_KEY,
+               flags=PEERCRED),
+        encode(MsgType.ADOPT, Adopt(0, 0, pid, NOBODY, AdoptStage.ACCOUNT), key),
+        encode(MsgType.ACK, Ack(1, 1, AckStatus.OK, bytes(16)), key),
     ]
 
 
@@ -317,7 +314,7 @@ def test_random_and_mutated_bytes_get_one_authentic_answer_or_none(fuzz: Fuzz) -
     fuzz.check()
 
 
-def _header(magic: bytes = protocol.MAGIC, version: int = 1, type_: int = 1, flags: int = 0,
+def _header(magic: bytes = MAGIC, version: int = 1, type_: int = 1, flags: int = 0,
             length: int = 24, nonce: bytes = bytes(16), ts: int = 0) -> bytes:
     return struct.pack("<4sBBHI16sq", magic, version, type_, flags, length, nonce, ts)
 
@@ -339,25 +336,25 @@ def _boundary_frames(key: bytes) -> Iterator[tuple[str, bytes]]:
         yield "length", _header(length=length) + bytes(min(length, 5000) + 32)
         yield "length", _header(length=length) + bytes(56)  # disagreeing with the size
     for ts in (-(2**63), -1, 0, now - 31 * 10**9, now + 31 * 10**9, 2**63 - 1):
-        yield "timestamp", protocol.encode(MsgType.STATUS, b"", key, ts_ns=ts)
-        yield "timestamp", protocol.encode(MsgType.STATUS, b"", PUBLIC_KEY, flags=PEERCRED,
-                                           ts_ns=ts)
+        yield "timestamp", encode(MsgType.STATUS, b"", key, ts_ns=ts)
+        yield "timestamp", encode(MsgType.STATUS, b"", PUBLIC_KEY, flags=PEERCRED,
+                                  ts_ns=ts)
     payload = struct.Struct("<QQII")
     for job, task, pid in itertools.product(u64, u64[::3], u32[::2]):
         for reserved in (0, 2**32 - 1):
             body = payload.pack(job, task, pid, reserved)
-            yield "job_started", protocol.encode(MsgType.JOB_STARTED, body, key)
-        yield "quarantine_self", protocol.encode(
+            yield "job_started", encode(MsgType.JOB_STARTED, body, key)
+        yield "quarantine_self", encode(
             MsgType.QUARANTINE_SELF, payload.pack(job, task, pid, 0), PUBLIC_KEY,
             flags=PEERCRED)
     for job, pid, uid in itertools.product(u64[::2], u32[::2], (0, NOBODY, 2**32 - 1)):
         for stage in (0, 1, 2, 2**32 - 1):
-            yield "adopt", protocol.encode(
+            yield "adopt", encode(
                 MsgType.ADOPT, struct.pack("<QQIIII", job, job, pid, uid, stage, 0), key)
     for size in (0, 1, 23, 25, 40, 4096):
-        yield "payload_size", protocol.encode(MsgType.JOB_STARTED, bytes(size), key)
+        yield "payload_size", encode(MsgType.JOB_STARTED, bytes(size), key)
     for doc in (b"", b"{", b"[]", b"\xff\xfe", b"{}" + b" " * 4000):
-        yield "status_reply", protocol.encode(MsgType.STATUS_REPLY, doc, key)
+        yield "status_reply", encode(MsgType.STATUS_REPLY, doc, key)
 
 
 AUTHENTIC = ("timestamp", "job_started", "quarantine_self", "adopt")
@@ -365,7 +362,7 @@ AUTHENTIC = ("timestamp", "job_started", "quarantine_self", "adopt")
 
 def _renonce(frame: bytes, key: bytes) -> bytes:
     """The same authentic frame with a new nonce (and so a new MAC)."""
-    return protocol.encode(frame[5], frame[36:-32], key, ts_ns=struct.unpack_from(
+    return encode(frame[5], frame[36:-32], key, ts_ns=struct.unpack_from(
         "<q", frame, 28)[0], flags=int.from_bytes(frame[6:8], "little"))
 
 
@@ -396,7 +393,7 @@ def test_truncated_frames_half_closed_or_left_hanging_are_dropped(fuzz: Fuzz) ->
     and gecod serves on."""
     for frame in _frames(fuzz.node.key):
         for cut in range(len(frame)):
-            assert fuzz.send(frame[:cut]) == b"" or cut >= protocol.HEADER_BYTES
+            assert fuzz.send(frame[:cut]) == b"" or cut >= HEADER_BYTES
     hanging = []
     for cut in itertools.islice(itertools.cycle(range(1, 92)), 200):
         sock = fuzz.nobody.connect()
@@ -447,7 +444,7 @@ def test_slowloris_and_half_closed_clients_are_dropped_while_jobs_start(fuzz: Fu
     never read, and clients that send a whole request and close before the answer,
     then gecod drops every slow client before its frame is complete and survives the
     rest, while the prober's jobs keep starting."""
-    frame = protocol.encode(MsgType.STATUS, b"", PUBLIC_KEY, flags=PEERCRED)
+    frame = encode(MsgType.STATUS, b"", PUBLIC_KEY, flags=PEERCRED)
     slow = [s for s in (fuzz.nobody.connect() for _ in range(100)) if s is not None]
     fuzz.inputs += len(slow)
     _wait_closed(slow, fuzz.node.key, limit=DEADLINE * 30, trickle=frame)
@@ -466,7 +463,7 @@ def test_slowloris_and_half_closed_clients_are_dropped_while_jobs_start(fuzz: Fu
             fuzz.inputs += 1
             with sock:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                sock.sendall(protocol.encode(MsgType.STATUS, b"", PUBLIC_KEY, flags=PEERCRED))
+                sock.sendall(encode(MsgType.STATUS, b"", PUBLIC_KEY, flags=PEERCRED))
     fuzz.check()
 
 
@@ -476,7 +473,7 @@ def test_ten_thousand_connections_in_a_few_seconds_leave_gecod_serving(fuzz: Fuz
     every reply is authentic, gecod is alive afterwards and answers a signed STATUS."""
     count = max(10_000, fuzzkit.examples(0))
     held: list[socket.socket] = []
-    status = protocol.encode(MsgType.STATUS, b"", PUBLIC_KEY, flags=PEERCRED)
+    status = encode(MsgType.STATUS, b"", PUBLIC_KEY, flags=PEERCRED)
     for i in range(count):
         sock = fuzz.nobody.connect()
         fuzz.inputs += 1
@@ -488,7 +485,7 @@ def test_ten_thousand_connections_in_a_few_seconds_leave_gecod_serving(fuzz: Fuz
                 sock.sendall(b"GET / HTTP/1.0\r\n\r\n" + bytes(60))
         elif kind == 1:  # a valid request of any user's
             with contextlib.suppress(OSError):
-                sock.sendall(protocol.encode(MsgType.STATUS, b"", PUBLIC_KEY, flags=PEERCRED)
+                sock.sendall(encode(MsgType.STATUS, b"", PUBLIC_KEY, flags=PEERCRED)
                              if i % 20 == 1 else status[:20])
         held.append(sock)
         if len(held) >= 1000:

@@ -1,73 +1,28 @@
-"""Helpers shared by the Grid Engine integration tests: a job directory with probe.py."""
+"""Fixtures of the Grid Engine integration tests: the site's gecod, three hosts.
+
+(``job_dir``, which the QEMU machine's tests/vm_sge uses too, is in tests/conftest.py.)
+"""
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
 import signal
 import socket
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cleanslate import SITE_SOCKET as SOCKET
-from cleanslate import listener_pid
-from clusterkit import cluster
 
-PROBE = Path(__file__).with_name("probe.py")
+from tests.cleanslate import SITE_SOCKET as SOCKET
+from tests.cleanslate import listener_pid
+from tests.clusterkit import cluster
+
 GECO = "/opt/geco/venv/bin/geco"
 PRELOAD = "/opt/geco/lib/libgeco_preload.so"
 CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
-
-
-@dataclass
-class JobDir:
-    """A directory owned by the test user, holding probe.py; jobs are submitted from it."""
-
-    path: Path
-    sge: Any
-    owner: Any
-    ids: list[int] = field(default_factory=list)
-
-    def script(self, name: str, body: str) -> str:
-        """Write ``<name>.sh`` (a /bin/sh script the test user owns); return its file name."""
-        path = self.path / f"{name}.sh"
-        path.write_text("#!/bin/sh\n" + body)
-        os.chown(path, self.owner.uid, self.owner.gid)
-        return path.name
-
-    def submit(self, name: str, *qsub: str, probe: str = "", script: str = "") -> int:
-        """Submit ``script`` (default: probe.py with ``probe`` arguments) with -cwd -N name."""
-        body = script or f"exec /usr/bin/python3 probe.py {probe}\n"
-        job = int(self.sge.submit("-cwd", "-N", name, *qsub, self.script(name, body),
-                                  cwd=self.path))
-        self.ids.append(job)
-        return job
-
-    def output(self, name: str, job: int, task: int | None = None, stream: str = "o") -> str:
-        """The job's .o (or .e with stream="e") file."""
-        suffix = f".{task}" if task else ""
-        return (self.path / f"{name}.{stream}{job}{suffix}").read_text()
-
-    def reports(self, name: str, job: int, task: int | None = None) -> list[dict[str, Any]]:
-        """The JSON lines probe.py printed to the job's .o file."""
-        return [json.loads(line) for line in self.output(name, job, task).splitlines() if line]
-
-
-@pytest.fixture(scope="module")
-def job_dir(sge: Any, job_owner: Any, request: pytest.FixtureRequest) -> JobDir:
-    """The cluster with geco's hooks, and a fresh job directory for this test module."""
-    sge.require_hooks()
-    prefix = request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_")
-    path = job_owner.make_dir(prefix)
-    shutil.copy(PROBE, path / "probe.py")
-    os.chown(path / "probe.py", job_owner.uid, job_owner.gid)
-    return JobDir(path, sge, job_owner)
 
 
 def serving() -> bool:

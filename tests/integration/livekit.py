@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from cleanslate import site_config_rewritten
+from tests.cleanslate import site_config_rewritten
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 V2 = (CGROUP_ROOT / "cgroup.controllers").exists()  # one unified hierarchy, nothing else

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from livekit import job_cgroups
+from tests.integration.livekit import job_cgroups
 
 KINDS = ("serial", "array", "smp", "mpi", "oom")
 ARRAY_TASKS = 4
@@ -149,7 +149,7 @@ class Findings:
 
 
 class Batch:
-    """Jobs submitted from one job directory (a livekit/conftest ``JobDir``) to one queue."""
+    """Jobs submitted from one job directory (a :class:`tests.jobdirkit.JobDir`) to one queue."""
 
     def __init__(self, sge: Any, job_dir: Any, queue: str, tag: str) -> None:
         self.sge = sge

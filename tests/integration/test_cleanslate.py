@@ -13,7 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cleanslate import (
+
+from geco import cgroup, config
+from geco.cgroup import Limits
+from tests.cleanslate import (
     SITE_CONFIG,
     SITE_CONFIG_SAVED,
     SITE_SOCKET,
@@ -25,19 +28,15 @@ from cleanslate import (
     stop_process,
 )
 
-from geco import cgroup, config
-from geco.cgroup import Limits
-
 pytestmark = pytest.mark.sge
 
-TESTS = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 # a session killed while a test had the site configuration rewritten
-KILLED_INSIDE_SITE_SETTINGS = f"""
-import sys, time
-sys.path[:0] = [{str(TESTS)!r}, {str(TESTS / "integration")!r}]
-from livekit import site_settings
-with site_settings({{("gecod", "reaper_interval"): 7.0}}):
+KILLED_INSIDE_SITE_SETTINGS = """
+import time
+from tests.integration.livekit import site_settings
+with site_settings({("gecod", "reaper_interval"): 7.0}):
     print("inside", flush=True)
     time.sleep(600)
 """
@@ -57,7 +56,8 @@ def wait_until(condition: Any, timeout: float, what: str) -> None:
 
 def kill_a_session_inside_site_settings() -> None:
     proc = subprocess.Popen([sys.executable, "-c", KILLED_INSIDE_SITE_SETTINGS],
-                            stdout=subprocess.PIPE, text=True, env=CLEAN_ENV)
+                            stdout=subprocess.PIPE, text=True,
+                            env=dict(CLEAN_ENV, PYTHONPATH=str(REPO)))
     assert proc.stdout is not None
     try:
         assert proc.stdout.readline() == "inside\n"

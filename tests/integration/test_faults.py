@@ -36,8 +36,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from livekit import no_queue_in_error, site_settings, wait_until
-from soakkit import RESOURCES, Batch, sh
+
+from tests.integration.livekit import no_queue_in_error, site_settings, wait_until
+from tests.integration.soakkit import RESOURCES, Batch, sh
 
 pytestmark = pytest.mark.sge
 

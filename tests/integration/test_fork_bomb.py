@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from livekit import (
+
+from tests.integration.livekit import (
     job_cgroups,
     no_queue_in_error,
     sh,

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cleanslate import alive, site_config_rewritten
-from livekit import Adopted
+
+from tests.cleanslate import alive, site_config_rewritten
+from tests.integration.livekit import Adopted
 
 pytestmark = pytest.mark.sge
 

@@ -1,7 +1,7 @@
 """The prolog, epilog and starter Grid Engine runs are a small C program that has gecod do
 their work.
 
-``/opt/geco/libexec/prolog`` and ``epilog`` (``preload/geco_hook.c``) send gecod a HOOK
+``/opt/geco/libexec/prolog`` and ``epilog`` (``hook/geco_hook.c``) send gecod a HOOK
 on its privileged socket; ``starter`` asks it (STARTER, peer-credentialed) how to start
 the job and execs it. gecod runs the Python hooks' own code and journals it under the
 hook's name. When gecod does not (it is down, the job is traced, anything goes wrong),
@@ -21,10 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cleanslate import listener_pid
 
 from geco import config
-from geco.wire import address, protocol
+from geco.wire import address
+from geco.wire.frame import PEERCRED, PUBLIC_KEY, decode, decode_ack, encode
+from geco.wire.messages import Ack, AckStatus, Hook, HookName, MsgType, Starter, StarterReply
+from geco.wire.reader import read_frame
+from tests.cleanslate import listener_pid
 
 pytestmark = pytest.mark.sge
 
@@ -109,14 +112,14 @@ def _root_socket() -> str:
     return root.path
 
 
-def _ask(hook: protocol.Hook) -> protocol.Ack:
+def _ask(hook: Hook) -> Ack:
     secret = Path(config.load(config.DEFAULT_PATH).gecod_key_file).read_bytes()
-    frame = protocol.encode(protocol.MsgType.HOOK, hook, secret)
+    frame = encode(MsgType.HOOK, hook, secret)
     with socket.socket(socket.AF_UNIX) as s:
         s.connect(_root_socket())
         s.sendall(frame)
-        reply = protocol.read_frame(s, time.monotonic() + 30)
-    return protocol.decode_ack(reply, secret, frame[12:28])
+        reply = read_frame(s, time.monotonic() + 30)
+    return decode_ack(reply, secret, frame[12:28])
 
 
 def test_a_hook_request_for_another_pid_or_from_no_hook_is_not_done(
@@ -125,32 +128,32 @@ def test_a_hook_request_for_another_pid_or_from_no_hook_is_not_done(
     naming another pid, then gecod refuses it and journals why; naming itself, gecod
     does nothing (the Python hook would refuse it the same way)."""
     since = time.time()
-    other = _ask(protocol.Hook(777, 1, 1, protocol.HookName.PROLOG))
-    mine = _ask(protocol.Hook(777, 1, os.getpid(), protocol.HookName.EPILOG))
+    other = _ask(Hook(777, 1, 1, HookName.PROLOG))
+    mine = _ask(Hook(777, 1, os.getpid(), HookName.EPILOG))
     refusals = journal.entries(since, GECO_EVENT="quarantine-refused", REQUEST="HOOK")
 
-    assert other.status is protocol.AckStatus.REFUSED
-    assert mine.status is protocol.AckStatus.FAILED
+    assert other.status is AckStatus.REFUSED
+    assert mine.status is AckStatus.FAILED
     assert any(f"HOOK must name its sender (pid {os.getpid()})" in e["MESSAGE"]
                for e in refusals), refusals
     assert {e["GECO_EVENT"] for e in journal.entries(since, JOB_ID="777")} == {
         "quarantine-refused"}
 
 
-def _ask_starter(ask: protocol.Starter) -> protocol.StarterReply:
+def _ask_starter(ask: Starter) -> StarterReply:
     cfg = config.load(config.DEFAULT_PATH)
     public = address.parse(cfg.gecod_socket)
     assert public.path is not None
-    frame = protocol.encode(protocol.MsgType.STARTER, ask, protocol.PUBLIC_KEY,
-                            flags=protocol.PEERCRED)
+    frame = encode(MsgType.STARTER, ask, PUBLIC_KEY,
+                   flags=PEERCRED)
     with socket.socket(socket.AF_UNIX) as s:
         s.connect(public.path)
         s.sendall(frame)
-        reply = protocol.decode(protocol.read_frame(s, time.monotonic() + 30),
-                                protocol.PUBLIC_KEY, peercred=True)
-    assert reply.type is protocol.MsgType.STARTER_REPLY
+        reply = decode(read_frame(s, time.monotonic() + 30),
+                       PUBLIC_KEY, peercred=True)
+    assert reply.type is MsgType.STARTER_REPLY
     message = reply.message
-    assert isinstance(message, protocol.StarterReply)
+    assert isinstance(message, StarterReply)
     return message
 
 
@@ -161,13 +164,13 @@ def test_a_starter_request_from_outside_the_job_or_for_another_pid_gets_no_answe
     refuse, itself), journals the forged pid, and journals no job-started."""
     since = time.time()
     words = ("/bin/sh", "posix_compliant", "false", "/tmp/x")
-    outside = _ask_starter(protocol.Starter(777, 1, os.getpid(), words, ("/tmp/x",)))
-    other = _ask_starter(protocol.Starter(777, 1, 1, words, ("/tmp/x",)))
+    outside = _ask_starter(Starter(777, 1, os.getpid(), words, ("/tmp/x",)))
+    other = _ask_starter(Starter(777, 1, 1, words, ("/tmp/x",)))
     events = [e["GECO_EVENT"] for e in journal.entries(since, JOB_ID="777")]
     refusals = journal.entries(since, GECO_EVENT="quarantine-refused", REQUEST="STARTER")
 
-    assert (outside.status, outside.program) == (protocol.AckStatus.REFUSED, "")
-    assert (other.status, other.program) == (protocol.AckStatus.REFUSED, "")
+    assert (outside.status, outside.program) == (AckStatus.REFUSED, "")
+    assert (other.status, other.program) == (AckStatus.REFUSED, "")
     assert any(f"STARTER must name its sender (pid {os.getpid()})" in e["MESSAGE"]
                for e in refusals), refusals
     assert "job-started" not in events

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from livekit import no_queue_in_error
+
+from tests.integration.livekit import no_queue_in_error
 
 pytestmark = pytest.mark.sge
 

@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cleanslate import SITE_SOCKET as SOCKET
-from flood import NOBODY, flooding, send_garbage
-from livekit import no_queue_in_error, wait_until
 
-from geco.daemon.server import PUBLIC_BUDGET
+from geco.daemon.lanes import PUBLIC_BUDGET
+from tests.cleanslate import SITE_SOCKET as SOCKET
+from tests.flood import NOBODY, flooding, send_garbage
+from tests.integration.livekit import no_queue_in_error, wait_until
 
 pytestmark = pytest.mark.sge
 

@@ -28,8 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cleanslate import alive
-from livekit import (
+
+from tests.cleanslate import alive
+from tests.integration.livekit import (
     GECO,
     Adopted,
     job_cgroups,

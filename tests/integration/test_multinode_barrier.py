@@ -21,12 +21,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from clusterkit import QUEUE, cluster, exchange_from, submit_pe
 
 from geco.job.resourceset import NodeResources, ResourceSet
 from geco.sge import v1format
-from geco.wire import protocol
-from geco.wire.protocol import MsgType, NodeRequest
+from geco.wire.frame import decode, encode
+from geco.wire.messages import (
+    CLUSTER_MAX_PAYLOAD,
+    Ack,
+    AckStatus,
+    MsgType,
+    NodeRequest,
+    StatusReply,
+)
+from tests.clusterkit import QUEUE, cluster, exchange_from, submit_pe
 
 pytestmark = pytest.mark.sge
 
@@ -155,22 +162,22 @@ def test_a_forged_replayed_or_misdirected_prepare_is_refused_and_journaled(
     host = "geco-node3" if case == "wrong-host" else "geco-node2"
     rs = ResourceSet(job, 1, owner="root", nodes=(NodeResources("geco-node1"),
                                                   NodeResources(host, is_slave=True)))
-    frame = protocol.encode(MsgType.PREPARE, NodeRequest(job, 1, host, v1format.serialize(rs)),
-                            os.urandom(32) if case == "forged" else key)
+    frame = encode(MsgType.PREPARE, NodeRequest(job, 1, host, v1format.serialize(rs)),
+                   os.urandom(32) if case == "forged" else key)
     if case == "replayed":
-        first = protocol.decode(send(frame), key, max_payload=protocol.CLUSTER_MAX_PAYLOAD)
+        first = decode(send(frame), key, max_payload=CLUSTER_MAX_PAYLOAD)
         assert first.type is MsgType.NODE_REPLY
-        assert protocol.StatusReply.unpack(first.payload).document["status"] == "ready"
+        assert StatusReply.unpack(first.payload).document["status"] == "ready"
     try:
-        reply = protocol.decode(send(frame), key)
+        reply = decode(send(frame), key)
     finally:
         if case == "replayed":
-            send(protocol.encode(MsgType.ABORT, NodeRequest(job, 1, host), key))
+            send(encode(MsgType.ABORT, NodeRequest(job, 1, host), key))
     reason = {"forged": "mac", "replayed": "nonce", "wrong-host": "host"}[case]
 
     assert job_cgroups(job) == []
     assert reply.type is MsgType.ACK
-    assert protocol.Ack.unpack(reply.payload).status is protocol.AckStatus.BAD_REQUEST
+    assert Ack.unpack(reply.payload).status is AckStatus.BAD_REQUEST
     # a forged frame's job is only claimed: it never enters that job's story
     field = "CLAIMED_JOB_ID" if case == "forged" else "JOB_ID"
     [refused] = journal.wait_for(**{field: job}, GECO_EVENT="cluster-refused")

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from clusterkit import cluster
+
+from tests.clusterkit import cluster
 
 pytestmark = pytest.mark.sge
 

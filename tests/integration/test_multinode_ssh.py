@@ -17,8 +17,9 @@ import time
 from typing import Any
 
 import pytest
-from clusterkit import CLUSTER, PE, QUEUE
-from sshkit import GECO_PAM_STACK, running_sshd
+
+from tests.clusterkit import CLUSTER, PE, QUEUE
+from tests.sshkit import GECO_PAM_STACK, running_sshd
 
 pytestmark = pytest.mark.sge
 

@@ -16,8 +16,8 @@ import time
 from typing import Any
 
 import pytest
-from clusterkit import WAIT_ON_EVERY_HOST, cluster, submit_pe
 
+from tests.clusterkit import WAIT_ON_EVERY_HOST, cluster, submit_pe
 from tests.integration import livekit as kit
 
 pytestmark = pytest.mark.sge

@@ -18,7 +18,8 @@ import time
 from typing import Any
 
 import pytest
-from livekit import GECO, journal_story, sh
+
+from tests.integration.livekit import GECO, journal_story, sh
 
 pytestmark = pytest.mark.sge
 

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cleanslate import site_config_rewritten
+
+from tests.cleanslate import site_config_rewritten
 
 pytestmark = pytest.mark.sge
 

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cleanslate import SITE_CONFIG
 
 from geco import config
+from tests.cleanslate import SITE_CONFIG
 
 pytestmark = pytest.mark.sge
 

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from livekit import processes_of
+
+from tests.integration.livekit import processes_of
 
 pytestmark = pytest.mark.sge
 

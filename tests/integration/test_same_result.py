@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from samekit import (
+
+from tests.integration.samekit import (
     CLIENT_RACES,
     QUEUES,
     Batch,

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from livekit import events_of, job_cgroups, no_queue_in_error
+
+from tests.integration.livekit import events_of, job_cgroups, no_queue_in_error
 
 pytestmark = pytest.mark.sge
 

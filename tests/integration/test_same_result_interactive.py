@@ -27,8 +27,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from livekit import job_cgroups
-from samekit import (
+
+from tests.integration.livekit import job_cgroups
+from tests.integration.samekit import (
     CLIENT_RACE,
     GECO,
     QUEUES,

@@ -24,7 +24,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from soakkit import KINDS, Batch, bare_turnaround, rss_kib, write_figures
+
+from tests.integration.soakkit import KINDS, Batch, bare_turnaround, rss_kib, write_figures
 
 pytestmark = pytest.mark.sge
 

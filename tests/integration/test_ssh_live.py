@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cleanslate import alive
-from livekit import (
+
+from tests.cleanslate import alive
+from tests.integration.livekit import (
     OWN_MEMORY_LIMIT,
     job_cpus,
     job_memory_limit,
@@ -38,7 +39,8 @@ from livekit import (
     site_settings,
     wait_until,
 )
-from sshkit import (
+from tests.servicekit import JobOwner, ensure_user
+from tests.sshkit import (
     CLIENT_OPTIONS,
     GECO_PAM_STACK,
     SSHD,
@@ -47,8 +49,6 @@ from sshkit import (
     rc_probe,
     running_sshd,
 )
-
-from tests.conftest import JobOwner, ensure_user  # not "conftest": this directory has one too
 
 pytestmark = pytest.mark.sge
 

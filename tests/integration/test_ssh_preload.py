@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from livekit import job_cpus, job_of, running_job
-from sshkit import GECO_PAM_STACK, PLAIN_PAM_STACK, Sshd, rc_probe, running_sshd
 
-from tests.conftest import JobOwner, ensure_user
+from tests.integration.livekit import job_cpus, job_of, running_job
+from tests.servicekit import JobOwner, ensure_user
+from tests.sshkit import GECO_PAM_STACK, PLAIN_PAM_STACK, Sshd, rc_probe, running_sshd
 
 pytestmark = pytest.mark.sge
 

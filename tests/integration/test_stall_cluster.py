@@ -35,9 +35,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from clusterkit import PE, QUEUE, WAIT_ON_EVERY_HOST, cluster, exchange_from, submit_pe
-from livekit import no_queue_in_error, processes_of, wait_until
-from stallkit import (
+
+from geco.wire.frame import decode, encode
+from geco.wire.messages import CLUSTER_MAX_PAYLOAD, MsgType, NodeRequest
+from tests.clusterkit import PE, QUEUE, WAIT_ON_EVERY_HOST, cluster, exchange_from, submit_pe
+from tests.integration.livekit import no_queue_in_error, processes_of, wait_until
+from tests.servicekit import JobOwner, ensure_user
+from tests.stallkit import (
     ALLOCATE,
     ATTACKER,
     goal_ms,
@@ -45,10 +49,6 @@ from stallkit import (
     tcp_idle,
     unfifo,
 )
-
-from geco.wire import protocol
-from geco.wire.protocol import MsgType, NodeRequest
-from tests.conftest import JobOwner, ensure_user
 
 pytestmark = pytest.mark.sge
 
@@ -175,12 +175,12 @@ rm -f "$err" && touch "$err"
 
 def _look_up(key: bytes, job: int) -> float:
     """A NODE_STATUS to geco-node2 from geco-node1 (as `geco status --job` asks); seconds."""
-    frame = protocol.encode(MsgType.NODE_STATUS, NodeRequest(job, 1, "geco-node2"), key,
-                            max_payload=protocol.CLUSTER_MAX_PAYLOAD)
+    frame = encode(MsgType.NODE_STATUS, NodeRequest(job, 1, "geco-node2"), key,
+                   max_payload=CLUSTER_MAX_PAYLOAD)
     started = time.monotonic()
     reply = exchange_from(1, frame, NODE2)
     took = time.monotonic() - started
-    got = protocol.decode(reply, key, max_payload=protocol.CLUSTER_MAX_PAYLOAD)
+    got = decode(reply, key, max_payload=CLUSTER_MAX_PAYLOAD)
     assert got.type is MsgType.NODE_REPLY, got
     return took
 

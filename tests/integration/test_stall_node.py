@@ -34,11 +34,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cleanslate import SITE_SOCKET
-from flood import flooding
-from livekit import no_queue_in_error, processes_of, wait_for_cgroups, wait_until
-from sshkit import GECO_PAM_STACK, Sshd, running_sshd
-from stallkit import (
+
+from tests.cleanslate import SITE_SOCKET
+from tests.flood import flooding
+from tests.integration.livekit import no_queue_in_error, processes_of, wait_for_cgroups, wait_until
+from tests.servicekit import JobOwner, ensure_user
+from tests.sshkit import GECO_PAM_STACK, Sshd, running_sshd
+from tests.stallkit import (
     ALLOCATE,
     ATTACKER,
     HOG_JOB,
@@ -47,8 +49,6 @@ from stallkit import (
     ssh_logins,
     unfifo,
 )
-
-from tests.conftest import JobOwner, ensure_user  # not "conftest": this directory has one
 
 pytestmark = pytest.mark.sge
 

@@ -32,8 +32,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cleanslate import alive, site_config_rewritten
-from livekit import CLEAN_ENV, sh, wait_until, with_setting
+
+from tests.cleanslate import alive, site_config_rewritten
+from tests.integration.livekit import CLEAN_ENV, sh, wait_until, with_setting
 
 pytestmark = pytest.mark.sge
 

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cleanslate import SITE_CONFIG
-from livekit import sh
 
 from geco import config
+from tests.cleanslate import SITE_CONFIG
+from tests.integration.livekit import sh
 
 pytestmark = pytest.mark.sge
 

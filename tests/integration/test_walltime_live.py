@@ -17,9 +17,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import livekit as kit
 import pytest
-from cleanslate import alive
+
+from tests.cleanslate import alive
+from tests.integration import livekit as kit
 
 pytestmark = pytest.mark.sge
 

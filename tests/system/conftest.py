@@ -8,16 +8,13 @@ would give whichever conftest.py was loaded last).
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for cgroup_testkit
-import vmrun  # tests/system is on sys.path for its own conftest (pytest's prepend mode)
-from cgroup_testkit import forked_children
-from preloadkit import Built, build
+from tests.cgroup_testkit import forked_children
+from tests.preloadkit import Built, build
+from tests.system import vmrun
 
 
 @pytest.fixture

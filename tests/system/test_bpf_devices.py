@@ -30,9 +30,7 @@ import pytest
 from geco.cgroup._bpfdev import _program, deny_devices
 from geco.errors import CgroupError
 from geco.node import gpus
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for cgroup_testkit
-from cgroup_testkit import MIG_MINORS, free_char_major
+from tests.cgroup_testkit import MIG_MINORS, free_char_major
 
 UNIFIED = Path("/sys/fs/cgroup/unified")
 NAME = f"geco-test-bpfdev-{os.getpid()}"

@@ -19,7 +19,6 @@ import errno
 import mmap
 import os
 import signal
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -37,18 +36,16 @@ from geco.cgroup import (
 from geco.cgroup._v1 import find_systemd_hierarchies
 from geco.errors import CgroupError, JobKeyError
 from geco.job.jobkey import JobKey
-
-# pytest puts only this file's own directory on sys.path; tests/ is added here, not
-# left to a conftest (tests/vm, the other user of cgroup_testkit, runs with --noconftest)
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from cgroup_testkit import (
+from tests.cgroup_testkit import (
     count,
     counter_body,
     cpu_list,
     eventually,
     fork_forever,
     gpu_story,
+    kill_from_inside_story,
     mig_story,
+    move_story,
     parent_name,
     parse_list,
     read,
@@ -426,35 +423,14 @@ def test_given_processes_left_when_destroyed_then_the_error_lists_them(
 
 def test_given_a_process_in_a_job_when_moved_to_another_process_cgroups_then_it_leaves(
         backend: V1Backend, children: list[int]) -> None:
-    """The epilog steps out to sge_execd's cgroups; a second job stands in for execd's here."""
-    backend.create("12.1", Limits())
-    backend.create("12.2", Limits())
-    job = start_in(backend, "12.1", exec_shell("exec sleep 300"), children)
-    execd = start_in(backend, "12.2", exec_shell("exec sleep 300"), children)
-    assert backend.contains("12.1", job.pid)
-    assert not backend.contains("12.2", job.pid)
-    backend.move_to_cgroups_of(job.pid, execd.pid)
-    assert backend.contains("12.2", job.pid)
-    assert not backend.contains("12.1", job.pid)
-    assert backend.pids("12.1") == []
+    """The epilog steps out to sge_execd's cgroups."""
+    move_story(backend, children, exec_shell("exec sleep 300"))
 
 
 def test_given_the_caller_inside_the_job_when_it_kills_the_job_then_it_is_refused(
         backend: V1Backend, children: list[int]) -> None:
     """The epilog runs inside the job; killing from there would kill the epilog itself."""
-    backend.create("15.1", Limits())
-
-    def kill_own_job(out: int) -> None:
-        try:
-            backend.kill("15.1")
-        except CgroupError as exc:
-            os.write(out, str(exc).encode())
-
-    child = start_in(backend, "15.1", kill_own_job, children)
-    assert child.output().decode() == (
-        "refusing to kill job 15.1 from inside its cgroup: move this process out first "
-        f"(move_to_cgroups_of) (key=15.1 pid={child.pid})")
-    assert child.wait() == 0
+    kill_from_inside_story(backend, children)
 
 
 def test_given_a_process_that_exited_when_added_then_the_error_says_it_is_gone(
@@ -639,7 +615,7 @@ def test_under_systemd_job_processes_also_go_into_systemds_hierarchies_below_the
         b.ensure_root()
         key = JobKey(8, 1)
         b.create(key, Limits())
-        child = start_in(b, key, exec_shell("sleep 600"), children)
+        child = start_in(b, key, exec_shell("exec sleep 600"), children)
 
         placed = _placed(child.pid)
         assert placed["name=systemd"] == placed[""] == f"{base}/{key}"

@@ -11,8 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cgroup_testkit import raw_cleanup
-from cleanslate import remove_orphaned_test_cgroups
+
+from tests.cgroup_testkit import raw_cleanup
+from tests.cleanslate import remove_orphaned_test_cgroups
 
 pytestmark = [
     pytest.mark.root,

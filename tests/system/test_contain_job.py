@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import stat
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,12 +25,8 @@ from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.node import gpus
 from geco.sge import resourcefile
 from geco.sge.execd import JobRef
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo: tests.conftest
-from tests.conftest import RecordingHandler, handler_on  # not "conftest": others exist
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from cgroup_testkit import Child, open_verdicts, usable_v1_hierarchies, v1_backend, verdicts
+from tests.cgroup_testkit import Child, open_verdicts, usable_v1_hierarchies, v1_backend, verdicts
+from tests.logkit import RecordingHandler, handler_on
 
 MOUNTED = find_hierarchies(parse_mountinfo(Path("/proc/self/mountinfo").read_bytes()),
                            Path("/sys/fs/cgroup"))

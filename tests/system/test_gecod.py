@@ -1,31 +1,15 @@
 """gecod as a real process: real Unix sockets, real cgroup v1, real journald.
 
-gecod runs as ``python -m geco.daemon`` with a test configuration: its own
-directory under /tmp (key, socket, state dir, a fake execd spool tree) and the
-cgroup parent ``geco-test-<pid>`` (never ``GECO``). A job is a spool dir
-``<spool>/vm/active_jobs/<job>.<task>/`` with ``environment``, ``config`` and
-``pe_hostfile``, plus a resource file written with :mod:`geco.sge.resourcefile`, so no
-qstat is ever needed.
-
-A "job process" is a separate Python process whose cwd is that spool dir and
-which sends JOB_STARTED for its own pid, as the preload does inside the child
-sge_execd forks for sge_shepherd (or, as the job owner without the key, a
-peer-credentialed QUARANTINE_SELF through :mod:`geco.wire.client`, as the starter's
-fallback does); it prints the ACK's status and stays alive until the test lets
-it go. What is checked is the kernel's word: ``/proc/<pid>/cgroup``, the
-cgroup files, and journald's entries.
-
-Every cgroup and process a test creates is removed with plain syscalls (not
-with the code under test) after each test, so a broken gecod cannot leak them: in
-every cgroup hierarchy mounted here (:func:`cgroup_testkit.raw_cleanup` over
-:func:`cgroup_testkit.cgroup_mounts`), not only in those a test knows of.
+The node, its gecod and the job processes come from :mod:`tests.gecodkit` (a spool dir
+and a resource file per job, so no qstat is ever needed; every cgroup and process a test
+creates is removed with plain syscalls after each test). What is checked is the kernel's
+word: ``/proc/<pid>/cgroup``, the cgroup files, and journald's entries.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import itertools
 import json
 import os
 import pwd
@@ -33,463 +17,66 @@ import re
 import select
 import shutil
 import signal
-import site
 import socket
 import stat
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
-from geco import config
-from geco.cgroup import find_hierarchies, parse_mountinfo
-from geco.cgroup._v1 import OPTIONAL, REQUIRED
 from geco.errors import GecoError, ProtocolError
 from geco.job.jobkey import JobKey
-from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.job.resourceset import NodeResources, ResourceSet
 from geco.node.topology import parse_cpulist
 from geco.sge import resourcefile
-from geco.wire import address, client, protocol
-from geco.wire.protocol import AckStatus, JobStarted, MsgType
+from geco.wire import address, client
+from geco.wire.frame import PEERCRED, PUBLIC_KEY, Frame, ack_for_error, decode, decode_ack, encode
+from geco.wire.messages import (
+    MAX_PAYLOAD,
+    Ack,
+    AckStatus,
+    Adopt,
+    AdoptReply,
+    AdoptStage,
+    JobStarted,
+    MsgType,
+    StatusReply,
+)
+from geco.wire.reader import read_frame
+from tests.gecodkit import (
+    CONTROLLERS,
+    DEADLINE,
+    HOST,
+    MARKS,
+    NOBODY,
+    REPO,
+    Gecod,
+    MiB,
+    Node,
+    adopt,
+    adopt_frame,
+    assert_serving,
+    exchange,
+    free_tcp_port,
+    logged,
+    new_job,
+    root_socket,
+    start_gecod,
+    status,
+    wait_gone,
+)
+from tests.gecodkit import _clean_jobs as _clean_jobs  # after each test, on this module's node
+from tests.gecodkit import gecod as gecod  # the module's gecod, on this module's node
+from tests.gecodkit import node as node  # this module's node
+
+pytestmark = MARKS
 
-# pytest puts only this file's own directory on sys.path (tests/ for cgroup_testkit)
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from cgroup_testkit import cgroup_mounts, raw_cleanup
-
-REPO = Path(__file__).resolve().parents[2]
-CGROUP_ROOT = Path("/sys/fs/cgroup")
-# The v1 hierarchies gecod makes job cgroups in here: geco's own list, as mounted (a list
-# of its own here would miss the next controller geco takes up, as it missed devices)
-MOUNTED = find_hierarchies(parse_mountinfo(Path("/proc/self/mountinfo").read_bytes()),
-                           CGROUP_ROOT)
-CONTROLLERS = tuple(c for c in (*REQUIRED, *OPTIONAL) if c in MOUNTED)
-HOST = short_hostname()
-MiB = 1 << 20
-NOBODY = 65534
-DEADLINE = 1.0  # [gecod] connection_deadline in the test configuration
-
-
-def _why_not() -> str:
-    if os.geteuid() != 0:
-        return "gecod and cgroups need root"
-    missing = [c for c in ("cpuset", "memory") if not (CGROUP_ROOT / c / "tasks").exists()]
-    if missing:
-        return f"this machine has no cgroup v1 {' and '.join(missing)} at {CGROUP_ROOT}"
-    for d in (CGROUP_ROOT / "cpuset").iterdir():
-        if d.is_dir() and (d / "cpuset.cpu_exclusive").read_text().strip() == "1":
-            return f"the cpuset {d} is cpu_exclusive, so no test cpuset can get a cpu"
-    return ""
-
-
-pytestmark = [pytest.mark.root, pytest.mark.skipif(bool(_why_not()), reason=_why_not())]
-
-# The job process: read the key as root (except "peercred"), then (optionally) drop to
-# nobody, ask for quarantine, print the ACK status, stay alive until stdin closes.
-CLIENT = r"""
-import dataclasses, os, sys
-from geco import config
-from geco.wire import address, client, protocol
-key_file, where, job, task, mode = sys.argv[1:6]
-key = b"" if mode == "peercred" else open(key_file, "rb").read()
-pid = os.getpid()
-if mode.endswith("nobody") or mode == "peercred":
-    os.setgroups([]); os.setgid(65534); os.setuid(65534)
-elif mode == "execd":  # as sge_execd forks the shepherd: real uid root, effective not
-    os.setegid(65534); os.seteuid(65534)
-elif mode.startswith("pid="):
-    pid = int(mode[4:])
-if mode == "peercred":  # the starter's fallback: no key, the kernel vouches
-    try:
-        open(key_file, "rb")
-        sys.exit("nobody can read the key file")
-    except PermissionError:
-        pass
-    cfg = config.Config()._replace(gecod_socket=where)
-    try:
-        status = client.quarantine_self(cfg, int(job), int(task), timeout=30).status.name
-    except client.GecodRefused as exc:
-        status = exc.status.name
-else:
-    kind = protocol.MsgType.QUARANTINE_SELF if mode.startswith("self") else \
-        protocol.MsgType.JOB_STARTED
-    frame = protocol.encode(kind, protocol.JobStarted(int(job), int(task), pid), key)
-    reply = client.request(address.parse(where), frame, 30)
-    status = protocol.decode_ack(reply, key, frame[12:28]).status.name
-print(status, job, task, os.getpid(), flush=True)
-sys.stdin.read()
-"""
-
-
-# -- the test node ------------------------------------------------------------
-
-
-@dataclass
-class Node:
-    """The test's node: its directory, key, configuration, spool tree and cgroup name."""
-
-    base: Path
-    name: str  # the cgroup parent, geco-test-<pid>
-    key: bytes
-    processes: list[subprocess.Popen[str]] = field(default_factory=list)
-
-    @property
-    def key_file(self) -> Path:
-        return self.base / "quarantine.key"
-
-    @property
-    def spool(self) -> Path:
-        return self.base / "spool"
-
-    @property
-    def state_dir(self) -> Path:
-        return self.base / "state"
-
-    def socket_path(self, tag: str = "gecod") -> str:
-        return str(self.base / f"{tag}.sock")
-
-    def write_config(self, tag: str = "gecod", sock: str | None = None, qstat: str = "",
-                     kill_timeout: float | None = None, *, degraded: bool = False,
-                     sections: str = "", **gecod: str) -> Path:
-        """Write ``<tag>.toml``: socket ``path:<tag>.sock`` (or the address ``sock``), more
-        [gecod] keys, a [qstat] command when given (qstat fails at once otherwise), and
-        [epilog] kill_timeout when given; ``degraded``: [qstat] run_without_memory_limits;
-        ``sections``: more TOML at the end (other sections)."""
-        path = self.base / f"{tag}.toml"
-        extra = "".join(f"{k} = {v}\n" for k, v in gecod.items())
-        extra += f'[qstat]\ncommand = "{qstat or "/bin/false"}"\nretries = 0\n'
-        extra += f"run_without_memory_limits = {str(degraded).lower()}\n"
-        path.write_text(
-            f'[paths]\nstate_dir = "{self.state_dir}"\nexecd_spool_dir = "{self.spool}"\n'
-            f'[cgroup]\nname = "{self.name}"\n'
-            f'[log]\ntrace_dir = "{self.base / "trace"}"\n'
-            # this machine's Grid Engine is not the test's to disable
-            f'[epilog]\ndisable_queue_on_stuck = false\n'
-            + (f"kill_timeout = {kill_timeout}\n" if kill_timeout is not None else "") +
-            f'[gecod]\nsocket = "{sock or "path:" + self.socket_path(tag)}"\n'
-            f'key_file = "{self.key_file}"\n'
-            f"connection_deadline = {DEADLINE}\n{extra}{sections}")
-        return path
-
-    def job_dir(self, job: int, task: int = 1) -> Path:
-        return self.spool / HOST / "active_jobs" / f"{job}.{task}"
-
-    def make_job(self, job: int, task: int = 1, *, slots: int = 1, memory: int = 256 * MiB,
-                 owner: str = "root", trace_level: int = 0) -> Path:
-        """Spool a running job the way sge_execd does, and its resource file."""
-        d = self.job_dir(job, task)
-        d.mkdir(parents=True)
-        (d / "environment").write_text(
-            f"JOB_ID={job}\nSGE_TASK_ID={'undefined' if task == 1 else task}\nJOB_NAME=t\n")
-        (d / "config").write_text(f"job_owner={owner}\njob_name=t\njob_id={job}\n")
-        (d / "pe_hostfile").write_text(f"{HOST} {slots} all.q@{HOST} UNDEFINED\n")
-        resourcefile.write(self.state_dir / "resources", ResourceSet(
-            job, task, job_name="t", owner=owner, trace_level=trace_level,
-            nodes=(NodeResources(HOST, slots=slots, memory_limit=memory),)))
-        return d
-
-    def make_pe_task_dir(self, job: int, task: int = 1, petask: str = f"1.{HOST}") -> Path:
-        """A qrsh -inherit task's spool dir below the job's (own environment file)."""
-        d = self.job_dir(job, task) / petask
-        d.mkdir()
-        shutil.copy(self.job_dir(job, task) / "environment", d / "environment")
-        return d
-
-    def under_shepherd(self, argv: list[str]) -> list[str]:
-        """``argv`` run as the child of a fake ``sge_shepherd`` (a copy of /bin/sh)."""
-        fake = self.base / "shepherd-bin" / "sge_shepherd"
-        fake.parent.mkdir(exist_ok=True)
-        if not fake.exists():
-            shutil.copy("/bin/sh", fake)
-        # "; exit $?" keeps the shell as the parent instead of exec'ing the client
-        return [str(fake), "-c", 'exec_client() { "$@"; exit $?; }; exec_client "$@"',
-                "sge_shepherd", *argv]
-
-    def client_config(self, sock: str) -> config.Config:
-        """The configuration a client of the gecod at ``sock`` uses (geco.wire.client)."""
-        return config.Config()._replace(gecod_socket=sock)
-
-    def cgroup(self, controller: str, key: str = "") -> Path:
-        parent = MOUNTED[controller].mount_point / self.name
-        return parent / key if key else parent
-
-    def parents(self) -> list[Path]:
-        """The node's cgroup parent in every hierarchy mounted here (whether it exists or
-        not), those geco does not use included: where anything of the node's may be."""
-        return [mount / self.name for mount in cgroup_mounts()]
-
-    def job_cgroups_left(self, key: str) -> list[Path]:
-        """The directories of job ``key`` that exist, in any hierarchy mounted here."""
-        return [d for parent in self.parents() if (d := parent / key).exists()]
-
-    def job_process(self, job: int, task: int = 1, *, cwd: Path | None = None,
-                    mode: str = "plain", sock: str | None = None,
-                    shepherd: bool = False, named_shepherd: bool = False) -> JobProcess:
-        """Start a client process in the job's spool dir (or ``cwd``).
-
-        ``mode``: ``plain`` (JOB_STARTED for itself), ``nobody`` (the same after
-        dropping to uid nobody), ``execd`` (the same with euid nobody, real uid root,
-        as the child sge_execd forks for the shepherd), ``pid=<n>`` (JOB_STARTED for another pid),
-        ``self-nobody`` (QUARANTINE_SELF as nobody, MAC'd with the key read before),
-        ``peercred`` (QUARANTINE_SELF as nobody that never had the key:
-        :func:`geco.wire.client.quarantine_self`). ``shepherd``: run it as the
-        child of a fake ``sge_shepherd`` (a copy of /bin/sh) working in the spool dir.
-        ``named_shepherd``: the process itself is called ``sge_shepherd`` (Python run
-        through a symlink of that name), as the shepherd JOB_STARTED comes from is.
-        """
-        python, path = sys.executable, [str(REPO)]
-        if named_shepherd:
-            link = self.base / "shepherd-link" / "sge_shepherd"
-            link.parent.mkdir(exist_ok=True)
-            if not link.is_symlink():
-                link.symlink_to(os.path.realpath(sys.executable))
-            # run through the link, Python does not find the venv: name its packages
-            python, path = str(link), [*path, *site.getsitepackages()]
-        argv = [python, "-c", CLIENT, str(self.key_file), sock or self.socket_path(),
-                str(job), str(task), mode]
-        if shepherd:
-            argv = self.under_shepherd(argv)
-        proc = subprocess.Popen(
-            argv,
-            cwd=cwd or self.job_dir(job, task), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True,
-            env={"PYTHONPATH": os.pathsep.join(path), "PATH": "/usr/bin"})
-        self.processes.append(proc)
-        return JobProcess(proc)
-
-
-@dataclass
-class JobProcess:
-    proc: subprocess.Popen[str]
-    client_pid: int = 0  # the client's own pid (not the fake shepherd's), once answered
-
-    @property
-    def pid(self) -> int:
-        return self.client_pid or self.proc.pid
-
-    def answer(self, timeout: float = 30.0) -> str:
-        """The ACK status name the process got (e.g. "OK"); fails with its stderr if none."""
-        assert self.proc.stdout is not None and self.proc.stderr is not None
-        ready = _wait_readable(self.proc.stdout.fileno(), timeout)
-        line = self.proc.stdout.readline() if ready else ""
-        if not line:
-            self.proc.kill()
-            raise AssertionError(f"job process {self.pid} got no ACK: {self.proc.stderr.read()}")
-        status, _job, _task, pid = line.split()
-        self.client_pid = int(pid)
-        return status
-
-    def exit(self) -> None:
-        """Let the process go (it exits when its stdin closes) and reap it."""
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        self.proc.wait(timeout=30)
-
-    def cgroups(self) -> dict[str, str]:
-        """Controller -> cgroup path, from /proc/<pid>/cgroup."""
-        out = {}
-        for line in Path(f"/proc/{self.pid}/cgroup").read_text().splitlines():
-            _, ctrls, path = line.split(":", 2)
-            for c in ctrls.split(","):
-                out[c] = path
-        return out
-
-
-def _wait_readable(fd: int, timeout: float) -> bool:
-    return bool(select.select([fd], [], [], timeout)[0])
-
-
-NodeT = TypeVar("NodeT", bound=Node)
-
-
-@contextlib.contextmanager
-def make_node(kind: type[NodeT], tag: str, name: str) -> Iterator[NodeT]:
-    """A ``kind`` of node in a fresh ``/tmp/geco-test-<tag>-*`` with a new key file and the
-    cgroup parent ``name``; afterwards its processes end, its cgroups in every hierarchy
-    (:func:`cgroup_testkit.raw_cleanup`: thawed, emptied, removed) and its directory go.
-    A cgroup that vanishes meanwhile is no failure: gecod may be removing it right now (a
-    job whose first process exited has ended, and test_gecod_reaper's reaper removes jobs
-    it finds gone)."""
-    # /tmp, not pytest's 0700 tmp dirs: nobody's processes (a client, test_gecod_reaper's
-    # fake shepherd) must reach the socket and the binaries in it
-    base = Path(tempfile.mkdtemp(prefix=f"geco-test-{tag}-"))
-    base.chmod(0o755)
-    key = os.urandom(32)
-    n = kind(base, name, key)
-    fd = os.open(n.key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    os.write(fd, key)
-    os.close(fd)
-    try:
-        yield n
-    finally:
-        for proc in n.processes:
-            proc.kill()
-            proc.wait()
-        left = raw_cleanup(n.parents())
-        shutil.rmtree(base, ignore_errors=True)
-        assert not left, left
-
-
-def end_jobs(node: Node) -> None:
-    """What a test leaves: its job processes end, its job cgroups in every hierarchy (see
-    :func:`make_node`), spool dirs and resource files go."""
-    for proc in node.processes:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-        for stream in (proc.stdin, proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
-    node.processes.clear()
-    left = raw_cleanup(job for parent in node.parents() if parent.is_dir()
-                       for job in parent.iterdir() if job.is_dir())
-    assert not left, left
-    shutil.rmtree(node.spool, ignore_errors=True)
-    shutil.rmtree(node.state_dir / "resources", ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def node() -> Iterator[Node]:
-    with make_node(Node, "gecod", f"geco-test-{os.getpid()}") as n:
-        yield n
-
-
-@pytest.fixture(autouse=True)
-def _clean_jobs(node: Node) -> Iterator[None]:
-    """After each test: its job processes end, its job cgroups and spool dirs go."""
-    yield
-    end_jobs(node)
-
-
-# -- gecod ----------------------------------------------------------------------
-
-
-@dataclass
-class Gecod:
-    proc: subprocess.Popen[bytes]
-    sock: str
-    log: Path
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def output_with(self, *lines: str, timeout: float = 30.0) -> str:
-        """The log once it holds every one of ``lines``: gecod journals from a thread
-        of its own, so a line can reach the file just after the reply it explains."""
-        deadline = time.monotonic() + timeout
-        while not all(line in (log := self.output()) for line in lines) \
-                and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return log
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        return self.proc.wait(timeout)
-
-
-def start_gecod(node: Node, tag: str = "gecod", env: dict[str, str] | None = None,
-                prefix: tuple[str, ...] = (), **gecod: Any) -> Gecod:
-    """Start gecod with ``<tag>.toml`` (``gecod`` = extra [gecod] keys) and wait until it
-    listens; ``prefix`` runs it through a wrapper (setpriv)."""
-    config = node.write_config(tag, **gecod)
-    log = node.base / f"{tag}.log"
-    out = open(log, "ab")  # noqa: SIM115
-    proc = subprocess.Popen([*prefix, sys.executable, "-m", "geco.daemon", "--config",
-                             str(config), "--log-level", "info"],
-                            cwd=REPO, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                            env={"PYTHONPATH": str(REPO), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
-                                 **(env or {})})
-    out.close()
-    g = Gecod(proc, gecod["sock"] if "sock" in gecod else node.socket_path(tag), log)
-    where = address.parse(g.sock)
-    deadline = time.monotonic() + 30
-    while True:
-        if proc.poll() is not None:
-            raise AssertionError(f"gecod exited {proc.returncode} at start:\n{g.output()}")
-        with contextlib.suppress(GecoError):
-            address.connect(where, 1.0).close()
-            break
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"gecod did not listen within 30 s:\n{g.output()}")
-        time.sleep(0.05)
-    return g
-
-
-@pytest.fixture(scope="module")
-def gecod(node: Node, journal: Any) -> Iterator[Gecod]:
-    g = start_gecod(node)
-    try:
-        yield g
-    finally:
-        code = g.stop()
-        assert code == 0, g.output()
-
-
-def exchange(sock_path: str, data: bytes, *, half_close: bool = False,
-             timeout: float = 10.0) -> bytes:
-    """Send ``data`` on a new connection and return everything gecod sends until it closes."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(timeout)
-        s.connect(sock_path)
-        s.sendall(data)
-        if half_close:
-            s.shutdown(socket.SHUT_WR)
-        out = b""
-        while chunk := s.recv(4096):
-            out += chunk
-    return out
-
-
-def status(node: Node, sock: str) -> dict[str, Any]:
-    """Ask gecod for STATUS (as any user would: geco.wire.client) and return the JSON document."""
-    return client.status(node.client_config(sock), timeout=10)
-
-
-def assert_serving(node: Node, g: Gecod, within: float = 2.0) -> None:
-    """A valid request right now is answered promptly."""
-    started = time.monotonic()
-    doc = status(node, g.sock)
-    assert doc["pid"] == g.pid
-    assert time.monotonic() - started < within
-
-
-def logged(journal: Any, since: float, **match: str) -> list[dict[str, Any]]:
-    """Journal entries matching ``match`` received after ``since`` (epoch seconds).
-
-    journalctl's ``--since`` has whole seconds; entries are cut to the microsecond here,
-    so an entry of the previous test never counts for this one.
-    """
-    return [e for e in journal.entries(since, **match)
-            if int(e["__REALTIME_TIMESTAMP"]) >= since * 1e6]
-
-
-# job ids of this session only: the journal outlives sessions, and a test that counts
-# a job's entries must not see those of an earlier run (or a parallel one)
-_jobs = itertools.count(100_000 + os.getpid() % 90_000 * 100)
-
-
-def new_job() -> int:
-    return next(_jobs)
-
-
-def free_tcp_port() -> int:
-    """A loopback TCP port nothing listens on right now (the kernel's pick)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 # -- quarantine -----------------------------------------------------------------
@@ -591,13 +178,6 @@ def test_an_array_task_gets_its_own_cgroups_and_cores(node: Node, gecod: Gecod) 
 # -- the end of a job ---------------------------------------------------------------
 
 
-def wait_gone(node: Node, key: str, timeout: float = 15.0) -> None:
-    """Wait until no directory of the job is left in any cgroup hierarchy mounted here."""
-    deadline = time.monotonic() + timeout
-    while left := node.job_cgroups_left(key):
-        assert time.monotonic() < deadline, f"job {key}'s cgroups are still there: {left}"
-        time.sleep(0.05)
-
 
 def leftover_in(node: Node, key: str) -> subprocess.Popen[bytes]:
     """A ``sleep`` put into the job's cgroups behind gecod's back (a daemon the job left)."""
@@ -690,7 +270,7 @@ def test_a_job_short_of_cores_gets_those_empty_cgroups_of_ended_jobs_hold(
 
 
 def _valid_status(node: Node, **kw: Any) -> bytes:
-    return protocol.encode(MsgType.STATUS, b"", node.key, **kw)
+    return encode(MsgType.STATUS, b"", node.key, **kw)
 
 
 def _unsigned(node: Node) -> bytes:
@@ -699,7 +279,7 @@ def _unsigned(node: Node) -> bytes:
 
 
 def _badly_signed(node: Node) -> bytes:
-    return _valid_status(node)[:-32] + protocol.encode(MsgType.STATUS, b"", os.urandom(32))[-32:]
+    return _valid_status(node)[:-32] + encode(MsgType.STATUS, b"", os.urandom(32))[-32:]
 
 
 def _stale(node: Node) -> bytes:
@@ -713,15 +293,15 @@ def _oversized(node: Node) -> bytes:
 
 
 def _unknown_type(node: Node) -> bytes:
-    return protocol.encode(99, b"", node.key)
+    return encode(99, b"", node.key)
 
 
 def _wrong_version(node: Node) -> bytes:
-    return protocol.encode(MsgType.STATUS, b"", node.key, version=2)
+    return encode(MsgType.STATUS, b"", node.key, version=2)
 
 
 def _unknown_flag(node: Node) -> bytes:
-    return protocol.encode(MsgType.STATUS, b"", node.key, flags=0x0002)
+    return encode(MsgType.STATUS, b"", node.key, flags=0x0002)
 
 
 @pytest.mark.parametrize(("make", "reason", "status"), [
@@ -749,7 +329,7 @@ def test_a_bad_frame_is_answered_with_why_journaled_and_the_next_client_is_serve
     elapsed = time.monotonic() - started
 
     nonce = data[12:28] if len(data) >= 28 else bytes(16)
-    ack = protocol.decode_ack(reply, node.key, nonce)
+    ack = decode_ack(reply, node.key, nonce)
     assert (ack.job_id, ack.task_id, ack.status) == (0, 0, status)
     assert elapsed < DEADLINE  # answered, not left to time out
     [entry] = logged(journal, since, GECO_EVENT="quarantine-refused", REASON=reason,
@@ -763,10 +343,10 @@ def test_a_replayed_frame_is_refused_the_second_time(
         node: Node, gecod: Gecod, journal: Any) -> None:
     since = time.time()
     frame = _valid_status(node)
-    first = protocol.decode(exchange(gecod.sock, frame), node.key)
+    first = decode(exchange(gecod.sock, frame), node.key)
     assert first.type is MsgType.STATUS_REPLY
 
-    again = protocol.decode_ack(exchange(gecod.sock, frame), node.key, frame[12:28])
+    again = decode_ack(exchange(gecod.sock, frame), node.key, frame[12:28])
     assert again.status is AckStatus.BAD_REQUEST
     assert len(logged(journal, since, GECO_EVENT="quarantine-refused", REASON="nonce",
                                _PID=str(gecod.pid))) == 1
@@ -778,7 +358,7 @@ def test_a_truncated_frame_is_dropped_without_an_answer_and_journaled(
     """Given a client that sends half a JOB_STARTED frame and closes its side, then gecod
     closes without replying, journals it with the claimed job (reason closed), and serves on."""
     since = time.time()
-    frame = protocol.encode(MsgType.JOB_STARTED, JobStarted(4242, 1, os.getpid()), node.key)
+    frame = encode(MsgType.JOB_STARTED, JobStarted(4242, 1, os.getpid()), node.key)
 
     assert exchange(gecod.sock, frame[:50], half_close=True) == b""
     assert exchange(gecod.sock, frame[:20], half_close=True) == b""
@@ -1042,20 +622,6 @@ def test_over_tcp_the_processs_own_uid_and_cwd_decide(node: Node, journal: Any) 
         assert g.stop() == 0, g.output()
 
 
-def _adopt(sock: str, key: bytes, pid: int, uid: int,
-           stage: protocol.AdoptStage = protocol.AdoptStage.ACCOUNT) -> protocol.AdoptReply:
-    """Send one ADOPT and return gecod's verified ADOPT_REPLY."""
-    return _adopt_frame(sock, key, protocol.Adopt(0, 0, pid, uid, stage,
-                                                  "127.0.0.1 40000 127.0.0.1 22"))
-
-
-def _adopt_frame(sock: str, key: bytes, adopt: protocol.Adopt) -> protocol.AdoptReply:
-    frame = protocol.encode(MsgType.ADOPT, adopt, key)
-    got = protocol.decode(exchange(sock, frame), key)
-    assert got.type is MsgType.ADOPT_REPLY
-    reply = got.message
-    assert isinstance(reply, protocol.AdoptReply) and reply.request_nonce == frame[12:28]
-    return reply
 
 
 def test_adopt_is_served_for_its_root_sender_on_the_privileged_socket_only(
@@ -1066,12 +632,12 @@ def test_adopt_is_served_for_its_root_sender_on_the_privileged_socket_only(
     process can only hand itself to a job, and only root's socket serves it."""
     since = time.time()
     me = os.getpid()
-    root_sock = _root_socket(gecod)
-    assert _adopt(root_sock, node.key, me, 0).status is AckStatus.OK
+    root_sock = root_socket(gecod)
+    assert adopt(root_sock, node.key, me, 0).status is AckStatus.OK
     assert journal.wait_for(GECO_EVENT="ssh-admitted", _PID=str(gecod.pid))[-1]["REASON"] == \
         "root"
-    assert _adopt(root_sock, node.key, me + 1, 0).status is AckStatus.REFUSED
-    assert _adopt(gecod.sock, node.key, me, 0).status is AckStatus.REFUSED
+    assert adopt(root_sock, node.key, me + 1, 0).status is AckStatus.REFUSED
+    assert adopt(gecod.sock, node.key, me, 0).status is AckStatus.REFUSED
     refusals = logged(journal, since, GECO_EVENT="quarantine-refused", _PID=str(gecod.pid))
     assert [e["MESSAGE"].split(": ", 1)[1] for e in refusals[-2:]] == [
         f"ADOPT must name its sender (pid {me}), not pid {me + 1}",
@@ -1091,13 +657,13 @@ def test_adopts_exec_stage_is_refused_to_a_user_process_that_is_no_ssh_session(
         try:
             os.close(ours)
             _as_nobody()
-            adopt = protocol.Adopt(0, 0, os.getpid(), NOBODY, protocol.AdoptStage.EXEC)
-            frame = protocol.encode(MsgType.ADOPT, adopt, protocol.PUBLIC_KEY,
-                                    flags=protocol.PEERCRED)
-            got = protocol.decode(exchange(gecod.sock, frame), protocol.PUBLIC_KEY,
-                                  peercred=True)
+            adopt = Adopt(0, 0, os.getpid(), NOBODY, AdoptStage.EXEC)
+            frame = encode(MsgType.ADOPT, adopt, PUBLIC_KEY,
+                           flags=PEERCRED)
+            got = decode(exchange(gecod.sock, frame), PUBLIC_KEY,
+                         peercred=True)
             reply = got.message
-            assert isinstance(reply, protocol.AdoptReply)
+            assert isinstance(reply, AdoptReply)
             os.write(theirs, reply.status.name.encode())
             code = 0
         finally:
@@ -1108,8 +674,8 @@ def test_adopts_exec_stage_is_refused_to_a_user_process_that_is_no_ssh_session(
     assert os.waitpid(child, 0)[1] == 0
     assert answer == "REFUSED"
     me = os.getpid()
-    secret_exec = protocol.Adopt(0, 0, me, 0, protocol.AdoptStage.EXEC)
-    assert _adopt_frame(_root_socket(gecod), node.key, secret_exec).status is AckStatus.REFUSED
+    secret_exec = Adopt(0, 0, me, 0, AdoptStage.EXEC)
+    assert adopt_frame(root_socket(gecod), node.key, secret_exec).status is AckStatus.REFUSED
     from_user = "ADOPT's EXEC stage comes from an ssh session: sshd, under root's sshd"
     with_key = "ADOPT's EXEC stage is peer-credentialed (an ssh session's own process)"
     log = gecod.output_with(from_user, with_key)
@@ -1161,11 +727,11 @@ def test_job_started_with_the_peercred_flag_is_refused_and_answered_in_kind(
     since = time.time()
     job = new_job()
     node.make_job(job)
-    frame = protocol.encode(MsgType.JOB_STARTED, JobStarted(job, 1, os.getpid()),
-                            protocol.PUBLIC_KEY, flags=protocol.PEERCRED)
+    frame = encode(MsgType.JOB_STARTED, JobStarted(job, 1, os.getpid()),
+                   PUBLIC_KEY, flags=PEERCRED)
 
     reply = exchange(gecod.sock, frame)
-    ack = protocol.decode_ack(reply, protocol.PUBLIC_KEY, frame[12:28], peercred=True)
+    ack = decode_ack(reply, PUBLIC_KEY, frame[12:28], peercred=True)
     assert (ack.job_id, ack.task_id, ack.status) == (0, 0, AckStatus.BAD_REQUEST)
     assert not node.cgroup("cpuset", f"{job}.1").exists()
     [entry] = logged(journal, since, GECO_EVENT="quarantine-refused", REASON="flags",
@@ -1190,10 +756,10 @@ def test_a_peercred_request_over_tcp_is_refused_and_geco_client_never_sends_one(
     since = time.time()
     g = start_gecod(node, "tcp-peercred", sock=f"port:{port}")
     try:
-        frame = protocol.encode(MsgType.STATUS, b"", protocol.PUBLIC_KEY,
-                                flags=protocol.PEERCRED)
+        frame = encode(MsgType.STATUS, b"", PUBLIC_KEY,
+                       flags=PEERCRED)
         reply = client.request(address.parse(f"port:{port}"), frame, 10)
-        ack = protocol.decode_ack(reply, protocol.PUBLIC_KEY, frame[12:28], peercred=True)
+        ack = decode_ack(reply, PUBLIC_KEY, frame[12:28], peercred=True)
         assert ack.status is AckStatus.BAD_REQUEST
         [entry] = logged(journal, since, GECO_EVENT="quarantine-refused", _PID=str(g.pid))
         assert (entry["REASON"], entry["PEERCRED"]) == ("flags", "1")
@@ -1269,7 +835,7 @@ def test_geco_status_without_gecod_says_so_in_one_line_and_exits_1(node: Node) -
 
 
 @contextlib.contextmanager
-def fake_gecod(path: Path, answer: Callable[[protocol.Frame], bytes | None]) -> Iterator[None]:
+def fake_gecod(path: Path, answer: Callable[[Frame], bytes | None]) -> Iterator[None]:
     """A listener on ``path`` that reads one request per connection and sends ``answer(frame)``
     (None: close without a reply); ``path``'s directory is left as the test made it."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -1285,8 +851,8 @@ def fake_gecod(path: Path, answer: Callable[[protocol.Frame], bytes | None]) -> 
             except TimeoutError:
                 continue
             with conn:
-                got = protocol.decode(protocol.read_frame(conn, time.monotonic() + 5),
-                                      protocol.PUBLIC_KEY)
+                got = decode(read_frame(conn, time.monotonic() + 5),
+                             PUBLIC_KEY)
                 reply = answer(got)
                 if reply is not None:
                     conn.sendall(reply)
@@ -1302,9 +868,9 @@ def fake_gecod(path: Path, answer: Callable[[protocol.Frame], bytes | None]) -> 
         listener.close()
 
 
-def _peercred_ack(status: AckStatus) -> Callable[[protocol.Frame], bytes]:
-    return lambda got: protocol.encode(MsgType.ACK, protocol.Ack(0, 0, status, got.nonce),
-                                       protocol.PUBLIC_KEY, flags=protocol.PEERCRED)
+def _peercred_ack(status: AckStatus) -> Callable[[Frame], bytes]:
+    return lambda got: encode(MsgType.ACK, Ack(0, 0, status, got.nonce),
+                              PUBLIC_KEY, flags=PEERCRED)
 
 
 def test_geco_client_waits_out_busy_answers_within_its_timeout(node: Node) -> None:
@@ -1313,14 +879,14 @@ def test_geco_client_waits_out_busy_answers_within_its_timeout(node: Node) -> No
     up at its timeout with "gecod refused: BUSY"."""
     sock = node.base / "busy.sock"
     busy = _peercred_ack(AckStatus.BUSY)
-    asked: list[protocol.Frame] = []
+    asked: list[Frame] = []
 
-    def busy_twice(got: protocol.Frame) -> bytes:
+    def busy_twice(got: Frame) -> bytes:
         asked.append(got)
         if len(asked) <= 2:
             return busy(got)
-        return protocol.encode(MsgType.STATUS_REPLY, protocol.StatusReply({"jobs": []}),
-                               protocol.PUBLIC_KEY, flags=protocol.PEERCRED)
+        return encode(MsgType.STATUS_REPLY, StatusReply({"jobs": []}),
+                      PUBLIC_KEY, flags=PEERCRED)
 
     with fake_gecod(sock, busy_twice):
         assert client.status(node.client_config(str(sock)), timeout=5) == {"jobs": []}
@@ -1342,7 +908,7 @@ def test_geco_client_reports_a_silent_a_hanging_up_and_an_old_gecod(node: Node) 
     where = f"path:{sock}"
     cfg = node.client_config(where)
 
-    def silent(got: protocol.Frame) -> None:
+    def silent(got: Frame) -> None:
         time.sleep(1)
 
     with fake_gecod(sock, silent), pytest.raises(client.GecodTimeout) as timed_out:
@@ -1354,7 +920,7 @@ def test_geco_client_reports_a_silent_a_hanging_up_and_an_old_gecod(node: Node) 
     assert str(hung_up.value) == f"gecod closed the connection without an answer " \
                                  f"(address={where})"
     sock.unlink()
-    old = lambda got: protocol.ack_for_error(  # noqa: E731
+    old = lambda got: ack_for_error(  # noqa: E731
         b"", ProtocolError("flags must be 0", reason="flags"), node.key)
     with fake_gecod(sock, old), pytest.raises(ProtocolError) as too_old:
         client.status(cfg, timeout=5)
@@ -1374,9 +940,9 @@ def test_geco_client_asks_no_socket_that_another_user_could_have_put_there(
     os.chown(d, owner, -1)
     d.chmod(mode)
     sock = d / "gecod.sock"
-    asked: list[protocol.Frame] = []
+    asked: list[Frame] = []
 
-    def answer(got: protocol.Frame) -> None:
+    def answer(got: Frame) -> None:
         asked.append(got)
 
     with fake_gecod(sock, answer), pytest.raises(GecoError) as info:
@@ -1392,16 +958,17 @@ def test_geco_client_asks_no_socket_that_another_user_could_have_put_there(
 
 # Test-only: the starter reads /etc/geco/geco.toml and nothing else (the hooks have no
 # environment override, on purpose). This runs it as the installed hook does (python -I
-# -m geco.hooks.starter), from this checkout, with geco.config.DEFAULT_PATH pointed at
-# the test's configuration first.
+# -m geco.hooks.starter: here -s -P, and the checkout on PYTHONPATH, which the script takes
+# out of the environment before the starter reads it), with geco.config.DEFAULT_PATH
+# pointed at the test's configuration first.
 STARTER = r"""
-import sys
+import os, sys
 from pathlib import Path
-sys.path.insert(0, sys.argv[1])
+os.environ.pop("PYTHONPATH")  # the checkout, for this process: not the job's
 import geco.config
-geco.config.DEFAULT_PATH = Path(sys.argv[2])
+geco.config.DEFAULT_PATH = Path(sys.argv[1])
 from geco.hooks import starter
-sys.argv = ["starter", *sys.argv[3:]]
+sys.argv = ["starter", *sys.argv[2:]]
 sys.exit(starter.main())
 """
 
@@ -1422,11 +989,12 @@ def run_starter(node: Node, job: int, config_path: Path,
     /proc/self/environ``."""
     env = {"JOB_ID": str(job), "SGE_TASK_ID": "undefined", "JOB_SCRIPT": job_script,
            "SGE_JOB_SPOOL_DIR": str(node.job_dir(job)), "PATH": "/usr/bin:/bin",
-           "SGE_STARTER_SHELL_START_MODE": "unix_behavior", "SGE_STARTER_SHELL_PATH": ""}
+           "SGE_STARTER_SHELL_START_MODE": "unix_behavior", "SGE_STARTER_SHELL_PATH": "",
+           "PYTHONPATH": str(REPO)}
     pw = pwd.getpwnam(owner)
     argv = node.under_shepherd([
         "setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--clear-groups",
-        sys.executable, "-I", "-c", STARTER, str(REPO), str(config_path), "/bin/cat",
+        sys.executable, "-s", "-P", "-c", STARTER, str(config_path), "/bin/cat",
         "/proc/self/cgroup", "/proc/self/environ"])
     return subprocess.run(argv, cwd=node.job_dir(job), env=env, capture_output=True,
                           timeout=60)
@@ -1622,7 +1190,7 @@ def test_the_real_exec_preload_is_quarantined_by_gecod_before_its_exec(
     program named sge_shepherd under LD_PRELOAD, then that program already runs in the job's cgroups
     (the C client and gecod agree on the wire), and gecod journaled the quarantine."""
     build = node.base / "preload-build"
-    make = subprocess.run(["make", "-s", "-C", str(REPO / "preload"), f"BUILD={build}"],
+    make = subprocess.run(["make", "-s", "-C", str(REPO), f"BUILD={build}", "preload"],
                           capture_output=True, text=True, timeout=300)
     assert make.returncode == 0, make.stdout + make.stderr
     conf = node.base / "preload.conf"
@@ -1803,22 +1371,20 @@ def test_a_status_reply_with_more_jobs_than_fit_is_cut_to_4096_bytes_and_says_so
     jobs = tuple(JobCgroup(f"{1000 + i}.1", "0-63", "0-1", 1 << 40, 1 << 40, 12345)
                  for i in range(300))
     data = status_document(NodeJobs(jobs, "0-127"), pid=1)
-    doc = protocol.StatusReply.unpack(data).document
-    assert len(data) <= protocol.MAX_PAYLOAD
+    doc = StatusReply.unpack(data).document
+    assert len(data) <= MAX_PAYLOAD
     assert (doc["job_count"], doc["truncated"]) == (300, True)
     assert [j["key"] for j in doc["jobs"]] == [j.key for j in jobs[:len(doc["jobs"])]]
     # nothing more would have fitted
     assert len(data) + len(json.dumps(jobs[len(doc["jobs"])].as_json(),
-                                      separators=(",", ":"))) + 1 > protocol.MAX_PAYLOAD
-    small = protocol.StatusReply.unpack(status_document(NodeJobs(jobs[:3], "0-127")))
+                                      separators=(",", ":"))) + 1 > MAX_PAYLOAD
+    small = StatusReply.unpack(status_document(NodeJobs(jobs[:3], "0-127")))
     assert (small.document["truncated"], len(small.document["jobs"])) == (False, 3)
 
 
 # -- two lanes: root's socket, and everyone's with a budget per uid -------------------
 
 
-def _root_socket(g: Gecod) -> str:
-    return g.sock.removesuffix(".sock") + "-root.sock"
 
 
 def _connect_as_nobody(path: str, count: int) -> tuple[int, int]:
@@ -1862,7 +1428,7 @@ def test_only_root_can_connect_to_the_privileged_socket_where_job_started_is_ser
         node: Node, gecod: Gecod) -> None:
     """Given gecod's two sockets, then the privileged one is root's, mode 0600: the kernel
     refuses uid 65534's connect; root's JOB_STARTED is answered there."""
-    root_sock = _root_socket(gecod)
+    root_sock = root_socket(gecod)
     st = os.stat(root_sock)
     assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (0o600, 0, 0)
     assert stat.S_IMODE(os.stat(gecod.sock).st_mode) == 0o666

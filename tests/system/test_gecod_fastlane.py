@@ -1,7 +1,7 @@
 """gecod's fast lane: later tasks of a contained job served in C, everything else as before.
 
-gecod runs as in ``test_gecod.py`` (its :class:`Node`, :func:`start_gecod`,
-:func:`end_jobs` are reused), and the requests come on root's socket, where the
+gecod runs with :mod:`tests.gecodkit` (its :class:`Node`, :func:`start_gecod`,
+:func:`end_jobs`), and the requests come on root's socket, where the
 preload sends them and the lane accepts. A job's first process (its shepherd,
 in the job's spool dir) is always Python's; a ``qrsh -inherit`` task's process
 (a PE task dir below it) of a job gecod holds is the lane's. What a user or an
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -21,12 +22,12 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import test_gecod as gecod_tests
-from test_gecod import (
+from tests.gecodkit import (
     CONTROLLERS,
     HOST,
+    MARKS,
     Gecod,
+    JobProcess,
     Node,
     logged,
     make_node,
@@ -35,41 +36,43 @@ from test_gecod import (
     status,
     wait_gone,
 )
-from test_gecod import _clean_jobs as _clean_jobs  # after each test, on this module's node
-from test_gecod import gecod as gecod  # the module's gecod, on this module's node
+from tests.gecodkit import _clean_jobs as _clean_jobs  # after each test, on this module's node
+from tests.gecodkit import gecod as gecod  # the module's gecod, on this module's node
 
-pytestmark = gecod_tests.pytestmark
+pytestmark = MARKS
 
 REPO = Path(__file__).resolve().parents[2]
-LANE = "preload/geco_lane.c"
+LANE = "lane/geco_lane.c"
 
 # A process that sends one JOB_STARTED frame for itself twice, on root's socket; prints
 # both ACK statuses (the second is the replay).
 TWICE = r"""
 import os, sys
-from geco.wire import address, client, protocol
+from geco.wire import address, client
+from geco.wire.frame import decode_ack, encode
+from geco.wire.messages import JobStarted, MsgType
 key_file, where, job = sys.argv[1:4]
 key = open(key_file, "rb").read()
-frame = protocol.encode(protocol.MsgType.JOB_STARTED,
-                        protocol.JobStarted(int(job), 1, os.getpid()), key)
+frame = encode(MsgType.JOB_STARTED, JobStarted(int(job), 1, os.getpid()), key)
 for _ in range(2):
     reply = client.request(address.parse(where), frame, 30)
-    print(protocol.decode_ack(reply, key, frame[12:28]).status.name, flush=True)
+    print(decode_ack(reply, key, frame[12:28]).status.name, flush=True)
 """
 
 # A process that sends JOB_STARTED for itself N times (fresh frames), on root's socket;
 # prints how many were answered OK.
 MANY = r"""
 import os, sys
-from geco.wire import address, client, protocol
+from geco.wire import address, client
+from geco.wire.frame import decode_ack, encode
+from geco.wire.messages import JobStarted, MsgType
 key_file, where, job, n = sys.argv[1:5]
 key = open(key_file, "rb").read()
 ok = 0
 for _ in range(int(n)):
-    frame = protocol.encode(protocol.MsgType.JOB_STARTED,
-                            protocol.JobStarted(int(job), 1, os.getpid()), key)
+    frame = encode(MsgType.JOB_STARTED, JobStarted(int(job), 1, os.getpid()), key)
     reply = client.request(address.parse(where), frame, 30)
-    ok += protocol.decode_ack(reply, key, frame[12:28]).status.name == "OK"
+    ok += decode_ack(reply, key, frame[12:28]).status.name == "OK"
 print(ok, flush=True)
 """
 
@@ -77,11 +80,11 @@ print(ok, flush=True)
 # root's socket; prints the ACK's status and its pid.
 TRAILING = r"""
 import os, socket, sys
-from geco.wire import protocol
+from geco.wire.frame import decode_ack, encode
+from geco.wire.messages import JobStarted, MsgType
 key_file, where, job = sys.argv[1:4]
 key = open(key_file, "rb").read()
-frame = protocol.encode(protocol.MsgType.JOB_STARTED,
-                        protocol.JobStarted(int(job), 1, os.getpid()), key)
+frame = encode(MsgType.JOB_STARTED, JobStarted(int(job), 1, os.getpid()), key)
 reply = b""
 with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
     s.connect(where)
@@ -91,16 +94,16 @@ with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             reply += chunk
     except ConnectionResetError:  # gecod closed with our extra bytes unread: after the ACK
         pass
-print(protocol.decode_ack(reply, key, frame[12:28]).status.name, os.getpid(), flush=True)
+print(decode_ack(reply, key, frame[12:28]).status.name, os.getpid(), flush=True)
 """
 
 # STATUS (a frame shorter than a JOB_STARTED) and more bytes after it, in one write, on
 # root's socket; prints the reply's type.
 STATUS_TRAILING = r"""
 import socket, sys
-from geco.wire import protocol
-frame = protocol.encode(protocol.MsgType.STATUS, b"", protocol.PUBLIC_KEY,
-                        flags=protocol.PEERCRED)
+from geco.wire.frame import PEERCRED, PUBLIC_KEY, decode, encode
+from geco.wire.messages import MsgType
+frame = encode(MsgType.STATUS, b"", PUBLIC_KEY, flags=PEERCRED)
 reply = b""
 with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
     s.connect(sys.argv[1])
@@ -110,7 +113,7 @@ with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             reply += chunk
     except ConnectionResetError:
         pass
-print(protocol.decode(reply, protocol.PUBLIC_KEY).type.name, flush=True)
+print(decode(reply, PUBLIC_KEY).type.name, flush=True)
 """
 
 
@@ -124,7 +127,7 @@ def root_sock(node: Node) -> str:
     return str(node.base / "gecod-root.sock")
 
 
-def contained_job(node: Node) -> tuple[int, gecod_tests.JobProcess]:
+def contained_job(node: Node) -> tuple[int, JobProcess]:
     """A spooled job whose shepherd gecod moved in (Python: the first process of a job)."""
     job = new_job()
     node.make_job(job)
@@ -133,7 +136,7 @@ def contained_job(node: Node) -> tuple[int, gecod_tests.JobProcess]:
     return job, shepherd
 
 
-def task_of(node: Node, job: int, petask: str = f"1.{HOST}") -> gecod_tests.JobProcess:
+def task_of(node: Node, job: int, petask: str = f"1.{HOST}") -> JobProcess:
     """A qrsh -inherit task's process asking from its PE task dir, on root's socket."""
     return node.job_process(job, cwd=node.make_pe_task_dir(job, petask=petask),
                             sock=root_sock(node))
@@ -167,7 +170,7 @@ def test_a_later_task_is_served_by_the_lane_and_looks_as_if_python_had_served_it
             assert task.cgroups()[c] == f"/{node.name}/{job}.1", c
     first = entry_of(journal, gecod, job, shepherd.pid)
     later = [entry_of(journal, gecod, job, t.pid) for t in tasks]
-    assert first["CODE_FILE"].endswith("server.py") and first["CGROUP_CREATED"] == "1"
+    assert first["CODE_FILE"].endswith("requestlog.py") and first["CGROUP_CREATED"] == "1"
     for entry, task in zip(later, tasks, strict=True):
         assert entry["CODE_FILE"] == LANE
         assert public(entry) == public(first)
@@ -192,7 +195,7 @@ def test_a_task_that_sends_more_than_its_frame_still_reads_the_lanes_ack(
     write, then the lane serves the frame and the task reads its OK before the connection
     ends."""
     job, _shepherd = contained_job(node)
-    proc = gecod_tests.subprocess.run(
+    proc = subprocess.run(
         [sys.executable, "-c", TRAILING, str(node.key_file), root_sock(node), str(job)],
         cwd=node.make_pe_task_dir(job), capture_output=True, text=True, timeout=60,
         check=False, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin"})
@@ -206,7 +209,7 @@ def test_a_shorter_frame_with_more_bytes_after_it_is_answered_as_without_the_lan
     """Given STATUS (shorter than the JOB_STARTED the lane reads at once) followed by 64
     more bytes in one write on root's socket, then Python answers the STATUS: the bytes the
     lane read past the frame are not taken for part of it."""
-    proc = gecod_tests.subprocess.run(
+    proc = subprocess.run(
         [sys.executable, "-c", STATUS_TRAILING, root_sock(node)], capture_output=True,
         text=True, timeout=60, check=False, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin"})
     assert proc.stdout.split() == ["STATUS_REPLY"], proc.stderr
@@ -233,7 +236,7 @@ def test_a_frame_is_taken_once_whichever_side_served_it(
     since = time.time()
     job, _shepherd = contained_job(node)
     for cwd in (node.make_pe_task_dir(job), node.job_dir(job)):
-        proc = gecod_tests.subprocess.run(
+        proc = subprocess.run(
             [sys.executable, "-c", TWICE, str(node.key_file), root_sock(node), str(job)],
             cwd=cwd, capture_output=True, text=True, timeout=60, check=False,
             env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin"})
@@ -259,7 +262,7 @@ def test_what_the_lane_cannot_vouch_for_is_refused_by_python_in_its_own_words(
     refused = logged(journal, since, GECO_EVENT="quarantine-refused", JOB_ID=str(job),
                      _PID=str(gecod.pid))
     assert len(refused) == 2
-    assert all(e["CODE_FILE"].endswith("server.py") for e in refused)
+    assert all(e["CODE_FILE"].endswith("requestlog.py") for e in refused)
     text = " ".join(e["MESSAGE"] for e in refused)
     assert "environment names job 1" in text and "a process may only ask for itself" in text
 
@@ -295,7 +298,7 @@ def test_a_traced_jobs_tasks_are_pythons_so_its_trace_file_gets_their_lines(
     task = task_of(node, job)
     assert task.answer() == "OK"
 
-    assert entry_of(journal, gecod, job, task.pid)["CODE_FILE"].endswith("server.py")
+    assert entry_of(journal, gecod, job, task.pid)["CODE_FILE"].endswith("requestlog.py")
     trace = (node.base / "trace" / f"{job}.1.trace").read_text()
     assert f"quarantined process {task.pid} into job {job}.1" in trace
 
@@ -346,7 +349,7 @@ def test_a_flood_of_a_jobs_tasks_is_journaled_as_a_few_entries_and_a_summary(
     node.make_job(job, trace_level=4 if traced else 0)
     shepherd = node.job_process(job, sock=root_sock(node))
     assert shepherd.answer() == "OK"
-    proc = gecod_tests.subprocess.run(
+    proc = subprocess.run(
         [sys.executable, "-c", MANY, str(node.key_file), root_sock(node), str(job), "450"],
         cwd=node.make_pe_task_dir(job), capture_output=True, text=True, timeout=120,
         check=False, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin"})
@@ -375,7 +378,7 @@ def test_a_flood_of_a_jobs_tasks_is_journaled_as_a_few_entries_and_a_summary(
     assert told == 451 or told < 451 <= told + dropped, (told, dropped)
     assert (summaries or dropped) and len(single) <= 200 * windows, (len(single), windows)
     assert all(e["WINDOW_S"] == "10.0" and e["SGE_TASK_ID"] == "1" for e in summaries)
-    code = "server.py" if traced else LANE
+    code = "requestlog.py" if traced else LANE
     assert [e for e in single[1:] if not e["CODE_FILE"].endswith(code)] == []
     summary = summaries[0]
     assert summary["MESSAGE"] == (f"job {job}.1: {int(summary['QUARANTINED']):,} more "

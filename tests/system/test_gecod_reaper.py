@@ -1,7 +1,7 @@
 """gecod's reaper and walltime backstop as a real process: real cgroup v1, real kills, journald.
 
-gecod is started as in ``test_gecod.py`` (its :class:`Node` and
-:func:`start_gecod` are reused): a test directory under /tmp with a fake execd
+gecod is started with :mod:`tests.gecodkit` (its :class:`Node` and
+:func:`start_gecod`): a test directory under /tmp with a fake execd
 spool tree, the cgroup parent ``geco-test-<pid>-reaper``, and here a reaper
 round every second (``[gecod] reaper_interval = 1``, so cgroups are judged
 once they are 2 s old), ``walltime_grace = 1``, a trace dir of its own, and
@@ -27,7 +27,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -36,14 +35,22 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import test_gecod as gecod_tests
-from test_gecod import CONTROLLERS, Gecod, JobProcess, Node, logged, start_gecod
-
 from geco.job.jobkey import JobKey
 from geco.sge import resourcefile
+from tests import gecodkit
+from tests.gecodkit import (
+    CONTROLLERS,
+    MARKS,
+    Gecod,
+    JobProcess,
+    Node,
+    end_jobs,
+    logged,
+    start_gecod,
+    status,
+)
 
-pytestmark = gecod_tests.pytestmark
+pytestmark = MARKS
 
 REPO = Path(__file__).resolve().parents[2]
 UNKNOWN_JOB_XML = REPO / "tests" / "fixtures" / "qstat" / "unknown_job.xml"
@@ -64,11 +71,11 @@ def new_job() -> int:
 
 @dataclass
 class ReaperNode(Node):
-    """test_gecod's node, with the [epilog] settings the reaper reads."""
+    """gecodkit's node, with the [epilog] settings the reaper reads."""
 
     @property
     def trace_dir(self) -> Path:
-        return self.base / "trace"  # what test_gecod's configuration sets (trace_keep_days 14)
+        return self.base / "trace"  # what gecodkit's configuration sets (trace_keep_days 14)
 
     @property
     def qstat_log(self) -> Path:
@@ -137,7 +144,7 @@ class ReaperNode(Node):
 def make_node(tag: str) -> contextlib.AbstractContextManager[ReaperNode]:
     """A node of its own: directory, key, and the cgroup parent ``geco-test-<pid>-<tag>``.
     Its cgroups may vanish while they are removed afterwards: a gecod may be reaping them."""
-    return gecod_tests.make_node(ReaperNode, tag, f"geco-test-{os.getpid()}-{tag}")
+    return gecodkit.make_node(ReaperNode, tag, f"geco-test-{os.getpid()}-{tag}")
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +166,7 @@ def lone_node() -> Iterator[ReaperNode]:
 def _clean_jobs(node: ReaperNode) -> Iterator[None]:
     """After each test: its processes end, its job cgroups, spool dirs and traces go."""
     yield
-    gecod_tests.end_jobs(node)
+    end_jobs(node)
     shutil.rmtree(node.trace_dir, ignore_errors=True)
     node.qstat_log.unlink(missing_ok=True)
 
@@ -226,7 +233,7 @@ def test_a_job_gone_from_the_spool_and_unknown_to_qstat_is_killed_removed_and_jo
     shutil.rmtree(node.job_dir(job))
 
     wait_until(gone(p.proc), f"job {job}'s process killed")
-    # in every hierarchy mounted here, devices too (test_gecod's CONTROLLERS once missed it)
+    # in every hierarchy mounted here, devices too (gecodkit's CONTROLLERS once missed it)
     wait_until(lambda: not node.job_cgroups_left(f"{job}.1"), f"job {job}'s cgroups removed")
 
     assert p.proc.returncode == -signal.SIGKILL
@@ -393,7 +400,7 @@ def test_a_garbage_resource_file_is_warned_about_and_gecod_serves_on(
     assert len(logged(journal, since, GECO_EVENT="resource-file-unusable",
                       JOB_ID=str(job))) == 1
     assert p.proc.poll() is None
-    assert gecod_tests.status(node, gecod.sock)["pid"] == gecod.pid
+    assert status(node, gecod.sock)["pid"] == gecod.pid
 
 
 def test_without_an_h_rt_a_long_running_job_is_left_alone(

@@ -19,7 +19,8 @@ story itself, which waits out 1.5 watchdog periods (45 s) under emulation.
 from __future__ import annotations
 
 import pytest
-import vmrun
+
+from tests.system import vmrun
 
 # --noconftest: tests/conftest.py serves the host suite (Grid Engine, journald) and may
 # import what the guest's bare python3 lacks; tests/vm first: tests/vm_systemd rewrites
@@ -28,7 +29,8 @@ GUEST_COMMAND = (f"set -e; {vmrun.COPY_TO_GUEST}; cd /root/geco; "
                  "python3 -m geco._hwloc_build >/dev/null; "
                  f"{vmrun.guest_pytest('tests/vm tests/vm_systemd')}")
 
-BOOT = vmrun.Boot(GUEST_COMMAND)
+BOOT = vmrun.Boot("tests/vm + tests/vm_systemd (the v2 backend, gecod as a service)",
+                  GUEST_COMMAND)
 
 pytestmark = pytest.mark.vm
 
@@ -37,5 +39,4 @@ def test_given_the_qemu_machine_when_the_v2_backend_and_gecod_under_systemd_run_
         figures: list[str]) -> None:
     result = vmrun.result(BOOT)
     vmrun.assert_all_passed(result)
-    figures.append(result.figure("tests/vm + tests/vm_systemd (the v2 backend, gecod as a "
-                                 "service)"))
+    figures.append(result.figure())

@@ -25,7 +25,6 @@ import random
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -40,9 +39,7 @@ from geco.job.accounting import Accounting
 from geco.job.journalview import JOURNAL_DIRS
 from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import resourcefile
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # see test_cgroup_v1.py
-from cgroup_testkit import (
+from tests.cgroup_testkit import (
     parse_list,
     reap,
     start_in,
@@ -331,7 +328,7 @@ def test_journal_as_nobody_shows_what_the_journal_files_let_nobody_see(
 
 def check_access_as_nobody(store: Path) -> tuple[int, str]:
     """Run journalview.check_access([store's parent], machine id "m") as nobody."""
-    code = ("import sys\nfrom pathlib import Path\nfrom geco import journalview\n"
+    code = ("import sys\nfrom pathlib import Path\nfrom geco.job import journalview\n"
             "from geco.errors import GecoError\n"
             f"try:\n    print(journalview.check_access([Path({str(store.parent)!r})], 'm'))\n"
             "except GecoError as exc:\n    print(exc)\n    sys.exit(1)\n")

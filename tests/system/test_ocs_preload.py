@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from preloadkit import VARIANTS, Built, Node, new_node
+
+from tests.preloadkit import VARIANTS, Built, Node, new_node
 
 pytestmark = [
     pytest.mark.root,

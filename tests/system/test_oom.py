@@ -23,7 +23,6 @@ import shutil
 import signal
 import stat
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -43,9 +42,7 @@ from geco.job.jobkey import JobKey
 from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import resourcefile
 from geco.units import format_memory, parse_memory
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from cgroup_testkit import (
+from tests.cgroup_testkit import (
     allocate,
     eventually,
     start_in,

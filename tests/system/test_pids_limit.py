@@ -10,7 +10,6 @@ tests/unit/test_pids_rule.py (a fake tree) and tests/vm/test_cgroup_v2.py (the k
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,9 +22,7 @@ from geco.job import jobstatus
 from geco.job.containment import PidsLimit, contain, pids_unenforced
 from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge.resourcefile import write as write_resources
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from cgroup_testkit import (
+from tests.cgroup_testkit import (
     Child,
     eventually,
     fork_forever,

@@ -1,4 +1,4 @@
-"""The exec() preload (``preload/libgeco_preload.so``) in real processes.
+"""The exec() preload (``preload/``, built as ``libgeco_preload.so``) in real processes.
 
 The library and the tiny C programs of ``tests/preload/`` are built once per
 session by ``tests/preloadkit.py`` (which says what each program does). Each test
@@ -32,10 +32,29 @@ from typing import Any
 
 import cffi
 import pytest
-from cgroup_testkit import parent_name
-from preloadkit import (
+
+from geco import preload_config
+from geco.config import Config
+from geco.errors import ProtocolError
+from geco.job.jobkey import JOB_ID_RULE, TASK_ID_RULE
+from geco.wire import address
+from geco.wire.frame import PUBLIC_KEY, Frame, decode, encode
+from geco.wire.messages import (
+    MAX_PAYLOAD,
+    REPLY_MAX_TEXT,
+    AckStatus,
+    Adopt,
+    AdoptReply,
+    AdoptStage,
+    MsgType,
+    Starter,
+    StarterReply,
+)
+from geco.wire.reader import read_frame
+from tests.cgroup_testkit import parent_name
+from tests.ckit import LIBGECO
+from tests.preloadkit import (
     BASE_ENV,
-    PRELOAD_SRC,
     VARIANTS,
     Built,
     Dump,
@@ -44,12 +63,6 @@ from preloadkit import (
     new_node,
     parse_output,
 )
-
-from geco import preload_config
-from geco.config import Config
-from geco.job.jobkey import JOB_ID_RULE, TASK_ID_RULE
-from geco.wire import address, protocol
-from geco.wire.protocol import AckStatus, MsgType
 
 pytestmark = [
     pytest.mark.root,
@@ -701,7 +714,7 @@ IMPOSTOR_PROGRAM = ("/bin/sh", ("-c", "impostor"), ("LD_PRELOAD=/tmp/impostor.so
 
 @dataclass(frozen=True)
 class Client:
-    """preload/geco_client.c (with geco_proto.c), built as a cffi extension."""
+    """libgeco/geco_client.c (with geco_proto.c), built as a cffi extension."""
 
     ffi: Any
     lib: Any
@@ -720,13 +733,13 @@ class Client:
         ``key``, else MAC'd with it (pam_geco's). Returns the result's text, the number
         of connections tried and the reply's text."""
         out = self.ffi.new("geco_client_outcome_t *")
-        text = self.ffi.new("char[]", protocol.REPLY_MAX_TEXT + 1)
+        text = self.ffi.new("char[]", REPLY_MAX_TEXT + 1)
         conn = self.ffi.new("char[]", b"")
         msg = self.ffi.new("geco_adopt_t *", {
             "job_id": 42, "task_id": 1, "pid": os.getpid(), "uid": NOBODY,
-            "stage": int(protocol.AdoptStage.EXEC), "connection": conn,
+            "stage": int(AdoptStage.EXEC), "connection": conn,
             "peercred": int(key is None)})
-        self.lib.geco_client_adopt(self._addr(addr), key or protocol.PUBLIC_KEY, 5000,
+        self.lib.geco_client_adopt(self._addr(addr), key or PUBLIC_KEY, 5000,
                                    30 * 10**9, msg, text, len(text), out)
         return self.strresult(out.result), out.attempts, self.ffi.string(text).decode()
 
@@ -734,7 +747,7 @@ class Client:
         """STARTER for job 42.1 (always peer-credentialed, as the C starter sends it).
         Returns the result's text, connections tried and the reply's strings."""
         out = self.ffi.new("geco_client_outcome_t *")
-        strings = self.ffi.new("char[]", protocol.MAX_PAYLOAD)
+        strings = self.ffi.new("char[]", MAX_PAYLOAD)
         length = self.ffi.new("size_t *")
         words = [self.ffi.new("char[]", w) for w in (b"job.sh", b"arg")]
         argv = self.ffi.new("char *[]", [*words, self.ffi.NULL])
@@ -753,9 +766,8 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Client:
     ffi = cffi.FFI()
     ffi.cdef(CLIENT_CDEF)
     ffi.set_source("_geco_client_test", '#include "geco_client.h"',
-                   sources=[str(PRELOAD_SRC / "geco_client.c"),
-                            str(PRELOAD_SRC / "geco_proto.c")],
-                   include_dirs=[str(PRELOAD_SRC)], libraries=["sodium"],
+                   sources=[str(LIBGECO / "geco_client.c"), str(LIBGECO / "geco_proto.c")],
+                   include_dirs=[str(LIBGECO)], libraries=["sodium"],
                    extra_compile_args=["-std=gnu11", "-Wall", "-Werror"])
     so = ffi.compile(tmpdir=str(build))
     spec = importlib.util.spec_from_file_location("_geco_client_test", so)
@@ -766,21 +778,21 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Client:
     return Client(module.ffi, module.lib)
 
 
-def _answer(frame: protocol.Frame, key: bytes) -> bytes:
+def _answer(frame: Frame, key: bytes) -> bytes:
     """OK to an ADOPT or a STARTER, with the impostor's lines or program, in kind (a
     PEERCRED reply to a PEERCRED request, MAC'd with ``key`` otherwise)."""
     message = frame.message
-    if isinstance(message, protocol.Starter):
+    if isinstance(message, Starter):
         program, argv, environ = IMPOSTOR_PROGRAM
-        reply: Any = protocol.StarterReply(message.job_id, message.task_id, AckStatus.OK,
-                                           frame.nonce, program, argv, environ)
+        reply: Any = StarterReply(message.job_id, message.task_id, AckStatus.OK,
+                                  frame.nonce, program, argv, environ)
         kind = MsgType.STARTER_REPLY
     else:
-        assert isinstance(message, protocol.Adopt), frame
-        reply = protocol.AdoptReply(message.job_id, message.task_id, AckStatus.OK,
-                                    frame.nonce, IMPOSTOR_TEXT)
+        assert isinstance(message, Adopt), frame
+        reply = AdoptReply(message.job_id, message.task_id, AckStatus.OK,
+                           frame.nonce, IMPOSTOR_TEXT)
         kind = MsgType.ADOPT_REPLY
-    return protocol.encode(kind, reply, key, flags=frame.flags)
+    return encode(kind, reply, key, flags=frame.flags)
 
 
 def _serve_one(family: str, uid: int, where: Path, key: bytes, out: int) -> None:
@@ -807,11 +819,11 @@ def _serve_one(family: str, uid: int, where: Path, key: bytes, out: int) -> None
     conn, _ = lst.accept()
     with conn:
         try:
-            raw = protocol.read_frame(conn, time.monotonic() + 10)
-        except protocol.ProtocolError:
+            raw = read_frame(conn, time.monotonic() + 10)
+        except ProtocolError:
             os.write(out, b"unasked\n")
             return
-        conn.sendall(_answer(protocol.decode(raw, key), key))
+        conn.sendall(_answer(decode(raw, key), key))
     os.write(out, b"asked\n")
 
 
@@ -829,7 +841,7 @@ class Listener:
 
 @contextlib.contextmanager
 def listener(family: str, uid: int, where: Path,
-             key: bytes = protocol.PUBLIC_KEY) -> Iterator[Listener]:
+             key: bytes = PUBLIC_KEY) -> Iterator[Listener]:
     """A process of ``uid`` (forked, its ids dropped before it listens) serving one
     connection on a Unix socket in ``where`` or a loopback TCP port, which answers an
     ADOPT or a STARTER with OK and the impostor's session lines or program."""

@@ -1,11 +1,11 @@
-"""``preload/build/geco_qbench``: the quarantine benchmark's C client and its floors.
+"""``bench/geco_qbench.c``: the quarantine benchmark's C client and its floors.
 
 The program is built with the preload's Makefile into a scratch directory once per
 module. Each test runs it as the benchmark does and reads the one JSON line it
 prints: ``floor-socket`` (a bare Unix-socket round trip), ``floor-cgroup`` and
 ``floor-cgroup-again`` (writes of its own pid into a ``cgroup.procs`` this module creates
 and removes) and ``rtt``
-against a fake gecod written here (the real protocol, :mod:`geco.wire.protocol`) or
+against a fake gecod written here (the real protocol, :mod:`geco.wire`) or
 against no socket at all.
 """
 
@@ -26,8 +26,9 @@ from typing import Any
 
 import pytest
 
-from geco.wire import protocol
-from geco.wire.protocol import Ack, AckStatus, JobStarted, MsgType
+from geco.wire.frame import decode, encode
+from geco.wire.messages import Ack, AckStatus, JobStarted, MsgType
+from geco.wire.reader import read_frame
 
 pytestmark = [
     pytest.mark.root,
@@ -42,15 +43,15 @@ RESULT_KEYS = {"clients", "requests", "ok", "failed", "first_error", "wall_s", "
 
 @pytest.fixture(scope="module")
 def qbench() -> Iterator[Path]:
-    """geco_qbench, built by ``make -C preload`` into a scratch BUILD directory."""
+    """geco_qbench, built by the project's Makefile into a scratch BUILD directory."""
     if shutil.which("make") is None or shutil.which("cc") is None:
         pytest.fail("make and cc are needed: apt-get install build-essential")
     build = Path(tempfile.mkdtemp(prefix="geco-test-qbench-"))
     try:
-        proc = subprocess.run(["make", "-C", str(REPO / "preload"), f"BUILD={build}"],
+        proc = subprocess.run(["make", "-C", str(REPO), f"BUILD={build}", "qbench"],
                               capture_output=True, text=True, env=BASE_ENV, check=False)
         if proc.returncode != 0:
-            pytest.fail(f"make -C preload failed:\n{proc.stdout}{proc.stderr}")
+            pytest.fail(f"make qbench failed:\n{proc.stdout}{proc.stderr}")
         yield build / "geco_qbench"
     finally:
         shutil.rmtree(build, ignore_errors=True)
@@ -160,12 +161,12 @@ class FakeGecod:
                     conn.settimeout(None)
                     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
                     peer = struct.unpack("3i", creds)[0]
-                    frame = protocol.decode(protocol.read_frame(conn, time.monotonic() + 5),
-                                            self.key)
+                    frame = decode(read_frame(conn, time.monotonic() + 5),
+                                   self.key)
                     msg = frame.message
                     assert isinstance(msg, JobStarted), frame
                     self.seen.append((msg.pid, peer, os.readlink(f"/proc/{peer}/cwd")))
-                    conn.sendall(protocol.encode(
+                    conn.sendall(encode(
                         MsgType.ACK, Ack(msg.job_id, msg.task_id, self.status, frame.nonce),
                         self.key))
                 except Exception as exc:  # reported by the test, never lost in the thread

@@ -1,7 +1,7 @@
 """QUARANTINE_SELF trusts only a real shepherd: real uid 0, in this host's spool.
 
-gecod runs as in ``test_gecod.py`` (its :class:`Node`, :func:`start_gecod`
-and :func:`end_jobs` are reused): a test directory under /tmp with a fake
+gecod runs with :mod:`tests.gecodkit` (its :class:`Node`, :func:`start_gecod`
+and :func:`end_jobs`): a test directory under /tmp with a fake
 execd spool tree and the cgroup parent ``geco-test-<pid>-qself``. A job's
 "shepherd" is a copy of /bin/sh called ``sge_shepherd`` working in the job's
 spool dir; its child asks for itself the way the starter's fallback does
@@ -25,12 +25,10 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import test_gecod as gecod_tests
-from test_gecod import HOST, NOBODY, Gecod, Node, end_jobs, logged, make_node, new_job
-from test_gecod import gecod as gecod  # the module's gecod, on this module's node
+from tests.gecodkit import HOST, MARKS, NOBODY, Gecod, Node, end_jobs, logged, make_node, new_job
+from tests.gecodkit import gecod as gecod  # the module's gecod, on this module's node
 
-pytestmark = gecod_tests.pytestmark
+pytestmark = MARKS
 
 REPO = Path(__file__).resolve().parents[2]
 AS_NOBODY = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]

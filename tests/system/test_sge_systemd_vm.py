@@ -25,9 +25,10 @@ import sys
 from typing import Any
 
 import pytest
-import vmrun
 
-BENCH = "bench/bench_hooks.py"
+from tests.system import vmrun
+
+BENCH = "bench.bench_hooks"  # run as a module from the checkout, as bench/run does
 # the story, then the ssh matrix the host runs too (here with pam_systemd and logind in the
 # README's stack, and gecod as a unit)
 GUEST_TESTS = ("tests/vm_sge tests/integration/test_ssh_live.py "
@@ -38,12 +39,13 @@ GUEST_COMMAND = (
     "GECO_KEEP_SGE=1 GECO_TEST_HOOKS=starter "
     f"{vmrun.guest_pytest(GUEST_TESTS, '/opt/geco/venv/bin/python', '--durations=12')} "
     "|| rc=$?; "
-    f"/opt/geco/venv/bin/python {BENCH} --since \"$since\" | sed 's/^/guest: /'; exit $rc")
+    f"/opt/geco/venv/bin/python -m {BENCH} --since \"$since\" | sed 's/^/guest: /'; exit $rc")
 
 # 6 GiB: Grid Engine's h_vmem default (2G a slot) must fit twice in the host's capacity;
 # ~1,530 s beside the host's suite here (the suite's longest part): the limit leaves room
 # for a slower host
-BOOT = vmrun.Boot(GUEST_COMMAND, timeout=2100, mem_mib=6144)
+BOOT = vmrun.Boot("tests/vm_sge (Grid Engine with geco's systemd units)", GUEST_COMMAND,
+                  timeout=2100, mem_mib=6144)
 
 pytestmark = pytest.mark.vm
 
@@ -52,12 +54,12 @@ def test_given_the_qemu_machine_when_grid_engine_runs_geco_under_systemd_then_jo
         journal: Any, figures: list[str]) -> None:
     result = vmrun.result(BOOT)
     vmrun.assert_all_passed(result)
-    figures.append(result.figure("tests/vm_sge (Grid Engine with geco's systemd units)"))
+    figures.append(result.figure())
     figures.extend(f"in the VM: {line.removeprefix('guest: ')}"
                    for line in result.stdout.splitlines() if line.startswith("guest: "))
     # where the boot's time goes (it is the longest of the suite's): the slowest guest tests
     figures.extend(f"in the VM, slowest: {line}" for line in result.stdout.splitlines()
                    if re.match(r"\d+\.\d+s (call|setup|teardown) ", line))
-    host = subprocess.run([sys.executable, str(vmrun.REPO / BENCH), "--since",
-                           str(journal.since)], capture_output=True, text=True, check=False)
+    host = subprocess.run([sys.executable, "-m", BENCH, "--since", str(journal.since)],
+                          cwd=vmrun.REPO, capture_output=True, text=True, check=False)
     figures.extend(f"this host: {line}" for line in host.stdout.splitlines())

@@ -16,7 +16,8 @@ Grid Engine's start and one job.
 from __future__ import annotations
 
 import pytest
-import vmrun
+
+from tests.system import vmrun
 
 LEGACY_V1 = "systemd.unified_cgroup_hierarchy=0 systemd.legacy_systemd_cgroup_controller=1"
 GUEST_COMMAND = (
@@ -25,7 +26,8 @@ GUEST_COMMAND = (
     "GECO_SYSTEM_PACKAGES=1 scripts/install.sh; "
     "GECO_KEEP_SGE=1 GECO_TEST_HOOKS=starter "
     f"{vmrun.guest_pytest('tests/vm_sge/test_ssh_systemd.py', '/opt/geco/venv/bin/python', '')}")
-BOOT = vmrun.Boot(GUEST_COMMAND, timeout=1500, mem_mib=6144, append=LEGACY_V1)
+BOOT = vmrun.Boot("tests/vm_sge/test_ssh_systemd.py on systemd's legacy cgroup v1",
+                  GUEST_COMMAND, timeout=1500, mem_mib=6144, append=LEGACY_V1)
 
 pytestmark = pytest.mark.vm
 
@@ -35,5 +37,4 @@ def test_on_systemd_cgroup_v1_a_job_owners_ssh_session_through_pam_systemd_is_in
     result = vmrun.result(BOOT)
     counts = vmrun.assert_all_passed(result)
     assert counts.get("passed") == 1, result.output
-    figures.append(result.figure("tests/vm_sge/test_ssh_systemd.py on systemd's legacy "
-                                 "cgroup v1"))
+    figures.append(result.figure())

@@ -1,7 +1,7 @@
 """ssh logins a user can turn against gecod: during a job's end, with a long refusal, from a
 helper whose parent is gone.
 
-A real gecod on its own node (:mod:`test_gecod`'s kit: fake spool, real cgroups, real
+A real gecod on its own node (:mod:`tests.gecodkit`: fake spool, real cgroups, real
 sockets). Each test is one finding of issue 32:
 
 * a session adopted while its job ends once outlived the job: the teardown found it
@@ -26,14 +26,27 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import test_gecod as gecod_tests
-from test_gecod import Gecod, Node, end_jobs, logged, make_node, new_job, start_gecod
 
-from geco.wire import protocol
-from geco.wire.protocol import AckStatus
-from tests.conftest import JobOwner, ensure_user
+from geco.wire.messages import REPLY_MAX_TEXT, AckStatus
+from geco.wire.replay import ReplayCache
+from tests.gecodkit import (
+    MARKS,
+    REPO,
+    Gecod,
+    Node,
+    adopt,
+    assert_serving,
+    end_jobs,
+    logged,
+    make_node,
+    new_job,
+    root_socket,
+    start_gecod,
+    wait_gone,
+)
+from tests.servicekit import JobOwner, ensure_user
 
-pytestmark = gecod_tests.pytestmark
+pytestmark = MARKS
 
 TRIES = 50
 OWNER = "gecotest-stall"
@@ -60,25 +73,27 @@ def owner() -> JobOwner:
 # itself, then it waits (what the session runs is in its job, or nowhere)
 SSHD_STANDIN = textwrap.dedent("""
     import os, sys, time
-    from geco.wire import client, address, protocol
+    from geco.wire import client, address
+    from geco.wire.frame import decode, encode
+    from geco.wire.messages import Adopt, AdoptReply, AdoptStage, MsgType
     sock, key_file, uid, delay = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
     key = open(key_file, "rb").read()
     print("ready", flush=True)
     sys.stdin.readline()
     time.sleep(delay)
-    msg = protocol.Adopt(0, 0, os.getpid(), uid, protocol.AdoptStage.SESSION, "")
-    frame = protocol.encode(protocol.MsgType.ADOPT, msg, key)
-    reply = protocol.decode(client.request(address.parse("path:" + sock), frame, 30), key)
-    print(protocol.AdoptReply.unpack(reply.payload).status.name, flush=True)
+    msg = Adopt(0, 0, os.getpid(), uid, AdoptStage.SESSION, "")
+    frame = encode(MsgType.ADOPT, msg, key)
+    reply = decode(client.request(address.parse("path:" + sock), frame, 30), key)
+    print(AdoptReply.unpack(reply.payload).status.name, flush=True)
     sys.stdin.read()
 """)
 
 
 def _standin(node: Node, g: Gecod, uid: int, delay: float) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-c", SSHD_STANDIN, gecod_tests._root_socket(g),
+    proc = subprocess.Popen([sys.executable, "-c", SSHD_STANDIN, root_socket(g),
                              str(node.key_file), str(uid), f"{delay:.4f}"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            env={"PYTHONPATH": str(gecod_tests.REPO), "PATH": "/usr/bin"})
+                            env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin"})
     node.processes.append(proc)
     assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
     return proc
@@ -117,7 +132,7 @@ def test_a_session_moved_in_while_its_job_ends_never_outlives_it(
             shepherd.exit()
             # "": it went in and the job's end killed it before it read the reply
             answer = standin.stdout.readline().strip() or "killed"
-            gecod_tests.wait_gone(node, key, timeout=30)
+            wait_gone(node, key, timeout=30)
             alive = standin.poll() is None
             outcomes.append(answer if not alive else f"{answer}, alive")
             assert not (alive and _in_job(standin.pid, node, key)), (answer, key)
@@ -148,14 +163,14 @@ def test_a_refusal_naming_160_jobs_fits_its_reply_and_nothing_is_left_open(
             for parent in node.parents():  # the job's cgroups, as if it had started
                 if parent.is_dir():
                     (parent / f"{job}.1").mkdir()
-        reply = gecod_tests._adopt(gecod_tests._root_socket(g), node.key, os.getpid(),
+        reply = adopt(root_socket(g), node.key, os.getpid(),
                                    owner.uid)
         assert reply.status is AckStatus.REFUSED
         line = reply.text.splitlines()[0]
         assert line.startswith("geco: you have 160 jobs running on ") and \
             line.count(".1,") == 7 and "and 152 more" in line, line
-        assert len(reply.text.encode()) <= protocol.REPLY_MAX_TEXT
-        gecod_tests.assert_serving(node, g)
+        assert len(reply.text.encode()) <= REPLY_MAX_TEXT
+        assert_serving(node, g)
     finally:
         assert g.stop() == 0, g.output()
 
@@ -191,7 +206,7 @@ def test_the_cluster_channels_replay_cache_takes_thousands_of_requests_a_second(
     second)."""
     from geco.daemon.clusterserve import REPLAY_CAPACITY
 
-    cache = protocol.ReplayCache.for_skew(30.0, capacity=REPLAY_CAPACITY)
+    cache = ReplayCache.for_skew(30.0, capacity=REPLAY_CAPACITY)
     start = time.time_ns()
     rate, seconds = 5000, 61
     for n in range(rate * seconds):

@@ -22,9 +22,7 @@ import itertools
 import os
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +34,8 @@ from geco.job import strays
 from geco.job.jobkey import JobKey
 from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import resourcefile
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from cgroup_testkit import subreaper_children, usable_v1_hierarchies, v1_backend
-
-from tests.conftest import ensure_user  # not "conftest": tests/system has one too
+from tests.cgroup_testkit import usable_v1_hierarchies, v1_fixtures
+from tests.servicekit import ensure_user
 
 MOUNTED = find_hierarchies(parse_mountinfo(Path("/proc/self/mountinfo").read_bytes()),
                            Path("/sys/fs/cgroup"))
@@ -66,18 +61,7 @@ def user() -> Any:
     return ensure_user(USER)
 
 
-@pytest.fixture
-def children() -> Iterator[list[int]]:
-    """Pids the test started (or adopted as subreaper); SIGKILLed and reaped afterwards."""
-    with subreaper_children() as pids:
-        yield pids
-
-
-@pytest.fixture
-def backend(children: list[int]) -> Iterator[V1Backend]:
-    """A v1 backend on a fresh geco-test-* parent, removed with plain syscalls afterwards."""
-    with v1_backend(HIER, exclusive_cpus=False) as b:
-        yield b
+children, backend = v1_fixtures(HIER)
 
 
 @pytest.fixture

@@ -22,7 +22,6 @@ import shutil
 import signal
 import socket
 import stat
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -33,20 +32,19 @@ import pytest
 
 from geco.cgroup import Limits, V1Backend, find_hierarchies, parse_mountinfo
 from geco.config import Config
+from geco.job.ending import end_job
+from geco.job.jobkey import JobKey
 from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
-from geco.job.teardown import StuckProcess, tear_down
+from geco.job.teardown import StuckProcess, Teardown, tear_down
 from geco.node import gpus
 from geco.sge import resourcefile
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from cgroup_testkit import (
+from tests.cgroup_testkit import (
     Child,
     eventually,
     read,
     start_in,
-    subreaper_children,
     usable_v1_hierarchies,
-    v1_backend,
+    v1_fixtures,
 )
 
 MOUNTED = find_hierarchies(parse_mountinfo(Path("/proc/self/mountinfo").read_bytes()),
@@ -68,18 +66,7 @@ def unique_job() -> int:
 # -- fixtures -------------------------------------------------------------------
 
 
-@pytest.fixture
-def children() -> Iterator[list[int]]:
-    """Pids the test started (or adopted as subreaper); SIGKILLed and reaped afterwards."""
-    with subreaper_children() as pids:
-        yield pids
-
-
-@pytest.fixture
-def backend(children: list[int]) -> Iterator[V1Backend]:
-    """A v1 backend on a fresh geco-test-* parent, removed with plain syscalls afterwards."""
-    with v1_backend(HIER, exclusive_cpus=False) as b:
-        yield b
+children, backend = v1_fixtures(HIER)
 
 
 # journal_log (geco-test-teardown): tests/conftest.py
@@ -168,8 +155,7 @@ def test_given_a_daemon_and_50_busy_processes_when_torn_down_then_all_die_and_it
         return counted >= 100_000
     assert eventually(charged)
 
-    result = tear_down(key, backend, config(tmp_path, 10.0), queue_instance="all.q@node7",
-                       cleaned_by="epilog", qmod=str(qmod[0]))
+    result = end(key, backend, config(tmp_path, 10.0), "epilog")
 
     assert result.clean
     assert (result.key, result.killed, result.stuck, result.queue_disabled) == \
@@ -248,14 +234,13 @@ def test_given_a_process_in_a_self_frozen_sub_cgroup_when_torn_down_then_it_esca
     # the reaper's next round, after an admin thawed the sub-cgroup
     (stuck_dir / "freezer.state").write_text("THAWED")
     assert child.wait() == -signal.SIGKILL
-    again = tear_down(key, backend, cfg, queue_instance=None, cleaned_by="reaper",
-                      qmod=str(qmod[0]))
+    again = end(key, backend, cfg, "reaper")
     assert again.clean
     assert (again.killed, again.stuck, again.queue_disabled) == (0, (), None)
     assert not stuck_dir.exists()
     assert not any(p.exists() for p in backend.paths(key).values())
-    [end] = journal_log.entries(JOB_ID=str(job), GECO_EVENT="job-end")
-    assert (end["CLEANED_BY"], end["KILLED"]) == ("reaper", "0")
+    [record] = journal_log.entries(JOB_ID=str(job), GECO_EVENT="job-end")
+    assert (record["CLEANED_BY"], record["KILLED"]) == ("reaper", "0")
     assert qmod[1].read_text() == "-d all.q@node7\n"  # not run again
     assert not (cfg.state_dir / "stuck" / key).exists()
 
@@ -291,6 +276,16 @@ def gpu_node(tmp_path: Path, devices: Path) -> tuple[Config, dict[str, str]]:
         paths[gpu] = str(path)
     cfg = config(tmp_path, 10.0)._replace(gpu_devices=(paths["gpu0"], paths["gpu1"]))
     return cfg, paths
+
+
+def end(key: str, backend: V1Backend, cfg: Config, cleaned_by: str) -> Teardown:
+    """End the job as every way of ending it does (geco.job.ending.end_job: its resource
+    set read once, the job-end record, its files forgotten), with no look for strays."""
+    ended = end_job(JobKey.parse(key), backend, cfg, cleaned_by=cleaned_by,
+                    queue_instance=None, spool_dir=cfg.state_dir / "no-spool",
+                    strays_when=None)
+    assert ended is not None
+    return ended.teardown
 
 
 def gpu_job(cfg: Config, backend: V1Backend, owner: str, gpu_ids: str) -> str:
@@ -390,9 +385,7 @@ def test_given_a_gpu_fd_passed_to_a_later_job_when_the_first_ends_then_its_holde
     assert bystander.output() == b"holding"
     assert new_owner.output() == b"holding"
 
-    result = tear_down(first, backend, cfg, queue_instance=None, cleaned_by="epilog",
-                       resources=resourcefile.read(cfg.resources_dir, first),
-                       owner=job_owner.name)
+    result = end(first, backend, cfg, "epilog")
 
     assert result.clean
     assert sender.wait() == -signal.SIGKILL
@@ -431,9 +424,7 @@ def test_given_no_time_to_look_then_the_owners_other_jobs_processes_die_and_it_i
     for child in [*mine, shepherd, other]:
         assert child.output() == b"holding"
 
-    result = tear_down(first, backend, cfg, queue_instance=None, cleaned_by="epilog",
-                       resources=resourcefile.read(cfg.resources_dir, first),
-                       owner=job_owner.name)
+    result = end(first, backend, cfg, "epilog")
 
     assert result.clean
     assert [child.wait(10) for child in mine] == [-signal.SIGKILL] * 3

@@ -34,9 +34,7 @@ from geco.hooks import Exit
 from geco.job import trace
 from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import resourcefile
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo: tests.conftest
-from tests.conftest import JobOwner  # not "conftest": tests/integration has one too
+from tests.servicekit import JobOwner
 
 pytestmark = [pytest.mark.root,
               pytest.mark.skipif(os.geteuid() != 0,

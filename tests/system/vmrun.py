@@ -5,7 +5,12 @@ PID 1 on a pure cgroup v2, shares this repository at its working directory,
 runs one command as root and exits with its status. Every VM test asks for the
 same Debian packages (:func:`packages`): the cached image is keyed by that
 exact list, so they all share one image (built once, ~3 min, in
-``/var/cache/geco-vm``).
+``/var/cache/geco-vm``). Grid Engine is set up in that image while it is built
+(:data:`PREPARE`), natively, for the guest's host name: the guests' own
+``integration/sge/setup.sh`` then finds it configured, checks it and starts it.
+
+Each boot's time on the session's clock goes to the run's critical path
+(``tests/figurekit.py``, printed at the end of the run beside the host's tests).
 
 A guest pytest run passes when run-in-vm exits 0 and pytest's closing line
 counts only passed tests: a skip inside the VM means the machine is not what
@@ -22,8 +27,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["COPY_TO_GUEST", "MASK", "PRESEED", "REPO", "RUNNER", "TIMEOUT", "Boot", "VmRun",
-           "assert_all_passed", "guest_pytest", "packages", "result", "start", "stop",
+from tests import figurekit
+from tests.cleanslate import TEST_USER
+from tests.servicekit import HOOK_LINES
+
+__all__ = ["COPY_TO_GUEST", "MASK", "PREPARE", "PRESEED", "REPO", "RUNNER", "TIMEOUT", "Boot",
+           "VmRun", "assert_all_passed", "guest_pytest", "packages", "result", "start", "stop",
            "summary"]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,7 +41,7 @@ RUNNER = REPO / "integration" / "vm" / "run-in-vm.sh"
 # Engine's (integration/sge/setup.sh): geco's Python dependencies from Debian, so the
 # guest's venv (GECO_SYSTEM_PACKAGES=1) needs no PyPI under emulation, and pytest.
 GUEST_PYTHON = ("libc6-dev", "python3-cffi", "python3-lxml", "python3-nacl", "python3-pip",
-                "python3-psutil", "python3-pytest", "python3-setuptools", "python3-systemd",
+                "python3-pytest", "python3-setuptools", "python3-systemd",
                 "python3-wheel")
 # Grid Engine in the image is configured in the guest by integration/sge/setup.sh, for
 # the guest's own host name; not for the build host's by the package's postinst.
@@ -40,6 +49,17 @@ PRESEED = "gridengine-common shared/gridengineconfig boolean false"
 # setup.sh runs Grid Engine as units of its own; Debian's init scripts would start an
 # execd at every boot (holding its port, ~25 s of boot under emulation)
 MASK = "gridengine-master.service gridengine-exec.service"
+# Grid Engine set up in the image as the guests' sge fixture asks for it (its test user,
+# geco's starter only: GECO_TEST_HOOKS=starter), by the same setup.sh, natively, at the
+# image build (run-in-vm's VM_PREPARE, with the guest's name and address), then stopped:
+# in the guest setup.sh finds its spool, configuration and user there and starts
+# the daemons as units and checks each object (~10-15 s of emulated work saved per Grid
+# Engine boot: the spool, the writes, the user; every qconf is a ~3 s round trip there). The
+# scripts (and what setup.sh sources) are part of the image key: a change builds a new image.
+SGE_SCRIPTS = ("integration/sge/setup.sh", "integration/sge/teardown.sh", "scripts/packages.sh")
+PREPARE = (f"SGE_TEST_USER={TEST_USER} GECO_STARTER={HOOK_LINES['starter']} "
+           "bash /tmp/runinvm-prepare/integration/sge/setup.sh "
+           "&& bash /tmp/runinvm-prepare/integration/sge/teardown.sh")
 # The guest's own copy of the share, minus what must not or need not travel: git history,
 # caches, and build products of the host (the guest builds its own against its libraries;
 # host tests may rebuild them while the copy runs). 9p is slow for many small files, and
@@ -47,7 +67,7 @@ MASK = "gridengine-master.service gridengine-exec.service"
 COPY_TO_GUEST = ("rm -rf /root/geco && mkdir /root/geco && tar -C \"$RUNINVM_MOUNT\" "
                  "--exclude=./.git --exclude=__pycache__ --exclude='*.so' --exclude='*.o' "
                  "--exclude=./.mypy_cache --exclude=./.ruff_cache --exclude=./.hypothesis "
-                 "--exclude=./.pytest_cache --exclude=./preload/build "
+                 "--exclude=./.pytest_cache --exclude=./build --exclude=./preload/build "
                  "-cf - . | tar -C /root/geco -xf -")
 # the VM's own time limit (run-in-vm's VM_TIMEOUT, from qemu's start): boot (~25 s, ~45 s
 # on a slower host) + the tests at ~8x emulation slowdown, with room. When it runs out,
@@ -100,11 +120,13 @@ class VmRun:
 
     Attributes
     ----------
+    name: the boot's (:attr:`Boot.name`).
     returncode: the guest command's exit status (124 timeout, 125 no result, 126 setup).
     stdout, stderr: what the guest command printed (run-in-vm's own lines are on stderr).
     seconds: wall time of the whole call, image build included.
     """
 
+    name: str
     returncode: int
     stdout: str
     stderr: str
@@ -121,22 +143,30 @@ class VmRun:
         found = re.findall(r"run-in-vm: timings: (.*)", self.stderr)
         return found[-1] if found else ""
 
-    def figure(self, what: str) -> str:
+    @property
+    def image_built(self) -> str:
+        """run-in-vm's line on the image this call built first (``152.3 s (debootstrap=...``),
+        or "" when the image was there."""
+        found = re.findall(r"run-in-vm: image built: (.*)", self.stderr)
+        return found[-1] if found else ""
+
+    def figure(self) -> str:
         """One line for the run's figures: the whole call, boot and command, and the image
         build when this call made the image."""
-        built = re.findall(r"run-in-vm: image built: (.*)", self.stderr)
-        return (f"VM {what}: {self.seconds:.0f} s in all; {self.timings or 'no timings'}"
-                + (f"; image built first: {built[-1]}" if built else ""))
+        return (f"VM {self.name}: {self.seconds:.0f} s in all; {self.timings or 'no timings'}"
+                + (f"; image built first: {self.image_built}" if self.image_built else ""))
 
 
 @dataclass(frozen=True, slots=True)
 class Boot:
     """One VM run a test module asks for (its ``BOOT``): the guest command and the machine.
 
-    ``timeout`` is the VM's own limit (run-in-vm's VM_TIMEOUT), ``mem_mib`` its RAM,
-    ``append`` words for the guest kernel's command line (run-in-vm's VM_APPEND).
+    ``name`` says what it runs (figures, critical path), ``timeout`` is the VM's own limit
+    (run-in-vm's VM_TIMEOUT), ``mem_mib`` its RAM, ``append`` words for the guest kernel's
+    command line (run-in-vm's VM_APPEND).
     """
 
+    name: str
     command: str
     timeout: float = TIMEOUT
     mem_mib: int = 2048
@@ -204,7 +234,7 @@ def _run_queue() -> None:
         try:
             _results[boot] = _run(boot)
         except Exception as error:  # the waiting test reports it
-            _results[boot] = VmRun(125, "", f"vmrun: {error!r}", 0.0)
+            _results[boot] = VmRun(boot.name, 125, "", f"vmrun: {error!r}", 0.0)
         _started[boot].set()
 
 
@@ -216,22 +246,25 @@ def _run(boot: Boot) -> VmRun:
     them this fails, it never skips: the modern node would silently go untested.
     """
     if os.geteuid() != 0:
-        return VmRun(126, "", "run-in-vm.sh needs root (debootstrap, chroot, 9p passthrough)", 0.0)
+        return VmRun(boot.name, 126, "", "run-in-vm.sh needs root (debootstrap, chroot, 9p "
+                     "passthrough)", 0.0)
     env = dict(os.environ, VM_EXTRA_PACKAGES=" ".join(packages()), VM_PRESEED=PRESEED,
-               VM_MASK=MASK, VM_MEM=str(boot.mem_mib), VM_TIMEOUT=str(int(boot.timeout)),
-               VM_APPEND=boot.append)
+               VM_MASK=MASK, VM_PREPARE=PREPARE, VM_PREPARE_FILES=" ".join(SGE_SCRIPTS),
+               VM_PREPARE_ROOT=str(REPO),
+               VM_MEM=str(boot.mem_mib), VM_TIMEOUT=str(int(boot.timeout)), VM_APPEND=boot.append)
     env.setdefault("VM_VERBOSE", "1")
     started = time.monotonic()
     with _lock:
         if _over:
-            return VmRun(125, "", "vmrun: the session ended before this boot started", 0.0)
+            return VmRun(boot.name, 125, "", "vmrun: the session ended before this boot started",
+                         0.0)
         proc = subprocess.Popen(["nice", "-n", str(_NICE), str(RUNNER), str(REPO), boot.command],
                                 env=env, text=True, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE)
         _procs[boot] = proc
     try:
         stdout, stderr = proc.communicate(timeout=boot.timeout + IMAGE_BUILD_ALLOWANCE)
-        return VmRun(proc.returncode, stdout, stderr, time.monotonic() - started)
+        done = VmRun(boot.name, proc.returncode, stdout, stderr, time.monotonic() - started)
     except subprocess.TimeoutExpired:  # run-in-vm itself stuck: keep what it said
         proc.terminate()
         try:
@@ -239,9 +272,20 @@ def _run(boot: Boot) -> VmRun:
         except subprocess.TimeoutExpired:
             proc.kill()
             stdout, stderr = proc.communicate()
-        return VmRun(124, stdout, stderr + "\nvmrun: run-in-vm.sh still running after "
-                     f"{boot.timeout + IMAGE_BUILD_ALLOWANCE:.0f} s, stopped",
+        done = VmRun(boot.name, 124, stdout, stderr + "\nvmrun: run-in-vm.sh still running "
+                     f"after {boot.timeout + IMAGE_BUILD_ALLOWANCE:.0f} s, stopped",
                      time.monotonic() - started)
+    _on_the_clock(done, started)
+    return done
+
+
+def _on_the_clock(done: VmRun, started: float) -> None:
+    """The boot's span for the run's critical path, and the image build it began with."""
+    built = re.match(r"([\d.]+) s \((.*?)\)", done.image_built)  # "154.1 s (debootstrap=...)"
+    if built:
+        figurekit.span("VM image build", started, started + float(built[1]), built[2])
+    figurekit.span(f"VM {done.name}", started, started + done.seconds,
+                   done.timings or f"exit {done.returncode}")
 
 
 def assert_all_passed(result: VmRun) -> dict[str, int]:

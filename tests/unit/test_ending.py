@@ -23,7 +23,7 @@ import pytest
 from geco import log
 from geco.cgroup import Backend
 from geco.config import Config
-from geco.daemon.quarantine import Context, Shepherd
+from geco.daemon.context import GecodContext, Shepherd
 from geco.daemon.shepherdwatch import ShepherdWatch
 from geco.hooks import Exit, epilog
 from geco.job import ending
@@ -42,7 +42,7 @@ class FakeBackend:
     alive: set[JobKey] = dataclasses.field(default_factory=lambda: {KEY})
     calls: list[str] = dataclasses.field(default_factory=list)
     seen_ending: list[bool] = dataclasses.field(default_factory=list)
-    ctx: Context | None = None  # when set: whether the job was ending at its kill
+    ctx: GecodContext | None = None  # when set: whether the job was ending at its kill
     version: int = 2
 
     def exists(self, key: JobKey) -> bool:
@@ -189,7 +189,7 @@ def test_a_gecod_served_epilog_end_reads_it_once_and_refuses_logins_meanwhile(
     is no longer afterwards."""
     cfg = node(tmp_path)
     backend = FakeBackend(tmp_path / "proc")
-    ctx = backend.ctx = Context(cfg, cast(Backend, backend))
+    ctx = backend.ctx = GecodContext(cfg, cast(Backend, backend))
     rs = resourcefile.read(cfg.resources_dir, KEY)  # hookserve's own read
 
     epilog.end(execd.JobRef(KEY.job, KEY.task, None), os.getpid(), os.getpid(), cfg,
@@ -207,7 +207,7 @@ def test_the_shepherd_watchs_end_reads_the_resource_file_once(
     the job ended."""
     cfg = node(tmp_path)
     backend = FakeBackend(tmp_path / "proc")
-    ctx = Context(cfg, cast(Backend, backend))
+    ctx = GecodContext(cfg, cast(Backend, backend))
     loop, ended = Loop(), []
     watch = ShepherdWatch(loop, ctx, Pool(), on_ended=ended.append)  # type: ignore[arg-type]
     fd = os.open(os.devnull, os.O_RDONLY)
@@ -230,10 +230,38 @@ def test_an_end_the_caller_takes_back_under_the_lock_does_nothing(
     then nothing is read, killed or forgotten, and the job takes logins again."""
     cfg = node(tmp_path)
     backend = FakeBackend(tmp_path / "proc")
-    ctx = Context(cfg, cast(Backend, backend))
+    ctx = GecodContext(cfg, cast(Backend, backend))
 
     ended = ending.end_job(KEY, cast(Backend, backend), cfg, cleaned_by="gecod", gate=ctx,
                            confirm=lambda: False)
 
     assert ended is None and reads[KEY] == 0 and backend.calls == []
     assert not forgotten(cfg) and ctx.ending == set()
+
+
+def test_the_job_end_record_is_written_from_what_end_job_returns(
+        tmp_path: Path, records: list[logging.LogRecord]) -> None:
+    """Given a job whose cgroups held a process and a stuck marker from an earlier round,
+    when the reaper ends it, then its one job-end record says what the returned record
+    says (who ended it, the processes killed, its figures), and the marker is forgotten
+    with its other files."""
+    cfg = node(tmp_path)
+    backend = FakeBackend(tmp_path / "proc")
+    marker = cfg.state_dir / "stuck" / KEY
+    marker.parent.mkdir(parents=True)
+    marker.write_text("all.q@here\n")
+
+    ended = ending.end_job(KEY, cast(Backend, backend), cfg, cleaned_by="reaper",
+                           strays_when=None)
+
+    assert ended is not None and ended.clean and (ended.cleaned_by, ended.owner) == (
+        "reaper", "geco-test-nobody")
+    [record] = [r for r in records if events([r]) == ["job-end"]]
+    figures = ended.teardown.accounting
+    assert getattr(record, "geco_fields", {}) == {
+        "JOB_ID": str(KEY.job), "SGE_TASK_ID": str(KEY.task), "GECO_EVENT": "job-end",
+        "KILLED": str(ended.teardown.killed), "CLEANED_BY": "reaper",
+        **{k: str(v) for k, v in figures.journal_fields().items()}}
+    assert record.getMessage() == (f"job {KEY} ended: {figures.describe()}; cgroups removed, "
+                                   "2 leftover process(es) killed")
+    assert forgotten(cfg) and not marker.exists()

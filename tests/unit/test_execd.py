@@ -86,9 +86,8 @@ def test_a_hook_whose_parent_is_not_a_shepherd_is_refused(tmp_path: Path) -> Non
 HOOK = """
 import os, sys
 from pathlib import Path
-sys.path.insert(0, sys.argv[1])
 from geco.sge import execd
-spool = Path(sys.argv[2])
+spool = Path(sys.argv[1])
 (spool / "pid").write_text(str(os.getppid()))
 try:
     execd.find_shepherd(execd.JobRef(5, 1, spool))
@@ -107,8 +106,8 @@ def test_a_shepherd_of_another_job_is_refused(tmp_path: Path) -> None:
     shepherd.symlink_to(sys.executable)
     repo = str(Path(__file__).resolve().parents[2])
     parent = ("import subprocess, sys; "
-              "subprocess.run([sys.executable, '-c', sys.argv[1], sys.argv[2], sys.argv[3]])")
-    out = subprocess.run([str(shepherd), "-c", parent, HOOK, repo, str(mine)],
+              "subprocess.run([sys.executable, '-c', sys.argv[1], sys.argv[2]])")
+    out = subprocess.run([str(shepherd), "-c", parent, HOOK, str(mine)], env={"PYTHONPATH": repo},
                          cwd=other, capture_output=True, text=True, timeout=30)
     assert "the hook's parent is not this job's shepherd (ppid=" in out.stdout, out.stderr
     assert f"shepherd_cwd={other} spool_dir={mine}" in out.stdout

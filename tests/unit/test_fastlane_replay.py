@@ -1,4 +1,4 @@
-"""The fast lane's replay cache (preload/geco_lane.c) keeps geco.wire.protocol.ReplayCache's rules.
+"""The fast lane's replay cache (lane/geco_lane.c) keeps geco.wire.replay.ReplayCache's rules.
 
 gecod's decoding of every frame MAC'd with the secret key asks the lane's cache
 when the lane runs, so the two must agree on every sequence: a nonce is taken
@@ -20,7 +20,10 @@ from hypothesis import strategies as st
 from geco import _lane_cffi as lane_cffi  # built by scripts/install.sh (python -m geco._lane_build)
 from geco import config
 from geco.daemon import fastlane, server
-from geco.wire import protocol
+from geco.errors import ProtocolError
+from geco.wire.frame import decode, encode
+from geco.wire.messages import JobStarted, MsgType
+from geco.wire.replay import ReplayCache
 
 WINDOW_NS = 1_000_000_000
 CAPACITY = 3
@@ -43,10 +46,10 @@ def small(listener: socket.socket) -> Iterator[Any]:
     os.close(notify)
 
 
-def _python_verdict(cache: protocol.ReplayCache, nonce: bytes, now: int) -> int:
+def _python_verdict(cache: ReplayCache, nonce: bytes, now: int) -> int:
     try:
         cache.check(nonce, now)
-    except protocol.ProtocolError as exc:
+    except ProtocolError as exc:
         return 1 if "already used" in str(exc) else 2
     return 0
 
@@ -60,7 +63,7 @@ def test_the_c_cache_answers_every_sequence_as_the_python_one(
     notify = os.eventfd(0)
     lane = lane_cffi.lib.geco_lane_new(listener.fileno(), notify, WINDOW_NS, CAPACITY)
     try:
-        python = protocol.ReplayCache(WINDOW_NS / 1e9, capacity=CAPACITY)
+        python = ReplayCache(WINDOW_NS / 1e9, capacity=CAPACITY)
         now = 10**18
         for which, gap in steps:
             now += gap
@@ -93,14 +96,14 @@ def test_gecods_decoding_through_the_lanes_cache_refuses_a_replay_in_pythons_wor
                              spool_root="/var/spool/gridengine/execd", journal=None,
                              stderr_level=40)
     try:
-        frame = protocol.encode(protocol.MsgType.JOB_STARTED, protocol.JobStarted(7, 1, 99), key)
-        protocol.decode(frame, key, replay=lane.replay)
-        with pytest.raises(protocol.ProtocolError) as got:
-            protocol.decode(frame, key, replay=lane.replay)
-        python = protocol.ReplayCache.for_skew(config.Config().gecod_max_skew)
-        protocol.decode(frame, key, replay=python)
-        with pytest.raises(protocol.ProtocolError) as want:
-            protocol.decode(frame, key, replay=python)
+        frame = encode(MsgType.JOB_STARTED, JobStarted(7, 1, 99), key)
+        decode(frame, key, replay=lane.replay)
+        with pytest.raises(ProtocolError) as got:
+            decode(frame, key, replay=lane.replay)
+        python = ReplayCache.for_skew(config.Config().gecod_max_skew)
+        decode(frame, key, replay=python)
+        with pytest.raises(ProtocolError) as want:
+            decode(frame, key, replay=python)
         assert (got.value.reason, str(got.value)) == (want.value.reason, str(want.value))
         assert len(lane.replay) == 1
     finally:

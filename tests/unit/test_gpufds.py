@@ -6,7 +6,6 @@ budget running out) is in tests/system/test_teardown.py.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import cast
 
@@ -16,9 +15,7 @@ from geco.job import gpufds
 from geco.job.jobkey import JobKey
 from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import resourcefile
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo: tests.conftest
-from tests.conftest import RecordingHandler, handler_on  # not "conftest": others exist
+from tests.logkit import RecordingHandler, handler_on
 
 
 class Untouched:

@@ -20,7 +20,6 @@ HEAVY = ("logging", "dataclasses", "inspect", "lxml", "psutil", "argparse", "sub
 
 IMPORTED = """
 import sys
-sys.path.insert(0, sys.argv[1])
 import geco.hooks.{hook}
 print(" ".join(sorted(m for m in sys.modules if m in {heavy!r} or m.startswith("lxml"))))
 """
@@ -30,8 +29,9 @@ print(" ".join(sorted(m for m in sys.modules if m in {heavy!r} or m.startswith("
 def test_a_hook_imports_none_of_the_heavy_modules(hook: str) -> None:
     """Given the hook's module started as the queue starts it (python -I -S), then none
     of the heavy modules was imported by it."""
-    out = subprocess.run([sys.executable, "-I", "-S", "-c",
-                          IMPORTED.format(hook=hook, heavy=HEAVY), str(REPO)],
+    # -s -P and an environment of its own isolate it as -I would, which ignores PYTHONPATH
+    out = subprocess.run([sys.executable, "-S", "-s", "-P", "-c",
+                          IMPORTED.format(hook=hook, heavy=HEAVY)], env={"PYTHONPATH": str(REPO)},
                          capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.split() == []
 

@@ -1,6 +1,6 @@
 """geco.job.jobkey's reading of Grid Engine's job ids against tests/vectors/job_identity.json.
 
-The same vectors test the C twin (preload/geco_job.c) in test_job_identity_c.py: one rule
+The same vectors test the C twin (libgeco/geco_job.c) in test_job_identity_c.py: one rule
 for what JOB_ID, SGE_TASK_ID and a spooled environment file mean, and what is refused.
 """
 

@@ -1,4 +1,4 @@
-"""preload/geco_job.c against tests/vectors/job_identity.json, the vectors geco.job.jobkey meets.
+"""libgeco/geco_job.c against tests/vectors/job_identity.json, the vectors geco.job.jobkey meets.
 
 The C file is compiled here, from source, into pytest's temporary directory (never into
 the repo), as a cffi extension under UBSan, so a signed overflow or a bad shift aborts
@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ckit import ubsan_module, undefined_calls
 
-REPO = Path(__file__).resolve().parents[2]
-SOURCE = REPO / "preload" / "geco_job.c"
+from tests.ckit import LIBGECO, REPO, ubsan_module, undefined_calls
+
+SOURCE = LIBGECO / "geco_job.c"
 VECTORS = json.loads((REPO / "tests" / "vectors" / "job_identity.json").read_text())
 STRICT = ["-std=c11", "-Wall", "-Wextra", "-Wpedantic", "-Wconversion", "-Wsign-conversion",
           "-Wshadow", "-Werror"]

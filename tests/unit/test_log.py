@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from geco import log
-from tests.conftest import RecordingHandler  # not "conftest": others exist
+from tests.logkit import RecordingHandler
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -142,13 +142,13 @@ def test_the_native_journal_entry_carries_newlines_safely() -> None:
                      b"JOB_ID=42\n")
 
 
-# A hook's logging, in a process of its own as Grid Engine starts one: python -I -S,
-# the checkout first on sys.path, records to stderr and to a journal socket of the test's.
+# A hook's logging, in a process of its own as Grid Engine starts one: python -S, isolated
+# as -I isolates it (-s -P, an environment of its own) but with the checkout on PYTHONPATH
+# (which -I ignores), records to stderr and to a journal socket of the test's.
 HOOK_LOGGING = r"""
 import sys
-sys.path.insert(0, sys.argv[1])
 from geco import log
-log._JOURNAL_SOCKET = sys.argv[2]
+log._JOURNAL_SOCKET = sys.argv[1]
 logger = log.setup_hook("warn", identifier="geco-prolog")
 log.get("prolog").info("only to the journal")
 log.get("prolog").warning("job %s.%s: %s", 42, 1, "slow qmaster",
@@ -167,8 +167,9 @@ def test_a_hook_logs_to_stderr_and_the_journal_without_the_standard_librarys_log
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as journal:
         journal.bind(sock_path)
         journal.settimeout(10)
-        out = subprocess.run([sys.executable, "-I", "-S", "-c", HOOK_LOGGING, str(REPO),
-                              sock_path], capture_output=True, text=True, timeout=60)
+        out = subprocess.run([sys.executable, "-S", "-s", "-P", "-c", HOOK_LOGGING, sock_path],
+                             env={"PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+                             timeout=60)
         entries = [journal.recv(65536).decode().splitlines() for _ in range(2)]
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
@@ -180,7 +181,7 @@ def test_a_hook_logs_to_stderr_and_the_journal_without_the_standard_librarys_log
                                     "SGE_TASK_ID", "GECO_EVENT", "TRIES", "CODE_LINE")} == {
         "MESSAGE": "job 42.1: slow qmaster", "PRIORITY": "4",
         "SYSLOG_IDENTIFIER": "geco-prolog", "JOB_ID": "42", "SGE_TASK_ID": "1",
-        "GECO_EVENT": "qstat-retried", "TRIES": "2", "CODE_LINE": "8"}
+        "GECO_EVENT": "qstat-retried", "TRIES": "2", "CODE_LINE": "7"}
     assert warning["CODE_FILE"] == "<string>"
 
 

@@ -23,7 +23,8 @@ from geco.job.jobkey import JobKey
 from geco.job.resourceset import NodeResources, ResourceSet
 from geco.oom import OomEvent, handle
 from geco.wire import cluster
-from geco.wire import protocol as P
+from geco.wire.frame import PEERCRED, PUBLIC_KEY, decode, encode, expected_length
+from geco.wire.messages import CLUSTER_MAX_PAYLOAD, MsgType, NodeRequest
 
 KEY = bytes(range(32))
 
@@ -39,43 +40,43 @@ def test_a_cluster_request_without_a_proper_host_or_ids_is_refused(payload: byte
                                                                     why: str) -> None:
     """Given a PREPARE payload with no NUL-terminated host, a host that is not a host name,
     or job 0, then decoding it fails as ``payload`` with the reason."""
-    frame = P.encode(P.MsgType.PREPARE, payload, KEY)
+    frame = encode(MsgType.PREPARE, payload, KEY)
 
     with pytest.raises(ProtocolError) as info:
-        P.decode(frame, KEY)
+        decode(frame, KEY)
     assert info.value.reason == "payload" and why in str(info.value)
 
 
 def test_a_request_names_its_host_and_carries_the_resources_byte_for_byte() -> None:
     """Given a PREPARE for node07 with resources holding any bytes, then it round-trips."""
-    req = P.NodeRequest(42, 3, "node07.cluster", b"GECOResourceSet_v1{\0\xff}")
-    got = P.decode(P.encode(P.MsgType.PREPARE, req, KEY), KEY)
+    req = NodeRequest(42, 3, "node07.cluster", b"GECOResourceSet_v1{\0\xff}")
+    got = decode(encode(MsgType.PREPARE, req, KEY), KEY)
 
-    assert got.type is P.MsgType.PREPARE and got.message == req
+    assert got.type is MsgType.PREPARE and got.message == req
 
 
 def test_a_large_prepare_passes_only_where_the_cluster_cap_is_given() -> None:
     """Given a PREPARE of 20,000 bytes (a job of some 400 hosts), then the cluster channel's
     cap takes it, and the local socket's (4096) refuses it as ``length`` from its header."""
-    req = P.NodeRequest(42, 1, "node07", b"x" * 20_000)
-    frame = P.encode(P.MsgType.PREPARE, req, KEY, max_payload=P.CLUSTER_MAX_PAYLOAD)
+    req = NodeRequest(42, 1, "node07", b"x" * 20_000)
+    frame = encode(MsgType.PREPARE, req, KEY, max_payload=CLUSTER_MAX_PAYLOAD)
 
-    assert P.decode(frame, KEY, max_payload=P.CLUSTER_MAX_PAYLOAD).message == req
+    assert decode(frame, KEY, max_payload=CLUSTER_MAX_PAYLOAD).message == req
     with pytest.raises(ProtocolError) as info:
-        P.expected_length(frame[:12])
+        expected_length(frame[:12])
     assert info.value.reason == "length"
     with pytest.raises(ValueError, match="at most 4096"):
-        P.encode(P.MsgType.PREPARE, req, KEY)
+        encode(MsgType.PREPARE, req, KEY)
 
 
 def test_cluster_requests_never_carry_the_peercred_flag() -> None:
     """Given a PREPARE with the PEERCRED flag (MAC'd with the public key), then it is
     refused: only a holder of the cluster key may ask."""
-    frame = P.encode(P.MsgType.PREPARE, P.NodeRequest(42, 1, "node07"), P.PUBLIC_KEY,
-                     flags=P.PEERCRED)
+    frame = encode(MsgType.PREPARE, NodeRequest(42, 1, "node07"), PUBLIC_KEY,
+                   flags=PEERCRED)
 
     with pytest.raises(ProtocolError) as info:
-        P.decode(frame, KEY)
+        decode(frame, KEY)
     assert info.value.reason == "flags"
 
 

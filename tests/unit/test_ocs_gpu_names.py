@@ -35,7 +35,7 @@ from geco.node import gpus
 from geco.node.gpus import Share
 from geco.sge import lookup, resourcefile
 from geco.sge.execd import JobRef
-from tests.conftest import RecordingHandler, handler_on  # not "conftest": others exist
+from tests.logkit import RecordingHandler, handler_on
 
 OCS = Path(__file__).resolve().parents[1] / "fixtures" / "ocs-9.1.4"
 HOST = "vm"  # the fixtures' one host

@@ -32,7 +32,7 @@ from geco.errors import ResourceFormatError
 from geco.job.jobkey import JobKey
 from geco.job.resourceset import NodeResources, ResourceSet
 from geco.sge import execd, jobinstance, lookup, resourcefile, v1format
-from tests.conftest import RecordingHandler, handler_on
+from tests.logkit import RecordingHandler, handler_on
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = "/opt/geco/venv/bin/python"

@@ -22,7 +22,7 @@ from lxml import etree
 from geco.config import Config
 from geco.sge import execd, lookup, qstat, requests
 from geco.sge.qstat import parse_job
-from tests.conftest import handler_on  # not "conftest": others exist
+from tests.logkit import handler_on
 
 OCS = Path(__file__).resolve().parent.parent / "fixtures" / "ocs-9.1.4"
 SOGE = Path(__file__).resolve().parent.parent / "fixtures" / "qstat"

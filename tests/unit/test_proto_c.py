@@ -1,4 +1,4 @@
-"""preload/geco_proto.c against the same vectors and the Python twin.
+"""libgeco/geco_proto.c against the same vectors and the Python twin.
 
 The C file is compiled here, from source, into pytest's temporary directory
 (never into the repo): once as a cffi extension (API mode, linked with the
@@ -21,16 +21,40 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from ckit import ubsan_module, undefined_calls
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from geco.wire import protocol as P
+from geco.errors import ProtocolError
+from geco.wire import frame as wire_frame
+from geco.wire.frame import (
+    HEADER_BYTES,
+    KEY_BYTES,
+    MAC_BYTES,
+    MAX_FRAME,
+    PEERCRED,
+    PUBLIC_KEY,
+    VERSION,
+    decode,
+    encode,
+)
+from geco.wire.messages import (
+    MAX_PAYLOAD,
+    NONCE_BYTES,
+    REPLY_MAX_TEXT,
+    Ack,
+    AckStatus,
+    Adopt,
+    AdoptReply,
+    AdoptStage,
+    Hook,
+    HookName,
+    JobStarted,
+    MsgType,
+)
+from tests.ckit import LIBGECO, REPO, ubsan_module, undefined_calls
 
-REPO = Path(__file__).resolve().parents[2]
-PRELOAD = REPO / "preload"
-SOURCE = PRELOAD / "geco_proto.c"
-VECTORS = json.loads((REPO / "tests" / "vectors" / "quarantine.json").read_text())
+SOURCE = LIBGECO / "geco_proto.c"
+VECTORS = json.loads((REPO / "tests" / "vectors" / "wire.json").read_text())
 KEY = bytes.fromhex(VECTORS["key"])
 BY_NAME = {v["name"]: v for v in VECTORS["vectors"]}
 SKEW_NS = 30 * 10**9
@@ -87,6 +111,8 @@ int geco_decode_ack(const uint8_t *buf, size_t len, const uint8_t key[32],
 int geco_decode_job_started(const uint8_t *buf, size_t len, const uint8_t key[32],
                             int64_t now_ns, int64_t max_skew_ns, geco_job_started_t *out);
 const uint8_t *geco_frame_nonce(const uint8_t *frame);
+int geco_check_header(const uint8_t *header);
+long geco_frame_length(const uint8_t *header);
 const char *geco_strerror(int err);
 """
 
@@ -128,24 +154,24 @@ class C:
         return n if n < 0 else bytes(self.ffi.buffer(buf, n))
 
     def decode_ack(self, frame: bytes, request: bytes, *, now: int,
-                   skew: int = SKEW_NS, key: bytes = KEY) -> tuple[int, P.Ack | None]:
+                   skew: int = SKEW_NS, key: bytes = KEY) -> tuple[int, Ack | None]:
         out = self.ffi.new("geco_ack_t *")
         rc = self.lib.geco_decode_ack(self._in(frame or b"\0"), len(frame), self._in(key),
                                       self._in(request), now, skew, out)
         if rc != 0:
             return rc, None
-        return rc, P.Ack(out.job_id, out.task_id, P.AckStatus(out.status),
-                         bytes(out.request_nonce))
+        return rc, Ack(out.job_id, out.task_id, AckStatus(out.status),
+                       bytes(out.request_nonce))
 
     def decode_job_started(self, frame: bytes, *, now: int, skew: int = SKEW_NS
-                           ) -> tuple[int, P.JobStarted | None]:
-        """gecod's fast lane's decoding of a request (preload/geco_lane.c)."""
+                           ) -> tuple[int, JobStarted | None]:
+        """gecod's fast lane's decoding of a request (lane/geco_lane.c)."""
         out = self.ffi.new("geco_job_started_t *")
         rc = self.lib.geco_decode_job_started(self._in(frame or b"\0"), len(frame),
                                               self._in(KEY), now, skew, out)
-        return rc, (P.JobStarted(out.job_id, out.task_id, out.pid) if rc == 0 else None)
+        return rc, (JobStarted(out.job_id, out.task_id, out.pid) if rc == 0 else None)
 
-    def encode_adopt(self, adopt: P.Adopt, *, nonce: bytes | None, ts: int,
+    def encode_adopt(self, adopt: Adopt, *, nonce: bytes | None, ts: int,
                      peercred: bool = False) -> bytes | int:
         buf = self.ffi.new("uint8_t[]", self.lib.GECO_MAX_FRAME)
         connection = self.ffi.new("char[]", adopt.connection.encode())
@@ -153,22 +179,22 @@ class C:
             "job_id": adopt.job_id, "task_id": adopt.task_id, "pid": adopt.pid,
             "uid": adopt.uid, "stage": adopt.stage, "connection": connection,
             "peercred": int(peercred)})
-        key = P.PUBLIC_KEY if peercred else KEY
+        key = PUBLIC_KEY if peercred else KEY
         n = self.lib.geco_encode_adopt(buf, len(buf), self._in(key), self._in(nonce), ts, msg)
         return n if n < 0 else bytes(self.ffi.buffer(buf, n))
 
     def decode_adopt_reply(self, frame: bytes, request: bytes, *, now: int,
-                           peercred: bool = False) -> tuple[int, P.AdoptReply | None]:
+                           peercred: bool = False) -> tuple[int, AdoptReply | None]:
         out = self.ffi.new("geco_ack_t *")
-        text = self.ffi.new("char[]", P.REPLY_MAX_TEXT + 1)
-        key = P.PUBLIC_KEY if peercred else KEY
+        text = self.ffi.new("char[]", REPLY_MAX_TEXT + 1)
+        key = PUBLIC_KEY if peercred else KEY
         rc = self.lib.geco_decode_adopt_reply(self._in(frame or b"\0"), len(frame),
                                               self._in(key), self._in(request), now, SKEW_NS,
                                               int(peercred), out, text, len(text))
         if rc != 0:
             return rc, None
-        return rc, P.AdoptReply(out.job_id, out.task_id, P.AckStatus(out.status),
-                                bytes(out.request_nonce), self.ffi.string(text).decode())
+        return rc, AdoptReply(out.job_id, out.task_id, AckStatus(out.status),
+                              bytes(out.request_nonce), self.ffi.string(text).decode())
 
     def strerror(self, err: int) -> str:
         return str(self.ffi.string(self.lib.geco_strerror(err)).decode())
@@ -204,12 +230,12 @@ def test_the_header_constants_are_the_protocol_constants(c: C) -> None:
     lib = c.lib
     assert (lib.GECO_PROTO_VERSION, lib.GECO_KEY_BYTES, lib.GECO_NONCE_BYTES,
             lib.GECO_HEADER_BYTES, lib.GECO_MAC_BYTES, lib.GECO_MAX_PAYLOAD,
-            lib.GECO_MAX_FRAME) == (P.VERSION, P.KEY_BYTES, P.NONCE_BYTES, P.HEADER_BYTES,
-                                    P.MAC_BYTES, P.MAX_PAYLOAD, P.MAX_FRAME)
-    assert {t.name: t.value for t in P.MsgType} == {
-        n: getattr(lib, f"GECO_{n}") for n in P.MsgType.__members__}
-    assert {s.name: s.value for s in P.AckStatus} == {
-        n: getattr(lib, f"GECO_{n}") for n in P.AckStatus.__members__}
+            lib.GECO_MAX_FRAME) == (VERSION, KEY_BYTES, NONCE_BYTES, HEADER_BYTES,
+                                    MAC_BYTES, MAX_PAYLOAD, MAX_FRAME)
+    assert {t.name: t.value for t in MsgType} == {
+        n: getattr(lib, f"GECO_{n}") for n in MsgType.__members__}
+    assert {s.name: s.value for s in AckStatus} == {
+        n: getattr(lib, f"GECO_{n}") for n in AckStatus.__members__}
 
 
 # ---------------------------------------------------------------------------
@@ -233,8 +259,8 @@ def test_c_encodes_the_hook_vector_byte_for_byte(c: C) -> None:
     frame = c.encode_hook(f["job_id"], f["task_id"], f["pid"], f["hook"],
                           nonce=bytes.fromhex(v["nonce"]), ts=v["timestamp_ns"])
     assert isinstance(frame, bytes) and frame.hex() == v["frame"]
-    got = P.decode(frame, KEY, now_ns=v["timestamp_ns"]).message
-    assert got == P.Hook(366474, 27, 28170, P.HookName.PROLOG)
+    got = decode(frame, KEY, now_ns=v["timestamp_ns"]).message
+    assert got == Hook(366474, 27, 28170, HookName.PROLOG)
 
 
 def test_c_encodes_the_starter_vector_and_decodes_its_reply_vector(c: C) -> None:
@@ -279,20 +305,20 @@ def test_c_decodes_the_ack_vector_as_the_answer_to_the_job_started_vector(c: C) 
     v = BY_NAME["ack"]
     request = bytes.fromhex(BY_NAME["job_started"]["nonce"])
     rc, ack = c.decode_ack(bytes.fromhex(v["frame"]), request, now=v["timestamp_ns"])
-    assert (rc, ack) == (0, P.Ack(366474, 27, P.AckStatus.OK, request))
+    assert (rc, ack) == (0, Ack(366474, 27, AckStatus.OK, request))
 
 
 def test_c_encodes_the_adopt_vector_and_decodes_its_reply_vector(c: C) -> None:
     v, r = BY_NAME["adopt"], BY_NAME["adopt_reply"]
     f = v["fields"]
-    adopt = P.Adopt(f["job_id"], f["task_id"], f["pid"], f["uid"], P.AdoptStage(f["stage"]),
-                    f["connection"])
+    adopt = Adopt(f["job_id"], f["task_id"], f["pid"], f["uid"], AdoptStage(f["stage"]),
+                  f["connection"])
     frame = c.encode_adopt(adopt, nonce=bytes.fromhex(v["nonce"]), ts=v["timestamp_ns"])
     assert isinstance(frame, bytes) and frame.hex() == v["frame"]
     rc, reply = c.decode_adopt_reply(bytes.fromhex(r["frame"]), bytes.fromhex(v["nonce"]),
                                      now=r["timestamp_ns"])
-    assert (rc, reply) == (0, P.AdoptReply(366474, 1, P.AckStatus.OK, bytes.fromhex(v["nonce"]),
-                                           r["fields"]["text"]))
+    assert (rc, reply) == (0, AdoptReply(366474, 1, AckStatus.OK, bytes.fromhex(v["nonce"]),
+                                         r["fields"]["text"]))
     # an ADOPT_REPLY is not the ACK a JOB_STARTED waits for, nor the reverse
     assert c.decode_ack(bytes.fromhex(r["frame"]), bytes.fromhex(v["nonce"]),
                         now=r["timestamp_ns"])[0] == c.lib.GECO_E_TYPE
@@ -300,6 +326,29 @@ def test_c_encodes_the_adopt_vector_and_decodes_its_reply_vector(c: C) -> None:
     assert c.decode_adopt_reply(bytes.fromhex(ack["frame"]),
                                 bytes.fromhex(BY_NAME["job_started"]["nonce"]),
                                 now=ack["timestamp_ns"])[0] == c.lib.GECO_E_TYPE
+
+
+@given(magic=st.sampled_from([b"GECQ", b"GECX", b"\0ECQ"]), version=st.sampled_from([1, 0, 2]),
+       length=st.sampled_from([0, 24, 40, 4096, 4097, 2**32 - 1]),
+       rest=st.binary(min_size=24, max_size=24))
+def test_c_reads_a_header_alone_as_python_does(c: C, magic: bytes, version: int, length: int,
+                                               rest: bytes) -> None:
+    """Given a frame's header alone (no flags), when C checks it and reads the length it
+    announces (the client and gecod's fast lane, before waiting for the rest), then it
+    refuses what geco.wire.frame.expected_length refuses, for the same reason, and
+    announces the same whole-frame length."""
+    header = magic + bytes([version, c.lib.GECO_ACK]) + b"\0\0" + struct.pack("<I", length) + rest
+    buf = c._in(header)
+    try:
+        whole = wire_frame.expected_length(header)
+    except ProtocolError as e:
+        assert c.lib.geco_check_header(buf) == getattr(c.lib, f"GECO_E_{e.reason.upper()}")
+    else:
+        assert c.lib.geco_check_header(buf) == 0
+        assert c.lib.geco_frame_length(buf) == whole
+    assert c.lib.geco_frame_length(buf) == (
+        wire_frame.HEADER_BYTES + length + wire_frame.MAC_BYTES if length <= wire_frame.MAX_PAYLOAD
+        else c.lib.GECO_E_LENGTH)
 
 
 @pytest.mark.parametrize("neg", VECTORS["negative"], ids=lambda n: n["name"])
@@ -339,9 +388,9 @@ def test_python_decodes_what_c_encodes(c: C, job: int, task: int, pid: int, nonc
                                        ts: int, type_: int) -> None:
     frame = c.encode_job_started(type_, job, task, pid, nonce=nonce, ts=ts)
     assert isinstance(frame, bytes)
-    got = P.decode(frame, KEY, now_ns=ts)
+    got = decode(frame, KEY, now_ns=ts)
     assert (got.type, got.nonce, got.timestamp_ns) == (type_, nonce, ts)
-    assert got.message == P.JobStarted(job, task, pid)
+    assert got.message == JobStarted(job, task, pid)
 
 
 def test_c_decodes_a_job_started_request_as_gecod_does_and_nothing_else(c: C) -> None:
@@ -349,7 +398,7 @@ def test_c_decodes_a_job_started_request_as_gecod_does_and_nothing_else(c: C) ->
     decoding refuses (another type, another key, a bad MAC, the clock)."""
     v = BY_NAME["job_started"]
     frame, ts = bytes.fromhex(v["frame"]), v["timestamp_ns"]
-    assert c.decode_job_started(frame, now=ts) == (0, P.JobStarted(**v["fields"]))
+    assert c.decode_job_started(frame, now=ts) == (0, JobStarted(**v["fields"]))
     for other in ("quarantine_self", "hook", "ack"):
         o = BY_NAME[other]
         assert c.decode_job_started(bytes.fromhex(o["frame"]), now=o["timestamp_ns"])[0] \
@@ -361,27 +410,27 @@ def test_c_decodes_a_job_started_request_as_gecod_does_and_nothing_else(c: C) ->
     for neg in VECTORS["negative"]:  # C takes one only where Python reads a JOB_STARTED
         data = bytes.fromhex(neg["frame"])
         try:
-            got = P.decode(data, KEY, now_ns=neg["now_ns"], max_skew=neg["max_skew_ns"] / 1e9)
-        except P.ProtocolError:
+            got = decode(data, KEY, now_ns=neg["now_ns"], max_skew=neg["max_skew_ns"] / 1e9)
+        except ProtocolError:
             got = None
         rc, msg = c.decode_job_started(data, now=neg["now_ns"], skew=neg["max_skew_ns"])
-        assert (rc == 0) == (got is not None and got.type is P.MsgType.JOB_STARTED), neg["name"]
+        assert (rc == 0) == (got is not None and got.type is MsgType.JOB_STARTED), neg["name"]
         assert msg == (got.message if rc == 0 and got is not None else None)
 
 
-@given(u64, u64, u32, u32, st.sampled_from(list(P.AdoptStage)),
+@given(u64, u64, u32, u32, st.sampled_from(list(AdoptStage)),
        st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=255),
-       st.sampled_from(list(P.AckStatus)), st.text(max_size=600).filter(lambda t: "\0" not in t),
+       st.sampled_from(list(AckStatus)), st.text(max_size=600).filter(lambda t: "\0" not in t),
        nonces, int64)
 def test_adopt_and_its_reply_cross_between_c_and_python(
-        c: C, job: int, task: int, pid: int, uid: int, stage: P.AdoptStage, connection: str,
-        status: P.AckStatus, text: str, nonce: bytes, ts: int) -> None:
-    adopt = P.Adopt(job, task, pid, uid, stage, connection)
+        c: C, job: int, task: int, pid: int, uid: int, stage: AdoptStage, connection: str,
+        status: AckStatus, text: str, nonce: bytes, ts: int) -> None:
+    adopt = Adopt(job, task, pid, uid, stage, connection)
     frame = c.encode_adopt(adopt, nonce=nonce, ts=ts)
     assert isinstance(frame, bytes)
-    assert P.decode(frame, KEY, now_ns=ts).message == adopt
-    reply = P.AdoptReply(job, task, status, nonce, text)
-    assert c.decode_adopt_reply(P.encode(P.MsgType.ADOPT_REPLY, reply, KEY, ts_ns=ts), nonce,
+    assert decode(frame, KEY, now_ns=ts).message == adopt
+    reply = AdoptReply(job, task, status, nonce, text)
+    assert c.decode_adopt_reply(encode(MsgType.ADOPT_REPLY, reply, KEY, ts_ns=ts), nonce,
                                 now=ts) == (0, reply)
 
 
@@ -391,15 +440,15 @@ def test_a_peercred_adopt_and_its_reply_carry_the_flag_and_the_public_key(c: C) 
     C accepts only a reply in kind: a reply without the flag, or with the secret key's
     MAC, is refused."""
     ts = 1_700_000_000_000_000_000
-    adopt = P.Adopt(42, 1, 4242, 1001, P.AdoptStage.EXEC, "127.0.0.1 1 127.0.0.1 22")
+    adopt = Adopt(42, 1, 4242, 1001, AdoptStage.EXEC, "127.0.0.1 1 127.0.0.1 22")
     frame = c.encode_adopt(adopt, nonce=bytes(16), ts=ts, peercred=True)
     assert isinstance(frame, bytes)
-    got = P.decode(frame, P.PUBLIC_KEY, now_ns=ts, peercred=True)
+    got = decode(frame, PUBLIC_KEY, now_ns=ts, peercred=True)
     assert got.peercred and got.message == adopt
-    reply = P.AdoptReply(42, 1, P.AckStatus.OK, bytes(16), "\nJOB_ID=42")
-    in_kind = P.encode(P.MsgType.ADOPT_REPLY, reply, P.PUBLIC_KEY, ts_ns=ts, flags=P.PEERCRED)
+    reply = AdoptReply(42, 1, AckStatus.OK, bytes(16), "\nJOB_ID=42")
+    in_kind = encode(MsgType.ADOPT_REPLY, reply, PUBLIC_KEY, ts_ns=ts, flags=PEERCRED)
     assert c.decode_adopt_reply(in_kind, bytes(16), now=ts, peercred=True) == (0, reply)
-    plain = P.encode(P.MsgType.ADOPT_REPLY, reply, P.PUBLIC_KEY, ts_ns=ts)
+    plain = encode(MsgType.ADOPT_REPLY, reply, PUBLIC_KEY, ts_ns=ts)
     assert c.decode_adopt_reply(plain, bytes(16), now=ts, peercred=True)[0] == \
         c.lib.GECO_E_FLAGS
     forged = bytearray(in_kind)
@@ -408,11 +457,11 @@ def test_a_peercred_adopt_and_its_reply_carry_the_flag_and_the_public_key(c: C) 
         c.lib.GECO_E_MAC
 
 
-@given(u64, u64, st.sampled_from(list(P.AckStatus)), nonces, nonces, int64)
-def test_c_decodes_what_python_encodes(c: C, job: int, task: int, status: P.AckStatus,
+@given(u64, u64, st.sampled_from(list(AckStatus)), nonces, nonces, int64)
+def test_c_decodes_what_python_encodes(c: C, job: int, task: int, status: AckStatus,
                                        request: bytes, nonce: bytes, ts: int) -> None:
-    ack = P.Ack(job, task, status, request)
-    frame = P.encode(P.MsgType.ACK, ack, KEY, nonce=nonce, ts_ns=ts)
+    ack = Ack(job, task, status, request)
+    frame = encode(MsgType.ACK, ack, KEY, nonce=nonce, ts_ns=ts)
     assert c.decode_ack(frame, request, now=ts) == (0, ack)
     assert c.encode_ack(job, task, status, request, nonce=nonce, ts=ts) == frame
 
@@ -426,7 +475,7 @@ def test_c_draws_a_random_nonce_and_reads_the_clock_when_asked(c: C) -> None:
     b = c.encode_job_started(1, 1, 1, 1, nonce=None, ts=0)
     after = time.time_ns()
     assert isinstance(a, bytes) and isinstance(b, bytes)
-    fa, fb = P.decode(a, KEY), P.decode(b, KEY)
+    fa, fb = decode(a, KEY), decode(b, KEY)
     assert fa.nonce != fb.nonce
     assert before <= fa.timestamp_ns <= fb.timestamp_ns <= after
     buf = c.ffi.from_buffer("uint8_t[]", a)
@@ -435,9 +484,9 @@ def test_c_draws_a_random_nonce_and_reads_the_clock_when_asked(c: C) -> None:
 
 def test_c_decode_with_now_zero_reads_the_clock(c: C) -> None:
     request = bytes(range(16))
-    fresh = P.encode(P.MsgType.ACK, P.Ack(1, 2, P.AckStatus.BUSY, request), KEY)
-    old = P.encode(P.MsgType.ACK, P.Ack(1, 2, P.AckStatus.BUSY, request), KEY,
-                   ts_ns=time.time_ns() - 2 * SKEW_NS)
+    fresh = encode(MsgType.ACK, Ack(1, 2, AckStatus.BUSY, request), KEY)
+    old = encode(MsgType.ACK, Ack(1, 2, AckStatus.BUSY, request), KEY,
+                 ts_ns=time.time_ns() - 2 * SKEW_NS)
     assert c.decode_ack(fresh, request, now=0)[0] == 0
     assert c.decode_ack(old, request, now=0)[0] == c.lib.GECO_E_STALE
 
@@ -457,7 +506,7 @@ def test_c_extreme_timestamps_are_stale_without_overflow(c: C, ts: int, now: int
     """Given timestamps at the ends of int64 (UBSan aborts on signed overflow), then C says
     stale."""
     request = bytes(16)
-    frame = P.encode(P.MsgType.ACK, P.Ack(1, 1, P.AckStatus.OK, request), KEY, ts_ns=ts)
+    frame = encode(MsgType.ACK, Ack(1, 1, AckStatus.OK, request), KEY, ts_ns=ts)
     assert c.decode_ack(frame, request, now=now, skew=SKEW_NS)[0] == c.lib.GECO_E_STALE
 
 
@@ -536,7 +585,7 @@ def test_c_decoder_never_reads_past_the_frame_under_asan(tmp_path: Path) -> None
     src.write_text(HARNESS)
     exe = tmp_path / "harness"
     subprocess.run(["gcc", "-std=c11", "-g", "-O1", "-fsanitize=address,undefined",
-                    "-fno-sanitize-recover=all", f"-I{PRELOAD}", str(src), str(SOURCE),
+                    "-fno-sanitize-recover=all", f"-I{LIBGECO}", str(src), str(SOURCE),
                     "-lsodium", "-o", str(exe)], check=True, capture_output=True, text=True)
     rng = random.Random(20240601)
     frames = [bytes.fromhex(v["frame"]) for v in VECTORS["vectors"]]

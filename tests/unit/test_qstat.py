@@ -6,8 +6,8 @@ placement from the ``-g t`` listing taken at the same moment. Expected values
 are the qsub options of each scenario; error texts are asserted in full
 (except the part libxml2 words itself). A synthetic UGE-style document covers
 the granted-host and granted-resource elements SoGE never prints. ``run_qstat``
-and ``fetch`` run small fake qstat scripts (the real one is exercised by the
-integration tests); retries never sleep for real (the sleep is injected).
+(:mod:`geco.sge.command`) and ``fetch`` run small fake qstat scripts (the real one is
+exercised by the integration tests); retries never sleep for real (the sleep is injected).
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ from geco.config import Config
 from geco.errors import JobNotFound, QstatError, QstatParseError
 from geco.job.resourceset import NodeResources, ResourceSet
 from geco.node.gpus import GpuComplex
+from geco.sge.command import run_qstat
 from geco.sge.pe_hostfile import Placement, parse_pe_hostfile
 from geco.sge.qstat import (
     TaskNotRunning,
     fetch,
     parse_job,
     parse_placement_gt,
-    run_qstat,
 )
 from geco.sge.siteenv import discover
 from geco.units import format_memory, parse_memory, parse_time
@@ -944,14 +944,6 @@ def test_fetch_with_unusable_pe_hostfile_falls_back_to_g_t_with_a_warning(
     assert caplog.records[0].getMessage().endswith("); asking qstat -g t instead")
 
 
-def test_fetch_given_task_missing_from_g_t_then_task_not_running(tmp_path: Path) -> None:
-    qstat = dispatching_qstat(tmp_path, "array.xml", "serial.qstat-gt-all.xml", 6)
-    with pytest.raises(TaskNotRunning) as info:
-        fetch(6, 2, config(qstat), sleep=lambda _: None)
-    assert str(info.value) == ("task 2 of job 6 is not running according to qstat -g t "
-                               "(job=6 task=2)")
-
-
 def test_fetch_given_pending_job_then_task_not_running_without_g_t_call(tmp_path: Path) -> None:
     qstat = dispatching_qstat(tmp_path, "pending_hvmem.xml", "pending_hvmem.qstat-gt-all.xml", 5)
     with pytest.raises(TaskNotRunning):
@@ -959,19 +951,24 @@ def test_fetch_given_pending_job_then_task_not_running_without_g_t_call(tmp_path
     assert calls(tmp_path) == ["-xml -j 5"]
 
 
-def test_fetch_given_finished_job_then_job_not_found(tmp_path: Path) -> None:
-    qstat = dispatching_qstat(tmp_path, "unknown_job.xml", "serial.qstat-gt-all.xml", 1)
-    with pytest.raises(JobNotFound) as info:
-        fetch(1, 0, config(qstat), sleep=lambda _: None)
-    assert str(info.value) == ("Grid Engine does not know job 1 (finished, deleted or never "
-                               "submitted) (job=1)")
-
-
-def test_fetch_given_another_jobs_xml_then_parse_error(tmp_path: Path) -> None:
-    qstat = dispatching_qstat(tmp_path, "serial.xml", "serial.qstat-gt-all.xml", 4)
-    with pytest.raises(QstatParseError) as info:
-        fetch(4, 0, config(qstat), sleep=lambda _: None)
-    assert str(info.value) == "qstat -xml -j output describes job 1, not job 4 (job=4)"
+@pytest.mark.parametrize(("job_xml", "job", "task", "error", "message"), [
+    pytest.param("array.xml", 6, 2, TaskNotRunning,
+                 "task 2 of job 6 is not running according to qstat -g t (job=6 task=2)",
+                 id="task missing from -g t: not running"),
+    pytest.param("unknown_job.xml", 1, 0, JobNotFound,
+                 "Grid Engine does not know job 1 (finished, deleted or never submitted) "
+                 "(job=1)", id="finished job: not found"),
+    pytest.param("serial.xml", 4, 0, QstatParseError,
+                 "qstat -xml -j output describes job 1, not job 4 (job=4)",
+                 id="another job's xml: parse error"),
+])
+def test_fetch_given_a_job_it_cannot_use_then_the_error_says_why(
+        tmp_path: Path, job_xml: str, job: int, task: int, error: type[Exception],
+        message: str) -> None:
+    qstat = dispatching_qstat(tmp_path, job_xml, "serial.qstat-gt-all.xml", job)
+    with pytest.raises(error) as info:
+        fetch(job, task, config(qstat), sleep=lambda _: None)
+    assert str(info.value) == message
 
 
 def test_fetch_given_uge_granted_hosts_then_no_placement_call(tmp_path: Path) -> None:

@@ -17,8 +17,9 @@ import pytest
 
 from geco.cgroup import Backend
 from geco.config import Config
-from geco.daemon.quarantine import Context, Peer, Request, quarantine
-from geco.wire.protocol import AckStatus, MsgType
+from geco.daemon.context import GecodContext, Peer
+from geco.daemon.quarantine import Request, quarantine
+from geco.wire.messages import AckStatus, MsgType
 
 
 @pytest.mark.parametrize("kind", [MsgType.JOB_STARTED, MsgType.QUARANTINE_SELF])
@@ -26,7 +27,7 @@ def test_a_unix_socket_peer_without_a_pidfd_is_refused(kind: MsgType) -> None:
     """Given a request from a Unix socket peer that gecod holds no pidfd of, when it is
     decided, then REFUSED with the reason, and nothing is moved."""
     pid = os.getpid()
-    ctx = Context(Config(), cast(Backend, None))  # a rule that touched it would raise
+    ctx = GecodContext(Config(), cast(Backend, None))  # a rule that touched it would raise
     req = Request(kind, 42, 1, pid, Peer(pid, 0, 0), pidfd=-1)
 
     outcome = quarantine(req, ctx)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,11 +22,9 @@ from geco.config import Config
 from geco.errors import QstatError
 from geco.hooks import Exit, run
 from geco.sge import execd, lookup
-from geco.sge.qstat import run_qstat
+from geco.sge.command import run_qstat
 from geco.sge.siteenv import SYSTEM_PATH, SgeEnv, discover
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo: tests.conftest
-from tests.conftest import RecordingHandler, handler_on  # not "conftest": others exist
+from tests.logkit import RecordingHandler, handler_on
 
 HOSTILE = {"SGE_ROOT": "/tmp", "SGE_CELL": "x", "SGE_QMASTER_PORT": "1",
            "SGE_EXECD_PORT": "2", "SGE_CLUSTER_NAME": "evil", "SGE_ARCH": "evil",

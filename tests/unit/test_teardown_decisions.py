@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -18,17 +17,16 @@ from typing import Any, cast
 import pytest
 
 from geco import procfs
-from geco.cgroup import Backend
+from geco.cgroup import Backend, check_key
 from geco.config import Config
 from geco.errors import CgroupError
 from geco.job.accounting import Accounting
+from geco.job.ending import end_job
 from geco.job.resourceset import short_hostname
 from geco.job.teardown import StuckProcess, Teardown, tear_down
 from geco.sge import execd
 from geco.sge.siteenv import discover
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo: tests.conftest
-from tests.conftest import RecordingHandler, handler_on  # not "conftest": others exist
+from tests.logkit import RecordingHandler, handler_on
 
 # the site's fixed PATH of root's Grid Engine commands on this machine (geco.sge.siteenv)
 SAFE_PATH = discover(Config()).path
@@ -89,7 +87,8 @@ def fake_proc(tmp_path: Path, pid: int, state: str, comm: str, wchan: str) -> Pa
 
 
 class Records(RecordingHandler):
-    """The records of logger geco.job.teardown, whatever the geco logger's own setup."""
+    """The records of the teardown and of the job's end (its ``job-end``), whatever the geco
+    logger's own setup."""
 
     def events(self) -> list[tuple[str, str, dict[str, str]]]:
         """(level, message, journal fields) of each record that names a GECO_EVENT."""
@@ -104,7 +103,7 @@ class Records(RecordingHandler):
 @pytest.fixture
 def records() -> Iterator[Records]:
     handler = Records()
-    with handler_on("geco.teardown", handler):
+    with handler_on("geco.teardown", handler), handler_on("geco.ending", handler):
         yield handler
 
 
@@ -128,6 +127,15 @@ def backend_of(fake: FakeBackend) -> Backend:
     return cast(Backend, fake)
 
 
+def end(key: str, fake: FakeBackend, config: Config, **how: Any) -> Teardown:
+    """End the job as every caller does (geco.job.ending.end_job, which journals job-end),
+    with no resource set and no spool, and no look for strays."""
+    ended = end_job(check_key(key), backend_of(fake), config, resources=None,
+                    spool_dir=config.state_dir / "no-spool", strays_when=None, **how)
+    assert ended is not None
+    return ended.teardown
+
+
 def stuck_backend(tmp_path: Path) -> FakeBackend:
     return FakeBackend(fake_proc(tmp_path, 4242, "D (disk sleep)", "nfs-reader",
                                  "nfs_wait_bit_killable"), left=[4242])
@@ -139,8 +147,7 @@ def stuck_backend(tmp_path: Path) -> FakeBackend:
 def test_given_a_job_that_empties_then_its_counters_are_read_first_and_job_end_is_journaled(
         tmp_path: Path, records: Records, qmod: tuple[Path, Path]) -> None:
     fake = FakeBackend(tmp_path)
-    result = tear_down("42.1", backend_of(fake), cfg(tmp_path), queue_instance="all.q@n1",
-                       cleaned_by="epilog", qmod=str(qmod[0]))
+    result = end("42.1", fake, cfg(tmp_path), queue_instance="all.q@n1", cleaned_by="epilog")
     accounting = Accounting.from_usage(USAGE)
     assert result == Teardown("42.1", 3, (), accounting, None)
     assert result.clean
@@ -159,9 +166,8 @@ def test_given_a_job_that_empties_then_its_counters_are_read_first_and_job_end_i
 def test_given_no_cgroups_then_the_end_is_journaled_without_figures(
         tmp_path: Path, records: Records) -> None:
     fake = FakeBackend(tmp_path, exists_=False)
-    result = tear_down("42.2", backend_of(fake), cfg(tmp_path), queue_instance=None,
-                       cleaned_by="epilog")
-    assert result == Teardown("42.2", 0, (), Accounting(), None)
+    result = end("42.2", fake, cfg(tmp_path), queue_instance=None, cleaned_by="epilog")
+    assert result == Teardown("42.2", 0, (), Accounting(), None, had_cgroups=False)
     assert fake.calls == []
     assert records.events() == [("INFO", "job 42.2 ended: it has no cgroups on this node",
                                  {"JOB_ID": "42", "SGE_TASK_ID": "2", "GECO_EVENT": "job-end",
@@ -260,8 +266,7 @@ def test_given_a_stuck_job_torn_down_again_then_the_queue_is_disabled_only_once(
         f"job 42.1: the queue instance all.q@n1 was disabled for it already ({marker}); "
         "not again")
     fake.left.clear()
-    assert tear_down("42.1", backend_of(fake), config, queue_instance=None,
-                     cleaned_by="reaper", qmod=str(qmod[0])).clean
+    assert end("42.1", fake, config, queue_instance=None, cleaned_by="reaper").clean
     assert not marker.exists()
 
 
@@ -356,8 +361,7 @@ def test_given_the_cgroups_removed_meanwhile_by_someone_else_then_the_end_is_cle
             raise CgroupError(f"cannot remove the cgroup of job {key}: no such directory")
 
     fake = Vanishing(tmp_path)
-    result = tear_down("42.1", backend_of(fake), cfg(tmp_path), queue_instance="all.q@n1",
-                       cleaned_by="gecod", qmod=str(qmod[0]))
+    result = end("42.1", fake, cfg(tmp_path), queue_instance="all.q@n1", cleaned_by="gecod")
     assert (result.clean, result.error, result.queue_disabled) == (True, "", None)
     assert [f["GECO_EVENT"] for _, _, f in records.events()] == ["job-end"]
     assert not qmod[1].exists()

@@ -30,9 +30,7 @@ from geco.job import trace
 from geco.job.jobkey import JobKey
 from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import lookup, resourcefile
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo: tests.conftest
-from tests.conftest import RecordingHandler  # not "conftest": others exist
+from tests.logkit import RecordingHandler
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0,
                                 reason="trace files are root's to make (chown to the owner)")

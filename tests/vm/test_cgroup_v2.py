@@ -23,7 +23,6 @@ import mmap
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,11 +33,7 @@ from geco.cgroup import Limits, V2Backend, detect, parse_mountinfo
 from geco.config import Config
 from geco.errors import CgroupError
 from geco.job.teardown import tear_down
-
-# pytest puts only this file's own directory on sys.path, and the guest runs
-# with --noconftest: add tests/ for the stdlib-only helpers in cgroup_testkit
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from cgroup_testkit import (
+from tests.cgroup_testkit import (
     Child,
     count,
     counter_body,
@@ -47,6 +42,8 @@ from cgroup_testkit import (
     fork_forever,
     forked_children,
     gpu_story,
+    kill_from_inside_story,
+    move_story,
     parent_name,
     parse_list,
     read,
@@ -303,32 +300,14 @@ def test_given_processes_left_when_destroyed_then_the_error_lists_them(
 
 def test_given_a_process_in_a_job_when_moved_to_another_process_cgroup_then_it_leaves(
         backend: V2Backend, children: list[int]) -> None:
-    backend.create("12.1", Limits())
-    backend.create("12.2", Limits())
-    job = start_in(backend, "12.1", sleeper, children)
-    execd = start_in(backend, "12.2", sleeper, children)
-    assert backend.contains("12.1", job.pid)
-    backend.move_to_cgroups_of(job.pid, execd.pid)
-    assert backend.contains("12.2", job.pid)
-    assert not backend.contains("12.1", job.pid)
-    assert backend.pids("12.1") == []
+    """The epilog steps out to sge_execd's cgroups."""
+    move_story(backend, children, sleeper)
 
 
 def test_given_the_caller_inside_the_job_when_it_kills_the_job_then_it_is_refused(
         backend: V2Backend, children: list[int]) -> None:
-    backend.create("15.1", Limits())
-
-    def kill_own_job(out: int) -> None:
-        try:
-            backend.kill("15.1")
-        except CgroupError as exc:
-            os.write(out, str(exc).encode())
-
-    child = start_in(backend, "15.1", kill_own_job, children)
-    assert child.output().decode() == (
-        "refusing to kill job 15.1 from inside its cgroup: move this process out first "
-        f"(move_to_cgroups_of) (key=15.1 pid={child.pid})")
-    assert child.wait() == 0
+    """The epilog runs inside the job; killing from there would kill the epilog itself."""
+    kill_from_inside_story(backend, children)
 
 
 @pytest.mark.parametrize("bad", ["../x", "1/2", ".", ""])

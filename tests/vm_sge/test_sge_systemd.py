@@ -27,7 +27,7 @@ import pytest
 
 from geco.node.topology import parse_cpulist
 from tests.integration import livekit as kit
-from tests.integration.conftest import JobDir
+from tests.jobdirkit import JobDir
 
 MOUNT = Path("/sys/fs/cgroup")
 JOBS = kit.V2_JOBS

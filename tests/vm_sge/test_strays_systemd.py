@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.integration import livekit as kit
-from tests.integration.conftest import JobDir
+from tests.jobdirkit import JobDir
 
 SLOW = 300.0  # the emulated machine is ~8x slower than the host
 GECO = "/opt/geco/venv/bin/geco"

@@ -87,13 +87,14 @@ pytestmark = [pytest.mark.vm, pytest.mark.skipif(bool(_why_not()), reason=_why_n
 # the ACK's status, then optionally fill memory, then wait until stdin closes.
 CLIENT = r"""
 import os, sys
-from geco.wire import address, client, protocol
+from geco.wire import address, client
+from geco.wire.frame import decode_ack, encode
+from geco.wire.messages import JobStarted, MsgType
 key = open(sys.argv[1], "rb").read()
 job, hog = int(sys.argv[2]), int(sys.argv[3])
-frame = protocol.encode(protocol.MsgType.JOB_STARTED, protocol.JobStarted(job, 1, os.getpid()),
-                        key)
+frame = encode(MsgType.JOB_STARTED, JobStarted(job, 1, os.getpid()), key)
 reply = client.request(address.parse(sys.argv[4]), frame, 60)
-status = protocol.decode_ack(reply, key, frame[12:28]).status.name
+status = decode_ack(reply, key, frame[12:28]).status.name
 print(status, flush=True)
 if hog and status == "OK":
     filled = bytearray(b"\x01") * hog  # every page written: only the job's limit stops it

@@ -1,9 +1,9 @@
 /*
- * geco_proto.c - encode and verify gecod quarantine frames (protocol 1).
+ * geco_proto.c - encode and verify gecod's frames (protocol 1).
  *
  * The layout, check order and test vectors are in docs/wire-format.md;
- * geco/wire/protocol.py is the Python twin and tests/unit/test_proto_c.py holds
- * both to the vectors in tests/vectors/quarantine.json.
+ * geco/wire/ is the Python twin and tests/unit/test_proto_c.py holds
+ * both to the vectors in tests/vectors/wire.json.
  *
  * Rules of this file (it runs inside sge_execd and sshd, also in a child
  * between fork() and exec()):
@@ -108,6 +108,16 @@ static long seal(uint8_t *buf, int type, uint16_t flags, const uint8_t key[GECO_
     return (long)(body + GECO_MAC_BYTES);
 }
 
+/* The 24 bytes that open JOB_STARTED, QUARANTINE_SELF, HOOK and ACK: job, task, then
+   `third` (pid, or ACK's status) and `last` (reserved 0, or HOOK's hook). */
+static void store_ids(uint8_t *p, uint64_t job, uint64_t task, uint32_t third, uint32_t last)
+{
+    store64(p, job);
+    store64(p + 8, task);
+    store32(p + 16, third);
+    store32(p + 20, last);
+}
+
 /* The 24 bytes of JOB_STARTED, QUARANTINE_SELF and HOOK: job, task, pid, then `last`
    (reserved 0, or HOOK's hook). */
 static long encode_ids(uint8_t *buf, size_t cap, int type, const uint8_t key[GECO_KEY_BYTES],
@@ -116,11 +126,7 @@ static long encode_ids(uint8_t *buf, size_t cap, int type, const uint8_t key[GEC
 {
     if (cap < GECO_HEADER_BYTES + GECO_JOB_STARTED_BYTES + GECO_MAC_BYTES)
         return GECO_E_SHORT;
-    uint8_t *p = buf + GECO_HEADER_BYTES;
-    store64(p, msg->job_id);
-    store64(p + 8, msg->task_id);
-    store32(p + 16, msg->pid);
-    store32(p + 20, last);
+    store_ids(buf + GECO_HEADER_BYTES, msg->job_id, msg->task_id, msg->pid, last);
     return seal(buf, type, 0, key, nonce, ts_ns, GECO_JOB_STARTED_BYTES);
 }
 
@@ -193,10 +199,7 @@ long geco_encode_ack(uint8_t *buf, size_t cap, const uint8_t key[GECO_KEY_BYTES]
     if (cap < GECO_HEADER_BYTES + ACK_BYTES + GECO_MAC_BYTES)
         return GECO_E_SHORT;
     uint8_t *p = buf + GECO_HEADER_BYTES;
-    store64(p, msg->job_id);
-    store64(p + 8, msg->task_id);
-    store32(p + 16, msg->status);
-    store32(p + 20, 0); /* reserved */
+    store_ids(p, msg->job_id, msg->task_id, msg->status, 0); /* then reserved 0 */
     memcpy(p + 24, msg->request_nonce, GECO_NONCE_BYTES);
     return seal(buf, GECO_ACK, 0, key, nonce, ts_ns, ACK_BYTES);
 }
@@ -217,6 +220,16 @@ static int stale(const uint8_t *buf, int64_t now, int64_t max_skew_ns)
     return distance(ts, now) > (uint64_t)(max_skew_ns > 0 ? max_skew_ns : 0);
 }
 
+/* A received frame's first checks: is it geco's, and of this protocol? */
+static int check_magic_version(const uint8_t *buf)
+{
+    if (memcmp(buf + OFF_MAGIC, MAGIC, sizeof MAGIC) != 0)
+        return GECO_E_MAGIC;
+    if (buf[OFF_VERSION] != GECO_PROTO_VERSION)
+        return GECO_E_VERSION;
+    return 0;
+}
+
 /* The checks every received frame passes first, in the protocol's order
    (docs/wire-format.md, "Receiving"): everything up to the MAC is about the frame's
    shape, so an unauthenticated sender learns nothing but that; the rest is trusted only
@@ -227,10 +240,9 @@ static int check_frame(const uint8_t *buf, size_t len, const uint8_t key[GECO_KE
 {
     if (len < GECO_HEADER_BYTES + GECO_MAC_BYTES)
         return GECO_E_SHORT;
-    if (memcmp(buf + OFF_MAGIC, MAGIC, sizeof MAGIC) != 0)
-        return GECO_E_MAGIC;
-    if (buf[OFF_VERSION] != GECO_PROTO_VERSION)
-        return GECO_E_VERSION;
+    int rc = check_magic_version(buf);
+    if (rc != 0)
+        return rc;
     if (load16(buf + OFF_FLAGS) != flags)
         return GECO_E_FLAGS;
     uint32_t n = load32(buf + OFF_LENGTH);
@@ -353,6 +365,19 @@ int geco_decode_job_started(const uint8_t *buf, size_t len, const uint8_t key[GE
 const uint8_t *geco_frame_nonce(const uint8_t *frame)
 {
     return frame + OFF_NONCE;
+}
+
+int geco_check_header(const uint8_t *header)
+{
+    int rc = check_magic_version(header);
+    return rc != 0 ? rc : geco_frame_length(header) < 0 ? GECO_E_LENGTH : 0;
+}
+
+long geco_frame_length(const uint8_t *header)
+{
+    uint32_t n = load32(header + OFF_LENGTH);
+    return n > GECO_MAX_PAYLOAD ? GECO_E_LENGTH
+                                : (long)(GECO_HEADER_BYTES + (size_t)n + GECO_MAC_BYTES);
 }
 
 const char *geco_strerror(int err)

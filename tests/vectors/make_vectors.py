@@ -1,14 +1,14 @@
-"""Write tests/vectors/quarantine.json and section 9 of docs/wire-format.md.
+"""Write tests/vectors/wire.json and section 9 of docs/wire-format.md.
 
-Run from anywhere after a change to the vectors (``--check`` only compares and
+Run from the repo root after a change to the vectors (``--check`` only compares and
 exits 1 when a file would change)::
 
-    /opt/geco/venv/bin/python tests/vectors/make_quarantine.py [--check]
+    /opt/geco/venv/bin/python -m tests.vectors.make_vectors [--check]
 
 The frames are built here with ``struct`` and ``hashlib.blake2b`` straight
 from the layout in docs/wire-format.md section 2, independently of
-geco/wire/protocol.py and preload/geco_proto.c; only the error *texts* of the
-negative vectors come from geco.wire.protocol (they are what its decoder says).
+geco/wire/ and libgeco/geco_proto.c; only the error *texts* of the negative
+vectors come from geco.wire.frame (they are what its decoder says).
 Sections 1 to 8 of the document are prose and are kept as they are; section 9
 is rewritten from the JSON, so the two cannot drift
 (tests/unit/test_protocol.py checks that too).
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-JSON_PATH = REPO / "tests" / "vectors" / "quarantine.json"
+JSON_PATH = REPO / "tests" / "vectors" / "wire.json"
 DOC_PATH = REPO / "docs" / "wire-format.md"
 SECTION = "## 9. Test vectors\n"
 
@@ -191,7 +191,7 @@ POSITIVE: list[tuple[str, int, int, bytes, int, dict[str, Any], bytes, str]] = [
      "node06 whether a process of that user in job 366474.1 there made the connection."),
 ]
 
-VECTOR_PREFIX = "geco quarantine protocol 1 test vectors; see docs/wire-format.md. "
+VECTOR_PREFIX = "geco wire format (protocol 1) test vectors; see docs/wire-format.md. "
 DESCRIPTION = (
     VECTOR_PREFIX + "Byte strings are lowercase hex; frames are whole frames (header, payload, "
     "MAC). Negative vectors are decoded as the reply to a request whose nonce is request_nonce "
@@ -277,16 +277,15 @@ def negative_vectors(vectors: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def add_messages(negatives: list[dict[str, Any]]) -> None:
-    """Record what geco.wire.protocol.decode_ack says for each negative vector (its full text)."""
-    sys.path.insert(0, str(REPO))
+    """Record what geco.wire.frame.decode_ack says for each negative vector (its full text)."""
     from geco.errors import ProtocolError
-    from geco.wire import protocol
+    from geco.wire.frame import decode_ack
 
     key = KEY
     for n in negatives:
         try:
-            protocol.decode_ack(bytes.fromhex(n["frame"]), key, bytes.fromhex(n["request_nonce"]),
-                                now_ns=n["now_ns"], max_skew=n["max_skew_ns"] / 1e9)
+            decode_ack(bytes.fromhex(n["frame"]), key, bytes.fromhex(n["request_nonce"]),
+                       now_ns=n["now_ns"], max_skew=n["max_skew_ns"] / 1e9)
         except ProtocolError as exc:
             if exc.reason != n["reason"]:
                 raise SystemExit(f"{n['name']}: decode_ack says {exc.reason} ({exc.msg}), "
@@ -327,7 +326,7 @@ def section_9(d: dict[str, Any]) -> str:
     out: list[str] = []
     w = out.append
     w(SECTION + "\n")
-    w(para("The same vectors, machine-readable, are in `tests/vectors/quarantine.json`; "
+    w(para("The same vectors, machine-readable, are in `tests/vectors/wire.json`; "
            "`tests/unit/test_protocol.py` checks that every hex block of this section equals "
            "the JSON (so this document cannot drift), that Python encodes and decodes every "
            "vector, and `tests/unit/test_proto_c.py` that the C code does the same. A test also "
@@ -391,7 +390,7 @@ def section_9(d: dict[str, Any]) -> str:
 
 
 def render() -> tuple[str, str]:
-    """Return the new texts of quarantine.json and docs/wire-format.md."""
+    """Return the new texts of wire.json and docs/wire-format.md."""
     d = vectors_document()
     head, found, _ = DOC_PATH.read_text().partition(SECTION)
     if not found:

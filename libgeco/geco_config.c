@@ -44,6 +44,29 @@ static char *trim(char *s, char *end)
     return s;
 }
 
+/* The end of a refusal ("<key> must be ..., "): got '<value>'. Returns -1. */
+static int got(line_t *err, const char *value)
+{
+    put(err, "got '");
+    put(err, value);
+    put(err, "'");
+    return -1;
+}
+
+/* A key with n choices, names[] in the order of its enum: *field = value's index, or
+   the refusal ("<key> must be a, b or c, ") and -1. */
+static int set_choice(int *field, const char *value, const char *const names[], int n,
+                      const char *refusal, line_t *err)
+{
+    for (int i = 0; i < n; i++)
+        if (strcmp(value, names[i]) == 0) {
+            *field = i;
+            return 0;
+        }
+    put(err, refusal);
+    return got(err, value);
+}
+
 static int set_filters(geco_config_t *cfg, char *value, line_t *err)
 {
     cfg->nfilters = 0;
@@ -55,10 +78,8 @@ static int set_filters(geco_config_t *cfg, char *value, line_t *err)
         size_t n = strlen(name);
         if (n == 0 || n > NAME_MAX || strchr(name, '/') != NULL) {
             put(err, "exec_filter must be comma-separated program basenames (no '/', "
-                     "none empty), got '");
-            put(err, name);
-            put(err, "'");
-            return -1;
+                     "none empty), ");
+            return got(err, name);
         }
         if (cfg->nfilters == MAX_FILTERS) {
             put(err, "exec_filter names more than 16 programs");
@@ -83,10 +104,8 @@ static int set_job_cgroups(geco_config_t *cfg, const char *value, line_t *err)
         size_t len = comma != NULL ? (size_t)(comma - p) : strlen(p);
         if (len == 0 || p[0] != '/' || len > JOB_CGROUP_MAX || n == MAX_JOB_CGROUPS) {
             put(err, "job_cgroups must be 1 to 4 comma-separated absolute cgroup paths of at "
-                     "most 255 bytes, got '");
-            put(err, value);
-            put(err, "'");
-            return -1;
+                     "most 255 bytes, ");
+            return got(err, value);
         }
         while (len > 0 && p[len - 1] == '/')
             len--;
@@ -115,11 +134,8 @@ static int set_ids(uint32_t *ids, unsigned *count, const char *key, const char *
         if (p == start || (*p != ',' && *p != '\0') || v > UINT32_MAX - 1
             || n == MAX_SESSION_ADMINS || (*p == ',' && p[1] == '\0')) {
             put(err, key);
-            put(err, " must be at most 64 comma-separated ids in 0..4294967294 (or nothing), "
-                     "got '");
-            put(err, value);
-            put(err, "'");
-            return -1;
+            put(err, " must be at most 64 comma-separated ids in 0..4294967294 (or nothing), ");
+            return got(err, value);
         }
         ids[n++] = (uint32_t)v;
         if (*p == ',')
@@ -150,46 +166,31 @@ static int apply(geco_config_t *cfg, const char *key, char *value, char *key_fil
         memcpy(text, value, strlen(value) + 1);
     } else if (strcmp(key, "key_file") == 0) {
         if (value[0] != '/' || strlen(value) >= PATH_MAX) {
-            put(err, "key_file must be an absolute path, got '");
-            put(err, value);
-            put(err, "'");
-            return -1;
+            put(err, "key_file must be an absolute path, ");
+            return got(err, value);
         }
         memcpy(key_file, value, strlen(value) + 1);
     } else if (strcmp(key, "timeout_ms") == 0 || strcmp(key, "max_skew_ms") == 0) {
         v = geco_parse_count(value, 3600000);
         if (v < 0) {
             put(err, key);
-            put(err, " must be a number of milliseconds in 1..3600000, got '");
-            put(err, value);
-            put(err, "'");
-            return -1;
+            put(err, " must be a number of milliseconds in 1..3600000, ");
+            return got(err, value);
         }
         if (key[0] == 't')
             cfg->timeout_ms = (int)v;
         else
             cfg->max_skew_ns = (int64_t)v * 1000000;
     } else if (strcmp(key, "policy") == 0) {
-        if (strcmp(value, "refuse") != 0 && strcmp(value, "allow") != 0) {
-            put(err, "policy must be refuse or allow, got '");
-            put(err, value);
-            put(err, "'");
-            return -1;
-        }
-        cfg->policy_allow = value[0] == 'a';
+        static const char *const names[] = {"refuse", "allow"};
+        return set_choice(&cfg->policy_allow, value, names, 2,
+                          "policy must be refuse or allow, ", err);
     } else if (strcmp(key, "session_policy") == 0) {
-        if (strcmp(value, "refuse") == 0) {
-            cfg->session_policy = SESSION_REFUSE;
-        } else if (strcmp(value, "in-job") == 0) {
-            cfg->session_policy = SESSION_IN_JOB;
-        } else if (strcmp(value, "allow") == 0) {
-            cfg->session_policy = SESSION_ALLOW;
-        } else {
-            put(err, "session_policy must be refuse, in-job or allow, got '");
-            put(err, value);
-            put(err, "'");
-            return -1;
-        }
+        static const char *const names[] = {[SESSION_REFUSE] = "refuse",
+                                            [SESSION_IN_JOB] = "in-job",
+                                            [SESSION_ALLOW] = "allow"};
+        return set_choice(&cfg->session_policy, value, names, 3,
+                          "session_policy must be refuse, in-job or allow, ", err);
     } else if (strcmp(key, "job_cgroups") == 0) {
         return set_job_cgroups(cfg, value, err);
     } else if (strcmp(key, "session_admin_uids") == 0) {
@@ -198,27 +199,17 @@ static int apply(geco_config_t *cfg, const char *key, char *value, char *key_fil
         return set_ids(cfg->admin_gids, &cfg->nadmin_gids, key, value, err);
     } else if (strcmp(key, "session_bypass") == 0) {
         if (value[0] != '/' || strlen(value) >= sizeof cfg->session_bypass) {
-            put(err, "session_bypass must be an absolute path, got '");
-            put(err, value);
-            put(err, "'");
-            return -1;
+            put(err, "session_bypass must be an absolute path, ");
+            return got(err, value);
         }
         memcpy(cfg->session_bypass, value, strlen(value) + 1);
     } else if (strcmp(key, "exec_filter") == 0) {
         return set_filters(cfg, value, err);
     } else if (strcmp(key, "log") == 0) {
-        if (strcmp(value, "stderr") == 0) {
-            cfg->log_to = LOG_STDERR;
-        } else if (strcmp(value, "syslog") == 0) {
-            cfg->log_to = LOG_SYSLOG;
-        } else if (strcmp(value, "none") == 0) {
-            cfg->log_to = LOG_NONE;
-        } else {
-            put(err, "log must be stderr, syslog or none, got '");
-            put(err, value);
-            put(err, "'");
-            return -1;
-        }
+        static const char *const names[] = {[LOG_STDERR] = "stderr", [LOG_SYSLOG] = "syslog",
+                                            [LOG_NONE] = "none"};
+        return set_choice(&cfg->log_to, value, names, 3, "log must be stderr, syslog or none, ",
+                          err);
     } else {
         return 1;
     }

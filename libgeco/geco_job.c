@@ -146,23 +146,18 @@ cleanup:
 
 const char *geco_env_strerror(int result)
 {
-    /* the refusals' words are geco.job.jobkey's (tests/vectors/job_identity.json) */
-    switch (result) {
-    case GECO_ENV_OK:
-        return "ok";
-    case GECO_ENV_E_OPEN:
-        return "cannot open it";
-    case GECO_ENV_E_READ:
-        return "cannot read it as a regular file";
-    case GECO_ENV_E_NO_JOB:
-        return "it has no JOB_ID= line";
-    case GECO_ENV_E_BAD_JOB:
-        return "JOB_ID must be a number from 1 to 9999999999999999999, digits only, no "
-               "leading zero";
-    case GECO_ENV_E_BAD_TASK:
-        return "SGE_TASK_ID must be \"undefined\", 0 or a number from 1 to "
-               "9999999999999999999, digits only, no leading zero";
-    default:
-        return "unknown error";
-    }
+    /* the refusals' words are geco.job.jobkey's (tests/vectors/job_identity.json); the
+       results are 0 down, so the words are indexed by -result */
+    static const char *const words[] = {
+        [-GECO_ENV_OK] = "ok",
+        [-GECO_ENV_E_OPEN] = "cannot open it",
+        [-GECO_ENV_E_READ] = "cannot read it as a regular file",
+        [-GECO_ENV_E_NO_JOB] = "it has no JOB_ID= line",
+        [-GECO_ENV_E_BAD_JOB] = "JOB_ID must be a number from 1 to 9999999999999999999, digits "
+                                "only, no leading zero",
+        [-GECO_ENV_E_BAD_TASK] = "SGE_TASK_ID must be \"undefined\", 0 or a number from 1 to "
+                                 "9999999999999999999, digits only, no leading zero",
+    };
+    return result <= 0 && (size_t)-result < sizeof words / sizeof words[0] ? words[-result]
+                                                                           : "unknown error";
 }

@@ -79,7 +79,7 @@ struct queued {
 };
 
 /* The nonces accepted within the window, in arrival order (a ring), found by a chained
-   hash; the same rules as geco.wire.protocol.ReplayCache (full of live nonces: refuse). Links
+   hash; the same rules as geco.wire.replay.ReplayCache (full of live nonces: refuse). Links
    are a slot + 1 (0: none), so every array starts as calloc's untouched zero pages: a
    cache sized for a minute of the busiest node costs memory only as it fills. */
 struct replay {
@@ -558,7 +558,7 @@ static void journal_success(geco_lane_t *lane, const struct sockaddr_un *to, soc
     char entry[2048];
     int n = snprintf(entry, sizeof entry,
                      "MESSAGE=quarantined process %u into job %lu.%lu (pid %d uid %d)\n"
-                     "PRIORITY=6\nSYSLOG_IDENTIFIER=gecod\nCODE_FILE=preload/geco_lane.c\n"
+                     "PRIORITY=6\nSYSLOG_IDENTIFIER=gecod\nCODE_FILE=lane/geco_lane.c\n"
                      "CODE_LINE=%d\nCODE_FUNC=%s\n"
                      "JOB_ID=%lu\nSGE_TASK_ID=%lu\nGECO_EVENT=quarantined\nPID=%u\n"
                      "PEER_PID=%d\nPEER_UID=%d\nREQUEST=JOB_STARTED\nLANE=root\n"
@@ -663,9 +663,8 @@ static long frame_bytes(const geco_handoff_t *h)
 {
     if (h->len < GECO_HEADER_BYTES)
         return 0;
-    uint32_t n = (uint32_t)h->buf[8] | (uint32_t)h->buf[9] << 8 | (uint32_t)h->buf[10] << 16
-                 | (uint32_t)h->buf[11] << 24;
-    return n > GECO_MAX_PAYLOAD ? -1 : (long)(GECO_HEADER_BYTES + n + GECO_MAC_BYTES);
+    long whole = geco_frame_length(h->buf);
+    return whole < 0 ? -1 : whole;
 }
 
 /* Read what is here of the frame: 1 when more is to come, 0 when it is the lane's to

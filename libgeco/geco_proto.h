@@ -1,9 +1,9 @@
 /*
- * geco_proto.h - the gecod quarantine wire format (protocol 1), C side.
+ * geco_proto.h - gecod's wire format (protocol 1), C side.
  *
  * The byte-by-byte layout, the receiver's check order and test vectors are
  * in docs/wire-format.md; tests/unit/test_proto_c.py holds this code to the
- * same vectors as the Python implementation (geco/wire/protocol.py).
+ * same vectors as the Python implementation (geco/wire/).
  *
  * No malloc, no stdio, no global mutable state: safe in any thread and in a
  * child between fork() and exec() (only memcpy and libsodium calls).
@@ -136,6 +136,14 @@ int geco_decode_job_started(const uint8_t *buf, size_t len, const uint8_t key[GE
                             int64_t now_ns, int64_t max_skew_ns, geco_job_started_t *out);
 /* Nonce of an encoded frame (bytes 12..27), for the client to remember. */
 const uint8_t *geco_frame_nonce(const uint8_t *frame);
+/* What a header alone (a frame's first GECO_HEADER_BYTES bytes) tells a reader that has
+   not the rest yet. geco_check_header: 0, or the first of GECO_E_MAGIC, GECO_E_VERSION,
+   GECO_E_LENGTH (payload over GECO_MAX_PAYLOAD) it shows, so that a foreign or oversized
+   frame is refused before waiting for bytes that may never come. geco_frame_length: the
+   whole frame's length it announces (header, payload, MAC), or GECO_E_LENGTH; nothing
+   else is checked. */
+int geco_check_header(const uint8_t *header);
+long geco_frame_length(const uint8_t *header);
 
 const char *geco_strerror(int err);  /* static strings */
 

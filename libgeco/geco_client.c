@@ -182,6 +182,21 @@ static int fail(geco_client_outcome_t *out, int result, const char *phase, int e
     return result;
 }
 
+/* Wait for fd (wait_fd) on behalf of `phase`: GECO_CLIENT_OK when ready, else the
+   failure: a timeout, or `result` with poll's errno. */
+static int wait_or_fail(int fd, short events, int64_t deadline, int result, const char *phase,
+                        geco_client_outcome_t *out)
+{
+    switch (wait_fd(fd, events, deadline)) {
+    case 0:
+        return GECO_CLIENT_OK;
+    case 1:
+        return fail(out, GECO_CLIENT_E_TIMEOUT, phase, ETIMEDOUT);
+    default:
+        return fail(out, result, phase, errno);
+    }
+}
+
 /* connect(2) as root where the process may take root back.
    sge_execd's children exec the shepherd with the admin user's effective uid
    (real uid root), and gecod's privileged socket is root's alone (mode 0600):
@@ -214,14 +229,9 @@ static int connect_deadline(int fd, const geco_address_t *addr, int64_t deadline
     if (errno != EINPROGRESS && errno != EINTR)
         return fail(out, GECO_CLIENT_E_CONNECT, "connect", errno);
     /* TCP (or an interrupted connect) completes in the background */
-    switch (wait_fd(fd, POLLOUT, deadline)) {
-    case 0:
-        break;
-    case 1:
-        return fail(out, GECO_CLIENT_E_TIMEOUT, "connect", ETIMEDOUT);
-    default:
-        return fail(out, GECO_CLIENT_E_CONNECT, "connect", errno);
-    }
+    int rc = wait_or_fail(fd, POLLOUT, deadline, GECO_CLIENT_E_CONNECT, "connect", out);
+    if (rc != GECO_CLIENT_OK)
+        return rc;
     if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
         err = errno;
     return err == 0 ? GECO_CLIENT_OK : fail(out, GECO_CLIENT_E_CONNECT, "connect", err);
@@ -260,14 +270,9 @@ static int send_all(int fd, const uint8_t *buf, size_t len, int64_t deadline,
             continue;
         if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
             return fail(out, GECO_CLIENT_E_SEND, "send", errno);
-        switch (wait_fd(fd, POLLOUT, deadline)) {
-        case 0:
-            break;
-        case 1:
-            return fail(out, GECO_CLIENT_E_TIMEOUT, "send", ETIMEDOUT);
-        default:
-            return fail(out, GECO_CLIENT_E_SEND, "send", errno);
-        }
+        int rc = wait_or_fail(fd, POLLOUT, deadline, GECO_CLIENT_E_SEND, "send", out);
+        if (rc != GECO_CLIENT_OK)
+            return rc;
     }
     return GECO_CLIENT_OK;
 }
@@ -284,17 +289,12 @@ static int recv_frame(int fd, uint8_t *buf, size_t *len, int64_t deadline,
             if (got == GECO_HEADER_BYTES && want == GECO_HEADER_BYTES) {
                 /* Refuse a foreign or oversized reply before waiting for the bytes
                    it announces, which may never come. */
-                uint32_t plen = (uint32_t)buf[8] | (uint32_t)buf[9] << 8
-                                | (uint32_t)buf[10] << 16 | (uint32_t)buf[11] << 24;
-                int err = memcmp(buf, "GECQ", 4) != 0             ? GECO_E_MAGIC
-                          : buf[4] != GECO_PROTO_VERSION          ? GECO_E_VERSION
-                          : plen > GECO_MAX_PAYLOAD               ? GECO_E_LENGTH
-                                                                  : 0;
+                int err = geco_check_header(buf);
                 if (err != 0) {
                     out->proto_err = err;
                     return fail(out, GECO_CLIENT_E_FRAME, "reply", 0);
                 }
-                want = GECO_HEADER_BYTES + plen + GECO_MAC_BYTES;
+                want = (size_t)geco_frame_length(buf);
             }
             continue;
         }
@@ -304,14 +304,9 @@ static int recv_frame(int fd, uint8_t *buf, size_t *len, int64_t deadline,
             continue;
         if (errno != EAGAIN && errno != EWOULDBLOCK)
             return fail(out, GECO_CLIENT_E_RECV, "reply", errno);
-        switch (wait_fd(fd, POLLIN, deadline)) {
-        case 0:
-            break;
-        case 1:
-            return fail(out, GECO_CLIENT_E_TIMEOUT, "reply", ETIMEDOUT);
-        default:
-            return fail(out, GECO_CLIENT_E_RECV, "reply", errno);
-        }
+        int rc = wait_or_fail(fd, POLLIN, deadline, GECO_CLIENT_E_RECV, "reply", out);
+        if (rc != GECO_CLIENT_OK)
+            return rc;
     }
     *len = got;
     return GECO_CLIENT_OK;
@@ -499,59 +494,35 @@ int geco_client_adopt(const geco_address_t *addr, const uint8_t key[GECO_KEY_BYT
     return request(addr, key, timeout_ms, max_skew_ns, &req, out);
 }
 
+/* the words for each result and status, indexed by its enum's value (0 up, no gaps) */
+#define WORDS_COUNT(words) (sizeof(words) / sizeof(words)[0])
+
 const char *geco_client_strresult(int result)
 {
-    switch (result) {
-    case GECO_CLIENT_OK:
-        return "ok";
-    case GECO_CLIENT_E_ENCODE:
-        return "cannot encode the request";
-    case GECO_CLIENT_E_SOCKET:
-        return "cannot create a socket";
-    case GECO_CLIENT_E_CONNECT:
-        return "cannot connect";
-    case GECO_CLIENT_E_SEND:
-        return "cannot send the request";
-    case GECO_CLIENT_E_RECV:
-        return "cannot receive the reply";
-    case GECO_CLIENT_E_TIMEOUT:
-        return "timed out";
-    case GECO_CLIENT_E_CLOSED:
-        return "gecod closed the connection without a complete reply";
-    case GECO_CLIENT_E_FRAME:
-        return "reply rejected";
-    case GECO_CLIENT_E_MISMATCH:
-        return "the ack names another job or task";
-    case GECO_CLIENT_E_STATUS:
-        return "gecod did not quarantine the job";
-    case GECO_CLIENT_E_NOT_GECOD:
-        return "the socket is not gecod's (peer-credentialed requests go only to root's Unix "
-               "socket)";
-    default:
-        return "unknown result";
-    }
+    static const char *const words[] = {
+        [GECO_CLIENT_OK] = "ok",
+        [GECO_CLIENT_E_ENCODE] = "cannot encode the request",
+        [GECO_CLIENT_E_SOCKET] = "cannot create a socket",
+        [GECO_CLIENT_E_CONNECT] = "cannot connect",
+        [GECO_CLIENT_E_SEND] = "cannot send the request",
+        [GECO_CLIENT_E_RECV] = "cannot receive the reply",
+        [GECO_CLIENT_E_TIMEOUT] = "timed out",
+        [GECO_CLIENT_E_CLOSED] = "gecod closed the connection without a complete reply",
+        [GECO_CLIENT_E_FRAME] = "reply rejected",
+        [GECO_CLIENT_E_MISMATCH] = "the ack names another job or task",
+        [GECO_CLIENT_E_STATUS] = "gecod did not quarantine the job",
+        [GECO_CLIENT_E_NOT_GECOD] = "the socket is not gecod's (peer-credentialed requests go "
+                                    "only to root's Unix socket)",
+    };
+    return result >= 0 && (size_t)result < WORDS_COUNT(words) ? words[result] : "unknown result";
 }
 
 const char *geco_status_name(uint32_t status)
 {
-    switch (status) {
-    case GECO_OK:
-        return "OK";
-    case GECO_REFUSED:
-        return "REFUSED";
-    case GECO_NO_SUCH_JOB:
-        return "NO_SUCH_JOB";
-    case GECO_FAILED:
-        return "FAILED";
-    case GECO_BAD_REQUEST:
-        return "BAD_REQUEST";
-    case GECO_VERSION:
-        return "VERSION";
-    case GECO_BUSY:
-        return "BUSY";
-    case GECO_REQUEUE:
-        return "REQUEUE";
-    default:
-        return "UNKNOWN";
-    }
+    static const char *const names[] = {
+        [GECO_OK] = "OK", [GECO_REFUSED] = "REFUSED", [GECO_NO_SUCH_JOB] = "NO_SUCH_JOB",
+        [GECO_FAILED] = "FAILED", [GECO_BAD_REQUEST] = "BAD_REQUEST", [GECO_VERSION] = "VERSION",
+        [GECO_BUSY] = "BUSY", [GECO_REQUEUE] = "REQUEUE",
+    };
+    return status < WORDS_COUNT(names) ? names[status] : "UNKNOWN";
 }

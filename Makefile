@@ -1,0 +1,96 @@
+# Makefile -- geco's C programs, each in the directory named for what it is, built into
+# $(BUILD):
+#
+#   preload/  libgeco_preload.so  the exec() wrapper loaded into sge_execd and sshd
+#   pam/      pam_geco.so         sshd's PAM module, its gate into jobs
+#   hook/     geco_hook           the prolog, epilog and starter Grid Engine runs: ask gecod
+#                                 to do the work, else run the Python hook
+#   bench/    geco_qbench         the quarantine benchmark's client (not installed)
+#   libgeco/  libgeco.a           what they share: the wire format (geco_proto), the client
+#                                 (geco_client), a job's identity (geco_job), the preload's
+#                                 config (geco_config), message lines (geco_log)
+#   lane/     gecod's fast lane, a cffi extension of libgeco's wire format and job identity:
+#             built by geco/_lane_build.py (setup.py, scripts/install.sh), not here
+#
+#   make [BUILD=dir]              all of the above (default build/c)
+#   make install PREFIX=/opt/geco $(DESTDIR)$(PREFIX)/lib/libgeco_preload.so,
+#                                 $(DESTDIR)$(PREFIX)/lib/security/pam_geco.so,
+#                                 $(DESTDIR)$(PREFIX)/libexec/{prolog,epilog,starter}
+#   make clean
+#
+# Needs gcc, libsodium-dev and libpam0g-dev (scripts/install.sh installs them).
+
+CC      ?= cc
+AR      ?= ar
+PREFIX  ?= /opt/geco
+LIBDIR  ?= $(PREFIX)/lib
+LIBEXECDIR ?= $(PREFIX)/libexec
+BUILD   ?= build/c
+OBJ     := $(BUILD)/obj
+
+LIBGECO := $(BUILD)/libgeco.a
+PRELOAD := $(BUILD)/libgeco_preload.so
+PAM     := $(BUILD)/pam_geco.so
+HOOK    := $(BUILD)/geco_hook
+QBENCH  := $(BUILD)/geco_qbench
+
+LIBGECO_OBJS := $(patsubst %.c,$(OBJ)/%.o,$(wildcard libgeco/*.c))
+PRELOAD_OBJS := $(patsubst %.c,$(OBJ)/%.o,$(wildcard preload/*.c))
+HDRS    := $(wildcard libgeco/*.h preload/*.h)
+
+CFLAGS  ?= -O2 -g
+# Every object is position-independent: libgeco.a goes into the two shared objects too.
+# -fvisibility=hidden: only what a program marks for export leaves it (the preload's
+#   exec wrappers, with exports.map; pam_geco's pam_sm_* entry points).
+# -fno-delete-null-pointer-checks: glibc declares exec*()'s path nonnull, yet
+#   execve(NULL, ...) must fail with EFAULT as without the preload, not crash
+#   because the compiler dropped our NULL check.
+override CFLAGS += -std=gnu11 -fPIC -Wall -Wextra -Werror -fvisibility=hidden \
+                   -fno-delete-null-pointer-checks -pthread
+override CPPFLAGS += -Ilibgeco
+HARDEN  := -Wl,-z,relro -Wl,-z,now
+
+.PHONY: all preload pam hook qbench install clean
+
+all: preload pam hook qbench
+preload: $(PRELOAD)
+pam: $(PAM)
+hook: $(HOOK)
+qbench: $(QBENCH)
+
+$(OBJ)/%.o: %.c $(HDRS) Makefile
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -c -o $@ $<
+
+# where it finds the Python hooks: fixed at build time, never from the job's environment
+$(OBJ)/hook/geco_hook.o: CPPFLAGS += -DLIBEXEC='"$(LIBEXECDIR)"'
+
+$(LIBGECO): $(LIBGECO_OBJS)
+	rm -f $@
+	$(AR) rcs $@ $^
+
+# exports.map: only the exec wrappers leave the library
+$(PRELOAD): $(PRELOAD_OBJS) $(LIBGECO) preload/exports.map
+	$(CC) $(CFLAGS) -shared -Wl,--version-script=preload/exports.map -Wl,--no-undefined \
+		$(HARDEN) -o $@ $(PRELOAD_OBJS) $(LIBGECO) -lsodium -ldl -pthread
+
+$(PAM): $(OBJ)/pam/pam_geco.o $(LIBGECO)
+	$(CC) $(CFLAGS) -shared -Wl,--no-undefined $(HARDEN) -o $@ $^ -lpam -lsodium
+
+$(HOOK): $(OBJ)/hook/geco_hook.o $(LIBGECO)
+	$(CC) $(CFLAGS) $(HARDEN) -o $@ $^ -lsodium
+
+$(QBENCH): $(OBJ)/bench/geco_qbench.o $(LIBGECO)
+	$(CC) $(CFLAGS) -o $@ $^ -lsodium
+
+# install(1) replaces the file by a new inode: processes that have the old
+# library mapped keep running with it.
+install: $(PRELOAD) $(PAM) $(HOOK)
+	install -D -m 0644 $(PRELOAD) $(DESTDIR)$(LIBDIR)/libgeco_preload.so
+	install -D -m 0644 $(PAM) $(DESTDIR)$(LIBDIR)/security/pam_geco.so
+	install -D -m 0755 $(HOOK) $(DESTDIR)$(LIBEXECDIR)/prolog
+	install -D -m 0755 $(HOOK) $(DESTDIR)$(LIBEXECDIR)/epilog
+	install -D -m 0755 $(HOOK) $(DESTDIR)$(LIBEXECDIR)/starter
+
+clean:
+	rm -rf $(BUILD)

@@ -1,0 +1,2 @@
+"""geco's benchmarks: ``bench/run`` runs them all; one runs as
+``python -m bench.<script>`` from the repo root."""
