@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import _thread
 import contextlib
-import functools
 import os
 import stat
 import sys
@@ -412,23 +411,38 @@ class Logger:
 
         return logging.getLogger(self.name).isEnabledFor(level)
 
+    # the standard library's calls, each a plain method: a partialmethod would allocate a
+    # bound partial at every call (twice the cost of a disabled debug()) and hide the
+    # arguments from mypy
+    def debug(self, msg: object, *args: object, exc_info: object = None,
+              extra: Mapping[str, object] | None = None, stacklevel: int = 1) -> None:
+        self._log(DEBUG, msg, args, exc_info, extra, stacklevel)
+
+    def info(self, msg: object, *args: object, exc_info: object = None,
+             extra: Mapping[str, object] | None = None, stacklevel: int = 1) -> None:
+        self._log(INFO, msg, args, exc_info, extra, stacklevel)
+
+    def warning(self, msg: object, *args: object, exc_info: object = None,
+                extra: Mapping[str, object] | None = None, stacklevel: int = 1) -> None:
+        self._log(WARNING, msg, args, exc_info, extra, stacklevel)
+
+    def error(self, msg: object, *args: object, exc_info: object = None,
+              extra: Mapping[str, object] | None = None, stacklevel: int = 1) -> None:
+        self._log(ERROR, msg, args, exc_info, extra, stacklevel)
+
+    def exception(self, msg: object, *args: object, exc_info: object = True,
+                  extra: Mapping[str, object] | None = None, stacklevel: int = 1) -> None:
+        self._log(ERROR, msg, args, exc_info, extra, stacklevel)
+
     def log(self, level: int, msg: object, *args: object, exc_info: object = None,
             extra: Mapping[str, object] | None = None, stacklevel: int = 1) -> None:
         self._log(level, msg, args, exc_info, extra, stacklevel)
-
-    # the standard library's calls: log() at a level (a partial is no frame of its own,
-    # so _log's caller count holds)
-    debug = functools.partialmethod(log, DEBUG)
-    info = functools.partialmethod(log, INFO)
-    warning = functools.partialmethod(log, WARNING)
-    error = functools.partialmethod(log, ERROR)
-    exception = functools.partialmethod(log, ERROR, exc_info=True)
 
     def _log(self, level: int, msg: object, args: tuple[object, ...], exc_info: object,
              extra: Mapping[str, object] | None, stacklevel: int) -> None:
         if not self.isEnabledFor(level):
             return
-        caller = sys._getframe(1 + stacklevel)  # past _log and log() (or debug(), ...)
+        caller = sys._getframe(1 + stacklevel)  # past _log and debug()/info()/...
         code = caller.f_code
         if self.identifier is not None:
             fields = extra.get(FIELDS_ATTR) if extra else None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import operator
 import re
 import struct
 from collections.abc import Callable
@@ -107,6 +108,11 @@ class _ForJob:
     task_id: int
 
 
+# each fixed record's field getter, made at its first pack: gecod packs an ACK for every
+# request, and dataclasses.fields() each time cost seven times the pack itself
+_FIELDS: dict[type, Callable[[object], tuple[Any, ...]]] = {}
+
+
 class _Fixed(_ForJob):
     """A payload of one fixed layout, ``_S``: the record's fields in their order, with a u32
     reserved field (0) at index ``_RESERVED`` of the layout where the record has one. A
@@ -120,7 +126,11 @@ class _Fixed(_ForJob):
 
     def pack(self) -> bytes:
         """Return the payload bytes (struct.error when a field does not fit its integer)."""
-        values = [getattr(self, f.name) for f in dataclasses.fields(self)]
+        fields = _FIELDS.get(type(self))
+        if fields is None:
+            fields = _FIELDS[type(self)] = operator.attrgetter(
+                *(f.name for f in dataclasses.fields(self)))
+        values = list(fields(self))
         if self._RESERVED is not None:
             values.insert(self._RESERVED, 0)
         return self._S.pack(*values)
