@@ -107,8 +107,8 @@ class Config(NamedTuple):
     ssh_several_jobs: str = "newest"
     ssh_adopt_failure: str = "refuse"
     ssh_gecod_unreachable: str = "decide-here"
-    ssh_bypass_file: Path = Path("/etc/geco/ssh-bypass")
     ssh_callerid_budget: float = 0.2
+    ssh_bypass_file: Path = Path("/etc/geco/ssh-bypass")
     # [cluster]
     cluster_address: str = "port:6446"
     cluster_bind: str = ""

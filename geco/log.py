@@ -52,14 +52,21 @@ if TYPE_CHECKING:
     import logging
     from collections.abc import Mapping
     from types import TracebackType
-    from typing import IO, TypeAlias
+    from typing import IO, Protocol, TypeAlias
 
     ExcInfo: TypeAlias = tuple[type[BaseException], BaseException, TracebackType | None]
 
+    class LevelCall(Protocol):
+        """``logger.info(msg, *args, exc_info=..., extra=..., stacklevel=...)``, as logging."""
+
+        def __call__(self, msg: object, *args: object, exc_info: object = ...,
+                     extra: Mapping[str, object] | None = ..., stacklevel: int = ...) -> None: ...
+
+
 __all__ = ["CLUSTER_FIELD", "DEBUG", "ERROR", "INFO", "LEVELS", "SUBMITTED_FIELD", "WARNING",
-           "Backlog", "Logger", "Record", "close", "collect", "dropped", "get", "in_background",
-           "job_fields", "job_instance", "seed_line", "setup", "setup_hook", "speaking_as",
-           "stop_background", "submitted_text"]
+           "Backlog", "JobFields", "Logger", "Record", "close", "collect", "dropped", "get",
+           "in_background", "job_fields", "job_instance", "seed_line", "setup", "setup_hook",
+           "speaking_as", "stop_background", "submitted_text"]
 
 # The standard library's level numbers, so both kinds of record compare alike.
 DEBUG, INFO, WARNING, ERROR, CRITICAL = 10, 20, 30, 40, 50
@@ -222,9 +229,42 @@ def job_fields(job_id: int | str | None, task_id: int | str | None = None,
     job of that number it is (``SGE_CLUSTER``, ``JOB_SUBMITTED``) when this process
     knows it (:func:`job_instance`; with no task, any task's of the job), then ``more``.
     """
-    fields: dict[str, object] = {"JOB_ID": job_id, "SGE_TASK_ID": task_id, "GECO_EVENT": event}
-    if job_id is not None and _instances:
-        fields.update(_instance_of(str(job_id), None if task_id is None else str(task_id)))
+    return _tagged(job_id, task_id, event, _instance_fields(job_id, task_id), more)
+
+
+class JobFields:
+    """One job task's journal fields, found once for a run of records about it: a job's
+    end (:func:`geco.job.ending.end_job`) finds them once and hands them to each step
+    that journals, where :func:`job_fields` would find them again at every record.
+
+    ``job_id``, ``task_id``: as :func:`job_fields` takes them; which job of that number it
+    is, as this process knows it when they are found (:func:`job_instance`).
+    """
+
+    __slots__ = ("_instance", "job_id", "task_id")
+
+    def __init__(self, job_id: int | str | None, task_id: int | str | None = None) -> None:
+        self.job_id, self.task_id = job_id, task_id
+        self._instance = _instance_fields(job_id, task_id)
+
+    def event(self, event: str | None, **more: object) -> dict[str, dict[str, str]]:
+        """:func:`job_fields`'s ``extra=`` mapping for a record of ``event`` with ``more``."""
+        return _tagged(self.job_id, self.task_id, event, self._instance, more)
+
+
+def _instance_fields(job_id: int | str | None, task_id: int | str | None) -> dict[str, str]:
+    """Which job of its number job task ``job_id.task_id`` is, when this process knows it."""
+    if job_id is None or not _instances:
+        return {}
+    return _instance_of(str(job_id), None if task_id is None else str(task_id))
+
+
+def _tagged(job_id: int | str | None, task_id: int | str | None, event: str | None,
+            instance: Mapping[str, str], more: Mapping[str, object]
+            ) -> dict[str, dict[str, str]]:
+    """The ``extra=`` mapping: the job's fields, ``GECO_EVENT``, its instance's, ``more``."""
+    fields: dict[str, object] = {"JOB_ID": job_id, "SGE_TASK_ID": task_id, "GECO_EVENT": event,
+                                 **instance}
     fields.update({k.upper(): v for k, v in more.items()})
     return {FIELDS_ATTR: {k: str(v) for k, v in fields.items() if v is not None}}
 
@@ -395,11 +435,29 @@ class Logger:
     (gecod doing a hook's work journals it under the hook's name).
     """
 
-    __slots__ = ("identifier", "name")
+    __slots__ = ("debug", "error", "exception", "identifier", "info", "name", "warning")
+
+    debug: LevelCall
+    info: LevelCall
+    warning: LevelCall
+    error: LevelCall
+    exception: LevelCall
 
     def __init__(self, name: str, identifier: str | None = None) -> None:
         self.name = name
         self.identifier = identifier
+        # the standard library's calls, made once a logger: a method each would be the same
+        # five lines five times, a partialmethod a bound partial at every call (twice the
+        # cost of a disabled debug())
+        self.debug, self.info, self.warning, self.error = (
+            self._at(level) for level in (DEBUG, INFO, WARNING, ERROR))
+        self.exception = self._at(ERROR, exc_default=True)
+
+    def _at(self, level: int, *, exc_default: object = None) -> LevelCall:
+        def call(msg: object, *args: object, exc_info: object = exc_default,
+                 extra: Mapping[str, object] | None = None, stacklevel: int = 1) -> None:
+            self._log(level, msg, args, exc_info, extra, stacklevel)
+        return call
 
     def isEnabledFor(self, level: int) -> bool:
         if _backlog is not None:
@@ -410,29 +468,6 @@ class Logger:
         import logging
 
         return logging.getLogger(self.name).isEnabledFor(level)
-
-    # the standard library's calls, each a plain method: a partialmethod would allocate a
-    # bound partial at every call (twice the cost of a disabled debug()) and hide the
-    # arguments from mypy
-    def debug(self, msg: object, *args: object, exc_info: object = None,
-              extra: Mapping[str, object] | None = None, stacklevel: int = 1) -> None:
-        self._log(DEBUG, msg, args, exc_info, extra, stacklevel)
-
-    def info(self, msg: object, *args: object, exc_info: object = None,
-             extra: Mapping[str, object] | None = None, stacklevel: int = 1) -> None:
-        self._log(INFO, msg, args, exc_info, extra, stacklevel)
-
-    def warning(self, msg: object, *args: object, exc_info: object = None,
-                extra: Mapping[str, object] | None = None, stacklevel: int = 1) -> None:
-        self._log(WARNING, msg, args, exc_info, extra, stacklevel)
-
-    def error(self, msg: object, *args: object, exc_info: object = None,
-              extra: Mapping[str, object] | None = None, stacklevel: int = 1) -> None:
-        self._log(ERROR, msg, args, exc_info, extra, stacklevel)
-
-    def exception(self, msg: object, *args: object, exc_info: object = True,
-                  extra: Mapping[str, object] | None = None, stacklevel: int = 1) -> None:
-        self._log(ERROR, msg, args, exc_info, extra, stacklevel)
 
     def log(self, level: int, msg: object, *args: object, exc_info: object = None,
             extra: Mapping[str, object] | None = None, stacklevel: int = 1) -> None:

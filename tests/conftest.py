@@ -236,15 +236,28 @@ class GridEngine:
     owner: JobOwner
     queue: str = "all.q"
     setup_env: dict[str, str] = field(default_factory=dict)  # what setup.sh was run with
+    execd_preload: str = ""  # the LD_PRELOAD setup.sh last gave sge_execd ("" none)
 
     def configure(self, **knobs: str) -> None:
         """Re-run setup.sh with extra knobs (e.g. ``GECO_EXECD_PRELOAD=...``); it restarts
         only what changed (execd for its LD_PRELOAD). Running jobs survive."""
-        proc = run(["bash", str(SGE_SETUP)], env={**self.setup_env, **knobs}, timeout=600,
-                   check=False)
+        env = {**self.setup_env, **knobs}
+        proc = run(["bash", str(SGE_SETUP)], env=env, timeout=600, check=False)
         if proc.returncode != 0:
             pytest.fail(f"integration/sge/setup.sh {knobs} failed ({proc.returncode}):\n"
                         f"{proc.stdout}{proc.stderr}")
+        self.execd_preload = env.get("GECO_EXECD_PRELOAD", "")
+
+    def execd_with(self, preload: str) -> None:
+        """sge_execd running with ``preload`` as its LD_PRELOAD ("" none), restarted only
+        when it is not: a restart waits for execd's first report (~5 s), and most test
+        modules in a row ask for the same."""
+        if preload != self.execd_preload or not _alive(self.execd_pidfile, "sge_execd"):
+            self.configure(GECO_EXECD_PRELOAD=preload)
+
+    @property
+    def execd_pidfile(self) -> Path:
+        return SGE_SPOOL / "execd" / self.host / "execd.pid"
 
     def require_hooks(self) -> None:
         """Fail the calling test unless geco's hooks the session asked for are configured."""
@@ -412,17 +425,33 @@ class GridEngine:
             run(["qconf", "-dq", name], check=False)
 
 
+def _alive(pidfile: Path, comm: str) -> bool:
+    """True when the pid in ``pidfile`` is a live process named ``comm``."""
+    try:
+        pid = pidfile.read_text().strip()
+        return Path(f"/proc/{pid}/comm").read_text().strip() == comm
+    except OSError:
+        return False
+
+
 def _sge_daemons_running() -> bool:
     """True when a qmaster and an execd of this machine are alive (per SGE's pid files)."""
-    def alive(pidfile: Path, comm: str) -> bool:
-        try:
-            pid = pidfile.read_text().strip()
-            return Path(f"/proc/{pid}/comm").read_text().strip() == comm
-        except OSError:
-            return False
     execds = SGE_SPOOL.glob("execd/*/execd.pid")
-    return (alive(SGE_SPOOL / "qmaster" / "qmaster.pid", "sge_qmaster")
-            and any(alive(p, "sge_execd") for p in execds))
+    return (_alive(SGE_SPOOL / "qmaster" / "qmaster.pid", "sge_qmaster")
+            and any(_alive(p, "sge_execd") for p in execds))
+
+
+@pytest.fixture(autouse=True)
+def execd_as_asked(request: pytest.FixtureRequest) -> None:
+    """sge_execd with geco's exec() preload for a test that asks for the ``gecod`` fixture
+    (tests/integration/conftest.py: gecod serving), without it for any other test of Grid
+    Engine (the hooks alone; a preload with no gecod refuses every job). Per test, as a
+    test module may hold both kinds; execd is restarted only where the kind changes."""
+    if "sge" not in request.fixturenames:
+        return
+    sge: GridEngine = request.getfixturevalue("sge")
+    sge.execd_with(request.getfixturevalue("gecod").preload
+                   if "gecod" in request.fixturenames else "")
 
 
 @pytest.fixture(scope="session")

@@ -3,8 +3,8 @@
 Each attack is a context manager that starts the attack in processes of the
 attacker's (dropped to their uid, some in an emulated host's network namespace),
 keeps it up until the with-block ends, and stops those processes by their pid.
-What an attack did is counted in the ``Counter`` it yields (read it after the
-block):
+What an attack did is counted, as it happens, in the ``Counter`` it yields (so a
+test can wait for what it needs to see; complete once the block ended):
 
 * :func:`ssh_logins`: ssh logins to a node as the attacker, back to back, from
   several processes (each login's callerid lookup walks the attacker's job);
@@ -16,6 +16,9 @@ block):
 :data:`HOG_JOB` is the job script of an attacker's job that replaces its stderr
 file with a FIFO nobody reads, holds many dup'd fds in one process, and has a
 child killed for its memory every few hundred milliseconds.
+
+:func:`attack_until` keeps an attack up for at least a test's floor and until what the
+test asserts about it was shown, within :data:`ATTACK_AT_MOST`.
 """
 
 from __future__ import annotations
@@ -25,18 +28,22 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import IO
 
 from tests.cleanslate import stop_process
 
 __all__ = [
     "ALLOCATE",
     "ATTACKER",
+    "ATTACK_AT_MOST",
     "GOAL_MS",
     "HOG_JOB",
+    "attack_until",
     "fds_held",
     "goal_ms",
     "ssh_logins",
@@ -89,13 +96,28 @@ def _as(user: str, argv: Sequence[str], netns: str = "") -> list[str]:
     return ["nsenter", f"--net=/run/netns/{netns}", *run] if netns else run
 
 
+def _add_up(out: IO[str], counts: Counter[str], lock: threading.Lock) -> None:
+    """Add each ``<what> <count>`` line of ``out`` to ``counts``, until ``out`` ends."""
+    for line in out:
+        what, _, n = line.rstrip("\n").rpartition(" ")
+        if n.isdigit():
+            with lock:
+                counts[what] += int(n)
+
+
 @contextlib.contextmanager
 def _processes(argvs: Sequence[Sequence[str]]) -> Iterator[Counter[str]]:
-    """Run each argv until the with-block ends; each prints ``<what> <count>`` lines as it
-    ends (SIGTERM), summed into the yielded counter."""
+    """Run each argv until the with-block ends (SIGTERM); each prints ``<what> <count>``
+    lines of what it did since its last ones, summed into the yielded counter as they
+    come."""
     procs = [subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                               text=True, start_new_session=True) for argv in argvs]
     counts: Counter[str] = Counter()
+    lock = threading.Lock()
+    readers = [threading.Thread(target=_add_up, args=(proc.stdout, counts, lock), daemon=True)
+               for proc in procs]
+    for reader in readers:
+        reader.start()
     try:
         yield counts
     finally:
@@ -104,26 +126,30 @@ def _processes(argvs: Sequence[Sequence[str]]) -> Iterator[Counter[str]]:
                 os.killpg(proc.pid, signal.SIGTERM)
         for proc in procs:
             try:
-                out, _ = proc.communicate(timeout=30)
+                proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 stop_process(proc.pid)
-                out, _ = proc.communicate()
-            for line in out.splitlines():
-                what, _, n = line.rpartition(" ")
-                if n.isdigit():
-                    counts[what] += int(n)
+                proc.wait()
+        for reader in readers:
+            reader.join()
 
 
-# a loop until SIGTERM, then its counts: the shared tail of the attackers below
+# a loop until SIGTERM that reports its counts as it goes (report(), at most every
+# 0.2 s) and once more at its end (report(True)): the shared tail of the attackers below
 _LOOP = """
 import os, signal, socket, sys, time
 from collections import Counter
 counts = Counter()
 stop = []
 signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
-def report():
-    for what, n in counts.items():
-        print(what, n)
+reported = [time.monotonic()]
+def report(last=False):
+    if not last and time.monotonic() - reported[0] < 0.2:
+        return
+    sys.stdout.write("".join(f"{what} {n}\\n" for what, n in counts.items()))
+    sys.stdout.flush()
+    counts.clear()
+    reported[0] = time.monotonic()
 """
 
 _SSH = _LOOP + """
@@ -133,7 +159,8 @@ while not stop:
     done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL)
     counts["logins admitted" if done.returncode == 0 else "logins refused"] += 1
-report()
+    report()
+report(True)
 """
 
 
@@ -175,8 +202,9 @@ while not stop:
         else:
             kept.append(s)
     held = kept
+    report()
     time.sleep(0.05)
-report()
+report(True)
 """
 
 
@@ -207,7 +235,8 @@ while not stop:
     except OSError:
         counts["send failed"] += 1
         time.sleep(0.01)
-report()
+    report()
+report(True)
 """
 
 
@@ -248,6 +277,25 @@ def unfifo(path: Path, uid: int, gid: int) -> None:
     path.unlink(missing_ok=True)
     path.touch()
     os.chown(path, uid, gid)
+
+
+# An attack lasts until what its test asserts about it was shown (the attacker's counts,
+# gecod's records, the victim's jobs), or this long: the test's assertions then say what
+# was missing.
+ATTACK_AT_MOST = 180.0
+
+
+def attack_until(started: float, floor: float, shown: Callable[[], bool],
+                 step: Callable[[], object]) -> float:
+    """Call ``step`` again and again, for at least ``floor`` seconds and until ``shown()``
+    (asked once the floor passed), of an attack that began at ``started``
+    (``time.monotonic()``); or until :data:`ATTACK_AT_MOST` seconds passed. Returns the
+    seconds since ``started``."""
+    while True:
+        took = time.monotonic() - started
+        if took >= ATTACK_AT_MOST or (took >= floor and shown()):
+            return took
+        step()
 
 
 # The victim's requests must be answered within a second whatever the attacker does

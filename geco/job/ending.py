@@ -17,14 +17,16 @@ The steps, in order:
    or been ended by someone else meanwhile) and readies it (the epilog steps out of its
    cgroups). Not confirmed: nothing is done.
 3. The job's resource set is read once (or taken from a caller that read it): its GPUs
-   here, its other hosts, its owner all come from it.
+   here, its other hosts, its owner all come from it. So are its journal fields (which
+   job of its number it is, :class:`geco.log.JobFields`), found once and handed to each
+   step that journals.
 4. A parallel job's master (the epilog) tells the job's other hosts to end it
    (:func:`geco.wire.cluster.release`); their figures join this host's in one record.
 5. :func:`geco.job.teardown.tear_down`: freeze, kill, remove the cgroups (or journal
    ``cleanup-stuck``, and the queue disabled).
 6. Its cgroups gone: the :class:`Ended` record is journaled (``job-end``: who ended the
    job, its figures, its other hosts'); what of its owner's other jobs holds one of its
-   GPUs open is killed (:func:`geco.job.gpufds.after_job`: the kernel checks a device at
+   GPUs open is killed (:func:`geco.job.gpufds.revoke`: the kernel checks a device at
    open only); the job is forgotten (its resource file, OOM count file and stuck
    marker); then its owner's strays are looked for (:func:`geco.job.strays.after_job`)
    as the caller schedules it: at once (:func:`at_once`), or later (gecod's shepherd
@@ -39,7 +41,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from geco import log
@@ -137,7 +139,8 @@ def end_job(key: JobKey, backend: Backend, cfg: Config, *, cleaned_by: str,
     confirm: called under the lock: False leaves the job alone (it started again, or
         someone else ended it); it may ready the job for its end.
     resources: the job's resource set when the caller read it already (None: it has
-        none); :data:`UNREAD`: read here.
+        none); :data:`UNREAD`: read here. None or unusable: the job is ended with what is
+        known (no GPUs, no other hosts, its owner from its spool).
     queue_instance: ``<queue>@<host>`` to disable when the job is stuck (None: every
         queue of this host).
     spool_dir: the job's execd spool dir, where its owner is read when its resource set
@@ -160,27 +163,24 @@ def end_job(key: JobKey, backend: Backend, cfg: Config, *, cleaned_by: str,
         from ``confirm``, or when ``key`` is no job key; the teardown's own problems are
         journaled and returned.
     """
-    ending = gate.ending if gate is not None else set()
-    ending.add(key)  # before the lock: a login waiting for it is refused once it has it
-    try:
-        with gate.job_lock(key) if gate is not None else contextlib.nullcontext():
-            if confirm is not None and not confirm():
-                return None
-            rs = _read(cfg, key) if isinstance(resources, Unread) else resources
-            owner = strays.owner_in(rs, cfg, key, spool_dir)
-            answers = _release(rs, cfg, logger) if release_others else None
-            done = teardown.tear_down(key, backend, cfg, queue_instance=queue_instance,
-                                      cleaned_by=cleaned_by)
-            ended = Ended(key, cleaned_by, done, owner, _gpus_held(cfg, key, rs),
-                          _whole(rs, done.accounting, answers))
-            if ended.clean:
-                _journal(ended, event)
-                if ended.gpus:
-                    from geco.job import gpufds  # a GPU job's end only
+    with _ending(gate, key):
+        if confirm is not None and not confirm():
+            return None
+        rs = (resourcefile.read_usable(cfg.resources_dir, key)
+              if isinstance(resources, Unread) else resources)
+        owner = strays.owner_in(rs, cfg, key, spool_dir)
+        journal = log.JobFields(key.job, key.task)  # after the read, which names its instance
+        answers = _release(rs, cfg, logger) if release_others else None
+        done = teardown.tear_down(key, backend, cfg, queue_instance=queue_instance,
+                                  cleaned_by=cleaned_by, journal=journal)
+        ended = Ended(key, cleaned_by, done, owner, _gpus_held(cfg, key, rs),
+                      _whole(rs, done.accounting, answers))
+        if ended.clean:
+            _journal(ended, event, journal)
+            if ended.gpus:
+                from geco.job import gpufds  # a GPU job's end only
 
-                    gpufds.after_job(cfg, backend, key, ended.gpus, owner)
-    finally:
-        ending.discard(key)
+                gpufds.revoke(cfg, backend, key, ended.gpus, owner, journal=journal)
     if ended.clean:
         forget(cfg, key)
         if strays_when is not None and cfg.strays_kill:
@@ -189,14 +189,19 @@ def end_job(key: JobKey, backend: Backend, cfg: Config, *, cleaned_by: str,
     return ended
 
 
-def _read(cfg: Config, key: JobKey) -> ResourceSet | None:
-    """The job's resource set, None when it has none or it cannot be used (then the job
-    is ended with what is known: no GPUs, no other hosts, its owner from the spool)."""
+@contextlib.contextmanager
+def _ending(gate: Gate | None, key: JobKey) -> Iterator[None]:
+    """Steps 1 and 2's frame: the job's end has begun (no ssh session goes into it) and its
+    lock is held, until the steps under it are done; outside gecod (no gate), neither."""
+    if gate is None:
+        yield
+        return
+    gate.ending.add(key)  # before the lock: a login waiting for it is refused once it has it
     try:
-        return resourcefile.read(cfg.resources_dir, key)
-    except GecoError as exc:
-        _log.debug("job %s: its resource file cannot be used at its end: %s", key, exc)
-        return None
+        with gate.job_lock(key):
+            yield
+    finally:
+        gate.ending.discard(key)
 
 
 def _gpus_held(cfg: Config, key: JobKey, rs: ResourceSet | None) -> tuple[int, ...]:
@@ -233,7 +238,7 @@ def _whole(rs: ResourceSet | None, figures: Accounting, answers: list[Answer] | 
                              figures, answers)
 
 
-def _journal(ended: Ended, event: str) -> None:
+def _journal(ended: Ended, event: str, journal: log.JobFields) -> None:
     """Journal a clean end: ``job-end`` (``job-end-slave`` on a slave host) with who ended
     it, its figures, the GPUs it held here and, for a parallel job's master, every host's."""
     done, key, whole = ended.teardown, ended.key, ended.whole
@@ -243,12 +248,12 @@ def _journal(ended: Ended, event: str) -> None:
               **(whole.fields if whole else {})}
     if not done.had_cgroups:
         _log.info("job %s ended: it has no cgroups on this node%s", key, others,
-                  extra=log.job_fields(key.job, key.task, event, **fields))
+                  extra=journal.event(event, **fields))
         return
     _log.info("job %s ended: %s%s; cgroups removed, %d leftover process(es) killed%s",
               key, done.accounting.describe(), f", GPUs {shown}" if shown else "", done.killed,
-              others, extra=log.job_fields(key.job, key.task, event, GPUS=shown or None,
-                                           **fields, **done.accounting.journal_fields()))
+              others, extra=journal.event(event, GPUS=shown or None, **fields,
+                                          **done.accounting.journal_fields()))
 
 
 def forget(cfg: Config, key: JobKey) -> None:

@@ -3,7 +3,7 @@
 The kernel's devices cgroup checks a device at open(2) only. A job of user U can open
 its GPU, hand the fd (SCM_RIGHTS) to a process of U's later job on this node, whose
 cgroup denies that GPU, and go on using the GPU after it went to another job.
-:func:`after_job` closes that when a job ends here (:func:`geco.job.ending.end_job`,
+:func:`revoke` closes that when a job ends here (:func:`geco.job.ending.end_job`,
 once the job's cgroups are gone). Its ordered steps:
 
 1. The ended job's GPUs here (its ``GECO_GPUS``) and their device numbers (the node's
@@ -55,7 +55,7 @@ from geco.job.jobkey import JobKey
 from geco.node import gpus
 from geco.sge import resourcefile
 
-__all__ = ["BUDGET", "Holder", "Revoked", "after_job"]
+__all__ = ["BUDGET", "Holder", "Revoked", "revoke"]
 
 _log = log.get("gpufds")
 
@@ -78,7 +78,7 @@ class Holder(NamedTuple):
 
 
 class Revoked(NamedTuple):
-    """What :func:`after_job` found and did.
+    """What :func:`revoke` found and did.
 
     Attributes
     ----------
@@ -92,6 +92,15 @@ class Revoked(NamedTuple):
     complete: bool = True
 
 
+class _EndedJob(NamedTuple):
+    """The ended job, as the look and its records name it."""
+
+    key: JobKey
+    ids: tuple[int, ...]  # its GPU ids here
+    owner: str  # its owner's user name
+    journal: log.JobFields  # its journal fields
+
+
 class _Job(NamedTuple):
     """One of the owner's other jobs here, and the ended job's GPUs to look for in it."""
 
@@ -99,8 +108,8 @@ class _Job(NamedTuple):
     wanted: Mapping[int, int]  # device number -> GPU id
 
 
-def after_job(cfg: Config, backend: Backend, key: JobKey, ids: tuple[int, ...],
-              owner: str | None) -> Revoked:
+def revoke(cfg: Config, backend: Backend, key: JobKey, ids: tuple[int, ...],
+           owner: str | None, *, journal: log.JobFields | None = None) -> Revoked:
     """Job ``key`` held GPUs ``ids`` here and its cgroups are gone: kill what of its owner's
     other jobs here still holds one open (the module docstring lists the steps).
 
@@ -112,6 +121,7 @@ def after_job(cfg: Config, backend: Backend, key: JobKey, ids: tuple[int, ...],
     ids: its GPU ids here (its ``GECO_GPUS``).
     owner: its owner's user name (:func:`geco.job.strays.owner_in`, read at its end); None:
         unknown, so whose other jobs to look in is not known.
+    journal: its journal fields, found once by its end; default: found here.
 
     Returns
     -------
@@ -120,19 +130,21 @@ def after_job(cfg: Config, backend: Backend, key: JobKey, ids: tuple[int, ...],
     """
     if not ids:
         return Revoked()
+    if journal is None:
+        journal = log.JobFields(key.job, key.task)
     try:
         if owner is None:
             raise GecoError("its owner is unknown")
         devices = {os.makedev(g.major, g.minor): g.id
                    for g in gpus.node_table(cfg.gpu_devices) if g.id in ids}
         jobs = [job for job in _owners_jobs(cfg, backend, key, owner, devices) if job.wanted]
-        return _look(key, backend, jobs, owner, ids, time.monotonic() + BUDGET)
+        return _look(_EndedJob(key, ids, owner, journal), backend, jobs,
+                     time.monotonic() + BUDGET)
     except (GecoError, OSError) as exc:
         _log.error("job %s ended, but whether processes of its owner's other jobs here hold "
                    "its GPU %s open is not known: %s", key, gpus.format_ids(ids), exc,
-                   extra=log.job_fields(key.job, key.task, "gpu-fds-unchecked",
-                                        GPUS=gpus.format_ids(ids), USER=owner,
-                                        REASON=str(exc)))
+                   extra=journal.event("gpu-fds-unchecked", GPUS=gpus.format_ids(ids),
+                                       USER=owner, REASON=str(exc)))
         return Revoked(complete=False)
 
 
@@ -180,8 +192,7 @@ def _holds(pid: int, wanted: Mapping[int, int], deadline: float, proc: Path, *,
     return found
 
 
-def _look(key: JobKey, backend: Backend, jobs: list[_Job], owner: str, ids: tuple[int, ...],
-          deadline: float) -> Revoked:
+def _look(ended: _EndedJob, backend: Backend, jobs: list[_Job], deadline: float) -> Revoked:
     """Steps 4 and 5: look through every process of ``jobs``, kill the holders."""
     looked: set[tuple[JobKey, int]] = set()
     holders: list[Holder] = []
@@ -192,18 +203,17 @@ def _look(key: JobKey, backend: Backend, jobs: list[_Job], owner: str, ids: tupl
             return Revoked(tuple(holders))
         for job, pid in fresh:
             if time.monotonic() >= deadline:
-                return _out_of_time(key, backend, jobs, looked, owner, ids, tuple(holders))
+                return _out_of_time(ended, backend, jobs, looked, tuple(holders))
             held = _holds(pid, job.wanted, deadline, backend.proc)
             if held is None:
-                return _out_of_time(key, backend, jobs, looked, owner, ids, tuple(holders))
+                return _out_of_time(ended, backend, jobs, looked, tuple(holders))
             looked.add((job.key, pid))
-            if held and _kill_holder(key, backend, job, pid, held, owner):
+            if held and _kill_holder(ended, backend, job, pid, held):
                 holders.append(Holder(pid, job.key, tuple(sorted(held))))
-    return _out_of_time(key, backend, jobs, looked, owner, ids, tuple(holders))
+    return _out_of_time(ended, backend, jobs, looked, tuple(holders))
 
 
-def _kill_holder(key: JobKey, backend: Backend, job: _Job, pid: int, held: set[int],
-                 owner: str) -> bool:
+def _kill_holder(ended: _EndedJob, backend: Backend, job: _Job, pid: int, held: set[int]) -> bool:
     """SIGKILL ``pid`` if, pinned, it is still in ``job`` and holds a GPU of ``held`` (its fds
     are looked at again until one is found, for at most :data:`BUDGET`: past it, the
     process that held one a moment ago is killed); journal it. True when killed."""
@@ -219,30 +229,30 @@ def _kill_holder(key: JobKey, backend: Backend, job: _Job, pid: int, held: set[i
             return False
     except GecoError as exc:
         _log.error("job %s ended: cannot kill process %d of job %s, which holds its GPU %s "
-                   "open: %s", key, pid, job.key, gpus.format_ids(held), exc)
+                   "open: %s", ended.key, pid, job.key, gpus.format_ids(held), exc)
         return False
     text = gpus.format_ids(held)
     _log.warning("job %s ended: killed process %d of %s's job %s, which held the job's GPU "
                  "%s open (an fd handed over from the job: the kernel checks a device at "
-                 "open only)", key, pid, owner, job.key, text,
-                 extra=log.job_fields(key.job, key.task, "gpu-fd-revoked", PID=pid,
-                                      HOLDER_JOB=job.key, GPU=text, USER=owner))
+                 "open only)", ended.key, pid, ended.owner, job.key, text,
+                 extra=ended.journal.event("gpu-fd-revoked", PID=pid, HOLDER_JOB=job.key,
+                                           GPU=text, USER=ended.owner))
     return True
 
 
-def _out_of_time(key: JobKey, backend: Backend, jobs: list[_Job],
-                 looked: set[tuple[JobKey, int]], owner: str, ids: tuple[int, ...],
-                 holders: tuple[Holder, ...]) -> Revoked:
+def _out_of_time(ended: _EndedJob, backend: Backend, jobs: list[_Job],
+                 looked: set[tuple[JobKey, int]], holders: tuple[Holder, ...]) -> Revoked:
     """Step 5: kill the owner's processes in ``jobs`` that were not looked at; journal it."""
+    owner = ended.owner
     uid = _uid(owner)
-    unreached = _kill_unlooked(key, backend, jobs, looked, uid) if uid is not None else []
-    text, pids = gpus.format_ids(ids), " ".join(map(str, unreached))
+    unreached = _kill_unlooked(ended.key, backend, jobs, looked, uid) if uid is not None else []
+    text, pids = gpus.format_ids(ended.ids), " ".join(map(str, unreached))
     _log.warning("job %s ended, but the look for its GPU %s among the processes of %s's other "
                  "jobs here ran out of its %g s: killed the %d process(es) of %s it did not "
-                 "reach (%s), as any may hold the GPU", key, text, owner, BUDGET,
+                 "reach (%s), as any may hold the GPU", ended.key, text, owner, BUDGET,
                  len(unreached), owner, pids or "none",
-                 extra=log.job_fields(key.job, key.task, "gpu-fds-unchecked", GPUS=text,
-                                      USER=owner, PIDS=pids or None, KILLED=len(unreached)))
+                 extra=ended.journal.event("gpu-fds-unchecked", GPUS=text, USER=owner,
+                                           PIDS=pids or None, KILLED=len(unreached)))
     return Revoked(holders, tuple(unreached), complete=False)
 
 

@@ -115,6 +115,7 @@ class Result(NamedTuple):
     strays: the processes found (killed when ``outcome`` is KILLED, else kept).
     left: pids still alive after SIGKILL and a wait (stuck in the kernel).
     reason: why, in words.
+    uid: the owner's uid, None when it is not known.
     """
 
     outcome: Outcome
@@ -122,6 +123,7 @@ class Result(NamedTuple):
     strays: tuple[Stray, ...] = ()
     left: tuple[int, ...] = ()
     reason: str = ""
+    uid: int | None = None
 
 
 # ---------------------------------------------------------------------------
@@ -148,12 +150,7 @@ def owner_of(cfg: Config, key: JobKey, spool_dir: Path | None = None) -> str | N
     (``spool_dir``, default: looked up below ``[paths] execd_spool_dir``).
     Never raises: an unreadable file is just no answer.
     """
-    try:
-        rs = resourcefile.read(cfg.resources_dir, key)
-    except GecoError as exc:
-        _log.debug("job %s: its resource file names no owner: %s", key, exc)
-        rs = None
-    return owner_in(rs, cfg, key, spool_dir)
+    return owner_in(resourcefile.read_usable(cfg.resources_dir, key), cfg, key, spool_dir)
 
 
 def owner_in(rs: ResourceSet | None, cfg: Config, key: JobKey,
@@ -183,14 +180,15 @@ def _spool_keys(cfg: Config) -> set[JobKey]:
     return keys
 
 
-def _other_job(cfg: Config, backend: Backend, key: JobKey, user: str) -> str | None:
-    """Why the user's strays must stay: another job of theirs here, or one of nobody known."""
+def _other_job(cfg: Config, backend: Backend, ended: JobKey, user: str) -> str | None:
+    """Why the user's strays must stay: another job of theirs here than ``ended``, or one
+    of nobody known."""
     try:
         keys = set(backend.job_keys())
     except GecoError as exc:
         return f"the job cgroups cannot be listed ({exc})"
     for other in sorted(keys | _spool_keys(cfg), key=JobKey.order):
-        if other == key:
+        if other == ended:
             continue
         owner = owner_of(cfg, other)
         if owner == user:
@@ -388,58 +386,76 @@ def after_job(cfg: Config, backend: Backend, key: JobKey, owner: str | None, *,
     -------
     What was decided and done. Never raises: failures are journaled.
     """
+    result = _decide(cfg, backend, key, owner, proc)
+    _journal(key, result, cleaned_by)
+    return result
+
+
+def _decide(cfg: Config, backend: Backend, key: JobKey, owner: str | None,
+            proc: Path) -> Result:
+    """The module docstring's steps, in its order: what was decided, and done."""
     if not cfg.strays_kill:
         return Result(Outcome.OFF)
-    job, task = key.job, key.task
-    fields = {"CLEANED_BY": cleaned_by}
     entry = _user(owner) if owner else None
     if owner is None or entry is None:
         why = "its owner is unknown" if owner is None else f"its owner {owner!r} is no user here"
-        _log.warning("job %s ended, but %s: processes it may have left outside its cgroups "
-                     "are not looked for", key, why,
-                     extra=log.job_fields(job, task, "strays-kept", REASON=why, **fields))
         return Result(Outcome.UNKNOWN_OWNER, owner or "", reason=why)
     uid, user = entry.pw_uid, entry.pw_name
     if uid == 0 or uid < cfg.strays_min_uid:
-        return Result(Outcome.SERVICE, user, reason=f"uid {uid} < [strays] min_uid")
+        return Result(Outcome.SERVICE, user, reason=f"uid {uid} < [strays] min_uid", uid=uid)
     try:
         parents = _geco_parents(backend)
-        strays = find(backend, uid, proc)
-        if not strays:
+        found = tuple(find(backend, uid, proc))
+        if not found:
             _log.debug("job %s ended; %s has no process outside a job here", key, user)
-            return Result(Outcome.NONE, user)
-        why = ""
+            return Result(Outcome.NONE, user, uid=uid)
         if user in cfg.strays_exempt_users:
-            outcome, why = Outcome.EXEMPT, f"{user} is exempt ([strays] exempt_users)"
-        else:
-            outcome, why = Outcome.OTHER_JOB, _other_job(cfg, backend, key, user) or ""
-        if why:
-            _log.info("job %s ended; %d process(es) of %s outside every job kept: %s (%s)",
-                      key, len(strays), user, why, " ".join(map(str, strays)),
-                      extra=log.job_fields(job, task, "strays-kept", USER=user, USER_ID=uid,
-                                           PIDS=" ".join(str(s.pid) for s in strays),
-                                           COMMANDS=" ".join(map(str, strays)),
-                                           REASON=why, **fields))
-            return Result(outcome, user, tuple(strays), reason=why)
+            return Result(Outcome.EXEMPT, user, found,
+                          reason=f"{user} is exempt ([strays] exempt_users)", uid=uid)
+        other = _other_job(cfg, backend, key, user)
+        if other:
+            return Result(Outcome.OTHER_JOB, user, found, reason=other, uid=uid)
         killed, left = _kill(uid, parents, cfg.strays_grace, proc)
     except (GecoError, OSError) as exc:
-        _log.error("job %s ended, but the processes %s left outside every job cannot be "
-                   "killed: %s", key, owner, exc,
-                   extra=log.job_fields(job, task, "strays-failed", USER=user, REASON=str(exc),
-                                        **fields))
-        return Result(Outcome.FAILED, user, reason=str(exc))
+        return Result(Outcome.FAILED, user, reason=str(exc), uid=uid)
     if not killed:
-        return Result(Outcome.NONE, user)
-    stuck = f"; still alive after SIGKILL: {' '.join(map(str, left))}" if left else ""
-    _log.warning("job %s was the last job of %s on this node: killed %d process(es) of %s "
-                 "outside every job (at, cron, systemd --user, ssh): %s%s", key, user,
-                 len(killed), user, " ".join(map(str, killed)), stuck,
-                 extra=log.job_fields(job, task, "strays-killed", USER=user, USER_ID=uid,
-                                      KILLED=len(killed),
-                                      PIDS=" ".join(str(s.pid) for s in killed),
-                                      COMMANDS=" ".join(map(str, killed)),
-                                      LEFT=" ".join(map(str, left)) or None, **fields))
-    return Result(Outcome.KILLED, user, tuple(killed), tuple(left))
+        return Result(Outcome.NONE, user, uid=uid)
+    return Result(Outcome.KILLED, user, tuple(killed), tuple(left), uid=uid)
+
+
+def _journal(key: JobKey, result: Result, cleaned_by: str) -> None:
+    """The decision's one record: ``strays-kept`` (an unknown owner, an exempt user,
+    another job), ``strays-failed`` or ``strays-killed``; the others need none."""
+    job, task, user, outcome = key.job, key.task, result.user, result.outcome
+    fields = {"CLEANED_BY": cleaned_by}
+    pids = " ".join(str(s.pid) for s in result.strays)
+    commands = " ".join(map(str, result.strays))
+    if outcome is Outcome.UNKNOWN_OWNER:
+        _log.warning("job %s ended, but %s: processes it may have left outside its cgroups "
+                     "are not looked for", key, result.reason,
+                     extra=log.job_fields(job, task, "strays-kept", REASON=result.reason,
+                                          **fields))
+    elif outcome in (Outcome.EXEMPT, Outcome.OTHER_JOB):
+        _log.info("job %s ended; %d process(es) of %s outside every job kept: %s (%s)",
+                  key, len(result.strays), user, result.reason, commands,
+                  extra=log.job_fields(job, task, "strays-kept", USER=user, USER_ID=result.uid,
+                                       PIDS=pids, COMMANDS=commands, REASON=result.reason,
+                                       **fields))
+    elif outcome is Outcome.FAILED:
+        _log.error("job %s ended, but the processes %s left outside every job cannot be "
+                   "killed: %s", key, user, result.reason,
+                   extra=log.job_fields(job, task, "strays-failed", USER=user,
+                                        REASON=result.reason, **fields))
+    elif outcome is Outcome.KILLED:
+        left = " ".join(map(str, result.left))
+        stuck = f"; still alive after SIGKILL: {left}" if left else ""
+        _log.warning("job %s was the last job of %s on this node: killed %d process(es) of %s "
+                     "outside every job (at, cron, systemd --user, ssh): %s%s", key, user,
+                     len(result.strays), user, commands, stuck,
+                     extra=log.job_fields(job, task, "strays-killed", USER=user,
+                                          USER_ID=result.uid, KILLED=len(result.strays),
+                                          PIDS=pids, COMMANDS=commands, LEFT=left or None,
+                                          **fields))
 
 
 # ---------------------------------------------------------------------------

@@ -126,7 +126,8 @@ class Teardown(NamedTuple):
 
 
 def tear_down(key: JobKey, backend: Backend, cfg: Config, *, queue_instance: str | None,
-              cleaned_by: str, qmod: str | None = None) -> Teardown:
+              cleaned_by: str, qmod: str | None = None,
+              journal: log.JobFields | None = None) -> Teardown:
     """Kill what is left of a job and remove its cgroups; journal and escalate what will not die.
 
     Parameters
@@ -143,6 +144,8 @@ def tear_down(key: JobKey, backend: Backend, cfg: Config, *, queue_instance: str
         is a full path, else ``qmod`` from the fixed PATH qstat uses (:mod:`geco.sge.siteenv`).
         It is run argv-only (``qmod -d <instance>``), once, for at most
         ``cfg.qstat_timeout`` seconds.
+    journal: the job's journal fields, found once by its end
+        (:func:`geco.job.ending.end_job`); default: found here.
 
     Returns
     -------
@@ -168,10 +171,12 @@ def tear_down(key: JobKey, backend: Backend, cfg: Config, *, queue_instance: str
     if not left and not error:
         return Teardown(key, killed, (), accounting, None)
     stuck = tuple(_describe(key, backend, pid) for pid in left)
-    _report_stuck(key, stuck, error, killed, cfg.kill_timeout, cleaned_by)
+    if journal is None:
+        journal = log.JobFields(key.job, key.task)
+    _report_stuck(key, journal, stuck, error, killed, cfg.kill_timeout, cleaned_by)
     disabled = None
     if cfg.disable_queue_on_stuck:
-        disabled = _disable_queue(key, queue_instance or f"*@{short_hostname()}",
+        disabled = _disable_queue(key, journal, queue_instance or f"*@{short_hostname()}",
                                   stuck_marker(cfg, key), cfg, qmod, cleaned_by)
     return Teardown(key, killed, stuck, accounting, disabled, error)
 
@@ -212,10 +217,9 @@ def _frozen_sub_cgroup(key: JobKey, backend: Backend, where: str) -> bool:
     return state.startswith((b"FROZEN", b"FREEZING"))
 
 
-def _report_stuck(key: JobKey, stuck: tuple[StuckProcess, ...], error: str, killed: int,
-                  timeout: float, cleaned_by: str) -> None:
+def _report_stuck(key: JobKey, journal: log.JobFields, stuck: tuple[StuckProcess, ...],
+                  error: str, killed: int, timeout: float, cleaned_by: str) -> None:
     """Journal ``cleanup-stuck``: the processes left (or the kernel's refusal), cgroups kept."""
-    job, task = key.job, key.task
     if stuck:
         what = (f"{len(stuck)} process(es) still alive {timeout:g} s after SIGKILL: "
                 + "; ".join(p.describe() for p in stuck))
@@ -224,17 +228,14 @@ def _report_stuck(key: JobKey, stuck: tuple[StuckProcess, ...], error: str, kill
     if error:
         what += f" ({error})"
     _log.error("job %s: %s; cgroups kept, gecod's reaper tries again", key, what,
-               extra=log.job_fields(job, task, "cleanup-stuck",
-                                    PIDS=" ".join(str(p.pid) for p in stuck),
-                                    STATES=" ".join(p.brief for p in stuck),
-                                    KILLED=killed, CLEANED_BY=cleaned_by,
-                                    REASON=error or None))
+               extra=journal.event("cleanup-stuck", PIDS=" ".join(str(p.pid) for p in stuck),
+                                   STATES=" ".join(p.brief for p in stuck), KILLED=killed,
+                                   CLEANED_BY=cleaned_by, REASON=error or None))
 
 
-def _disable_queue(key: JobKey, instance: str, marker: Path, cfg: Config, qmod: str | None,
-                   cleaned_by: str) -> str | None:
+def _disable_queue(key: JobKey, journal: log.JobFields, instance: str, marker: Path,
+                   cfg: Config, qmod: str | None, cleaned_by: str) -> str | None:
     """Run ``qmod -d <instance>`` once per stuck job; return the instance when it worked."""
-    job, task = key.job, key.task
     earlier = _marked(marker)
     if earlier is not None:
         _log.info("job %s: the queue instance %s was disabled for it already (%s); not again",
@@ -247,11 +248,10 @@ def _disable_queue(key: JobKey, instance: str, marker: Path, cfg: Config, qmod: 
         _log.error("job %s: disabled the queue instance %s (qmod -d) so that no new job starts "
                    "on this node while processes of this job cannot be killed; enable it "
                    "again with qmod -e %s once the node is healthy", key, instance, instance,
-                   extra=log.job_fields(job, task, "queue-disabled", **fields))
+                   extra=journal.event("queue-disabled", **fields))
         return instance
     _log.error("job %s: cannot disable the queue instance %s: qmod -d failed: %s", key,
-               instance, why, extra=log.job_fields(job, task, "queue-disable-failed",
-                                                   REASON=why, **fields))
+               instance, why, extra=journal.event("queue-disable-failed", REASON=why, **fields))
     return None
 
 

@@ -7,7 +7,8 @@ Writes are atomic (temporary file, fsync, rename), so a reader never sees half
 a file and a crash leaves either the old file or the new one. A truncated or
 corrupt file (a disk that filled up under an older writer, a hand edit) is
 reported by :func:`read` as a :class:`~geco.errors.ResourceFormatError`; the
-caller decides whether to ask qstat again.
+caller decides whether to ask qstat again, or goes on with what else it knows
+(:func:`read_usable`).
 
 Every set read or written here also tells this process's later journal records of
 the job which job of its number it is (:func:`geco.log.job_instance`), for as long
@@ -25,7 +26,9 @@ from geco.job.jobkey import JobKey
 from geco.job.resourceset import ResourceSet
 from geco.sge import v1format
 
-__all__ = ["path_for", "read", "remove", "write", "write_to"]
+__all__ = ["path_for", "read", "read_usable", "remove", "write", "write_to"]
+
+_log = log.get("resourcefile")
 
 # Job facts (names, owners, paths) are visible to everyone through qstat anyway;
 # world-readable lets `geco rsrcinfo -u` work for users. Only root writes.
@@ -61,6 +64,16 @@ def read(resources_dir: Path, key: JobKey) -> ResourceSet | None:
         raise
     _tell_the_log(path, rs)
     return rs
+
+
+def read_usable(resources_dir: Path, key: JobKey) -> ResourceSet | None:
+    """:func:`read` for a caller that goes on with what else it knows (a job's end, who
+    owns a job): None also when the file cannot be used, which is said at debug level."""
+    try:
+        return read(resources_dir, key)
+    except GecoError as exc:
+        _log.debug("job %s: its resource file cannot be used: %s", key, exc)
+        return None
 
 
 def write(resources_dir: Path, rs: ResourceSet) -> Path:

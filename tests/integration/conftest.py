@@ -21,6 +21,7 @@ from tests.cleanslate import listener_pid
 from tests.clusterkit import cluster
 
 GECO = "/opt/geco/venv/bin/geco"
+HERE = Path(__file__).parent
 PRELOAD = "/opt/geco/lib/libgeco_preload.so"
 CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 
@@ -72,6 +73,7 @@ class GecodUnit:
     where scripts/install.sh enabled it): started and stopped through systemctl."""
 
     UNIT = "gecod.service"
+    preload = PRELOAD  # what sgeexecd.service's drop-in gives sge_execd
 
     @classmethod
     def installed(cls) -> bool:
@@ -109,14 +111,13 @@ def gecod_service(sge: Any, journal: Any,
 
 
 @pytest.fixture(scope="module")
-def gecod(sge: Any, gecod_service: Gecod) -> Iterator[Gecod]:
-    """gecod serving and sge_execd running with the exec() preload, for one test module;
-    execd is put back without the preload afterwards (other modules test the hooks alone)."""
-    sge.configure(GECO_EXECD_PRELOAD=PRELOAD)
-    try:
-        yield gecod_service
-    finally:
-        sge.configure(GECO_EXECD_PRELOAD="")
+def gecod(sge: Any, gecod_service: Gecod) -> Gecod:
+    """gecod serving and sge_execd running with the exec() preload, for one test module.
+    Each test that does not ask for this fixture gets execd without the preload (the hooks
+    alone): tests/conftest.py's ``execd_as_asked``, which restarts execd only where one
+    kind of test follows the other."""
+    sge.execd_with(PRELOAD)
+    return gecod_service
 
 
 # ---------------------------------------------------------------------------
@@ -130,13 +131,48 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The tests on the emulated cluster one after the other, where the first of them is
     (test_multinode*, test_stall_cluster): its queue takes jobs that name no queue, so no
     other module's plain jobs may run while it is up (:func:`three_hosts` brings it down
-    after the last test that needs it)."""
+    after the last test that needs it). Then this directory's modules in the order that
+    restarts sge_execd the fewest times (:func:`_fewest_execd_restarts`)."""
     on_cluster = [item for item in items if "three_hosts" in getattr(item, "fixturenames", ())]
-    if not on_cluster:
-        return
-    first = items.index(on_cluster[0])
-    rest = [item for item in items if item not in on_cluster]
-    items[:] = rest[:first] + on_cluster + rest[first:]
+    if on_cluster:
+        first = items.index(on_cluster[0])
+        rest = [item for item in items if item not in on_cluster]
+        items[:] = rest[:first] + on_cluster + rest[first:]
+    here = [i for i, item in enumerate(items) if item.path.is_relative_to(HERE)]
+    if here and here == list(range(here[0], here[-1] + 1)):  # one run of this directory's
+        items[here[0]:here[-1] + 1] = _fewest_execd_restarts(items[here[0]:here[-1] + 1])
+
+
+def _fewest_execd_restarts(items: list[pytest.Item]) -> list[pytest.Item]:
+    """``items`` with its modules (the cluster's tests as one) reordered so that sge_execd
+    changes between with and without the preload as seldom as it can (tests/conftest.py's
+    ``execd_as_asked``; ~5 s each time, ~25 times in file order): each next module is one
+    that starts the way the last one ended, one that stays so first. A module's own tests
+    keep their order."""
+    units: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        on_cluster = "three_hosts" in getattr(item, "fixturenames", ())
+        units.setdefault("cluster" if on_cluster else str(item.path), []).append(item)
+    # each unit with how execd starts and ends it ("" when no test of it uses Grid Engine)
+    left = [(_execd_kinds(unit), unit) for unit in units.values()]
+    ordered: list[pytest.Item] = []
+    now = "plain"  # the session's sge fixture starts execd without the preload
+    while left:
+        fitting = [entry for entry in left if entry[0][0] in ("", now)]
+        staying = [entry for entry in fitting if entry[0][1] in ("", now)]
+        chosen = (staying or fitting or left)[0]
+        left.remove(chosen)
+        ordered += chosen[1]
+        now = chosen[0][1] or now
+    return ordered
+
+
+def _execd_kinds(unit: list[pytest.Item]) -> tuple[str, str]:
+    """How sge_execd runs for the first and the last test of ``unit`` that uses Grid
+    Engine ("preload" with the ``gecod`` fixture, else "plain"; "" for none)."""
+    names = [getattr(item, "fixturenames", ()) for item in unit]
+    kinds = ["preload" if "gecod" in n else "plain" for n in names if "sge" in n]
+    return (kinds[0], kinds[-1]) if kinds else ("", "")
 
 
 def _cluster_down() -> None:

@@ -7,8 +7,8 @@ every ``qrsh -inherit`` task of a parallel job), the preload asks gecod to put
 that very process into the job's cgroups and only then lets the exec happen, so
 nothing of the job ever runs outside them.
 
-At the end execd is put back without the preload (the other modules test the
-hooks alone) and gecod is stopped.
+A test that does not ask for gecod gets execd without the preload again (the hooks
+alone: tests/conftest.py's ``execd_as_asked``); gecod is stopped after the module.
 """
 
 from __future__ import annotations

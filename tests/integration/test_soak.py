@@ -1,14 +1,14 @@
 """Soak: many short jobs of every kind through the real Grid Engine leave nothing behind.
 
-The recommended deployment: sge_execd with the exec() preload, gecod serving, and a
-queue (``geco-test-soak.q``, 2 slots) with geco's starter and no prolog or epilog, so
-gecod alone contains every job at its shepherd's exec and tears it down when the
-shepherd exits. ``GECO_SOAK_JOBS`` job tasks (default 200; ``bench/soak.py`` runs 1,000)
-in the mix of soakkit: serial, array tasks, smp (``-pe smp 2``), mpi (``-pe mpi 2`` with a
-``qrsh -inherit`` task) and OOM jobs. Afterwards: every task reported from inside that it
-ran in its own cgroups, no two jobs held a core at once, no job cgroup, resource file or
-process is left, no queue instance or job is in error state, each OOM kill was journaled
-exactly once, and gecod's resident memory grew by at most ``RSS_BOUND_MIB``.
+The recommended deployment: sge_execd with the exec() preload, gecod serving, and a queue
+(``geco-test-soak.q``, 2 slots) with geco's starter and no prolog or epilog, so gecod
+alone contains every job at its shepherd's exec and tears it down when the shepherd exits.
+``GECO_SOAK_JOBS`` job tasks (default 100: the mix ten times over; ``bench/soak.py`` runs
+1,000) in the mix of soakkit: serial, array tasks, smp (``-pe smp 2``), mpi (``-pe mpi 2``
+with a ``qrsh -inherit`` task) and OOM jobs. Afterwards: every task reported from inside
+that it ran in its own cgroups, no two jobs held a core at once, no job cgroup, resource
+file or process is left, no queue instance or job is in error state, each OOM kill was
+journaled exactly once, and gecod's resident memory grew by at most ``RSS_BOUND_MIB``.
 
 Before gecod and the preload come in, the ``floor`` fixture times the same number of
 bare ``qsub -b y /bin/true`` jobs (``FLOOR_JOBS``) through a queue without geco on the
@@ -29,7 +29,7 @@ from tests.integration.soakkit import KINDS, Batch, bare_turnaround, rss_kib, wr
 
 pytestmark = pytest.mark.sge
 
-JOBS = int(os.environ.get("GECO_SOAK_JOBS", "200"))
+JOBS = int(os.environ.get("GECO_SOAK_JOBS", "100"))
 FLOOR_JOBS = 20
 RSS_BOUND_MIB = 20
 STARTER = "/opt/geco/libexec/starter"
@@ -38,7 +38,8 @@ STARTER = "/opt/geco/libexec/starter"
 @pytest.fixture(scope="module")
 def floor(sge: Any) -> dict[str, float]:
     """Bare Grid Engine: ``FLOOR_JOBS`` ``/bin/true`` jobs through a queue without geco's
-    hooks, on the execd as it is before the ``gecod`` fixture gives it the preload."""
+    hooks, on the execd without the preload (before the ``gecod`` fixture gives it)."""
+    sge.execd_with("")
     with sge.temporary_queue("geco-test-bare.q", prolog="NONE", epilog="NONE",
                              starter_method="NONE", slots="2") as queue:
         seconds = bare_turnaround(sge, queue, FLOOR_JOBS)

@@ -3,7 +3,8 @@
 Three emulated hosts (``integration/cluster/cluster.sh``), each with its own gecod whose
 cluster channel lets in the cluster's execution hosts only. The attacker
 (:data:`stallkit.ATTACKER`, an ordinary account on every host) does what issue 32
-found stalled the channel, for at least :data:`ATTACK_SECONDS` each:
+found stalled the channel, each for at least :data:`ATTACK_SECONDS` and until the test
+has seen it bite (:func:`stallkit.attack_until`):
 
 * from geco-node2, one of the cluster's own hosts: 64 idle connections each to
   geco-node1's and geco-node3's cluster ports (re-opened as they are closed: they once
@@ -19,8 +20,8 @@ found stalled the channel, for at least :data:`ATTACK_SECONDS` each:
 Meanwhile the other user's 3-host parallel job starts at its first try (every host
 prepared, JOB_STARTED and PREPARE answered within a second), `geco status --job` shows
 all of its hosts and it ends with every host's figures; during the relayed reports,
-that user's jobs on geco-node1 start at once and geco-node2 answers its look-ups
-within a second. No queue goes into error.
+that user's jobs on geco-node1 (at least :data:`VICTIM_JOBS`, one after another) start
+at once and geco-node2 answers its look-ups within a second. No queue goes into error.
 """
 
 from __future__ import annotations
@@ -40,10 +41,11 @@ from geco.wire.frame import decode, encode
 from geco.wire.messages import CLUSTER_MAX_PAYLOAD, MsgType, NodeRequest
 from tests.clusterkit import PE, QUEUE, WAIT_ON_EVERY_HOST, cluster, exchange_from, submit_pe
 from tests.integration.livekit import no_queue_in_error, processes_of, wait_until
-from tests.servicekit import JobOwner, ensure_user
+from tests.servicekit import JobOwner, Journal, ensure_user
 from tests.stallkit import (
     ALLOCATE,
     ATTACKER,
+    attack_until,
     goal_ms,
     tcp_garbage,
     tcp_idle,
@@ -52,7 +54,10 @@ from tests.stallkit import (
 
 pytestmark = pytest.mark.sge
 
-ATTACK_SECONDS = 30.0
+ATTACK_SECONDS = 10.0  # at least; then until the attack and the victim showed enough
+FORGED = 100  # frames of the attacker's key, more than
+OOM_KILLS = 10  # on the attacker's slave, at least
+VICTIM_JOBS = 4  # on geco-node1 during the relayed reports, at least
 GECO = "/opt/geco/venv/bin/geco"
 STATE = Path("/run/geco-test-cluster")
 NODE1, NODE2, NODE3 = "10.77.1.11", "10.77.2.11", "10.77.3.11"
@@ -68,10 +73,11 @@ def _ms(records: list[dict[str, Any]]) -> list[float]:
     return [float(r["ELAPSED_MS"]) for r in records]
 
 
-def _node1_job(sge: Any, cwd: Path, seconds: int = 2) -> int:
-    """A one-slot job of the test user's on geco-node1; its id once it ended."""
+def _node1_job(sge: Any, cwd: Path) -> int:
+    """A one-slot job of the test user's on geco-node1 (it starts, and ends); its id once
+    it ended."""
     job = sge.submit("-q", f"{QUEUE}@geco-node1", "-b", "y", "-o", "/dev/null", "-e",
-                     "/dev/null", "sleep", str(seconds), cwd=cwd)
+                     "/dev/null", "true", cwd=cwd)
     sge.wait_finished(job, timeout=120)
     return job
 
@@ -83,18 +89,35 @@ def _started_ms(journal: Any, job: int) -> float:
     return float(started["ELAPSED_MS"])
 
 
+def _from_node2(journal: Journal, since: float) -> tuple[list[dict[str, Any]],
+                                                        list[dict[str, Any]], int]:
+    """The refusals of geco-node2's connections, journaled one by one and in their windows'
+    summaries, and how many those count between them."""
+    records = [e for e in journal.entries(since, GECO_EVENT="cluster-refused")
+               if e.get("PEER", "").startswith(f"{NODE2}:")]
+    summaries = journal.entries(since, GECO_EVENT="cluster-refused-summary", PEER=NODE2)
+    return records, summaries, len(records) + sum(int(e["REFUSED"]) for e in summaries)
+
+
+def _outsiders(journal: Journal, since: float) -> list[dict[str, Any]]:
+    """This machine's connections to the cluster port, refused as no cluster host's."""
+    return [e for e in journal.entries(since, GECO_EVENT="cluster-refused", REASON="not-allowed")
+            if e.get("PEER", "").startswith("10.77.1.1:")]  # this machine's side
+
+
 def test_a_parallel_job_starts_and_ends_while_a_user_floods_the_cluster_ports(
         sge: Any, journal: Any, three_hosts: None, job_owner: Any, attacker: JobOwner,
         figures: list[str]) -> None:
     """Given the attacker holding 64 idle connections each to geco-node1's and geco-node3's
     cluster ports from geco-node2, sending frames of a key of their own that name the other
-    user's job, and holding idle connections from this machine (no execution host), when
-    that user's 3-host job runs meanwhile, then it starts at its first try with every
-    JOB_STARTED and PREPARE answered within 1 s (stallkit.goal_ms on a machine slower than
-    that), `geco status --job` shows its three hosts,
-    and it ends with all three hosts' figures; the forged frames are journaled within the
-    peer's budget and never under that job's id; this machine's connections are closed
-    unread; no queue is in error."""
+    user's job, and holding idle connections from this machine (no execution host), for
+    at least 10 s and until each of those was seen refused or closed (over 100 forged
+    frames sent), when that user's 3-host job runs meanwhile, then it starts at its first
+    try with every JOB_STARTED and PREPARE answered within 1 s (stallkit.goal_ms on a
+    machine slower than that), `geco status --job` shows its three hosts, and it ends with
+    all three hosts' figures; the forged frames are journaled within the peer's budget and
+    never under that job's id; this machine's connections are closed unread; no queue is
+    in error."""
     since = time.time()
     quiet = _started_ms(journal, _node1_job(sge, job_owner.make_dir("stall-quiet")))
     # held (-h) until the attack is on
@@ -114,8 +137,14 @@ def test_a_parallel_job_starts_and_ends_while_a_user_floods_the_cluster_ports(
                        == ["up.geco-node1", "up.geco-node2", "up.geco-node3"], 120,
                        f"the job's three tasks to run: {list(out.iterdir())}")
             shown = cluster("run", "1", GECO, "status", "--job", str(job), "--json")
-            while time.monotonic() - started < ATTACK_SECONDS:
-                time.sleep(0.5)
+
+            def refused() -> bool:  # the counts first: the journal is read once they are met
+                return (forged["frames sent"] > FORGED and outside["closed by gecod"] > 0
+                        and idle1["closed by gecod"] > 0 and idle3["closed by gecod"] > 0
+                        and bool(_outsiders(journal, since))
+                        and _from_node2(journal, since)[2] >= forged["frames sent"])
+
+            attack_until(started, ATTACK_SECONDS, refused, lambda: time.sleep(0.5))
             (out / "go").touch()
             [record] = sge.wait_finished(job, timeout=180)
             attack = time.monotonic() - started
@@ -140,17 +169,12 @@ def test_a_parallel_job_starts_and_ends_while_a_user_floods_the_cluster_ports(
 
     # the forged frames: never under the job's id, a few records per window and summaries
     assert not journal.entries(since, JOB_ID=str(job), GECO_EVENT="cluster-refused")
-    from_node2 = [e for e in journal.entries(since, GECO_EVENT="cluster-refused")
-                  if e.get("PEER", "").startswith(f"{NODE2}:")]
-    summaries = journal.entries(since, GECO_EVENT="cluster-refused-summary", PEER=NODE2)
+    from_node2, summaries, counted = _from_node2(journal, since)
     windows = (time.time() - since) / 10 + 2
     assert len(from_node2) <= 10 * 2 * windows, len(from_node2)  # two hosts' budgets
-    counted = len(from_node2) + sum(int(e["REFUSED"]) for e in summaries)
-    assert counted >= forged["frames sent"] > 100, (counted, forged)
+    assert counted >= forged["frames sent"] > FORGED, (counted, forged)
     # this machine is not one of the cluster's hosts: closed before a byte was read
-    outsiders = [e for e in journal.entries(since, GECO_EVENT="cluster-refused",
-                                            REASON="not-allowed")
-                 if e.get("PEER", "").startswith("10.77.1.1:")]  # this machine's side
+    outsiders = _outsiders(journal, since)
     assert outsiders and outside["closed by gecod"] > 0, (outsiders[:2], outside)
     assert idle1["closed by gecod"] > 0 and idle3["closed by gecod"] > 0, (idle1, idle3)
     figures.append(
@@ -185,17 +209,28 @@ def _look_up(key: bytes, job: int) -> float:
     return took
 
 
+def _kills(journal: Journal, since: float, hog: int) -> list[dict[str, Any]]:
+    return journal.entries(since, JOB_ID=str(hog), GECO_EVENT="oom")
+
+
+def _relayed(journal: Journal, since: float, hog: int) -> list[dict[str, Any]]:
+    """The slave's OOM reports the master could not take (its .e file a FIFO)."""
+    return journal.entries(since, JOB_ID=str(hog), GECO_EVENT="cluster-request-failed",
+                           REQUEST="OOM_REPORT")
+
+
 def test_a_masters_gecod_answers_while_a_slaves_oom_words_for_a_fifo_flood_it(
         sge: Any, journal: Any, three_hosts: None, job_owner: Any, attacker: JobOwner,
         figures: list[str]) -> None:
     """Given the attacker's 2-host job (master geco-node2, its stderr file a FIFO nobody
     reads; its task on geco-node3 killed for its memory every few hundred ms, each kill's
-    words relayed to geco-node2), for at least 30 s, when the other user starts jobs on
-    geco-node1 one after another and geco-node1 asks geco-node2 for a job's figures after
-    each, then each job starts at its first try (JOB_STARTED within 1 s), each look-up
-    is answered within 1 s (both: stallkit.goal_ms on a slower machine), geco-node2 refused
-    the relayed words for the FIFO at once, and the attacker's job ends with both hosts'
-    figures, nothing of theirs left running; no queue is in error."""
+    words relayed to geco-node2), for at least 10 s and until 10 kills and refused relays
+    were journaled, when the other user starts jobs on geco-node1 one after another (at
+    least 4) and geco-node1 asks geco-node2 for a job's figures after each, then each job
+    starts at its first try (JOB_STARTED within 1 s), each look-up is answered within 1 s
+    (both: stallkit.goal_ms on a slower machine), geco-node2 refused the relayed words for
+    the FIFO at once, and the attacker's job ends with both hosts' figures, nothing of
+    theirs left running; no queue is in error."""
     since = time.time()
     key = (STATE / "cluster.key").read_bytes()
     victim_dir = job_owner.make_dir("stall-relay-victim")
@@ -216,12 +251,15 @@ def test_a_masters_gecod_answers_while_a_slaves_oom_words_for_a_fifo_flood_it(
                    or journal.entries(since, JOB_ID=str(hog),
                                       GECO_EVENT="cluster-request-failed"), 180,
                    "the attacker's slave to relay its first OOM kill")
-        started = time.monotonic()
-        while time.monotonic() - started < ATTACK_SECONDS:
-            job = _node1_job(sge, victim_dir)
-            jobs.append(job)
-            looks.append(_look_up(key, job))
-        attack = time.monotonic() - started
+
+        def victim() -> None:
+            jobs.append(_node1_job(sge, victim_dir))
+            looks.append(_look_up(key, jobs[-1]))
+
+        attack = attack_until(time.monotonic(), ATTACK_SECONDS,
+                              lambda: len(looks) >= VICTIM_JOBS
+                              and len(_kills(journal, since, hog)) >= OOM_KILLS
+                              and bool(_relayed(journal, since, hog)), victim)
     finally:
         (hog_dir / "stop").touch()
         unfifo(hog_dir / f"relay.sh.e{hog}", attacker.uid, attacker.gid)
@@ -236,10 +274,9 @@ def test_a_masters_gecod_answers_while_a_slaves_oom_words_for_a_fifo_flood_it(
     assert max(looks) * 1000 < goal_ms(quiet[1]), (looks, quiet)
     assert no_queue_in_error(sge) == {}
     # the attack was real: the slave's kills reached geco-node2, which refused the FIFO
-    relayed = journal.entries(since, JOB_ID=str(hog), GECO_EVENT="cluster-request-failed",
-                              REQUEST="OOM_REPORT")
-    kills = journal.entries(since, JOB_ID=str(hog), GECO_EVENT="oom")
-    assert attack >= ATTACK_SECONDS and len(kills) >= 10, (attack, len(kills))
+    relayed = _relayed(journal, since, hog)
+    kills = _kills(journal, since, hog)
+    assert attack >= ATTACK_SECONDS and len(kills) >= OOM_KILLS, (attack, len(kills))
     assert relayed and all("FIFO" in e["MESSAGE"] for e in relayed), relayed[:2]
     [end] = journal.wait_for(30, JOB_ID=str(hog), GECO_EVENT="job-end")
     assert end["NODES"] == "2" and "NODES_MISSING" not in end, end

@@ -6,9 +6,10 @@ onto its own disk and installs geco as an admin would, ``scripts/install.sh``
 from the image's Debian packages, no PyPI under emulation), which on systemd
 installs and enables gecod.service, geco-jobs.service and the execd drop-in.
 Then pytest runs ``tests/vm_sge`` there, whose fixtures bring up Grid Engine as
-systemd units and submit real jobs, and the ssh matrix (``test_ssh_live``,
-``test_ssh_preload``: the same files the host runs, with pam_systemd and logind in
-the stack and gecod as a unit). Last, the guest prints its prolog and
+systemd units and submit real jobs, and the PAM half of the ssh matrix
+(``test_ssh_live``: the same file the host runs, with pam_systemd and logind in the
+stack and gecod as a unit; its preload half, ``test_ssh_preload``, runs in the legacy
+v1 boot of test_ssh_v1_systemd_vm). Last, the guest prints its prolog and
 epilog times from its journal; this test prints them beside this host's (the
 hooks the integration tests of this run journaled) under "figures".
 
@@ -29,10 +30,10 @@ import pytest
 from tests.system import vmrun
 
 BENCH = "bench.bench_hooks"  # run as a module from the checkout, as bench/run does
-# the story, then the ssh matrix the host runs too (here with pam_systemd and logind in the
-# README's stack, and gecod as a unit)
-GUEST_TESTS = ("tests/vm_sge tests/integration/test_ssh_live.py "
-               "tests/integration/test_ssh_preload.py")
+# the story, then the PAM half of the ssh matrix the host runs too (here with pam_systemd
+# and logind in the README's stack, and gecod as a unit); the preload half runs in the
+# legacy v1 boot (test_ssh_v1_systemd_vm), the shorter of the two that run side by side
+GUEST_TESTS = "tests/vm_sge tests/integration/test_ssh_live.py"
 GUEST_COMMAND = (
     f"set -e; {vmrun.COPY_TO_GUEST}; cd /root/geco; since=$(date +%s); "
     "GECO_SYSTEM_PACKAGES=1 scripts/install.sh; rc=0; "

@@ -7,10 +7,13 @@ machine with that command line (:mod:`vmrun`): the guest installs geco as an adm
 would (gecod.service, the execd drop-in), Grid Engine comes up as units, and
 ``tests/vm_sge/test_ssh_systemd.py`` runs: a session opened through pam_systemd lands
 in the job in every hierarchy geco uses, and stays there, with the job's own
-processes, across ``systemctl daemon-reload``.
+processes, across ``systemctl daemon-reload``. Then the preload-in-sshd half of the ssh
+matrix the host runs too (``tests/integration/test_ssh_preload.py``), here with
+pam_systemd and logind in the stack and gecod as a unit (the other half runs in
+tests/vm_sge's boot: the two boots run side by side, and this one is the shorter).
 
 Cost: a boot (~60 s beside the host's suite), the install (~2 min under emulation),
-Grid Engine's start and one job.
+Grid Engine's start and the jobs.
 """
 
 from __future__ import annotations
@@ -20,13 +23,15 @@ import pytest
 from tests.system import vmrun
 
 LEGACY_V1 = "systemd.unified_cgroup_hierarchy=0 systemd.legacy_systemd_cgroup_controller=1"
+FILES = ("tests/vm_sge/test_ssh_systemd.py", "tests/integration/test_ssh_preload.py")
 GUEST_COMMAND = (
     f"set -e; {vmrun.COPY_TO_GUEST}; cd /root/geco; "
     "test -d /sys/fs/cgroup/memory && ! test -e /sys/fs/cgroup/cgroup.controllers; "
     "GECO_SYSTEM_PACKAGES=1 scripts/install.sh; "
     "GECO_KEEP_SGE=1 GECO_TEST_HOOKS=starter "
-    f"{vmrun.guest_pytest('tests/vm_sge/test_ssh_systemd.py', '/opt/geco/venv/bin/python', '')}")
-BOOT = vmrun.Boot("tests/vm_sge/test_ssh_systemd.py on systemd's legacy cgroup v1",
+    f"{vmrun.guest_pytest(' '.join(FILES), '/opt/geco/venv/bin/python', '-rA')}")
+BOOT = vmrun.Boot("tests/vm_sge/test_ssh_systemd.py and test_ssh_preload.py on systemd's "
+                  "legacy cgroup v1",
                   GUEST_COMMAND, timeout=1500, mem_mib=6144, append=LEGACY_V1)
 
 pytestmark = pytest.mark.vm
@@ -35,6 +40,8 @@ pytestmark = pytest.mark.vm
 def test_on_systemd_cgroup_v1_a_job_owners_ssh_session_through_pam_systemd_is_in_the_job(
         figures: list[str]) -> None:
     result = vmrun.result(BOOT)
-    counts = vmrun.assert_all_passed(result)
-    assert counts.get("passed") == 1, result.output
+    vmrun.assert_all_passed(result)
+    # -rA lists each passed test: both files ran
+    for file in FILES:
+        assert f"PASSED {file}::" in result.stdout, result.output
     figures.append(result.figure())

@@ -61,14 +61,19 @@ PREPARE = (f"SGE_TEST_USER={TEST_USER} GECO_STARTER={HOOK_LINES['starter']} "
            "bash /tmp/runinvm-prepare/integration/sge/setup.sh "
            "&& bash /tmp/runinvm-prepare/integration/sge/teardown.sh")
 # The guest's own copy of the share, minus what must not or need not travel: git history,
-# caches, and build products of the host (the guest builds its own against its libraries;
-# host tests may rebuild them while the copy runs). 9p is slow for many small files, and
-# nothing is written back to the share.
+# caches, and build products of the host, but for what scripts/install.sh built from these
+# very sources for the same Debian 12 (the host's tests build into directories of their
+# own): build/c, which the guest's make finds up to date, and build/wheel, the geco wheel
+# the guest's install.sh takes when its sources' digest is the same (together ~2 minutes
+# of emulated compiler a boot). 9p is slow for many small files, and nothing is written
+# back to the share.
 COPY_TO_GUEST = ("rm -rf /root/geco && mkdir /root/geco && tar -C \"$RUNINVM_MOUNT\" "
                  "--exclude=./.git --exclude=__pycache__ --exclude='*.so' --exclude='*.o' "
                  "--exclude=./.mypy_cache --exclude=./.ruff_cache --exclude=./.hypothesis "
                  "--exclude=./.pytest_cache --exclude=./build --exclude=./preload/build "
-                 "-cf - . | tar -C /root/geco -xf -")
+                 "-cf - . | tar -C /root/geco -xf - && for built in build/c build/wheel; do "
+                 "if [ -d \"$RUNINVM_MOUNT/$built\" ]; then tar -C \"$RUNINVM_MOUNT\" -cf - "
+                 "\"./$built\" | tar -C /root/geco -xf -; fi; done")
 # the VM's own time limit (run-in-vm's VM_TIMEOUT, from qemu's start): boot (~25 s, ~45 s
 # on a slower host) + the tests at ~8x emulation slowdown, with room. When it runs out,
 # run-in-vm stops qemu and prints the console's last lines; what the guest printed so far

@@ -265,3 +265,24 @@ def test_the_job_end_record_is_written_from_what_end_job_returns(
     assert record.getMessage() == (f"job {KEY} ended: {figures.describe()}; cgroups removed, "
                                    "2 leftover process(es) killed")
     assert forgotten(cfg) and not marker.exists()
+
+
+def test_every_record_of_an_epilogs_end_names_which_job_of_its_number_it_is(
+        tmp_path: Path, records: list[logging.LogRecord],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given a job whose resource file names its cluster and submission time, and an
+    epilog process that knew nothing of the job before it read that file, when the
+    epilog ends the job, then its job-end record says which job of its number it was."""
+    cfg = node(tmp_path)
+    resourcefile.write(cfg.resources_dir, ResourceSet(
+        KEY.job, KEY.task, owner="geco-test-nobody", cluster="geco-test",
+        submitted=1795303085.25, nodes=(NodeResources(short_hostname()),)))
+    monkeypatch.setattr(log, "_instances", {})  # a fresh epilog has read nothing yet
+    backend = FakeBackend(tmp_path / "proc")
+
+    epilog.end(execd.JobRef(KEY.job, KEY.task, None), os.getpid(), os.getpid(), cfg,
+               log.get("epilog"), cast(Backend, backend))
+
+    [record] = [r for r in records if events([r]) == ["job-end"]]
+    fields = getattr(record, "geco_fields", {})
+    assert (fields["SGE_CLUSTER"], fields["JOB_SUBMITTED"]) == ("geco-test", "1795303085.25")

@@ -27,7 +27,7 @@ class Untouched:
 
 def test_a_job_that_held_no_gpu_looks_at_nothing(tmp_path: Path) -> None:
     cfg = Config(state_dir=tmp_path / "state", execd_spool_dir=tmp_path / "spool")
-    assert gpufds.after_job(cfg, cast(Backend, Untouched()), JobKey(5, 1), (), None) == \
+    assert gpufds.revoke(cfg, cast(Backend, Untouched()), JobKey(5, 1), (), None) == \
         gpufds.Revoked()
 
 
@@ -41,7 +41,7 @@ def test_a_job_whose_owner_nobody_names_is_journaled_unchecked_and_nothing_is_ki
         5, 1, nodes=(NodeResources(short_hostname(), gpus="1"),)))
     records = RecordingHandler()
     with handler_on("geco.gpufds", records):
-        result = gpufds.after_job(cfg, cast(Backend, Untouched()), JobKey(5, 1), (1,), None)
+        result = gpufds.revoke(cfg, cast(Backend, Untouched()), JobKey(5, 1), (1,), None)
 
     assert result == gpufds.Revoked(complete=False)
     [record] = records.records
