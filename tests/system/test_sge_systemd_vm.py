@@ -40,6 +40,9 @@ GUEST_COMMAND = (
     "GECO_KEEP_SGE=1 GECO_TEST_HOOKS=starter "
     f"{vmrun.guest_pytest(GUEST_TESTS, '/opt/geco/venv/bin/python', '--durations=12')} "
     "|| rc=$?; "
+    # a failure shows what gecod said meanwhile (the guest's journal goes with the guest)
+    "[ $rc = 0 ] || journalctl -u gecod.service --since \"@$since\" -n 200 --no-pager "
+    "-o short-precise | sed 's/^/guest gecod: /'; "
     f"/opt/geco/venv/bin/python -m {BENCH} --since \"$since\" | sed 's/^/guest: /'; exit $rc")
 
 # 6 GiB: Grid Engine's h_vmem default (2G a slot) must fit twice in the host's capacity;
