@@ -510,21 +510,23 @@ def _exc_info(value: object) -> ExcInfo | None:
     return None if got[0] is None else got
 
 
-_loggers: dict[str, Logger] = {}
+# made once each: a logger holds its level calls, which hold it (gecod asks for a hook's
+# logger at every request it serves)
+_loggers: dict[tuple[str, str | None], Logger] = {}
 
 
-def get(name: str) -> Logger:
+def get(name: str, identifier: str | None = None) -> Logger:
     """Return the logger ``geco.<name>`` (``geco`` itself for "")."""
     full = f"geco.{name}" if name else "geco"
-    found = _loggers.get(full)
+    found = _loggers.get((full, identifier))
     if found is None:
-        found = _loggers[full] = Logger(full)
+        found = _loggers[full, identifier] = Logger(full, identifier)
     return found
 
 
 def speaking_as(name: str, identifier: str) -> Logger:
     """A logger ``geco.<name>`` whose journal records say ``SYSLOG_IDENTIFIER=identifier``."""
-    return Logger(f"geco.{name}", identifier)
+    return get(name, identifier)
 
 
 def collect(backlog: Backlog | None) -> None:
