@@ -128,7 +128,9 @@ class Journal:
         argv = ["journalctl", "-o", "json", "--no-pager", "--since", f"@{max(start - 1, 0):.0f}"]
         argv += [f"{key}={value}" for key, value in match.items()]
         out = run(argv, timeout=30).stdout
-        return [json.loads(line) for line in out.splitlines() if line.strip()]
+        found = [json.loads(line) for line in out.splitlines() if line.strip()]
+        # --since takes whole seconds: what the previous test logged just before is not ours
+        return [e for e in found if int(e["__REALTIME_TIMESTAMP"]) >= start * 1_000_000]
 
     def wait_for(self, timeout: float = 10.0, **match: str | int) -> list[dict[str, Any]]:
         """Like :meth:`entries`, but wait until there is at least one (hooks log asynchronously).

@@ -15,7 +15,9 @@ says which unit setting to fix when not); a base outside any unit is only
 warned about, since systemd owns that part of the tree.
 
 Then it rebuilds its view of the node from the cgroup tree (nothing lives only
-in its memory), listens, and tells systemd ``READY=1``. While it runs:
+in its memory), watches the running jobs' shepherds again (before it listens: a
+shepherd that exits once gecod answers is never missed), listens, and tells
+systemd ``READY=1``. While it runs:
 ``WATCHDOG=1`` at half of ``$WATCHDOG_USEC`` from a runloop timer (a hung
 loop stops pinging, and systemd restarts it), ``STATUS=`` with the job count;
 each job's master shepherd watched through a pidfd, and the job torn down the
@@ -162,18 +164,6 @@ class Daemon:
                                        JOB_COUNT=len(node.jobs),
                                        JOBS=",".join(j.key for j in node.jobs) or None,
                                        CPUS_IN_USE=node.cpus_in_use))
-        try:
-            self.listener = address.listen(self.address)
-        except GecoError as exc:
-            raise _StartupError(str(exc)) from exc
-        try:
-            self.root_listener = address.listen(
-                self.root_address, mode=address.ROOT_MODE | (0o060 if self.root_group else 0),
-                group=self.root_group)
-        except GecoError as exc:
-            self.listener.close()
-            address.unlink_socket(self.address)
-            raise _StartupError(str(exc)) from exc
         self.loop = RunLoop(cfg.gecod_granularity)
         # every kind of work on threads of its own, bounded per uid, job and peer: nothing
         # a user can cause waits in front of a job start or another user's login
@@ -189,6 +179,20 @@ class Daemon:
         self.shepherds = ShepherdWatch(self.loop, self.ctx, self.pools.ends,
                                        before_end=self.oom.check, on_ended=self._job_reaped)
         self.ctx.reclaim = self._reclaim
+        # before anyone can connect: once gecod answers, no running job's end is missed
+        self._rewatch()
+        try:
+            self.listener = address.listen(self.address)
+        except GecoError as exc:
+            raise _StartupError(str(exc)) from exc
+        try:
+            self.root_listener = address.listen(
+                self.root_address, mode=address.ROOT_MODE | (0o060 if self.root_group else 0),
+                group=self.root_group)
+        except GecoError as exc:
+            self.listener.close()
+            address.unlink_socket(self.address)
+            raise _StartupError(str(exc)) from exc
         # later tasks of contained jobs: served in C threads (geco.daemon.fastlane)
         self.lane = self.ctx.lane = fastlane.open_lane(
             self.root_listener, cfg, self.secret, **self._lane_settings(cfg))
@@ -382,6 +386,15 @@ class Daemon:
         _log.info("SIGHUP: configuration re-read from %s", self.config_path,
                   extra=log.job_fields(None, None, "gecod-reloaded"))
 
+    def _rewatch(self) -> None:
+        """Watch the shepherds of the jobs already contained (a restart loses no job end)."""
+        try:
+            watched = self.shepherds.rewatch(self.backend, spool_root(self.cfg))
+        except GecoError as exc:  # the reaper ends those jobs instead
+            _log.warning("cannot find the shepherds of the running jobs: %s", exc)
+        else:
+            _log.debug("watching %d running job(s) for their end", watched)
+
     # -- running ----------------------------------------------------------------
 
     def run(self) -> int:
@@ -400,12 +413,6 @@ class Daemon:
                   extra=log.job_fields(None, None, "gecod-started", SOCKET=self.address,
                                        ROOT_SOCKET=self.root_address))
         self.oom.start()
-        try:
-            watched = self.shepherds.rewatch(self.backend, spool_root(self.cfg))
-        except GecoError as exc:  # the reaper ends those jobs instead
-            _log.warning("cannot find the shepherds of the running jobs: %s", exc)
-        else:
-            _log.debug("watching %d running job(s) for their end", watched)
         self.reaper.start()
         if self.cluster is not None:
             self.cluster.start()

@@ -111,6 +111,7 @@ pid_alive() { # pidfile comm
 }
 qmaster_up() { pid_alive "$SPOOL/qmaster/qmaster.pid" sge_qmaster && qconf -sh >/dev/null 2>&1; }
 execd_up() { pid_alive "$SPOOL/execd/$SGEH/execd.pid" sge_execd; }
+execd_pid() { cat "$SPOOL/execd/$SGEH/execd.pid" 2>/dev/null; }
 queue_states() { # prints the state letters of QUEUE@SGEH ("" = fine); fails if not listed
   qstat -f -q "$QUEUE@$SGEH" 2>/dev/null | awk -v q="$QUEUE@$SGEH" \
     '$1 == q { found = 1; st = (NF >= 6) ? $6 : "" } END { if (!found) exit 1; print st }'
@@ -224,6 +225,34 @@ fingerprint() {
     "execd_preload=$EXECD_PRELOAD" \
     "script=$(sha256sum < "$HERE/setup.sh" | cut -d' ' -f1)"
 }
+# the fingerprint but execd's LD_PRELOAD: equal, only execd needs a restart
+same_but_preload() { cmp -s <(fingerprint | grep -v '^execd_preload=') <(grep -v '^execd_preload=' "$STATE"); }
+# LD_PRELOAD of the running execd, to restart it when GECO_EXECD_PRELOAD changed
+execd_preload() { tr '\0' '\n' < "/proc/$(execd_pid)/environ" 2>/dev/null | sed -n 's/^LD_PRELOAD=//p'; }
+# execd_as_configured GLOBAL_CHANGED: execd running with GECO_EXECD_PRELOAD and the global
+# configuration; restarted when either changed (running jobs survive an execd restart)
+execd_as_configured() {
+  if execd_up && { [ "$1" = yes ] || [ "$(execd_preload)" != "$EXECD_PRELOAD" ]; }; then
+    local old; old=$(execd_pid)
+    qconf -ke "$SGEH" >/dev/null 2>&1 || true
+    gone() { [ "$(cat "/proc/$old/comm" 2>/dev/null)" != sge_execd ]; }
+    wait_for 30 "sge_execd (pid $old) to stop" gone
+    log "   stopped execd (pid $old) to apply the global configuration or its LD_PRELOAD"
+  fi
+  if execd_up; then
+    log "   running (pid $(execd_pid))"
+  else
+    start_daemon /usr/sbin/sge_execd ${EXECD_PRELOAD:+"LD_PRELOAD=$EXECD_PRELOAD"}
+    wait_for "$TIMEOUT" "sge_execd to report ($QUEUE@$SGEH without state u)" queue_reporting
+    log "   started (pid $(execd_pid))"
+  fi
+  fix_queue
+  queue_usable || die "$QUEUE@$SGEH not usable: states '$(queue_states)'"
+}
+ready() {
+  fingerprint > "$STATE"
+  log "ready: host $SGEH, qmaster pid $(cat "$SPOOL/qmaster/qmaster.pid"), execd pid $(execd_pid)"
+}
 
 # ---------------------------------------------------------------------------
 # 0. a qmaster that teardown.sh --no-wait told to stop is let finish first: it would
@@ -250,6 +279,13 @@ if have_sge; then
     log "already running with these settings (host $SGEH, prolog=$PROLOG)"
     fix_queue
     ensure_user
+    exit 0
+  fi
+  # only execd's LD_PRELOAD asked to change (the tests do this between test modules)
+  if [ -e "$STATE" ] && same_but_preload && qmaster_up && execd_up; then
+    log "== sge_execd: LD_PRELOAD=${EXECD_PRELOAD:-none}, all else as running"
+    execd_as_configured no
+    ready
     exit 0
   fi
 fi
@@ -547,30 +583,10 @@ log "   starter_method=$STARTER shepherd_cmd=$SHEPHERD"
 #    survive an execd restart.
 # ---------------------------------------------------------------------------
 log "== sge_execd"
-EPF=$SPOOL/execd/$SGEH/execd.pid
-# LD_PRELOAD of the running execd, to restart it when GECO_EXECD_PRELOAD changed
-execd_preload() { tr '\0' '\n' < "/proc/$(cat "$EPF")/environ" 2>/dev/null | sed -n 's/^LD_PRELOAD=//p'; }
-if execd_up && { [ "$GLOBAL_CHANGED" = yes ] || [ "$(execd_preload)" != "$EXECD_PRELOAD" ]; }; then
-  old=$(cat "$EPF")
-  qconf -ke "$SGEH" >/dev/null 2>&1 || true
-  gone() { [ "$(cat "/proc/$old/comm" 2>/dev/null)" != sge_execd ]; }
-  wait_for 30 "sge_execd (pid $old) to stop" gone
-  log "   stopped execd (pid $old) to apply the global configuration or its LD_PRELOAD"
-fi
-if execd_up; then
-  log "   running (pid $(cat "$EPF"))"
-else
-  start_daemon /usr/sbin/sge_execd ${EXECD_PRELOAD:+"LD_PRELOAD=$EXECD_PRELOAD"}
-  wait_for "$TIMEOUT" "sge_execd to report ($QUEUE@$SGEH without state u)" queue_reporting
-  log "   started (pid $(cat "$EPF"))"
-fi
-fix_queue
-queue_usable || die "$QUEUE@$SGEH not usable: states '$(queue_states)'"
+execd_as_configured "$GLOBAL_CHANGED"
 
 # ---------------------------------------------------------------------------
 # 8. test user
 # ---------------------------------------------------------------------------
 ensure_user
-
-fingerprint > "$STATE"
-log "ready: host $SGEH, qmaster pid $(cat "$SPOOL/qmaster/qmaster.pid"), execd pid $(cat "$EPF")"
+ready

@@ -144,35 +144,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def _fewest_execd_restarts(items: list[pytest.Item]) -> list[pytest.Item]:
-    """``items`` with its modules (the cluster's tests as one) reordered so that sge_execd
-    changes between with and without the preload as seldom as it can (tests/conftest.py's
-    ``execd_as_asked``; ~5 s each time, ~25 times in file order): each next module is one
-    that starts the way the last one ended, one that stays so first. A module's own tests
-    keep their order."""
-    units: dict[str, list[pytest.Item]] = {}
-    for item in items:
-        on_cluster = "three_hosts" in getattr(item, "fixturenames", ())
-        units.setdefault("cluster" if on_cluster else str(item.path), []).append(item)
-    # each unit with how execd starts and ends it ("" when no test of it uses Grid Engine)
-    left = [(_execd_kinds(unit), unit) for unit in units.values()]
-    ordered: list[pytest.Item] = []
-    now = "plain"  # the session's sge fixture starts execd without the preload
-    while left:
-        fitting = [entry for entry in left if entry[0][0] in ("", now)]
-        staying = [entry for entry in fitting if entry[0][1] in ("", now)]
-        chosen = (staying or fitting or left)[0]
-        left.remove(chosen)
-        ordered += chosen[1]
-        now = chosen[0][1] or now
-    return ordered
+    """``items`` reordered so that sge_execd changes between with and without the preload
+    once (tests/conftest.py's ``execd_as_asked``; ~5 s each time, ~25 times in file
+    order): every module's tests without the ``gecod`` fixture first, then those marked
+    ``starts_on_plain_execd`` (their module fixture runs plain jobs, then the preload
+    comes), then those with it. A module holding both kinds is run in two parts: pytest
+    sets its module fixtures up again for the second, and its ``gecod`` is never up
+    while a test of the first part runs. The emulated cluster's tests stay one block,
+    and each part's tests keep their order."""
+    return sorted(items, key=_execd_rank)  # stable: file order within each rank
 
 
-def _execd_kinds(unit: list[pytest.Item]) -> tuple[str, str]:
-    """How sge_execd runs for the first and the last test of ``unit`` that uses Grid
-    Engine ("preload" with the ``gecod`` fixture, else "plain"; "" for none)."""
-    names = [getattr(item, "fixturenames", ()) for item in unit]
-    kinds = ["preload" if "gecod" in n else "plain" for n in names if "sge" in n]
-    return (kinds[0], kinds[-1]) if kinds else ("", "")
+def _execd_rank(item: pytest.Item) -> int:
+    names = getattr(item, "fixturenames", ())
+    if "gecod" not in names:
+        return 0
+    return 1 if item.get_closest_marker("starts_on_plain_execd") else 2
 
 
 def _cluster_down() -> None:

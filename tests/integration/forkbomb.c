@@ -1,10 +1,10 @@
 /* Job payload for the fork-bomb test: a fork bomb that ends by itself.
  *
- *   forkbomb SECONDS CAP
+ *   forkbomb SECONDS CAP [STOPFILE]
  *
  * Every process forks as fast as the kernel lets it, and every child does the same,
- * until SECONDS have passed; then each one waits for its children and exits, so the
- * job ends on its own. A refused fork (EAGAIN: the job's task limit) is counted and
+ * until SECONDS have passed or STOPFILE exists (the test has seen what it looks for);
+ * then each one waits for its children and exits, so the job ends on its own. A refused fork (EAGAIN: the job's task limit) is counted and
  * tried again after 1 ms. A counter shared by all of them stops forking at CAP
  * processes, so a node without a task limit is not taken down by its own test: the
  * report then shows no refused fork, and the test fails instead.
@@ -37,12 +37,13 @@ static double now(void)
 
 int main(int argc, char **argv)
 {
-    if (argc != 3) {
-        fprintf(stderr, "usage: forkbomb SECONDS CAP\n");
+    if (argc != 3 && argc != 4) {
+        fprintf(stderr, "usage: forkbomb SECONDS CAP [STOPFILE]\n");
         return 2;
     }
     double deadline = now() + atof(argv[1]);
     long cap = atol(argv[2]);
+    const char *stop = argc == 4 ? argv[3] : NULL;
     struct shared *s = mmap(NULL, sizeof *s, PROT_READ | PROT_WRITE,
                             MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (s == MAP_FAILED) {
@@ -53,7 +54,7 @@ int main(int argc, char **argv)
     atomic_store(&s->peak, 1);
     pid_t first = getpid();
 
-    while (now() < deadline) {
+    while (now() < deadline && !(stop && access(stop, F_OK) == 0)) {
         if (atomic_load(&s->live) >= cap) {
             usleep(10000);
             continue;

@@ -5,8 +5,9 @@ at least ``pids_min`` (here 48 and 64, so a bomb is held small and fast). Whoeve
 the job's cgroups sets it from the site configuration: the prolog on a node without
 the exec() preload, gecod at the shepherd's exec with it. Both are shown here.
 
-The bomb (forkbomb.c) forks without end from every process for 25 s, then ends by
-itself (h_rt would end it too); a counter it keeps stops it at 2,000 processes, so a
+The bomb (forkbomb.c) forks without end from every process until the test has seen
+what it looks for (a stop file; at most BOMB_SECONDS), then ends by itself (h_rt
+would end it too); a counter it keeps stops it at 2,000 processes, so a
 node without the limit is not taken down by its own test: the test then fails because
 no fork was refused. While it runs, another job starts and runs on the node's other
 slot (sge_execd forks its shepherd, gecod contains it), gecod answers STATUS, and
@@ -43,7 +44,7 @@ pytestmark = pytest.mark.sge
 GECO = "/opt/geco/venv/bin/geco"
 FORKBOMB = Path(__file__).with_name("forkbomb.c")
 SETTINGS = {("cgroup", "pids_per_slot"): 48, ("cgroup", "pids_min"): 64}
-BOMB_SECONDS = 25
+BOMB_SECONDS = 100  # the bomb's own bound, under its h_rt; the test stops it sooner
 REPORT = re.compile(r"forkbomb: peak (\d+) processes, (\d+) forks refused \(EAGAIN\), "
                     r"(\d+) other fork errors\n")
 
@@ -140,8 +141,9 @@ def test_a_fork_bomb_fills_only_its_own_job_and_the_node_keeps_working(
     queue in error state."""
     compile_bomb(job_dir, job_owner)
     with site_settings(SETTINGS, gecod):
+        stop = job_dir.path / "stop-bomb"
         a = job_dir.submit("bomb", "-l", "h_rt=120",
-                           script=f"exec ./forkbomb {BOMB_SECONDS} 2000\n")
+                           script=f"exec ./forkbomb {BOMB_SECONDS} 2000 {stop}\n")
         key_a = f"{a}.1"
         wait_for_cgroups(key_a)
         wait_until(lambda: refused(key_a) > 0, 60, "the bomb to reach its task limit")
@@ -152,6 +154,7 @@ def test_a_fork_bomb_fills_only_its_own_job_and_the_node_keeps_working(
             f"cat /sys/fs/cgroup/pids/GECO/{key_a}/pids.current\n"
             "echo job B ran\nexit 7\n"))
         [record_b] = sge.wait_finished(b, timeout=60)
+        stop.touch()  # B has run beside the bomb at its limit: A may end now
         [record_a] = sge.wait_finished(a, timeout=120)
         [end_a] = journal.wait_for(30, JOB_ID=str(a), GECO_EVENT="job-end")
         quarantined_b = journal.entries(JOB_ID=str(b), GECO_EVENT="quarantined")

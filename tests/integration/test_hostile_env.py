@@ -57,16 +57,19 @@ def markers(path: Path) -> list[str]:
     return sorted(p.name for p in path.iterdir() if p.name not in TRAPS)
 
 
-@pytest.fixture(params=["hooks", "preload"])
-def deployment(request: pytest.FixtureRequest, sge: Any) -> str:
-    """The hooks queue alone (the prolog asks qstat), or gecod with the exec() preload."""
-    if request.param == "preload":
-        request.getfixturevalue("gecod")
-    return str(request.param)
+def test_under_the_hooks_a_job_with_a_hostile_environment_gets_its_limit_and_runs_nothing_as_root(
+        sge: Any, job_dir: Any, evil_path: Path) -> None:
+    """The hooks queue alone (the prolog asks qstat): see :func:`hostile_job`."""
+    hostile_job(sge, job_dir, evil_path, "hooks")
 
 
-def test_a_job_with_a_hostile_environment_gets_its_memory_limit_and_runs_nothing_as_root(
-        sge: Any, job_dir: Any, evil_path: Path, deployment: str) -> None:
+def test_under_gecod_a_job_with_a_hostile_environment_gets_its_limit_and_runs_nothing_as_root(
+        sge: Any, gecod: Any, job_dir: Any, evil_path: Path) -> None:
+    """gecod with the exec() preload: see :func:`hostile_job`."""
+    hostile_job(sge, job_dir, evil_path, "preload")
+
+
+def hostile_job(sge: Any, job_dir: Any, evil_path: Path, deployment: str) -> None:
     """Given a job submitted with -v SGE_QMASTER_PORT=1,SGE_CELL=x,SGE_ROOT=/tmp and a
     PATH whose first directory holds the user's qstat, qmod, sh, ... and m_mem_free=200M,
     then from inside it the job sees its 200M limit (cgroup and GECO_MEMORY_LIMIT), it

@@ -82,6 +82,7 @@ def table(figures: dict[str, Any]) -> str:
     return "\n".join(f"  {name:<{width}}  {value}" for name, value in rows)
 
 
+@pytest.mark.starts_on_plain_execd  # floor: bare jobs before the preload comes in
 def test_a_soak_of_short_jobs_of_every_kind_leaves_nothing_behind(
         floor: dict[str, float], sge: Any, gecod: Any, job_dir: Any, journal: Any,
         soak_queue: str, figures: list[str]) -> None:
