@@ -38,7 +38,7 @@ class Gecod:
 
     log: Path
     proc: subprocess.Popen[bytes] | None = None
-    preload: str = PRELOAD  # what the ``gecod`` fixture gives sge_execd
+    preload: str = PRELOAD  # what sge_execd gets for a test with the ``gecod`` fixture
 
     def start(self) -> None:
         with self.log.open("ab") as out:
@@ -112,11 +112,10 @@ def gecod_service(sge: Any, journal: Any,
 
 @pytest.fixture(scope="module")
 def gecod(sge: Any, gecod_service: Gecod) -> Gecod:
-    """gecod serving and sge_execd running with the exec() preload, for one test module.
-    Each test that does not ask for this fixture gets execd without the preload (the hooks
-    alone): tests/conftest.py's ``execd_as_asked``, which restarts execd only where one
-    kind of test follows the other."""
-    sge.execd_with(PRELOAD)
+    """gecod serving and sge_execd running with the exec() preload, for one test module:
+    tests/conftest.py's ``execd_as_asked`` gives each test that asks for this fixture
+    execd with the preload, and each other test execd without it (the hooks alone),
+    restarting execd only where one kind of test follows the other."""
     return gecod_service
 
 
