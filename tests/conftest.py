@@ -462,6 +462,8 @@ def sge(job_owner: JobOwner) -> Iterator[GridEngine]:
         os.environ.get("GECO_TEST_HOOKS", "1"), HOOK_LINES))
     hooks = frozenset(h for h in wanted if (LIBEXEC / h).exists())
     env = dict(CLEAN_ENV, SGE_TEST_USER=job_owner.name)
+    if "SGE_MEM" in os.environ:  # a machine's capacity (the VM guests': vmrun.SGE_MEM)
+        env["SGE_MEM"] = os.environ["SGE_MEM"]
     for hook, knob in (("prolog", "GECO_PROLOG"), ("epilog", "GECO_EPILOG"),
                        ("starter", "GECO_STARTER")):
         if hook in hooks:

@@ -26,6 +26,7 @@ from geco.wire.messages import AckStatus
 
 if TYPE_CHECKING:
     from geco.daemon.fastlane import FastLane
+    from geco.sge.lookup import Found
 
 __all__ = ["GecodContext", "Outcome", "Peer", "Shepherd", "WouldWait"]
 
@@ -65,6 +66,8 @@ class Outcome:
         own spool dir, not a PE task's): gecod ends the job when it exits.
     first: the first process this gecod put into these cgroups (made now or by a hook):
         it starts watching the job (OOM kills); later tasks of the job need not.
+    found: where the job's resources came from and how long that took, when this request
+        read them (Grid Engine's own time, qstat's, is part of a job start's).
     """
 
     status: AckStatus
@@ -73,6 +76,7 @@ class Outcome:
     limits: Limits | None = None
     shepherd: Shepherd | None = None
     first: bool = False
+    found: Found | None = None
 
     @property
     def ok(self) -> bool:

@@ -66,6 +66,7 @@ from geco.job import containment
 from geco.job.jobkey import JobKey
 from geco.job.resourceset import short_hostname
 from geco.sge import execd
+from geco.sge.lookup import Found
 from geco.wire.messages import AckStatus, MsgType
 
 __all__ = ["Request", "pid_reused", "quarantine", "spool_root"]
@@ -278,11 +279,12 @@ def _shepherd_job_dir(req: Request, key: JobKey, ctx: GecodContext) -> Path:
 
 
 def _contain(key: JobKey, req: Request, job_dir: str | Path, ctx: GecodContext,
-             wait: bool, master: bool) -> tuple[Limits, bool, bool]:
+             wait: bool, master: bool) -> tuple[Limits, bool, bool, Found | None]:
     """Steps 3 and 4 under the job's lock: the job's cgroups, reused or built, and the pid
-    moved in; return their limits, whether we built them, and whether they are new to
-    this gecod. ``wait=False``: raise :class:`WouldWait` unless that takes no waiting
-    (the lock is free, and the cgroups are ones this gecod has seen).
+    moved in; return their limits, whether we built them, whether they are new to
+    this gecod, and the resources read for them. ``wait=False``: raise
+    :class:`WouldWait` unless that takes no waiting (the lock is free, and the cgroups are
+    ones this gecod has seen).
 
     Holding the lock until the pid is in keeps gecod's end of the job's previous
     run (:mod:`geco.daemon.shepherdwatch`) from removing the cgroups in between.
@@ -295,7 +297,7 @@ def _contain(key: JobKey, req: Request, job_dir: str | Path, ctx: GecodContext,
             ctx.backend.add_pid(key, req.pid)
             if ctx.lane is not None:  # the next ones are the lane's
                 ctx.lane.publish(key, known[0], known[1], ctx.backend)
-            return known[1], False, False
+            return known[1], False, False, None
         if not wait:
             raise WouldWait(f"job {key}'s cgroups are new to gecod")
         done = containment.contain_job(
@@ -309,7 +311,7 @@ def _contain(key: JobKey, req: Request, job_dir: str | Path, ctx: GecodContext,
             ctx.ready[key] = (identity, done.limits)
             if ctx.lane is not None:
                 ctx.lane.publish(key, identity, done.limits, ctx.backend)
-    return done.limits, done.created, True
+    return done.limits, done.created, True, done.found
 
 
 def pid_reused(req: Request) -> Outcome:
@@ -357,7 +359,7 @@ def quarantine(req: Request, ctx: GecodContext, *, wait: bool = True) -> Outcome
             job_dir, master = _check_job_started(req, key, ctx)
         if req.pidfd >= 0 and not _alive(req.pidfd):
             raise _refuse(f"process {req.pid} exited before it could be quarantined")
-        limits, created, first = _contain(key, req, job_dir, ctx, wait, master)
+        limits, created, first, found = _contain(key, req, job_dir, ctx, wait, master)
         # the pidfd pins the peer: alive now means the pid we wrote was still the peer's
         if req.pidfd >= 0 and not _alive(req.pidfd):
             return pid_reused(req)
@@ -369,4 +371,5 @@ def quarantine(req: Request, ctx: GecodContext, *, wait: bool = True) -> Outcome
         return Outcome(AckStatus.FAILED, str(exc))
     shepherd = Shepherd(key, req.pid, execd.queue_instance(Path(job_dir))) if master else None
     return Outcome(AckStatus.OK, f"process {req.pid} is in job {key}'s cgroups",
-                   created=created, limits=limits, shepherd=shepherd, first=first)
+                   created=created, limits=limits, shepherd=shepherd, first=first,
+                   found=found)

@@ -56,7 +56,7 @@ class RequestLog:
         if job is not None and task is not None \
                 and not self.successes.allow(JobKey(job, task), "python"):
             return
-        limits = outcome.limits
+        limits, found = outcome.limits, outcome.found
         _log.info("quarantined process %s into job %s.%s (%s)%s", pid, job, task,
                   conn.describe(), "; created its cgroups" if outcome.created else "",
                   extra=log.job_fields(
@@ -65,6 +65,9 @@ class RequestLog:
                       ELAPSED_MS=round((time.monotonic() - conn.accepted) * 1000, 1),
                       PEERCRED=1 if got.peercred else None,
                       CGROUP_CREATED=int(outcome.created),
+                      # Grid Engine's share of ELAPSED_MS (qstat), apart from geco's
+                      RESOURCES=found.source if found else None,
+                      LOOKUP_MS=round(found.seconds * 1000, 1) if found else None,
                       CPUS=limits.cpus if limits else None,
                       MEMS=limits.mems if limits else None,
                       MEMORY_LIMIT=limits.memory if limits else None,

@@ -46,6 +46,7 @@ from tests.stallkit import (
     ALLOCATE,
     ATTACKER,
     attack_until,
+    geco_ms,
     goal_ms,
     tcp_garbage,
     tcp_idle,
@@ -83,10 +84,10 @@ def _node1_job(sge: Any, cwd: Path) -> int:
 
 
 def _started_ms(journal: Any, job: int) -> float:
-    """gecod's accept-to-answer time of the job's JOB_STARTED."""
+    """gecod's own time for the job's JOB_STARTED (stallkit.geco_ms)."""
     [started] = journal.wait_for(20, JOB_ID=str(job), GECO_EVENT="quarantined",
                                  REQUEST="JOB_STARTED")
-    return float(started["ELAPSED_MS"])
+    return geco_ms(started)
 
 
 def _from_node2(journal: Journal, since: float) -> tuple[list[dict[str, Any]],
@@ -113,11 +114,11 @@ def test_a_parallel_job_starts_and_ends_while_a_user_floods_the_cluster_ports(
     user's job, and holding idle connections from this machine (no execution host), for
     at least 10 s and until each of those was seen refused or closed (over 100 forged
     frames sent), when that user's 3-host job runs meanwhile, then it starts at its first
-    try with every JOB_STARTED and PREPARE answered within 1 s (stallkit.goal_ms on a
-    machine slower than that), `geco status --job` shows its three hosts, and it ends with
-    all three hosts' figures; the forged frames are journaled within the peer's budget and
-    never under that job's id; this machine's connections are closed unread; no queue is
-    in error."""
+    try with every JOB_STARTED (geco's share: stallkit.geco_ms) and PREPARE answered within
+    1 s (stallkit.goal_ms on a machine slower than that), `geco status --job` shows its
+    three hosts, and it ends with all three hosts' figures; the forged frames are journaled
+    within the peer's budget and never under that job's id; this machine's connections are
+    closed unread; no queue is in error."""
     since = time.time()
     quiet = _started_ms(journal, _node1_job(sge, job_owner.make_dir("stall-quiet")))
     # held (-h) until the attack is on
@@ -159,8 +160,9 @@ def test_a_parallel_job_starts_and_ends_while_a_user_floods_the_cluster_ports(
         "geco-node1", "geco-node2", "geco-node3"], shown.stdout
     [end] = journal.wait_for(30, JOB_ID=str(job), GECO_EVENT="job-end")
     assert end["NODES"] == "3" and "NODES_MISSING" not in end, end
-    starts = _ms(journal.entries(since, JOB_ID=str(job), GECO_EVENT="quarantined",
-                                 REQUEST="JOB_STARTED"))
+    starts = [geco_ms(r) for r in journal.entries(since, JOB_ID=str(job),
+                                                  GECO_EVENT="quarantined",
+                                                  REQUEST="JOB_STARTED")]
     prepares = _ms(journal.entries(since, JOB_ID=str(job), GECO_EVENT="job-prepared",
                                    REQUEST="PREPARE"))
     assert len(starts) >= 3 and len(prepares) == 2, (starts, prepares)

@@ -87,7 +87,8 @@ def test_a_process_in_its_jobs_spool_dir_is_moved_into_the_jobs_cgroups(
     """Given a spooled job with a resource file (256 MiB), when a process whose cwd is the
     job's spool dir sends JOB_STARTED for itself, then the ACK is OK, /proc/<pid>/cgroup
     shows it in <name>/<job>.1 in every controller, the memory limit is the resource
-    file's, and the journal has a GECO_EVENT=quarantined entry with JOB_ID, SGE_TASK_ID, PID."""
+    file's, and the journal has a GECO_EVENT=quarantined entry with JOB_ID, SGE_TASK_ID, PID,
+    where the resources came from and the part of its time that took (LOOKUP_MS)."""
     job = new_job()
     node.make_job(job, memory=256 * MiB)
     p = node.job_process(job)
@@ -99,8 +100,9 @@ def test_a_process_in_its_jobs_spool_dir_is_moved_into_the_jobs_cgroups(
     limit = int((node.cgroup("memory", f"{job}.1") / "memory.limit_in_bytes").read_text())
     assert limit == 256 * MiB
     [entry] = journal.entries(GECO_EVENT="quarantined", JOB_ID=str(job), _PID=str(gecod.pid))
-    assert (entry["SGE_TASK_ID"], entry["PID"], entry["CGROUP_CREATED"], entry["PRIORITY"]) \
-        == ("1", str(p.pid), "1", "6")
+    assert (entry["SGE_TASK_ID"], entry["PID"], entry["CGROUP_CREATED"], entry["PRIORITY"],
+            entry["RESOURCES"]) == ("1", str(p.pid), "1", "6", "file")
+    assert 0 <= float(entry["LOOKUP_MS"]) <= float(entry["ELAPSED_MS"]), entry
 
 
 def test_a_traced_job_gets_gecods_lines_in_its_trace_file_and_others_get_none(

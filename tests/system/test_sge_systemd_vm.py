@@ -6,10 +6,10 @@ onto its own disk and installs geco as an admin would, ``scripts/install.sh``
 from the image's Debian packages, no PyPI under emulation), which on systemd
 installs and enables gecod.service, geco-jobs.service and the execd drop-in.
 Then pytest runs ``tests/vm_sge`` there, whose fixtures bring up Grid Engine as
-systemd units and submit real jobs, and the PAM half of the ssh matrix
-(``test_ssh_live``: the same file the host runs, with pam_systemd and logind in the
-stack and gecod as a unit; its preload half, ``test_ssh_preload``, runs in the legacy
-v1 boot of test_ssh_v1_systemd_vm). Last, the guest prints its prolog and
+systemd units and submit real jobs, and those tests of the PAM half of the ssh matrix
+(``test_ssh_live``, which the host runs whole) whose outcome pam_systemd and logind act
+on, with them in the stack and gecod as a unit; its preload half, ``test_ssh_preload``,
+runs in the legacy v1 boot of test_ssh_v1_systemd_vm. Last, the guest prints its prolog and
 epilog times from its journal; this test prints them beside this host's (the
 hooks the integration tests of this run journaled) under "figures".
 
@@ -30,14 +30,20 @@ import pytest
 from tests.system import vmrun
 
 BENCH = "bench.bench_hooks"  # run as a module from the checkout, as bench/run does
-# the story, then the PAM half of the ssh matrix the host runs too (here with pam_systemd
-# and logind in the README's stack, and gecod as a unit); the preload half runs in the
-# legacy v1 boot (test_ssh_v1_systemd_vm), the shorter of the two that run side by side
-GUEST_TESTS = "tests/vm_sge tests/integration/test_ssh_live.py"
+# the story, then those of the PAM half of the ssh matrix (the host runs it all) whose
+# outcome pam_systemd and logind act on: where a session runs and that it ends with its
+# job (here with the README's stack and gecod as a unit). Who is let in is decided before
+# pam_systemd runs: that the host shows once. The preload half runs in the legacy v1 boot
+# (test_ssh_v1_systemd_vm), the shorter of the two that run side by side.
+SSH_LIVE = "tests/integration/test_ssh_live.py"
+GUEST_TESTS = " ".join((
+    "tests/vm_sge", f"{SSH_LIVE}::test_a_job_owners_session_runs_inside_their_job",
+    f"{SSH_LIVE}::test_a_session_ends_with_its_job_counts_in_its_accounting_and_the_next_"
+    "login_is_refused"))
 GUEST_COMMAND = (
     f"set -e; {vmrun.COPY_TO_GUEST}; cd /root/geco; since=$(date +%s); "
     "GECO_SYSTEM_PACKAGES=1 scripts/install.sh; rc=0; "
-    "GECO_KEEP_SGE=1 GECO_TEST_HOOKS=starter "
+    f"{vmrun.GUEST_SGE} "
     f"{vmrun.guest_pytest(GUEST_TESTS, '/opt/geco/venv/bin/python', '--durations=12')} "
     "|| rc=$?; "
     # a failure shows what gecod said meanwhile (the guest's journal goes with the guest)

@@ -8,9 +8,10 @@ would (gecod.service, the execd drop-in), Grid Engine comes up as units, and
 ``tests/vm_sge/test_ssh_systemd.py`` runs: a session opened through pam_systemd lands
 in the job in every hierarchy geco uses, and stays there, with the job's own
 processes, across ``systemctl daemon-reload``. Then the preload-in-sshd half of the ssh
-matrix the host runs too (``tests/integration/test_ssh_preload.py``), here with
-pam_systemd and logind in the stack and gecod as a unit (the other half runs in
-tests/vm_sge's boot: the two boots run side by side, and this one is the shorter).
+matrix the host runs whole (``tests/integration/test_ssh_preload.py``: its sessions that
+land in a job), here with pam_systemd and logind in the stack and gecod as a unit (the
+other half runs in tests/vm_sge's boot: the two boots run side by side, and this one is
+the shorter).
 
 Cost: a boot (~60 s beside the host's suite), the install (~2 min under emulation),
 Grid Engine's start and the jobs.
@@ -26,12 +27,17 @@ from tests.system import vmrun
 
 LEGACY_V1 = "systemd.unified_cgroup_hierarchy=0 systemd.legacy_systemd_cgroup_controller=1"
 FILES = ("tests/vm_sge/test_ssh_systemd.py", "tests/integration/test_ssh_preload.py")
+# of the preload half (the host runs it all), those where the session lands in a job, as
+# pam_systemd put it in a session scope first; a refusal comes before anything systemd does
+GUEST_TESTS = (FILES[0], *(f"{FILES[1]}::{test}" for test in (
+    "test_a_job_id_sent_with_the_session_picks_that_job_of_the_users",
+    "test_without_geco_in_the_pam_stack_the_preload_still_contains_sessions")))
 GUEST_COMMAND = (
     f"set -e; {vmrun.COPY_TO_GUEST}; cd /root/geco; "
     "test -d /sys/fs/cgroup/memory && ! test -e /sys/fs/cgroup/cgroup.controllers; "
     "GECO_SYSTEM_PACKAGES=1 scripts/install.sh; "
-    "GECO_KEEP_SGE=1 GECO_TEST_HOOKS=starter "
-    f"{vmrun.guest_pytest(' '.join(FILES), '/opt/geco/venv/bin/python', '-v')}")
+    f"{vmrun.GUEST_SGE} "
+    f"{vmrun.guest_pytest(' '.join(GUEST_TESTS), '/opt/geco/venv/bin/python', '-v')}")
 BOOT = vmrun.Boot("tests/vm_sge/test_ssh_systemd.py and test_ssh_preload.py on systemd's "
                   "legacy cgroup v1",
                   GUEST_COMMAND, timeout=1500, mem_mib=6144, append=LEGACY_V1)

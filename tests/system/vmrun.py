@@ -31,9 +31,9 @@ from tests import figurekit
 from tests.cleanslate import TEST_USER
 from tests.servicekit import HOOK_LINES
 
-__all__ = ["COPY_TO_GUEST", "MASK", "PREPARE", "PRESEED", "REPO", "RUNNER", "TIMEOUT", "Boot",
-           "VmRun", "assert_all_passed", "guest_pytest", "packages", "result", "start", "stop",
-           "summary"]
+__all__ = ["COPY_TO_GUEST", "GUEST_SGE", "MASK", "PREPARE", "PRESEED", "REPO", "RUNNER",
+           "SGE_MEM", "TIMEOUT", "Boot", "VmRun", "assert_all_passed", "guest_pytest",
+           "packages", "result", "start", "stop", "summary"]
 
 REPO = Path(__file__).resolve().parents[2]
 RUNNER = REPO / "integration" / "vm" / "run-in-vm.sh"
@@ -57,7 +57,17 @@ MASK = "gridengine-master.service gridengine-exec.service"
 # Engine boot: the spool, the writes, the user; every qconf is a ~3 s round trip there). The
 # scripts (and what setup.sh sources) are part of the image key: a change builds a new image.
 SGE_SCRIPTS = ("integration/sge/setup.sh", "integration/sge/teardown.sh", "scripts/packages.sh")
+# Grid Engine's h_vmem/m_mem_free capacity in the guests, the same at PREPARE and in the
+# guest (the guests' sge fixtures pass SGE_MEM on to setup.sh): its default is MemTotal,
+# which in the build's chroot is this host's, not the guest's, and a capacity that differs
+# has the guest's setup.sh rewrite the host (~50 s of emulated qconf a boot). Grid Engine's
+# h_vmem default (2G a slot) fits twice.
+SGE_MEM = "5000M"
+# how the guests run Grid Engine: as prepared, left running at the end (the guest is
+# thrown away)
+GUEST_SGE = f"GECO_KEEP_SGE=1 GECO_TEST_HOOKS=starter SGE_MEM={SGE_MEM}"
 PREPARE = (f"SGE_TEST_USER={TEST_USER} GECO_STARTER={HOOK_LINES['starter']} "
+           f"SGE_MEM={SGE_MEM} "
            "bash /tmp/runinvm-prepare/integration/sge/setup.sh "
            "&& bash /tmp/runinvm-prepare/integration/sge/teardown.sh")
 # The guest's own copy of the share, minus what must not or need not travel: git history,
