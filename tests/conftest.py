@@ -95,11 +95,16 @@ from tests.servicekit import (
     ensure_user,
     journald_alive,
     run,
+    sge_env,
     shared_use,
     sole_user,
     start_journald,
     stop,
 )
+
+# The session's own children too (a test's subprocess.run(["qdel", ...])) run Grid
+# Engine's clients as CLEAN_ENV gives every other child.
+os.environ.update(sge_env(os.environ.get("PATH", "")))
 
 # ---------------------------------------------------------------------------
 # figures: what the tests measured, one table at the end of the run

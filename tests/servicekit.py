@@ -34,9 +34,23 @@ JOURNAL_SOCKET = Path("/run/systemd/journal/socket")
 SGE_SPOOL = Path("/var/spool/gridengine")
 SGE_CELL_COMMON = Path("/var/lib/gridengine/default/common")
 LOCK_DIR = Path("/run/lock")
-# What every child gets instead of pytest's environment (pyenv shims, PYTHONPATH, ...).
-CLEAN_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-             "LANG": "C.UTF-8"}
+SGE_ENV_SH = REPO / "integration" / "sge" / "env.sh"
+
+
+def sge_env(path: str) -> dict[str, str]:
+    """integration/sge/env.sh's environment on ``path``: Grid Engine's, as a site's
+    settings.sh gives it to its users, its own clients first in PATH (not Debian's
+    wrappers, which run ~45 processes a call to find the architecture)."""
+    out = subprocess.run(["bash", "-c", f'. "{SGE_ENV_SH}" && env -0'], env={"PATH": path},
+                         capture_output=True, check=True).stdout.decode()
+    return {k: v for k, _, v in (item.partition("=") for item in out.split("\0") if item)
+            if k == "PATH" or k.startswith("SGE_")}
+
+
+# What every child gets instead of pytest's environment (pyenv shims, PYTHONPATH, ...):
+# the system's PATH and Grid Engine's environment (SGE_ENV).
+SGE_ENV = sge_env("/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+CLEAN_ENV = {**SGE_ENV, "LANG": "C.UTF-8"}
 HOOK_LINES = {
     "prolog": "root@/opt/geco/libexec/prolog $job_id $ja_task_id",
     "epilog": "root@/opt/geco/libexec/epilog $job_id $ja_task_id",

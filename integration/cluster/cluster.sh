@@ -40,7 +40,9 @@
 # `up` started (by their pid files).
 set -euo pipefail
 
-export SGE_ROOT=/var/lib/gridengine SGE_CELL=default PATH=/usr/sbin:/usr/bin:/sbin:/bin
+SYSTEM_PATH=/usr/sbin:/usr/bin:/sbin:/bin  # the daemons' (execd's is every job's)
+export PATH=$SYSTEM_PATH
+. "$(dirname "${BASH_SOURCE[0]}")/../sge/env.sh"  # SGE_ROOT, SGE_CELL, the clients first
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 REPO=$(cd "$HERE/../.." && pwd -P)
 SPOOL=/var/spool/gridengine/execd
@@ -177,7 +179,7 @@ gid_range() { # k: the host's own range of Grid Engine's additional group ids
 }
 
 start_execd() { # k: Grid Engine's execd, with geco's preload
-  (close_fds; cd / && in_node "$1" env -i PATH="$PATH" LANG=C.UTF-8 SGE_ROOT="$SGE_ROOT" \
+  (close_fds; cd / && in_node "$1" env -i PATH="$SYSTEM_PATH" LANG=C.UTF-8 SGE_ROOT="$SGE_ROOT" \
      SGE_CELL="$SGE_CELL" LD_PRELOAD="$PRELOAD" setsid /usr/sbin/sge_execd \
      </dev/null >/dev/null 2>&1)
 }
@@ -186,7 +188,7 @@ start_gecod() { # k
   local k=$1 run i; run=$(run_dir "$k")
   ! pid_alive "$run/gecod.pid" || die "the gecod of $(host "$k") runs already"
   # EXEC=exec: the background subshell becomes gecod, so $! is gecod's pid
-  (close_fds; cd / && EXEC=exec in_node "$k" env -i PATH="$PATH" LANG=C.UTF-8 setsid "$GECO" daemon \
+  (close_fds; cd / && EXEC=exec in_node "$k" env -i PATH="$SYSTEM_PATH" LANG=C.UTF-8 setsid "$GECO" daemon \
      </dev/null >>"$run/gecod.log" 2>&1 & echo $! > "$run/gecod.pid")
   for i in $(seq 300); do
     [ -S "$run/gecod-root.sock" ] && in_node "$k" sh -c "ss -Hltn 'sport = :6446' | grep -q ." \

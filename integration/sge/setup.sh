@@ -46,9 +46,8 @@
 # accounting written at once (qacct -j right after a job ends).
 set -euo pipefail
 
-export SGE_ROOT=/var/lib/gridengine
-export SGE_CELL=default
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
+. "$(dirname "${BASH_SOURCE[0]}")/env.sh"  # SGE_ROOT, SGE_CELL, the clients first
 export DEBIAN_FRONTEND=noninteractive
 umask 022
 

@@ -13,9 +13,8 @@
 # Only the daemon pids recorded in Grid Engine's own pid files are ever signalled.
 set -uo pipefail
 
-export SGE_ROOT=/var/lib/gridengine
-export SGE_CELL=default
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
+. "$(dirname "${BASH_SOURCE[0]}")/env.sh"  # SGE_ROOT, SGE_CELL, the clients first
 SPOOL=/var/spool/gridengine
 STOPPING=$SPOOL/qmaster/geco-stopping
 KEEP_JOBS=no

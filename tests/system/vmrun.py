@@ -56,7 +56,8 @@ MASK = "gridengine-master.service gridengine-exec.service"
 # the daemons as units and checks each object (~10-15 s of emulated work saved per Grid
 # Engine boot: the spool, the writes, the user; every qconf is a ~3 s round trip there). The
 # scripts (and what setup.sh sources) are part of the image key: a change builds a new image.
-SGE_SCRIPTS = ("integration/sge/setup.sh", "integration/sge/teardown.sh", "scripts/packages.sh")
+SGE_SCRIPTS = ("integration/sge/setup.sh", "integration/sge/env.sh", "integration/sge/teardown.sh",
+               "scripts/packages.sh")
 # Grid Engine's h_vmem/m_mem_free capacity in the guests, the same at PREPARE and in the
 # guest (the guests' sge fixtures pass SGE_MEM on to setup.sh): its default is MemTotal,
 # which in the build's chroot is this host's, not the guest's, and a capacity that differs
