@@ -130,15 +130,17 @@ static void add_env(char **envp, int *n, char *buf, size_t cap, const char *name
 }
 
 /* gecod could not be asked: the helper decides in a process of its own (pam_exec's way:
-   PAM_TYPE, PAM_USER, PAM_RHOST and SSH_CONNECTION in a clean environment; its first
-   line of output goes to the user). */
+   PAM_TYPE, PAM_USER, PAM_RHOST and SSH_CONNECTION in a clean environment). Its output
+   is read as gecod's reply: the first line to the user, the job's NAME=value lines after
+   it into an admitted session's environment. */
 static int run_helper(pam_handle_t *pamh, const args_t *args, const char *stage,
-                      const char *user, const char *rhost, const char *connection)
+                      int session, const char *user, const char *rhost,
+                      const char *connection)
 {
     char e_type[64], e_user[300], e_rhost[300], e_conn[300];
     char *envp[6];
     int n = 0, fds[2], status = 0;
-    char out[1024];
+    char out[GECO_REPLY_MAX_TEXT + 1];
     size_t got = 0;
     ssize_t r;
 
@@ -173,12 +175,10 @@ static int run_helper(pam_handle_t *pamh, const args_t *args, const char *stage,
         ;
     if (reaped != pid)
         return -1; /* its status is unknown (reaped elsewhere): not a success */
-    char *nl = strchr(out, '\n');
-    if (nl != NULL)
-        *nl = '\0';
-    if (*out != '\0')
-        pam_info(pamh, "%s", out);
-    return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
+    int admitted = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    if (relay(pamh, out, session && admitted) != 0)
+        return 1;
+    return admitted ? 0 : 1;
 }
 
 /* The quarantine key leaves sshd's memory as soon as the request that needed it is done.
@@ -251,7 +251,8 @@ static int decide(pam_handle_t *pamh, int argc, const char **argv, int stage)
                    rc == GECO_CLIENT_E_STATUS ? geco_status_name(out.status) : "");
     }
     forget_key(&cfg); /* also when the config or key failed to load halfway */
-    switch (run_helper(pamh, &args, stage_name, user, rhost, connection)) {
+    switch (run_helper(pamh, &args, stage_name, stage == GECO_ADOPT_SESSION, user, rhost,
+                       connection)) {
     case 0:
         return PAM_SUCCESS;
     case 1:

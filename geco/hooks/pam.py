@@ -110,8 +110,10 @@ def main() -> int:
         return REFUSE
     finally:
         log.close()
-    if answer.message:
-        print(answer.message, flush=True)
+    if answer.message or answer.env:
+        # as gecod's reply: the user's line, then the session's variables (pam_geco.so
+        # puts those into the session's environment)
+        print("\n".join((answer.message, *(f"{k}={v}" for k, v in answer.env))), flush=True)
     return ADMIT if answer.admit else REFUSE
 
 

@@ -268,16 +268,19 @@ def test_a_session_ends_with_its_job_counts_in_its_accounting_and_the_next_login
 def test_while_gecod_is_down_the_helper_decides_as_configured(sshd: Sshd, sge: Any,
                                                               gecod_service: Any) -> None:
     """Given gecod stopped, then the PAM module falls back to the helper: by default it
-    decides the same way (the job owner lands in their job, a user without a job is
-    refused); under ``gecod_unreachable = "refuse"`` the owner is refused with geco's line
-    while root still gets in."""
+    decides the same way (the job owner lands in their job, with its JOB_ID, SGE_TASK_ID and
+    GECO_* variables, a user without a job is refused); under ``gecod_unreachable =
+    "refuse"`` the owner is refused with geco's line while root still gets in."""
     owner: JobOwner = sge.owner
     with running_job(sge) as key:
         gecod_service.stop()
         try:
-            out = sshd.ssh(owner.name, "cat /proc/self/cgroup")
+            out = sshd.ssh(owner.name, "cat /proc/self/cgroup; echo ==; "
+                                       "echo $JOB_ID $SGE_TASK_ID $GECO_CPUS")
             assert out.returncode == 0, out.stderr
-            assert job_of(out.stdout) == key
+            where, variables = out.stdout.split("==\n")
+            assert job_of(where) == key
+            assert variables.split() == [key.split(".")[0], "undefined", job_cpus(key)]
             outsider = sshd.ssh(OUTSIDER, "true")
             assert outsider.returncode == 255
             assert REFUSED.format(node=sshd.node) in outsider.stderr
