@@ -231,15 +231,16 @@ def test_with_two_jobs_a_session_joins_the_one_it_comes_from_else_the_newest(
 
 def test_a_session_ends_with_its_job_counts_in_its_accounting_and_the_next_login_is_refused(
         sshd: Sshd, sge: Any, journal: Any) -> None:
-    """Given a session running in a job (a ``sleep``, which burns no CPU) that spins for a
-    second, when the job is deleted, then within 10 s no process of the session is left,
+    """Given a session running in a job (a ``sleep``, which burns no CPU) that first burns
+    0.6 s of CPU, when the job is deleted, then within 10 s no process of the session is left,
     the job's accounting (job-end) has the session's CPU time, and a new ssh of the user is
     refused."""
     owner: JobOwner = sge.owner
     with running_job(sge) as key:
         session = subprocess.Popen(
-            sshd.argv(owner.name, "timeout 1 sh -c 'while :; do :; done'; echo $PPID; "
-                      "exec sleep 611"),
+            # CPU time, not a second of the clock: under load a second's spin got 0.45 s
+            sshd.argv(owner.name, "python3 -c 'import itertools, time; any(time.process_time()"
+                      " >= 0.6 for _ in itertools.count())'; echo $PPID; exec sleep 611"),
             stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
         try:
             assert session.stdout is not None
