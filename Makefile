@@ -13,18 +13,22 @@
 #             built by geco/_lane_build.py (setup.py, scripts/install.sh), not here
 #
 #   make [BUILD=dir]              all of the above (default build/c)
-#   make install PREFIX=/opt/geco $(DESTDIR)$(PREFIX)/lib/libgeco_preload.so,
-#                                 $(DESTDIR)$(PREFIX)/lib/security/pam_geco.so,
-#                                 $(DESTDIR)$(PREFIX)/libexec/{prolog,epilog,starter}
+#   make install [DESTDIR=dir]    $(DESTDIR)/usr/lib/geco/libgeco_preload.so,
+#                                 $(DESTDIR)/lib/<multiarch>/security/pam_geco.so,
+#                                 $(DESTDIR)/usr/libexec/geco/{prolog,epilog,starter}
+#                                 (the Debian package's layout: debian/rules runs it)
 #   make clean
 #
-# Needs gcc, libsodium-dev and libpam0g-dev (scripts/install.sh installs them).
+# Needs gcc, libsodium-dev and libpam0g-dev (scripts/install.sh installs them). CFLAGS,
+# CPPFLAGS and LDFLAGS from the environment are added (dpkg-buildflags' hardening).
 
 CC      ?= cc
 AR      ?= ar
-PREFIX  ?= /opt/geco
-LIBDIR  ?= $(PREFIX)/lib
-LIBEXECDIR ?= $(PREFIX)/libexec
+# where the package puts them; the hook and the PAM module name LIBEXECDIR at build time
+LIBDIR  ?= /usr/lib/geco
+LIBEXECDIR ?= /usr/libexec/geco
+MULTIARCH ?= $(shell dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || $(CC) -print-multiarch)
+PAMDIR  ?= /lib/$(MULTIARCH)/security
 BUILD   ?= build/c
 OBJ     := $(BUILD)/obj
 
@@ -62,8 +66,8 @@ $(OBJ)/%.o: %.c $(HDRS) Makefile
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -c -o $@ $<
 
-# where it finds the Python hooks: fixed at build time, never from the job's environment
-$(OBJ)/hook/geco_hook.o: CPPFLAGS += -DLIBEXEC='"$(LIBEXECDIR)"'
+# where they find the Python hooks: fixed at build time, never from the job's environment
+$(OBJ)/hook/geco_hook.o $(OBJ)/pam/pam_geco.o: CPPFLAGS += -DLIBEXEC='"$(LIBEXECDIR)"'
 
 $(LIBGECO): $(LIBGECO_OBJS)
 	rm -f $@
@@ -71,14 +75,14 @@ $(LIBGECO): $(LIBGECO_OBJS)
 
 # exports.map: only the exec wrappers leave the library
 $(PRELOAD): $(PRELOAD_OBJS) $(LIBGECO) preload/exports.map
-	$(CC) $(CFLAGS) -shared -Wl,--version-script=preload/exports.map -Wl,--no-undefined \
-		$(HARDEN) -o $@ $(PRELOAD_OBJS) $(LIBGECO) -lsodium -ldl -pthread
+	$(CC) $(CFLAGS) $(LDFLAGS) -shared -Wl,--version-script=preload/exports.map \
+		-Wl,--no-undefined $(HARDEN) -o $@ $(PRELOAD_OBJS) $(LIBGECO) -lsodium -ldl -pthread
 
 $(PAM): $(OBJ)/pam/pam_geco.o $(LIBGECO)
-	$(CC) $(CFLAGS) -shared -Wl,--no-undefined $(HARDEN) -o $@ $^ -lpam -lsodium
+	$(CC) $(CFLAGS) $(LDFLAGS) -shared -Wl,--no-undefined $(HARDEN) -o $@ $^ -lpam -lsodium
 
 $(HOOK): $(OBJ)/hook/geco_hook.o $(LIBGECO)
-	$(CC) $(CFLAGS) $(HARDEN) -o $@ $^ -lsodium
+	$(CC) $(CFLAGS) $(LDFLAGS) $(HARDEN) -o $@ $^ -lsodium
 
 $(QBENCH): $(OBJ)/bench/geco_qbench.o $(LIBGECO)
 	$(CC) $(CFLAGS) -o $@ $^ -lsodium
@@ -87,7 +91,7 @@ $(QBENCH): $(OBJ)/bench/geco_qbench.o $(LIBGECO)
 # library mapped keep running with it.
 install: $(PRELOAD) $(PAM) $(HOOK)
 	install -D -m 0644 $(PRELOAD) $(DESTDIR)$(LIBDIR)/libgeco_preload.so
-	install -D -m 0644 $(PAM) $(DESTDIR)$(LIBDIR)/security/pam_geco.so
+	install -D -m 0644 $(PAM) $(DESTDIR)$(PAMDIR)/pam_geco.so
 	install -D -m 0755 $(HOOK) $(DESTDIR)$(LIBEXECDIR)/prolog
 	install -D -m 0755 $(HOOK) $(DESTDIR)$(LIBEXECDIR)/epilog
 	install -D -m 0755 $(HOOK) $(DESTDIR)$(LIBEXECDIR)/starter

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # demo.sh -- geco on one fresh Debian 12 machine, as root, from nothing:
 #
-#   1. scripts/install.sh        packages, /opt/geco/venv, geco, hooks in /opt/geco/libexec
+#   1. scripts/install.sh        packages, geco's Debian package (hooks in /usr/libexec/geco)
 #   2. gecod, the quarantine daemon, then integration/sge/setup.sh: a single-host Grid
 #      Engine whose sge_execd runs with geco's exec() preload (every job's shepherd is put
 #      into the job's cgroups before it runs; gecod ends the job when the shepherd exits)
@@ -27,7 +27,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")"
 
 DEMO_USER=${GECO_DEMO_USER:-gecodemo}
 TIMEOUT=${GECO_DEMO_TIMEOUT:-180}
-LIBEXEC=/opt/geco/libexec
+LIBEXEC=/usr/libexec/geco
 CLEAN_PATH=/usr/local/bin:/usr/bin:/bin
 RUNUSER=$(command -v runuser)
 
@@ -39,7 +39,7 @@ say "installing geco"
 
 say "making sure journald runs (geco journals every job's story)"
 journal_alive() {
-  /opt/geco/venv/bin/python -c 'import socket, sys
+  /usr/bin/python3 -c 'import socket, sys
 s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
 sys.exit(s.connect_ex("/run/systemd/journal/socket"))' 2>/dev/null
 }
@@ -55,7 +55,7 @@ fi
 
 say "starting gecod (geco's quarantine daemon)"
 gecod_serving() {
-  /opt/geco/venv/bin/python -c 'import socket, sys
+  /usr/bin/python3 -c 'import socket, sys
 s = socket.socket(socket.AF_UNIX)
 sys.exit(s.connect_ex("/run/geco/gecod.sock"))' 2>/dev/null
 }
@@ -65,7 +65,7 @@ elif gecod_serving; then
   echo "  gecod is running"
 else
   # with systemd: systemctl start gecod (conf/gecod.service); here it runs on its own
-  (cd / && env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin setsid /opt/geco/venv/bin/geco daemon \
+  (cd / && env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin setsid /usr/bin/geco daemon \
      </dev/null >>/var/log/geco-demo-gecod.log 2>&1 &)
   for _ in $(seq 100); do gecod_serving && break; sleep 0.1; done
   gecod_serving && echo "  started gecod (log: /var/log/geco-demo-gecod.log)" \
@@ -81,14 +81,14 @@ else
 # shepherd exits: the queue needs geco's starter only (no prolog or epilog, which Son of
 # Grid Engine 8.1.9 kills for interactive jobs with a pty); without it, all three hooks
 [ -x "$LIBEXEC/starter" ] && hooks+=(GECO_STARTER="$LIBEXEC/starter")
-if [ -r /opt/geco/lib/libgeco_preload.so ]; then
-  hooks+=(GECO_EXECD_PRELOAD=/opt/geco/lib/libgeco_preload.so)
+if [ -r /usr/lib/geco/libgeco_preload.so ]; then
+  hooks+=(GECO_EXECD_PRELOAD=/usr/lib/geco/libgeco_preload.so)
 else
   [ -x "$LIBEXEC/prolog" ] && hooks+=(GECO_PROLOG="root@$LIBEXEC/prolog \$job_id \$ja_task_id")
   [ -x "$LIBEXEC/epilog" ] && hooks+=(GECO_EPILOG="root@$LIBEXEC/epilog \$job_id \$ja_task_id")
 fi
 if [ ${#hooks[@]} -lt 2 ]; then
-  echo "WARNING: geco is not installed in /opt/geco: the jobs below run with only plain Grid Engine"
+  echo "WARNING: geco's package is not installed: the jobs below run with only plain Grid Engine"
 fi
 fi
 env "${hooks[@]}" SGE_TEST_USER="$DEMO_USER" integration/sge/setup.sh
@@ -168,11 +168,11 @@ fi
 if journal_alive; then
   journalctl --sync 2>/dev/null || true
   echo "  geco's side of the story (geco journal ${JOBS[oom]}; journalctl JOB_ID=${JOBS[oom]} has every field):"
-  /opt/geco/venv/bin/geco journal "${JOBS[oom]}" | sed 's/^/    /' || true
+  /usr/bin/geco journal "${JOBS[oom]}" | sed 's/^/    /' || true
 
   say "what each job used (its job-end accounting, from geco journal)"
   for name in "${ORDER[@]}"; do
-    /opt/geco/venv/bin/geco journal "${JOBS[$name]}" 2>&1 | grep -E '^job [0-9.]+( ended|: no job-end)' \
+    /usr/bin/geco journal "${JOBS[$name]}" 2>&1 | grep -E '^job [0-9.]+( ended|: no job-end)' \
       | sed "s/^/  $name: /" || echo "  $name: no journal entries"
   done
 fi

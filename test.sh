@@ -4,7 +4,8 @@
 #   ./test.sh                                   everything under tests/
 #   ./test.sh tests/integration/test_sge_smoke.py -x
 #
-# 1. scripts/install.sh --test: packages (qemu for the VM tests included), /opt/geco/venv, geco, hooks (fast when done)
+# 1. scripts/install.sh --test: packages (qemu for the VM tests included), geco's package built and
+#    installed, /opt/geco-dev/venv with pytest, ruff and mypy (fast when done)
 # 2. ruff check and mypy (strict, from pyproject.toml)
 # 3. pytest with the venv's python; its fixtures start journald and Grid Engine
 #
@@ -15,7 +16,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")"
 
 ./scripts/install.sh --test
 
-BIN=/opt/geco/venv/bin
+BIN=/opt/geco-dev/venv/bin
 lint=0
 echo "== ruff check"
 "$BIN/ruff" check . || lint=1

@@ -136,7 +136,7 @@ def journald() -> Iterator[None]:
 def gecod() -> Iterator[None]:
     """The installed gecod serving the site configuration for the block (started here,
     ended by its pid afterwards); SystemExit when another one serves already."""
-    proc = subprocess.Popen(["/opt/geco/venv/bin/geco", "daemon"], cwd="/",
+    proc = subprocess.Popen(["/usr/bin/geco", "daemon"], cwd="/",
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL,
                             env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},

@@ -1,4 +1,4 @@
-#!/opt/geco/venv/bin/python
+#!/opt/geco-dev/venv/bin/python
 """The start barrier of a parallel job: PREPARE to every slave host, all ready.
 
 What the master's prolog adds for a job with N slave hosts: :func:`geco.wire.cluster.prepare`
@@ -23,7 +23,7 @@ each way, close). Goal (issue 14): the barrier adds at most 2x the single-host p
 (``bench_hooks.py``: 15 ms median with gecod) for 3 hosts, and grows no worse than
 linearly with a small constant (prepares sent in parallel).
 
-    /opt/geco/venv/bin/python -m bench.bench_barrier [--rounds 10] [--hosts 1,3,16,64]
+    /opt/geco-dev/venv/bin/python -m bench.bench_barrier [--rounds 10] [--hosts 1,3,16,64]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Time core allocation on a big synthetic node, and topology loading.
 
-Run from the repo root:  /opt/geco/venv/bin/python -m bench.bench_cores [--runs N]
+Run from the repo root:  /opt/geco-dev/venv/bin/python -m bench.bench_cores [--runs N]
 
 Allocation: ``pack:8 core:64 pu:2`` (1024 PUs, 512 cores), random job sizes
 1..64 slots against a node whose cores are 0 %, 50 % or 90 % busy (random

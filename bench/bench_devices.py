@@ -2,7 +2,7 @@
 
 Run as root from the repo root:
 
-    /opt/geco/venv/bin/python -m bench.bench_devices [--runs 200]
+    /opt/geco-dev/venv/bin/python -m bench.bench_devices [--runs 200]
 
 Picking: :func:`geco.node.gpus.pick` on a synthetic 8-GPU, 2-socket node (GPUs 0-3 on NUMA
 node 0, 4-7 on 1) for 1, 2 and 4 GPUs near socket 1, with 0-3 others busy (random, fixed

@@ -2,7 +2,7 @@
 
 Run as root from the repo root:
 
-    /opt/geco/venv/bin/python -m bench.bench_flood [--requests 200] [--hold 2000] [--json PATH]
+    /opt/geco-dev/venv/bin/python -m bench.bench_flood [--requests 200] [--hold 2000] [--json PATH]
 
 Starts a throw-away gecod with one spooled job (``bench_gecod.bench_gecod``).
 Then, as root on gecod's privileged socket (where the preload asks), client

@@ -2,7 +2,7 @@
 
 Run as root from the repo root:
 
-    /opt/geco/venv/bin/python -m bench.bench_gecod [--requests 100] [--idle-seconds 60]
+    /opt/geco-dev/venv/bin/python -m bench.bench_gecod [--requests 100] [--idle-seconds 60]
 
 Starts gecod (``python -m geco.daemon``) with a throw-away configuration: its
 own directory under /tmp, a fresh key, the cgroup parent ``geco-test-bench-<pid>``

@@ -2,8 +2,8 @@
 
 Run as root from the repo root (after scripts/install.sh):
 
-    /opt/geco/venv/bin/python -m bench.bench_hooks [--jobs 20] [--json PATH]
-    /opt/geco/venv/bin/python -m bench.bench_hooks --since EPOCH
+    /opt/geco-dev/venv/bin/python -m bench.bench_hooks [--jobs 20] [--json PATH]
+    /opt/geco-dev/venv/bin/python -m bench.bench_hooks --since EPOCH
 
 Brings up journald and the single-host Grid Engine with geco's prolog, epilog and
 starter (the same way the test fixtures do) and submits N one-slot ``-b y /bin/true``
@@ -99,8 +99,8 @@ def main() -> int:
         return _run(args.jobs, args.json)
 
 
-PYTHON = "/opt/geco/venv/bin/python"
-PRELOAD = "/opt/geco/lib/libgeco_preload.so"
+PYTHON = "/opt/geco-dev/venv/bin/python"
+PRELOAD = "/usr/lib/geco/libgeco_preload.so"
 
 
 def bare_start_ms(runs: int = 20) -> float:

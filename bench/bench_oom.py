@@ -2,7 +2,7 @@
 
 Run as root from the repo root:
 
-    /opt/geco/venv/bin/python -m bench.bench_oom [--runs N] [--journal-kills M]
+    /opt/geco-dev/venv/bin/python -m bench.bench_oom [--runs N] [--journal-kills M]
 
 A child in a 64 MiB job cgroup touches 200 MiB and is OOM-killed; a thread
 blocked in ``waitpid`` notes when the kernel has reaped it, and an

@@ -2,7 +2,7 @@
 
 Run as root from the repo root:
 
-    /opt/geco/venv/bin/python -m bench.bench_preload [--forks 2000] [--batches 10]
+    /opt/geco-dev/venv/bin/python -m bench.bench_preload [--forks 2000] [--batches 10]
 
 Builds ``preload/`` with make (``make preload``) when needed, compiles a small C driver, and
 writes a throw-away config and key (the preload is active, as in sge_execd;

@@ -2,7 +2,7 @@
 
 Run as root from the repo root (after scripts/install.sh):
 
-    /opt/geco/venv/bin/python -m bench.bench_ssh [--logins 20] [--json PATH]
+    /opt/geco-dev/venv/bin/python -m bench.bench_ssh [--logins 20] [--json PATH]
 
 Brings up journald and the single-host Grid Engine with geco's hooks (as the test
 fixtures do), starts gecod and one ``sleep`` job of the test user, and two real sshds on

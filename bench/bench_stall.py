@@ -2,7 +2,7 @@
 
 Run as root from the repo root:
 
-    /opt/geco/venv/bin/python -m bench.bench_stall [--rounds 40] [--fds 200000] [--hold 1000]
+    /opt/geco-dev/venv/bin/python -m bench.bench_stall [--rounds 40] [--fds 200000] [--hold 1000]
                                                    [--json PATH]
 
 Starts a throw-away gecod with its own configuration (its own directory under

@@ -2,7 +2,7 @@
 
 Run as root from the repo root:
 
-    /opt/geco/venv/bin/python -m bench.bench_teardown [--runs 5] [--processes 1000]
+    /opt/geco-dev/venv/bin/python -m bench.bench_teardown [--runs 5] [--processes 1000]
 
 Each run makes a job cgroup under ``geco-test-bench-<pid>`` and starts a small
 Python forker inside it (moved in before it forks) that fills the job up to

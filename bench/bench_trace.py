@@ -2,7 +2,7 @@
 
 Run from the repo root (root, for the traced case: trace files are chown'd):
 
-    /opt/geco/venv/bin/python -m bench.bench_trace [--records 100000] [--json PATH]
+    /opt/geco-dev/venv/bin/python -m bench.bench_trace [--records 100000] [--json PATH]
 
 gecod's ``geco`` logger gets its usual stderr handler (seed format, level
 error, writing to /dev/null) and, in all but the first row, a

@@ -3,7 +3,7 @@
 Run as root from the repo root (it starts the single-host Grid Engine, journald and gecod
 the way the test fixtures do, and stops what it started):
 
-    /opt/geco/venv/bin/python -m bench.soak [--jobs N]
+    /opt/geco-dev/venv/bin/python -m bench.soak [--jobs N]
 
 N job tasks (default 1,000) in the mix of ``tests/integration/soakkit.py`` -- serial, array
 tasks, smp (``-pe smp 2``), mpi (``-pe mpi 2`` with a ``qrsh -inherit`` task) and OOM jobs
@@ -21,7 +21,7 @@ The run is ``tests/integration/test_soak.py`` with ``GECO_SOAK_JOBS=N`` (pytest 
 table; the test's assertions -- zero leaks, zero errors, each OOM once, the RSS bound --
 decide the exit status), so the bench and the CI test share one code path; CI runs 200.
 While developing, serialise it with the other Grid Engine runs:
-``flock /run/lock/geco-dev.lock /opt/geco/venv/bin/python -m bench.soak``.
+``flock /run/lock/geco-dev.lock /opt/geco-dev/venv/bin/python -m bench.soak``.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ Why cffi in API (out-of-line) mode, with a C helper that flattens the topology:
 
 Build in place (writes ``geco/_hwloc_cffi.*.so`` next to this file)::
 
-    /opt/geco/venv/bin/python -m geco._hwloc_build
+    /opt/geco-dev/venv/bin/python -m geco._hwloc_build
 
 ``pip install .`` builds it through ``setup.py`` (``cffi_modules``). hwloc is
 found with ``pkg-config --cflags --libs hwloc``; without pkg-config the build

@@ -7,7 +7,7 @@ mode, as for hwloc: the compiler checks the declarations below against ``geco_la
 
 Build in place (writes ``geco/_lane_cffi.*.so`` next to this file)::
 
-    /opt/geco/venv/bin/python -m geco._lane_build
+    /opt/geco-dev/venv/bin/python -m geco._lane_build
 
 ``pip install .`` builds it through ``setup.py`` (``cffi_modules``). Needs
 libsodium (``libsodium-dev``).

@@ -423,6 +423,41 @@ def _check(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _add_uninstall_command(sub: Any) -> None:
+    """The parser entry of `geco uninstall-check` (the package's prerm runs it)."""
+    un = sub.add_parser("uninstall-check", help="say whether geco may be removed from this node",
+                        description="Name what on this node still needs geco, one line each "
+                                    "with how to clear it: a job it contains, a PAM file "
+                                    "naming pam_geco.so, a unit loading its preload, a queue "
+                                    "on this host running its hooks. Exit 0 when geco may go "
+                                    "(the package's prerm refuses a removal otherwise), 1 when "
+                                    "something needs it.")
+    un.add_argument("--remove-cgroups", action="store_true",
+                    help="instead, remove geco's (empty) cgroups: gecod has stopped")
+
+
+def _uninstall_check(args: argparse.Namespace) -> int:
+    from geco import cgroup  # see _keygen
+    from geco.node import removal
+
+    try:
+        cfg = _config.load()
+        backend = cgroup.for_config(cfg)
+        if args.remove_cgroups:
+            for line in removal.remove_cgroups(backend):
+                print(f"geco uninstall-check: left behind: {line}", file=sys.stderr)
+            return EXIT_OK
+        found, unread = removal.blockers(cfg, backend)
+    except GecoError as exc:
+        return _failed("uninstall-check", exc)
+    if unread:
+        print(f"geco uninstall-check: cannot read the queue configuration ({unread}): make sure "
+              f"no queue on this host still runs a hook in {removal.HOOK_DIR}", file=sys.stderr)
+    for line in found:
+        print(f"geco uninstall-check: {line}", file=sys.stderr)
+    return EXIT_FAILED if found else EXIT_OK
+
+
 def _add_daemon_command(sub: Any) -> None:
     """The parser entry of `geco daemon` (gecod); its options live in geco.daemon."""
     from geco import daemon
@@ -456,6 +491,7 @@ def _build_parser() -> _Parser:
     _add_status_command(sub)
     _add_journal_command(sub)
     _add_check_command(sub)
+    _add_uninstall_command(sub)
     return parser
 
 
@@ -479,6 +515,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _journal(args)
         if args.command == "check":
             return _check(args)
+        if args.command == "uninstall-check":
+            return _uninstall_check(args)
         if args.command == "rsrcinfo":
             if args.xml is None and (args.placement or args.pe_hostfile):
                 raise _Usage("geco rsrcinfo: --placement and --pe-hostfile go with --xml")

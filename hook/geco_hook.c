@@ -2,9 +2,9 @@
  * geco_hook.c - the prolog, epilog and starter Grid Engine runs for every job, in a
  * millisecond.
  *
- *   prolog          root@/opt/geco/libexec/prolog $job_id $ja_task_id
- *   epilog          root@/opt/geco/libexec/epilog $job_id $ja_task_id
- *   starter_method  /opt/geco/libexec/starter
+ *   prolog          root@/usr/libexec/geco/prolog $job_id $ja_task_id
+ *   epilog          root@/usr/libexec/geco/epilog $job_id $ja_task_id
+ *   starter_method  /usr/libexec/geco/starter
  *
  * The name it runs under picks the hook. A Python hook spends most of its time
  * starting an interpreter and importing geco. gecod already runs both: this program
@@ -40,7 +40,7 @@
 #include <unistd.h>
 
 #ifndef LIBEXEC
-#define LIBEXEC "/opt/geco/libexec"
+#define LIBEXEC "/usr/libexec/geco"
 #endif
 
 /* the hooks, by the name they run under, and the Python hook that does the work when

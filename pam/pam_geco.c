@@ -1,8 +1,8 @@
 /*
  * pam_geco.c - sshd's gate into jobs, as a PAM account and session module.
  *
- *   account  required  /opt/geco/lib/security/pam_geco.so
- *   session  required  /opt/geco/lib/security/pam_geco.so
+ *   account  required  pam_geco.so
+ *   session  required  pam_geco.so
  *
  * account: asks gecod (ADOPT, stage ACCOUNT) whether PAM_USER may log in on this
  *   node; a refusal shows the user gecod's one line and fails the login before
@@ -27,7 +27,7 @@
  * gecod_unreachable says.
  *
  * Arguments: timeout_ms=<1..60000> (default 2000), helper=<absolute path>
- * (default /opt/geco/libexec/geco-pam).
+ * (default /usr/libexec/geco/geco-pam).
  */
 #define _GNU_SOURCE
 /* first: geco_config.h names an enum constant LOG_SYSLOG, which syslog.h defines */
@@ -55,7 +55,11 @@
 #include <sodium.h>
 
 #define EXPORT __attribute__((visibility("default")))
-#define DEFAULT_HELPER "/opt/geco/libexec/geco-pam"
+/* where the helper lies: fixed at build time (the Makefile's LIBEXECDIR) */
+#ifndef LIBEXEC
+#define LIBEXEC "/usr/libexec/geco"
+#endif
+#define DEFAULT_HELPER LIBEXEC "/geco-pam"
 #define DEFAULT_ADOPT_TIMEOUT_MS 2000
 #define ROOT_TIMEOUT_MS 250
 

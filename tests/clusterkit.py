@@ -24,7 +24,7 @@ done
 eval "$wait_here"
 wait
 """
-PYTHON = "/opt/geco/venv/bin/python"
+PYTHON = "/opt/geco-dev/venv/bin/python"
 # run in a host's network namespace: one frame from stdin to host:port, the reply to stdout
 _EXCHANGE = """
 import socket, sys, time

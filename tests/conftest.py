@@ -22,7 +22,7 @@ A clean slate first
 ``sge``
     A running single-host Grid Engine, brought up by ``integration/sge/setup.sh``
     (returns in ~0.3 s when it already runs with the same settings). geco's hooks
-    are configured for each of ``/opt/geco/libexec/{prolog,epilog,starter}`` that
+    are configured for each of ``/usr/libexec/geco/{prolog,epilog,starter}`` that
     exists (``scripts/install.sh`` puts them there; ``GECO_TEST_HOOKS=0`` configures
     none, ``GECO_TEST_HOOKS=starter`` only the starter, as on a node whose execd has
     the preload); a test that needs them calls ``sge.require_hooks()`` and fails loudly

@@ -28,7 +28,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 SGE_SETUP = REPO / "integration" / "sge" / "setup.sh"
 SGE_TEARDOWN = REPO / "integration" / "sge" / "teardown.sh"
-LIBEXEC = Path("/opt/geco/libexec")
+LIBEXEC = Path("/usr/libexec/geco")
 JOURNALD = Path("/lib/systemd/systemd-journald")
 JOURNAL_SOCKET = Path("/run/systemd/journal/socket")
 SGE_SPOOL = Path("/var/spool/gridengine")
@@ -52,9 +52,9 @@ def sge_env(path: str) -> dict[str, str]:
 SGE_ENV = sge_env("/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
 CLEAN_ENV = {**SGE_ENV, "LANG": "C.UTF-8"}
 HOOK_LINES = {
-    "prolog": "root@/opt/geco/libexec/prolog $job_id $ja_task_id",
-    "epilog": "root@/opt/geco/libexec/epilog $job_id $ja_task_id",
-    "starter": "/opt/geco/libexec/starter",
+    "prolog": "root@/usr/libexec/geco/prolog $job_id $ja_task_id",
+    "epilog": "root@/usr/libexec/geco/epilog $job_id $ja_task_id",
+    "starter": "/usr/libexec/geco/starter",
 }
 
 

@@ -24,8 +24,8 @@ from tests.cleanslate import stop_process
 
 REPO = Path(__file__).resolve().parents[1]
 SSHD = Path("/usr/sbin/sshd")
-PAM_MODULE = "/opt/geco/lib/security/pam_geco.so"
-PRELOAD = "/opt/geco/lib/libgeco_preload.so"
+PAM_MODULE = "pam_geco.so"
+PRELOAD = "/usr/lib/geco/libgeco_preload.so"
 
 
 def readme_pam_stack() -> str:

@@ -55,7 +55,7 @@ __all__ = [
 ]
 
 ATTACKER = "gecotest-evil"
-PYTHON = "/opt/geco/venv/bin/python"
+PYTHON = "/opt/geco-dev/venv/bin/python"
 
 # A process that asks the kernel to pick it first for an OOM kill (any process may raise
 # its own oom_score_adj), then grows past its job's limit: the kill always takes it, never

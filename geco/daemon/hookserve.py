@@ -1,7 +1,7 @@
 """gecod's side of a hook: the prolog's, epilog's and starter's work done here, for hooks
 that start in a millisecond.
 
-Grid Engine runs ``/opt/geco/libexec/prolog``, ``epilog`` and ``starter`` for every
+Grid Engine runs ``/usr/libexec/geco/prolog``, ``epilog`` and ``starter`` for every
 job: a small C program (``hook/geco_hook.c``) that asks gecod to do the hook's work.
 gecod has the interpreter, the config and the cgroups at hand; the Python hook would
 spend most of its time starting. gecod runs the very same code and journals it under
@@ -24,7 +24,7 @@ job gecod has not seen, on a node without the preload, gecod asks qstat as the p
 would and saves the resource file; for a traced job it then leaves the rest to the
 Python prolog, which reads that file.) Anything else, a
 failure included, is answered "not done" and the program runs the Python hook
-(``/opt/geco/libexec/geco-prolog``, ``geco-epilog``), which does it all and reports
+(``/usr/libexec/geco/geco-prolog``, ``geco-epilog``), which does it all and reports
 what went wrong in its own words: the work is safe to do twice.
 
 The epilog's teardown may wait out ``kill_timeout`` for a stuck job: it runs in the

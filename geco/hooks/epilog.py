@@ -1,9 +1,9 @@
 """The epilog (root, master node, after the job): leave nothing behind.
 
-Configure it in the queue as ``root@/opt/geco/libexec/epilog $job_id $ja_task_id``.
+Configure it in the queue as ``root@/usr/libexec/geco/epilog $job_id $ja_task_id``.
 That path is a small C program (``hook/geco_hook.c``): gecod does this work with this
 module's own code when it can (:mod:`geco.daemon.hookserve`), else the program runs this
-module as ``/opt/geco/libexec/geco-epilog``.
+module as ``/usr/libexec/geco/geco-epilog``.
 
 Steps, in order:
 

@@ -2,7 +2,7 @@
 
 ``pam_geco.so`` (sshd's account and session module) asks gecod, which decides
 (:func:`geco.ssh.policy.serve_login`). When gecod cannot be reached, the module runs
-this helper, installed as ``/opt/geco/libexec/geco-pam``, the way ``pam_exec``
+this helper, installed as ``/usr/libexec/geco/geco-pam``, the way ``pam_exec``
 would (``PAM_TYPE``, ``PAM_USER``, ``PAM_RHOST``, ``SSH_CONNECTION``; its
 first line of output reaches the user; exit 0 lets the stage pass), and it
 does what ``[ssh] gecod_unreachable`` says:

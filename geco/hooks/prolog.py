@@ -1,9 +1,9 @@
 """The prolog (root, master node, before the job): contain the job before it exists.
 
-Configure it in the queue as ``root@/opt/geco/libexec/prolog $job_id $ja_task_id``.
+Configure it in the queue as ``root@/usr/libexec/geco/prolog $job_id $ja_task_id``.
 That path is a small C program (``hook/geco_hook.c``): gecod does this work with this
 module's own code when it can (:mod:`geco.daemon.hookserve`), else the program runs this
-module as ``/opt/geco/libexec/geco-prolog``.
+module as ``/usr/libexec/geco/geco-prolog``.
 
 Steps, in order:
 

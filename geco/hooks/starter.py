@@ -1,9 +1,9 @@
 """The starter_method (job owner): check containment, export the job's facts, start the job.
 
-Configure it in the queue as ``starter_method /opt/geco/libexec/starter``.
+Configure it in the queue as ``starter_method /usr/libexec/geco/starter``.
 That path is a small C program (``hook/geco_hook.c``): gecod does this work with this
 module's own code when it can (:mod:`geco.daemon.hookserve`), else the program runs this
-module as ``/opt/geco/libexec/geco-starter``.
+module as ``/usr/libexec/geco/geco-starter``.
 
 Steps, in order:
 

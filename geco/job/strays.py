@@ -62,7 +62,7 @@ from geco.errors import GecoError
 from geco.job.jobkey import JobKey
 from geco.job.resourceset import ResourceSet, short_hostname
 from geco.sge import execd, resourcefile
-from geco.ssh.pamstack import sshd_gate
+from geco.ssh.pamstack import sshd_account_gate, sshd_gate
 
 __all__ = ["Door", "Outcome", "Result", "Stray", "after_job", "doors", "find", "is_exempt",
            "owner_in", "owner_of"]
@@ -494,6 +494,31 @@ def _daemon_pids(names: tuple[str, ...], proc: Path) -> list[int]:
     return sorted(found)
 
 
+def execution_host(cfg: Config, proc: Path = procfs.ROOT) -> str:
+    """Why this host counts as an execution host ("" when it does not): sge_execd runs
+    here, or its spool directory for this host exists (it stays while execd is down)."""
+    for entry in os.listdir(proc):
+        if entry.isdigit() and procfs.comm(int(entry), proc) == "sge_execd":
+            return f"sge_execd runs (pid {entry})"
+    spool = cfg.execd_spool_dir / short_hostname()
+    return f"{spool} exists" if spool.is_dir() else ""
+
+
+def _sshd_door(cfg: Config, proc: Path, etc: Path) -> Door:
+    """sshd's PAM stack (:func:`sshd_gate`) on an execution host; on a host that runs no
+    sge_execd (a login node: no job can run there), geco's gate would refuse every user
+    who is no admin, so there the door is open when the gate is on."""
+    is_open, text = sshd_gate(etc)
+    if execution_host(cfg, proc):
+        return Door("sshd", is_open, text)
+    where = f"this host runs no sge_execd (and has no {cfg.execd_spool_dir / short_hostname()})"
+    if sshd_account_gate(etc):
+        return Door("sshd", True, f"sshd: pam_geco.so gates logins, but {where}: no job can run "
+                                  "here, so it refuses every user but root and the admins; "
+                                  "take geco's PAM lines out on login nodes")
+    return Door("sshd", False, f"sshd: geco's gate is off, as it should be where {where}")
+
+
 def _exempt_name(cfg: Config, name: str) -> bool:
     entry = _user(name)
     return entry is not None and is_exempt(cfg, entry.pw_uid, entry.pw_name)
@@ -547,7 +572,7 @@ def doors(cfg: Config, *, proc: Path = procfs.ROOT, etc: Path = Path("/etc"),
                                           f"outside every job (loginctl disable-linger USER)"))
     else:
         found.append(Door("linger", False, "systemd linger: no user but exempt ones has it"))
-    found.append(Door("sshd", *sshd_gate(etc)))
+    found.append(_sshd_door(cfg, proc, etc))
     found.append(_systemd_door(cfg, systemd))
     if cfg.strays_kill:
         found.append(Door("strays", False, "stray killing: on (a user's processes outside every "

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from geco._tuple import NamedTuple
 
-__all__ = ["Line", "sshd_gate", "stack"]
+__all__ = ["Line", "sshd_account_gate", "sshd_gate", "stack"]
 
 MODULE = "pam_geco.so"
 # session modules that put the process into a cgroup of their own choosing
@@ -83,6 +83,12 @@ def _uses_pam(sshd_config: Path) -> bool:
         if words[0].lower() == "usepam" and len(words) > 1:
             return words[1].lower() == "yes"
     return True
+
+
+def sshd_account_gate(etc: Path = Path("/etc")) -> bool:
+    """Does sshd's account stack run pam_geco.so (whatever its control)?"""
+    return any(line.type == "account" and line.module == MODULE
+               for line in stack("sshd", etc / "pam.d"))
 
 
 def sshd_gate(etc: Path = Path("/etc")) -> tuple[bool, str]:

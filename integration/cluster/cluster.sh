@@ -46,15 +46,15 @@ export PATH=$SYSTEM_PATH
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 REPO=$(cd "$HERE/../.." && pwd -P)
 SPOOL=/var/spool/gridengine/execd
-PRELOAD=/opt/geco/lib/libgeco_preload.so
-GECO=/opt/geco/venv/bin/geco
+PRELOAD=/usr/lib/geco/libgeco_preload.so
+GECO=/usr/bin/geco
 QUEUE=geco-test-cluster.q
 PE=geco-test-cluster
 STATE=/run/geco-test-cluster  # nodes up, one file each: what `down` undoes
 MARK="# geco-test-cluster"
-HOOKS_PROLOG='root@/opt/geco/libexec/prolog $job_id $ja_task_id'
-HOOKS_EPILOG='root@/opt/geco/libexec/epilog $job_id $ja_task_id'
-HOOKS_STARTER=/opt/geco/libexec/starter
+HOOKS_PROLOG='root@/usr/libexec/geco/prolog $job_id $ja_task_id'
+HOOKS_EPILOG='root@/usr/libexec/geco/epilog $job_id $ja_task_id'
+HOOKS_STARTER=/usr/libexec/geco/starter
 
 log() { printf '[cluster] %s\n' "$*"; }
 die() { echo "[cluster] ERROR: $*" >&2; exit 1; }

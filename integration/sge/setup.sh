@@ -16,9 +16,9 @@
 # and returns (~0.3 s).
 #
 # Settings (environment; unset or empty = default):
-#   GECO_PROLOG        queue prolog, verbatim, e.g. 'root@/opt/geco/libexec/prolog $job_id $ja_task_id'
-#   GECO_EPILOG        queue epilog, verbatim, e.g. 'root@/opt/geco/libexec/epilog $job_id $ja_task_id'
-#   GECO_STARTER       queue starter_method, e.g. /opt/geco/libexec/starter
+#   GECO_PROLOG        queue prolog, verbatim, e.g. 'root@/usr/libexec/geco/prolog $job_id $ja_task_id'
+#   GECO_EPILOG        queue epilog, verbatim, e.g. 'root@/usr/libexec/geco/epilog $job_id $ja_task_id'
+#   GECO_STARTER       queue starter_method, e.g. /usr/libexec/geco/starter
 #   GECO_SHEPHERD_CMD  global shepherd_cmd; must end in 'exec /usr/lib/gridengine/sge_shepherd -bg'
 #                      (all four default to NONE: plain Grid Engine)
 #   SGE_SLOTS          slots of all.q on this host (default: nproc, one slot per core, so
@@ -28,7 +28,7 @@
 #                      would make SGE kill every job that does not request h_vmem)
 #   SGE_TRACE_LEVEL_MAX highest geco_trace_level a job may request (default 4 = debug)
 #   GECO_EXECD_PRELOAD LD_PRELOAD for sge_execd (geco's exec() wrapper,
-#                      /opt/geco/lib/libgeco_preload.so); empty = none. A running execd
+#                      /usr/lib/geco/libgeco_preload.so); empty = none. A running execd
 #                      with another value is restarted (running jobs survive that).
 #                      Under systemd the preload comes from sgeexecd.service's drop-in
 #                      (scripts/install.sh puts geco's there) and this setting is ignored.

@@ -20,9 +20,9 @@ from tests.cleanslate import SITE_SOCKET as SOCKET
 from tests.cleanslate import listener_pid
 from tests.clusterkit import cluster
 
-GECO = "/opt/geco/venv/bin/geco"
+GECO = "/usr/bin/geco"
 HERE = Path(__file__).parent
-PRELOAD = "/opt/geco/lib/libgeco_preload.so"
+PRELOAD = "/usr/lib/geco/libgeco_preload.so"
 CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 
 

@@ -280,7 +280,7 @@ def events_of(journal: Any, job: int) -> list[str]:
     return [e["GECO_EVENT"] for e in journal.entries(JOB_ID=str(job)) if "GECO_EVENT" in e]
 
 
-GECO = "/opt/geco/venv/bin/geco"
+GECO = "/usr/bin/geco"
 # the last line of `geco journal N` when the journal holds other jobs numbered N
 OTHERS_NOTE = "in this journal: --all shows them"
 

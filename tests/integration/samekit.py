@@ -2,7 +2,7 @@
 without, on the same host and the same sge_execd, and their results side by side.
 
 ``geco-test-same.q`` runs geco the recommended way with the exec() preload: no prolog or
-epilog, ``starter_method /opt/geco/libexec/starter`` (gecod sets a job up at its
+epilog, ``starter_method /usr/libexec/geco/starter`` (gecod sets a job up at its
 shepherd's exec and tears it down when the shepherd exits). ``geco-test-plain.q`` has no
 hook of geco's at all: what Grid Engine itself does. Both are copies of all.q with 2
 slots. sge_execd runs with the preload, so gecod puts every job's shepherd -- also a
@@ -43,7 +43,7 @@ from typing import Any, TypeVar
 GECO = "geco"
 PLAIN = "plain"
 QUEUES = {GECO: "geco-test-same.q", PLAIN: "geco-test-plain.q"}
-STARTER = "/opt/geco/libexec/starter"
+STARTER = "/usr/libexec/geco/starter"
 # what a test user's client runs with (runuser adds HOME, USER, LOGNAME, SHELL)
 CLIENT_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 GECO_LINE = re.compile(r"^(?:declare -x |export )?GECO_[A-Z0-9_]*=.*(?:\n|$)", re.MULTILINE)

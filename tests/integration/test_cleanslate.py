@@ -71,7 +71,7 @@ def start_gecod_as_demo_does(log: Path) -> int:
     """``geco daemon`` as demo.sh starts it: env -i, setsid, from /, orphaned (not ours to
     reap); return its pid, as the kernel names the socket's listener."""
     sh(["sh", "-c", "(cd / && env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin setsid "
-        f"/opt/geco/venv/bin/geco daemon </dev/null >>{log} 2>&1 &)"])
+        f"/usr/bin/geco daemon </dev/null >>{log} 2>&1 &)"])
     wait_until(lambda: listener_pid() is not None, 30, f"gecod serving {SITE_SOCKET}")
     pid = listener_pid()
     assert pid is not None

@@ -43,7 +43,7 @@ from tests.integration.soakkit import RESOURCES, Batch, sh
 pytestmark = pytest.mark.sge
 
 M = 1 << 20
-LIBEXEC = Path("/opt/geco/libexec")
+LIBEXEC = Path("/usr/libexec/geco")
 PROLOG = f"root@{LIBEXEC}/prolog $job_id $ja_task_id"
 EPILOG = f"root@{LIBEXEC}/epilog $job_id $ja_task_id"
 STARTER = str(LIBEXEC / "starter")

@@ -41,7 +41,7 @@ from tests.integration.livekit import (
 
 pytestmark = pytest.mark.sge
 
-GECO = "/opt/geco/venv/bin/geco"
+GECO = "/usr/bin/geco"
 FORKBOMB = Path(__file__).with_name("forkbomb.c")
 SETTINGS = {("cgroup", "pids_per_slot"): 48, ("cgroup", "pids_min"): 64}
 BOMB_SECONDS = 100  # the bomb's own bound, under its h_rt; the test stops it sooner

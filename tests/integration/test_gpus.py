@@ -23,7 +23,7 @@ import pytest
 from tests.integration import livekit as kit
 
 pytestmark = pytest.mark.sge
-GECO = "/opt/geco/venv/bin/geco"
+GECO = "/usr/bin/geco"
 
 # the job's view: each device's open() verdict, /dev/null, and what it is told
 PROBE = """/usr/bin/python3 - <<'EOF'

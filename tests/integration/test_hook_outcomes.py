@@ -43,7 +43,7 @@ def queue_without_prolog(sge: Any) -> Iterator[str]:
     """A second queue on this host whose starter is geco's but with no prolog/epilog:
     the misconfiguration geco's starter must catch."""
     with sge.temporary_queue("geco-test-nogeco.q", prolog="NONE", epilog="NONE", slots="1",
-                             starter_method="/opt/geco/libexec/starter") as queue:
+                             starter_method="/usr/libexec/geco/starter") as queue:
         yield queue
 
 

@@ -1,7 +1,7 @@
 """The prolog, epilog and starter Grid Engine runs are a small C program that has gecod do
 their work.
 
-``/opt/geco/libexec/prolog`` and ``epilog`` (``hook/geco_hook.c``) send gecod a HOOK
+``/usr/libexec/geco/prolog`` and ``epilog`` (``hook/geco_hook.c``) send gecod a HOOK
 on its privileged socket; ``starter`` asks it (STARTER, peer-credentialed) how to start
 the job and execs it. gecod runs the Python hooks' own code and journals it under the
 hook's name. When gecod does not (it is down, the job is traced, anything goes wrong),
@@ -31,7 +31,7 @@ from tests.cleanslate import listener_pid
 
 pytestmark = pytest.mark.sge
 
-LIBEXEC = Path("/opt/geco/libexec")
+LIBEXEC = Path("/usr/libexec/geco")
 CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 
 

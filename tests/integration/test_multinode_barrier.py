@@ -205,7 +205,7 @@ def test_a_task_of_a_job_no_master_prepared_is_refused_on_a_slave_host(
     finally:
         subprocess.run(["qdel", "-f", str(job)], capture_output=True, check=False)
         subprocess.run(["qconf", "-mattr", "queue", "prolog",
-                        "root@/opt/geco/libexec/prolog $job_id $ja_task_id", QUEUE],
+                        "root@/usr/libexec/geco/prolog $job_id $ja_task_id", QUEUE],
                        check=True, capture_output=True)
     hosts = [re.search(r"on this host \((\S+)\)", e["MESSAGE"]) for e in refusals]
     assert sorted(h[1] for h in hosts if h) == ["geco-node2", "geco-node3"], refusals

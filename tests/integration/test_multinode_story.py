@@ -22,7 +22,7 @@ from tests.integration import livekit as kit
 
 pytestmark = pytest.mark.sge
 
-GECO = "/opt/geco/venv/bin/geco"
+GECO = "/usr/bin/geco"
 HOSTS = ["geco-node1", "geco-node2", "geco-node3"]
 M = 1024 * 1024
 

@@ -1,6 +1,6 @@
 """The exec() preload stays in sge_execd: a real job never carries it.
 
-For this module sge_execd runs with ``LD_PRELOAD=/opt/geco/lib/libgeco_preload.so``
+For this module sge_execd runs with ``LD_PRELOAD=/usr/lib/geco/libgeco_preload.so``
 and a real gecod serves the site configuration's socket (the ``gecod`` fixture).
 The preload holds the quarantine key, so it must live only where it is meant to:
 the shepherd's exec drops geco's entry from ``LD_PRELOAD`` (Open Cluster
@@ -52,7 +52,7 @@ def test_a_job_that_loads_the_preload_itself_gets_an_inert_library(
     program called sge_shepherd, then the library is mapped but does nothing: the program
     runs, and no "geco:" line (no config, no key, no quarantine attempt) reaches the job's
     stderr."""
-    job = job_dir.submit("inert", "-v", f"LD_PRELOAD=/opt/geco/lib/{LIBRARY}",
+    job = job_dir.submit("inert", "-v", f"LD_PRELOAD=/usr/lib/geco/{LIBRARY}",
                          script="cp /bin/echo ./sge_shepherd\n./sge_shepherd ran\n"
                                 f"grep -q {LIBRARY} /proc/self/maps && echo mapped\n")
     [record] = sge.wait_finished(job, timeout=120)

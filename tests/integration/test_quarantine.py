@@ -1,6 +1,6 @@
 """The whole of geco on a real Grid Engine: sge_execd with the exec() preload, and gecod.
 
-For this module sge_execd runs with ``LD_PRELOAD=/opt/geco/lib/libgeco_preload.so``
+For this module sge_execd runs with ``LD_PRELOAD=/usr/lib/geco/libgeco_preload.so``
 and a real gecod serves the site configuration's socket, as on a production node.
 When execd is about to exec a job's ``sge_shepherd`` (for the batch job, and for
 every ``qrsh -inherit`` task of a parallel job), the preload asks gecod to put

@@ -11,7 +11,7 @@ import pytest
 
 pytestmark = pytest.mark.sge
 
-GECO = "/opt/geco/venv/bin/geco"
+GECO = "/usr/bin/geco"
 M = 1 << 20
 
 

@@ -25,8 +25,8 @@ from tests.integration.livekit import events_of, job_cgroups, no_queue_in_error
 
 pytestmark = pytest.mark.sge
 
-STARTER = "/opt/geco/libexec/starter"
-PROLOG = "root@/opt/geco/libexec/prolog $job_id $ja_task_id"
+STARTER = "/usr/libexec/geco/starter"
+PROLOG = "root@/usr/libexec/geco/prolog $job_id $ja_task_id"
 SLEEP = "sleep 2\n"
 
 

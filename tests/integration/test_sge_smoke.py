@@ -31,17 +31,17 @@ def test_binary_job_of_test_user_runs_to_completion_and_leaves_no_queue_in_error
 
 
 def test_queue_runs_the_deployed_geco_hooks_and_nothing_else(sge):
-    """Given the hooks found in /opt/geco/libexec when the fixture started,
+    """Given the hooks found in /usr/libexec/geco when the fixture started,
     when the queue configuration is read back,
     then exactly those hooks are configured with the documented command lines."""
     config = sge.queue_config()
 
     expected = {
-        "prolog": ("root@/opt/geco/libexec/prolog $job_id $ja_task_id"
+        "prolog": ("root@/usr/libexec/geco/prolog $job_id $ja_task_id"
                    if "prolog" in sge.hooks else "NONE"),
-        "epilog": ("root@/opt/geco/libexec/epilog $job_id $ja_task_id"
+        "epilog": ("root@/usr/libexec/geco/epilog $job_id $ja_task_id"
                    if "epilog" in sge.hooks else "NONE"),
-        "starter_method": "/opt/geco/libexec/starter" if "starter" in sge.hooks else "NONE",
+        "starter_method": "/usr/libexec/geco/starter" if "starter" in sge.hooks else "NONE",
     }
     assert {key: config[key] for key in expected} == expected
 

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.sge
 JOBS = int(os.environ.get("GECO_SOAK_JOBS", "100"))
 FLOOR_JOBS = 20
 RSS_BOUND_MIB = 20
-STARTER = "/opt/geco/libexec/starter"
+STARTER = "/usr/libexec/geco/starter"
 
 
 @pytest.fixture(scope="module")

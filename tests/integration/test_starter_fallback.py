@@ -23,7 +23,7 @@ CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 def queue_without_prolog(sge: Any) -> Iterator[str]:
     """A queue whose starter is geco's but which has no prolog or epilog of geco's."""
     with sge.temporary_queue("geco-test-fallback.q", prolog="NONE", epilog="NONE", slots="1",
-                             starter_method="/opt/geco/libexec/starter") as queue:
+                             starter_method="/usr/libexec/geco/starter") as queue:
         yield queue
 
 
@@ -42,7 +42,7 @@ def test_a_batch_job_without_geco_prolog_is_moved_in_by_gecod_before_it_runs(
     assert len(report["cpus"]) == 1
     assert journal.entries(JOB_ID=str(job), GECO_EVENT="starter-quarantined")
     # no epilog of geco's ran here: clean up the job's cgroups as the reaper will
-    subprocess.run(["/opt/geco/venv/bin/python", "-c",
+    subprocess.run(["/opt/geco-dev/venv/bin/python", "-c",
                     "from geco import cgroup, config\n"
                     f"b = cgroup.for_config(config.load())\nb.destroy('{job}.1')"],
                    check=True, env=CLEAN_ENV, timeout=60)

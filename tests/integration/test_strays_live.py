@@ -38,7 +38,7 @@ from tests.integration.livekit import CLEAN_ENV, sh, wait_until, with_setting
 
 pytestmark = pytest.mark.sge
 
-GECO = "/opt/geco/venv/bin/geco"
+GECO = "/usr/bin/geco"
 ATD, CRON = Path("/usr/sbin/atd"), Path("/usr/sbin/cron")
 CRON_REBOOT_MARK = Path("/run/crond.reboot")  # Debian's cron runs @reboot entries only without it
 # Job script lines: wait (at most a minute) for a file the test or a door writes.
@@ -273,7 +273,7 @@ def test_gecod_ending_a_job_without_an_epilog_kills_what_it_left_through_at(
     CLEANED_BY=gecod."""
     queue = "geco-test-strays.q"
     with sge.temporary_queue(queue, prolog="NONE", epilog="NONE", slots="1",
-                             starter_method="/opt/geco/libexec/starter"):
+                             starter_method="/usr/libexec/geco/starter"):
         wait_until(lambda: f"{queue}@{sge.host}" in sge.queue_states(), 30, "the queue")
         job = job_dir.submit("gecod", "-q", queue, script=at_job("gecod"))
         pid = door_pid(job_dir, "gecod.pid")

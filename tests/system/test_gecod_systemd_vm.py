@@ -26,7 +26,7 @@ from tests.system import vmrun
 # import what the guest's bare python3 lacks; tests/vm first: tests/vm_systemd rewrites
 # /etc/geco and the units
 GUEST_COMMAND = (f"set -e; {vmrun.COPY_TO_GUEST}; cd /root/geco; "
-                 "python3 -m geco._hwloc_build >/dev/null; "
+                 f"{vmrun.EXTENSIONS}; "
                  f"{vmrun.guest_pytest('tests/vm tests/vm_systemd')}")
 
 BOOT = vmrun.Boot("tests/vm + tests/vm_systemd (the v2 backend, gecod as a service)",

@@ -48,7 +48,7 @@ from tests.cgroup_testkit import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-PYTHON = "/opt/geco/venv/bin/python"
+PYTHON = "/opt/geco-dev/venv/bin/python"
 HOST = short_hostname()
 MiB = 1 << 20
 MOUNTED = find_hierarchies(parse_mountinfo(Path("/proc/self/mountinfo").read_bytes()),

@@ -1,21 +1,22 @@
 """A real Grid Engine with geco on the modern node (tests/vm_sge), inside the QEMU machine.
 
 One boot (:mod:`vmrun`) for the whole story: the guest copies this repository
-onto its own disk and installs geco as an admin would, ``scripts/install.sh``
-(with ``GECO_SYSTEM_PACKAGES=1``: the venv takes geco's Python dependencies
-from the image's Debian packages, no PyPI under emulation), which on systemd
-installs and enables gecod.service, geco-jobs.service and the execd drop-in.
+onto its own disk and installs geco as an admin would, the package the host built
+(``apt-get install ./build/deb/geco_<version>_amd64.deb``; its Depends are in the
+image, no compiler, no PyPI), whose postinst enables and starts gecod.service (with
+geco-jobs.service) and whose drop-in gives sge_execd the preload.
 Then pytest runs ``tests/vm_sge`` there, whose fixtures bring up Grid Engine as
 systemd units and submit real jobs, and those tests of the PAM half of the ssh matrix
 (``test_ssh_live``, which the host runs whole) whose outcome pam_systemd and logind act
 on, with them in the stack and gecod as a unit; its preload half, ``test_ssh_preload``,
-runs in the legacy v1 boot of test_ssh_v1_systemd_vm. Last, the guest prints its prolog and
+runs in the legacy v1 boot of test_ssh_v1_systemd_vm. Then the package's own story
+(tests/vm_sge/test_package_lifecycle.py: upgrade, downgrade, removal and purge with jobs
+running). Last, the guest prints its prolog and
 epilog times from its journal; this test prints them beside this host's (the
 hooks the integration tests of this run journaled) under "figures".
 
 Cost: the image (shared with the other VM tests, ~3 min once, cached in
-/var/cache/geco-vm), a boot (~25 s), the install (~2 min under emulation) and
-the jobs.
+/var/cache/geco-vm), a boot (~25 s), the install and the jobs.
 """
 
 from __future__ import annotations
@@ -35,21 +36,29 @@ BENCH = "bench.bench_hooks"  # run as a module from the checkout, as bench/run d
 # job (here with the README's stack and gecod as a unit). Who is let in is decided before
 # pam_systemd runs: that the host shows once. The preload half runs in the legacy v1 boot
 # (test_ssh_v1_systemd_vm), the shorter of the two that run side by side.
+# Last, the package's own story (upgrade, downgrade, removal and purge with jobs running),
+# which leaves the node without geco and then installs it afresh.
 SSH_LIVE = "tests/integration/test_ssh_live.py"
 GUEST_TESTS = " ".join((
-    "tests/vm_sge", f"{SSH_LIVE}::test_a_job_owners_session_runs_inside_their_job",
+    "tests/vm_sge/test_sge_systemd.py", "tests/vm_sge/test_ssh_systemd.py",
+    "tests/vm_sge/test_strays_systemd.py",
+    f"{SSH_LIVE}::test_a_job_owners_session_runs_inside_their_job",
     f"{SSH_LIVE}::test_a_session_ends_with_its_job_counts_in_its_accounting_and_the_next_"
-    "login_is_refused"))
+    "login_is_refused",
+    "tests/vm_sge/test_package_lifecycle.py"))
 GUEST_COMMAND = (
     f"set -e; {vmrun.COPY_TO_GUEST}; cd /root/geco; since=$(date +%s); "
-    "GECO_SYSTEM_PACKAGES=1 scripts/install.sh; rc=0; "
+    f"t0=$(date +%s%N); {vmrun.INSTALL_PACKAGE}; "
+    "echo \"guest: package: apt-get install ./build/deb/geco_*.deb on the fresh guest (Depends "
+    "in the image): $(( ($(date +%s%N) - t0) / 1000000 )) ms\"; rc=0; "
     f"{vmrun.GUEST_SGE} "
-    f"{vmrun.guest_pytest(GUEST_TESTS, '/opt/geco/venv/bin/python', '--durations=12')} "
+    f"{vmrun.guest_pytest(GUEST_TESTS, 'python3', '--durations=12')} "
     "|| rc=$?; "
     # a failure shows what gecod said meanwhile (the guest's journal goes with the guest)
     "[ $rc = 0 ] || journalctl -u gecod.service --since \"@$since\" -n 200 --no-pager "
     "-o short-precise | sed 's/^/guest gecod: /'; "
-    f"/opt/geco/venv/bin/python -m {BENCH} --since \"$since\" | sed 's/^/guest: /'; exit $rc")
+    f"python3 -m {BENCH} --since \"$since\" | sed 's/^/guest: /'; "
+    "sed 's/^/guest: /' /root/geco-figures.txt 2>/dev/null || true; exit $rc")
 
 # 6 GiB: Grid Engine's h_vmem default (2G a slot) must fit twice in the host's capacity;
 # ~1,530 s beside the host's suite here (the suite's longest part): the limit leaves room

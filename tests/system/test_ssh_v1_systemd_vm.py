@@ -3,8 +3,8 @@
 Many clusters still boot systemd with ``systemd.unified_cgroup_hierarchy=0``: systemd
 keeps its ``name=systemd`` hierarchy and realizes units in the v1 controllers it
 manages, while geco's jobs live in ``<controller>/GECO/<job>``. One boot of the QEMU
-machine with that command line (:mod:`vmrun`): the guest installs geco as an admin
-would (gecod.service, the execd drop-in), Grid Engine comes up as units, and
+machine with that command line (:mod:`vmrun`): the guest installs geco's package as an
+admin would (apt; gecod.service, the execd drop-in), Grid Engine comes up as units, and
 ``tests/vm_sge/test_ssh_systemd.py`` runs: a session opened through pam_systemd lands
 in the job in every hierarchy geco uses, and stays there, with the job's own
 processes, across ``systemctl daemon-reload``. Then the preload-in-sshd half of the ssh
@@ -13,7 +13,7 @@ land in a job), here with pam_systemd and logind in the stack and gecod as a uni
 other half runs in tests/vm_sge's boot: the two boots run side by side, and this one is
 the shorter).
 
-Cost: a boot (~60 s beside the host's suite), the install (~2 min under emulation),
+Cost: a boot (~60 s beside the host's suite), the install,
 Grid Engine's start and the jobs.
 """
 
@@ -35,9 +35,9 @@ GUEST_TESTS = (FILES[0], *(f"{FILES[1]}::{test}" for test in (
 GUEST_COMMAND = (
     f"set -e; {vmrun.COPY_TO_GUEST}; cd /root/geco; "
     "test -d /sys/fs/cgroup/memory && ! test -e /sys/fs/cgroup/cgroup.controllers; "
-    "GECO_SYSTEM_PACKAGES=1 scripts/install.sh; "
+    f"{vmrun.INSTALL_PACKAGE}; "
     f"{vmrun.GUEST_SGE} "
-    f"{vmrun.guest_pytest(' '.join(GUEST_TESTS), '/opt/geco/venv/bin/python', '-v')}")
+    f"{vmrun.guest_pytest(' '.join(GUEST_TESTS), 'python3', '-v')}")
 BOOT = vmrun.Boot("tests/vm_sge/test_ssh_systemd.py and test_ssh_preload.py on systemd's "
                   "legacy cgroup v1",
                   GUEST_COMMAND, timeout=1500, mem_mib=6144, append=LEGACY_V1)

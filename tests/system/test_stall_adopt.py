@@ -175,7 +175,7 @@ def test_a_refusal_naming_160_jobs_fits_its_reply_and_nothing_is_left_open(
         assert g.stop() == 0, g.output()
 
 
-HELPER = "/opt/geco/libexec/geco-pam"
+HELPER = "/usr/libexec/geco/geco-pam"
 
 
 def test_the_helper_moves_no_parent_that_is_not_sshds(tmp_path: Path, owner: JobOwner) -> None:

@@ -31,18 +31,17 @@ from tests import figurekit
 from tests.cleanslate import TEST_USER
 from tests.servicekit import HOOK_LINES
 
-__all__ = ["COPY_TO_GUEST", "GUEST_SGE", "MASK", "PREPARE", "PRESEED", "REPO", "RUNNER",
-           "SGE_MEM", "TIMEOUT", "Boot", "VmRun", "assert_all_passed", "guest_pytest",
-           "packages", "result", "start", "stop", "summary"]
+__all__ = ["COPY_TO_GUEST", "EXTENSIONS", "GUEST_SGE", "INSTALL_PACKAGE", "MASK", "PREPARE",
+           "PRESEED", "REPO", "RUNNER", "SGE_MEM", "TIMEOUT", "Boot", "VmRun",
+           "assert_all_passed", "guest_pytest", "packages", "result", "start", "stop", "summary"]
 
 REPO = Path(__file__).resolve().parents[2]
 RUNNER = REPO / "integration" / "vm" / "run-in-vm.sh"
-# What the guests need beyond an execution host's packages (scripts/install.sh) and Grid
-# Engine's (integration/sge/setup.sh): geco's Python dependencies from Debian, so the
-# guest's venv (GECO_SYSTEM_PACKAGES=1) needs no PyPI under emulation, and pytest.
-GUEST_PYTHON = ("libc6-dev", "python3-cffi", "python3-lxml", "python3-nacl", "python3-pip",
-                "python3-pytest", "python3-setuptools", "python3-systemd",
-                "python3-wheel")
+# What the guests need beyond an execution host's packages (scripts/install.sh; the
+# package's Depends are among them, so its apt install needs no network) and Grid
+# Engine's (integration/sge/setup.sh): pytest. No compiler: the guests install the
+# package the host built.
+GUEST_PYTHON = ("python3-pytest",)
 # Grid Engine in the image is configured in the guest by integration/sge/setup.sh, for
 # the guest's own host name; not for the build host's by the package's postinst.
 PRESEED = "gridengine-common shared/gridengineconfig boolean false"
@@ -72,19 +71,23 @@ PREPARE = (f"SGE_TEST_USER={TEST_USER} GECO_STARTER={HOOK_LINES['starter']} "
            "bash /tmp/runinvm-prepare/integration/sge/setup.sh "
            "&& bash /tmp/runinvm-prepare/integration/sge/teardown.sh")
 # The guest's own copy of the share, minus what must not or need not travel: git history,
-# caches, and build products of the host, but for what scripts/install.sh built from these
-# very sources for the same Debian 12 (the host's tests build into directories of their
-# own): build/c, which the guest's make finds up to date, and build/wheel, the geco wheel
-# the guest's install.sh takes when its sources' digest is the same (together ~2 minutes
-# of emulated compiler a boot). 9p is slow for many small files, and nothing is written
-# back to the share.
+# caches, and build products of the host, but for geco's package, which the host's
+# scripts/install.sh built from these very sources for the same Debian 12 (build/deb).
+# 9p is slow for many small files, and nothing is written back to the share.
 COPY_TO_GUEST = ("rm -rf /root/geco && mkdir /root/geco && tar -C \"$RUNINVM_MOUNT\" "
                  "--exclude=./.git --exclude=__pycache__ --exclude='*.so' --exclude='*.o' "
                  "--exclude=./.mypy_cache --exclude=./.ruff_cache --exclude=./.hypothesis "
                  "--exclude=./.pytest_cache --exclude=./build --exclude=./preload/build "
-                 "-cf - . | tar -C /root/geco -xf - && for built in build/c build/wheel; do "
-                 "if [ -d \"$RUNINVM_MOUNT/$built\" ]; then tar -C \"$RUNINVM_MOUNT\" -cf - "
-                 "\"./$built\" | tar -C /root/geco -xf -; fi; done")
+                 "-cf - . | tar -C /root/geco -xf - && mkdir -p /root/geco/build && "
+                 "tar -C \"$RUNINVM_MOUNT\" -cf - ./build/deb | tar -C /root/geco -xf -")
+# geco as a node gets it: its package, installed with apt (the image holds its Depends);
+# then the package's cffi extensions in the guest's checkout, which the tests import
+INSTALL_PACKAGE = ("apt-get install -y -q --no-install-recommends ./build/deb/geco_*.deb "
+                   ">/tmp/apt-geco.log 2>&1 || { cat /tmp/apt-geco.log; exit 1; }; "
+                   "cp /usr/lib/python3/dist-packages/geco/_*_cffi*.so geco/")
+# the extensions alone, for a guest that runs geco from the checkout (no units installed)
+EXTENSIONS = ("dpkg-deb -x build/deb/geco_*.deb /tmp/geco-deb && "
+              "cp /tmp/geco-deb/usr/lib/python3/dist-packages/geco/_*_cffi*.so geco/")
 # the VM's own time limit (run-in-vm's VM_TIMEOUT, from qemu's start): boot (~25 s, ~45 s
 # on a slower host) + the tests at ~8x emulation slowdown, with room. When it runs out,
 # run-in-vm stops qemu and prints the console's last lines; what the guest printed so far

@@ -35,7 +35,7 @@ from geco.sge import execd, jobinstance, lookup, resourcefile, v1format
 from tests.logkit import RecordingHandler, handler_on
 
 REPO = Path(__file__).resolve().parents[2]
-PYTHON = "/opt/geco/venv/bin/python"
+PYTHON = "/opt/geco-dev/venv/bin/python"
 FIXTURES = REPO / "tests" / "fixtures"
 SOGE_JOB_1 = FIXTURES / "hooks" / "epilog.1.undefined.txt"  # job 1, submission_time=1795303008
 COMMLIB = "error: commlib error: can't connect to service (Connection refused)"

@@ -53,18 +53,18 @@ def test_the_readmes_debian_stack_gates_and_adopts(etc: Path) -> None:
     ("@include common-auth\n@include common-account\n@include common-session\n",
      "no pam_geco.so in the account stack of {d}/sshd: anyone with an account here can ssh "
      "in (the README's ssh section shows the lines)"),
-    ("account optional /opt/geco/lib/security/pam_geco.so\n@include common-session\n"
-     "session required /opt/geco/lib/security/pam_geco.so\n",
+    ("account optional pam_geco.so\n@include common-session\n"
+     "session required pam_geco.so\n",
      "pam_geco.so is 'optional' in the account stack: it refuses nobody; make it required"),
-    ("account required /opt/geco/lib/security/pam_geco.so\n@include common-session\n",
+    ("account required pam_geco.so\n@include common-session\n",
      "no pam_geco.so in the session stack of {d}/sshd: sessions run outside every job"),
-    ("account required /opt/geco/lib/security/pam_geco.so\n"
-     "session required /opt/geco/lib/security/pam_geco.so\n@include common-session\n",
+    ("account required pam_geco.so\n"
+     "session required pam_geco.so\n@include common-session\n",
      "pam_systemd.so runs after pam_geco.so in the session stack and moves the session out "
      "of its job; put geco's session line last"),
     # RHEL's style: include by type, a dash for a module that may be missing
-    ("account required /opt/geco/lib/security/pam_geco.so\naccount include common-account\n"
-     "session required /opt/geco/lib/security/pam_geco.so\n-session optional pam_systemd.so\n",
+    ("account required pam_geco.so\naccount include common-account\n"
+     "session required pam_geco.so\n-session optional pam_systemd.so\n",
      "pam_systemd.so runs after pam_geco.so in the session stack and moves the session out "
      "of its job; put geco's session line last"),
 ])

@@ -16,14 +16,7 @@ import pytest
 from geco import cli
 from geco.config import Config, load
 from geco.job import strays
-
-
-def process(proc: Path, pid: int, comm: str, uid: int) -> None:
-    d = proc / str(pid)
-    d.mkdir(parents=True)
-    (d / "comm").write_bytes(comm.encode() + b"\n")
-    (d / "status").write_bytes(f"Name:\t{comm}\nState:\tS (sleeping)\nPPid:\t1\n"
-                               f"Uid:\t{uid}\t{uid}\t{uid}\t{uid}\n".encode())
+from tests.nodekit import process
 
 
 @pytest.fixture

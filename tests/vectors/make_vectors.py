@@ -3,7 +3,7 @@
 Run from the repo root after a change to the vectors (``--check`` only compares and
 exits 1 when a file would change)::
 
-    /opt/geco/venv/bin/python -m tests.vectors.make_vectors [--check]
+    /opt/geco-dev/venv/bin/python -m tests.vectors.make_vectors [--check]
 
 The frames are built here with ``struct`` and ``hashlib.blake2b`` straight
 from the layout in docs/wire-format.md section 2, independently of

@@ -1,9 +1,9 @@
 """A real Grid Engine runs geco on the modern node: systemd as PID 1, pure cgroup v2.
 
 Runs INSIDE the QEMU machine: ``tests/system/test_sge_systemd_vm.py`` boots it,
-copies this repository onto the guest's disk, runs ``scripts/install.sh`` as an
-admin would (it installs and enables gecod.service and geco-jobs.service, and the
-drop-in that makes sge_execd load geco's exec() preload), then this module. Its
+copies this repository onto the guest's disk, installs geco's package with apt as an
+admin would (it enables and starts gecod.service with geco-jobs.service, and its
+drop-in makes sge_execd load geco's exec() preload), then this module. Its
 ``sge`` fixture (tests/conftest.py) brings up a single-host Grid Engine with
 ``integration/sge/setup.sh``, which under systemd runs the daemons as
 sgemaster.service and sgeexecd.service: execd gets the preload from the drop-in,
@@ -28,13 +28,12 @@ import pytest
 from geco.node.topology import parse_cpulist
 from tests.integration import livekit as kit
 from tests.jobdirkit import JobDir
+from tests.unitkit import SLOW, main_pid, systemctl
 
 MOUNT = Path("/sys/fs/cgroup")
 JOBS = kit.V2_JOBS
-PRELOAD = "/opt/geco/lib/libgeco_preload.so"
+PRELOAD = "/usr/lib/geco/libgeco_preload.so"
 M = 1 << 20
-# the emulated machine is ~8x slower than the host: generous waits
-SLOW = 300.0
 
 
 def _why_not() -> str:
@@ -49,14 +48,6 @@ def _why_not() -> str:
 
 
 pytestmark = [pytest.mark.vm, pytest.mark.skipif(bool(_why_not()), reason=_why_not())]
-
-
-def systemctl(*args: str, check: bool = True) -> str:
-    return kit.sh(["systemctl", *args], check=check, timeout=SLOW).stdout.strip()
-
-
-def main_pid(unit: str) -> int:
-    return int(systemctl("show", "-p", "MainPID", "--value", unit))
 
 
 def cgroup_of(pid: int) -> str:
@@ -80,7 +71,7 @@ def finished(sge: Any, job_dir: JobDir, name: str, job: int) -> dict[str, str]:
 
 
 def test_install_put_gecod_the_job_subtree_and_the_preload_under_systemd(sge: Any) -> None:
-    """Given scripts/install.sh on a systemd node, then gecod is enabled and running in its
+    """Given geco's package on a systemd node, then gecod is enabled and running in its
     unit, the jobs' subtree is geco-jobs.service, and sge_execd (sgeexecd.service) runs
     with geco's preload from the drop-in."""
     assert systemctl("is-enabled", "gecod.service") == "enabled"

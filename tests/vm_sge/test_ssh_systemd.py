@@ -1,7 +1,7 @@
 """ssh into the modern node: pam_systemd and logind in the stack, sessions still in the job.
 
 Runs INSIDE the QEMU machine: after tests/vm_sge/test_sge_systemd.py on the pure cgroup
-v2 boot (same Grid Engine, gecod.service installed by scripts/install.sh), and alone on
+v2 boot (same Grid Engine, gecod.service from geco's package), and alone on
 a boot with systemd's legacy cgroup v1 layout (tests/system/test_ssh_v1_systemd_vm.py).
 A real sshd on 127.0.0.1 with the README's Debian stack, whose ``common-session`` runs
 ``pam_systemd`` (logind makes the login a session scope) before geco's session line: the
@@ -64,7 +64,7 @@ def test_with_pam_systemd_in_the_stack_a_job_owners_session_lands_in_the_job(sge
     before = node_stack.read_text()
     try:
         node_stack.write_text(GECO_PAM_STACK)  # the node's own sshd, as the README says
-        check = subprocess.run(["/opt/geco/venv/bin/geco", "check"], capture_output=True,
+        check = subprocess.run(["/usr/bin/geco", "check"], capture_output=True,
                                text=True, check=False)
     finally:
         node_stack.write_text(before)

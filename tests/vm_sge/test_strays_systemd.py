@@ -19,7 +19,7 @@ from tests.integration import livekit as kit
 from tests.jobdirkit import JobDir
 
 SLOW = 300.0  # the emulated machine is ~8x slower than the host
-GECO = "/opt/geco/venv/bin/geco"
+GECO = "/usr/bin/geco"
 WAIT_FOR = "i=0; while [ ! -s {0} ] && [ $i -lt 600 ]; do sleep 0.5; i=$((i+1)); done\n"
 
 
