@@ -11,8 +11,8 @@ test_sge_systemd_vm.py), whose guest installed the suite's package with
   in the job's cgroup with the same limits and ends normally, accounted once and torn
   down once; sge_execd still maps the old preload (deleted on disk), and the jobs
   started after the upgrade are contained by the new gecod through it;
-* **downgrade** by one version with a batch job and an interactive qrsh running: the
-  same;
+* **downgrade** by one version with a batch job and an array job's task running, both
+  started after the upgrade through the old preload: the same;
 * **removal** refused while a job runs, while a PAM file names pam_geco.so and while
   the queue runs geco's starter, each named; then allowed: no gecod, no unit, no
   drop-in, no GECO cgroup, sge_execd restarted plain, and a job runs plain; **purge**
@@ -43,7 +43,6 @@ from geco.wire import client
 from tests import packagekit
 from tests.integration import livekit as kit
 from tests.jobdirkit import JobDir
-from tests.servicekit import CLEAN_ENV
 from tests.sshkit import GECO_PAM_STACK, running_sshd
 from tests.unitkit import SLOW, main_pid, systemctl
 
@@ -157,6 +156,11 @@ def longest_gap(answers: list[tuple[float, int]]) -> float:
     return max((b - a for a, b in itertools.pairwise(times)), default=0.0)
 
 
+def cgroup_reports(job_dir: JobDir, name: str, job: int) -> list[dict[str, Any]]:
+    """What probe.py reported from inside the job (not its closing lines)."""
+    return [r for r in job_dir.reports(name, job) if "cgroups" in r]
+
+
 def maps_old_preload(pid: int) -> bool:
     """Does ``pid`` map geco's preload as a file since replaced (``(deleted)``)?"""
     return any(PRELOAD in line and line.endswith("(deleted)")
@@ -188,7 +192,8 @@ def test_an_upgrade_leaves_a_parallel_job_its_task_and_an_adopted_session_contai
         "qrsh -inherit \"$HOSTNAME\" /bin/sh \"$PWD/task.sh\" &\n"
         f"{RELEASE}/usr/bin/python3 probe.py\nwait\n"))
     kit.wait_until(lambda: (job_dir.path / f"mpi.o{job}").exists()
-                   and len(job_dir.reports("mpi", job)) >= 2, SLOW, "master's and task's reports")
+                   and len(cgroup_reports(job_dir, "mpi", job)) >= 2, SLOW,
+                   "master's and task's reports")
     contained = Contained(f"{job}.1")
     assert contained.limits["memory.max"] == str(400 << 20)
     execd, jobs_unit, gecod = (main_pid(u) for u in ("sgeexecd.service", "geco-jobs.service",
@@ -212,6 +217,8 @@ def test_an_upgrade_leaves_a_parallel_job_its_task_and_an_adopted_session_contai
         assert maps_old_preload(execd), "sge_execd should still map the replaced preload"
         contained.still("the upgrade")
         gap = longest_gap(answers)
+        # the preload waits that long for gecod before it refuses
+        assert gap < geco_config.load().gecod_request_timeout, answers
         figure(f"package upgrade with 2 jobs and an ssh session running: apt {took:.1f} s; "
                f"gecod did not answer for {gap:.2f} s at most (its restart: a job start then "
                "waits, the preload retries within timeout_ms; none refused)")
@@ -221,44 +228,37 @@ def test_an_upgrade_leaves_a_parallel_job_its_task_and_an_adopted_session_contai
     assert session.returncode == 0, session.stderr
     assert kit.outside_the_job((job_dir.path / "ssh.after").read_text(), contained.key) == []
     accounted_once(sge, job_dir, "mpi", job, journal)
-    reports = job_dir.reports("mpi", job)
+    reports = cgroup_reports(job_dir, "mpi", job)
     assert len(reports) == 4 and len({r["pid"] for r in reports}) == 4, reports
     assert all(r["cgroups"] == reports[0]["cgroups"] for r in reports), reports
 
 
-def test_jobs_started_after_it_are_contained_and_a_downgrade_leaves_a_batch_job_and_a_qrsh(
+def test_jobs_started_after_it_are_contained_and_a_downgrade_leaves_them_contained(
         sge: Any, job_dir: JobDir, journal: Any, debs: dict[str, Path]) -> None:
     """Given the upgraded package and sge_execd still mapping the old preload, a batch job
-    and an interactive qrsh started now are contained; when apt downgrades geco by one
-    version, both keep their processes and limits and end normally, accounted once."""
+    and an array job's task started now are contained by the new gecod; when apt
+    downgrades geco by one version, both keep their processes and limits and end
+    normally, accounted and torn down once."""
     execd = main_pid("sgeexecd.service")
     assert maps_old_preload(execd)
-    for old in ("release", "qrsh.before", "qrsh.after"):
-        (job_dir.path / old).unlink(missing_ok=True)
-    batch = job_dir.submit("batch", "-l", "m_mem_free=150M", script=(
-        f"/usr/bin/python3 probe.py\n{RELEASE}/usr/bin/python3 probe.py\n"))
-    qrsh = subprocess.Popen(
-        ["runuser", "-u", sge.owner.name, "--", "qrsh", "-now", "yes", "-cwd", "-N", "inter",
-         "-l", "m_mem_free=150M", "/bin/sh", "-c",
-         f"echo $JOB_ID > qrsh.id; {SAVE_CGROUP} qrsh.before; {RELEASE.strip()}; "
-         f"{SAVE_CGROUP} qrsh.after"],
-        cwd=job_dir.path, env=CLEAN_ENV, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
-    kit.wait_until((job_dir.path / "qrsh.before").exists, SLOW, "the qrsh's command")
-    inter = int((job_dir.path / "qrsh.id").read_text())
-    jobs = [Contained(f"{batch}.1"), Contained(f"{inter}.1")]
-    assert kit.outside_the_job((job_dir.path / "qrsh.before").read_text(), jobs[1].key) == []
+    (job_dir.path / "release").unlink(missing_ok=True)
+    waiting = f"/usr/bin/python3 probe.py\n{RELEASE}/usr/bin/python3 probe.py\n"
+    batch = job_dir.submit("batch", "-l", "m_mem_free=150M", script=waiting)
+    array = job_dir.submit("array", "-t", "1-1", "-l", "m_mem_free=150M", script=waiting)
+    jobs = [Contained(f"{batch}.1"), Contained(f"{array}.1")]
 
     install(debs["first"], "--allow-downgrades")
     for contained in jobs:
         contained.still("the downgrade")
     (job_dir.path / "release").touch()
-    assert qrsh.wait(timeout=SLOW) == 0, qrsh.stderr
-    assert kit.outside_the_job((job_dir.path / "qrsh.after").read_text(), jobs[1].key) == []
     accounted_once(sge, job_dir, "batch", batch, journal)
-    records = sge.wait_finished(inter, timeout=SLOW)
+    records = sge.wait_finished(array, timeout=SLOW)
     assert len(records) == 1 and records[0]["exit_status"] == "0", records
-    assert len(journal.wait_for(SLOW, JOB_ID=str(inter), GECO_EVENT="job-end")) == 1
+    kit.wait_until(lambda: not (JOBS / f"{array}.1").exists(), SLOW, "the task's cgroup gone")
+    assert len(journal.wait_for(SLOW, JOB_ID=str(array), GECO_EVENT="job-end")) == 1
+    for name, job, task in (("batch", batch, None), ("array", array, 1)):
+        reports = [r for r in job_dir.reports(name, job, task) if "cgroups" in r]
+        assert len(reports) == 2 and reports[0]["cgroups"] == reports[1]["cgroups"], reports
 
 
 def test_removal_is_refused_while_geco_is_needed_then_leaves_the_node_plain_and_purge_clean(
