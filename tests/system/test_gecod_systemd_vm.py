@@ -4,8 +4,9 @@ inside the QEMU machine.
 This host has a hybrid v1 layout, so cpuset and memory cannot appear on a
 cgroup2 here; only a guest kernel can show them. One boot for both (:mod:`vmrun`):
 the guest copies this repository onto its own disk (9p is slow for many small
-files, and gecod's ``ProtectHome=read-only`` must not meet the share), builds
-geco's hwloc bridge there against the guest's libhwloc, and runs pytest on
+files, and gecod's ``ProtectHome=read-only`` must not meet the share), takes geco's
+two cffi extensions from the package the host built (``build/deb``, not installed: these
+tests install geco's units their own way), and runs pytest on
 ``tests/vm`` (the backend against the kernel, each test below a cgroup of its
 own) and then ``tests/vm_systemd``, which installs ``conf/gecod.service`` and
 ``conf/geco-jobs.service`` and drives them with systemctl. Nothing is written
