@@ -107,7 +107,9 @@ class Contained:
     def __init__(self, key: str) -> None:
         self.key = key
         self.dir = JOBS / key
-        kit.wait_until(self.dir.exists, SLOW, f"job {key}'s cgroup")
+        # the cgroup is made before the job's first process is moved in
+        kit.wait_until(lambda: self.dir.exists() and bool(self.procs()), SLOW,
+                       f"job {key}'s cgroup with its processes")
         self.limits = self.read_limits()
         self.members = set(self.procs())
 
@@ -117,7 +119,10 @@ class Contained:
                              "pids.max")}
 
     def procs(self) -> list[str]:
-        return (self.dir / "cgroup.procs").read_text().split()
+        try:
+            return (self.dir / "cgroup.procs").read_text().split()
+        except FileNotFoundError:  # not made yet, or removed: no process in it
+            return []
 
     def still(self, after: str) -> None:
         assert self.read_limits() == self.limits, after
