@@ -49,6 +49,7 @@ BUILD_PACKAGES=(
 TEST_PACKAGES=(
   python3-venv ca-certificates             # the suite's tools from PyPI
   lintian                                  # the package's own check
+  hwloc                                    # hwloc-calc: the topology tests' second opinion
   openssh-server                           # ssh adoption tests
   strace                                   # the quarantine happens before execve
   at cron                                  # the doors out of a job: geco's stray killing
