@@ -460,6 +460,29 @@ def _uninstall_check(args: argparse.Namespace) -> int:
     return EXIT_FAILED if found else EXIT_OK
 
 
+def _add_handover_command(sub: Any) -> None:
+    """The parser entry of `geco handover` (the package's postinst runs it)."""
+    ho = sub.add_parser("handover", help="make gecod hand its sockets to the installed gecod",
+                        description="Ask the running gecod (root only) to start the gecod "
+                                    "installed now and hand its sockets over to it once it "
+                                    "is loaded: no job start waits for a restart. Exit 0 "
+                                    "once the new gecod serves; 1 when gecod is not running "
+                                    "or the new one could not take over (the old one then "
+                                    "serves on, and the message says why).")
+    ho.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS",
+                    help="how long to wait for the new gecod (default 120)")
+
+
+def _handover(args: argparse.Namespace) -> int:
+    from geco.daemon import handover  # see _keygen
+
+    try:
+        print(f"geco handover: {handover.request(_config.load(), timeout=args.timeout)}")
+    except GecoError as exc:
+        return _failed("handover", exc)
+    return EXIT_OK
+
+
 def _add_daemon_command(sub: Any) -> None:
     """The parser entry of `geco daemon` (gecod); its options live in geco.daemon."""
     from geco import daemon
@@ -494,6 +517,7 @@ def _build_parser() -> _Parser:
     _add_journal_command(sub)
     _add_check_command(sub)
     _add_uninstall_command(sub)
+    _add_handover_command(sub)
     return parser
 
 
@@ -519,6 +543,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _check(args)
         if args.command == "uninstall-check":
             return _uninstall_check(args)
+        if args.command == "handover":
+            return _handover(args)
         if args.command == "rsrcinfo":
             if args.xml is None and (args.placement or args.pe_hostfile):
                 raise _Usage("geco rsrcinfo: --placement and --pe-hostfile go with --xml")

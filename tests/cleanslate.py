@@ -134,7 +134,23 @@ def listener_pid(path: Path = SITE_SOCKET) -> int | None:
             return None
         creds = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     pid, _uid, _gid = struct.unpack("3i", creds)
+    if pid and not alive(pid):  # it listened, then handed the socket over (geco handover)
+        return _holder(path)
     return pid or None
+
+
+def _holder(path: Path) -> int | None:
+    """A live process holding the Unix socket bound to ``path`` open."""
+    inodes = {f"socket:[{cols[6]}]" for cols in map(str.split, Path("/proc/net/unix")
+                                                     .read_text().splitlines()[1:])
+              if len(cols) == 8 and cols[7] == str(path)}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if any(os.readlink(fd) in inodes for fd in (proc / "fd").iterdir()):
+                return int(proc.name)
+    return None
 
 
 def is_geco_daemon(pid: int) -> bool:

@@ -57,6 +57,7 @@ from geco.wire import address, client
 from geco.wire.frame import decode, encode
 from geco.wire.messages import Adopt, AdoptReply, AdoptStage, MsgType
 from tests.cgroup_testkit import cgroup_mounts, raw_cleanup
+from tests.cleanslate import alive
 
 REPO = Path(__file__).resolve().parents[1]
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -511,3 +512,14 @@ def adopt_frame(sock: str, key: bytes, adopt: Adopt) -> AdoptReply:
 
 def root_socket(g: Gecod) -> str:
     return g.sock.removesuffix(".sock") + "-root.sock"
+
+
+def stop_by_pid(pid: int, timeout: float = 30.0) -> None:
+    """End a gecod the test did not start itself (a handover's successor): SIGTERM, then
+    wait until it no longer runs."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while alive(pid):
+        assert time.monotonic() < deadline, f"gecod {pid} still running {timeout:g} s after SIGTERM"
+        time.sleep(0.05)

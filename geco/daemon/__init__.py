@@ -15,7 +15,8 @@ reaps what ended jobs leave. Modules, each with one job:
 * :mod:`~geco.daemon.quarantine` - JOB_STARTED and QUARANTINE_SELF: may this pid go
   into this job before it runs anything, and putting it there;
 * :mod:`~geco.daemon.status` - the node's jobs, read back from the cgroup tree;
-* :mod:`~geco.daemon.service` - start-up checks, systemd notification, signals.
+* :mod:`~geco.daemon.service` - start-up checks, systemd notification, signals;
+* :mod:`~geco.daemon.handover` - the sockets handed to the gecod an upgrade installed.
 
 ``python -m geco.daemon`` or ``geco daemon`` runs it.
 """

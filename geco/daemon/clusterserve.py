@@ -308,16 +308,18 @@ class ClusterChannel:
         return {"status": "reported"}
 
 
-def open_channel(ctx: GecodContext, pools: Pools, *, on_change: Callable[[], None] | None = None,
+def open_channel(ctx: GecodContext, pools: Pools, *, listener: socket.socket | None = None,
+                 on_change: Callable[[], None] | None = None,
                  on_prepared: Callable[[JobKey], None] | None = None,
                  before_release: Callable[[JobKey], None] | None = None
                  ) -> ClusterChannel | None:
-    """The cluster channel, listening; None (warned about) when this host has no cluster key
-    or cannot listen: then it cannot be a slave host of a parallel job."""
+    """The cluster channel, listening (on ``listener``: the socket a gecod handed over);
+    None (warned about) when this host has no cluster key or cannot listen: then it cannot
+    be a slave host of a parallel job."""
     cfg = ctx.config
     try:
         key = cluster.load_key(cfg)
-        listener = listen(cfg)
+        listener = listener or listen(cfg)
     except (GecoError, OSError) as exc:
         _log.warning("not listening for parallel jobs' masters: %s; multi-host jobs with this "
                      "host among their slaves are re-queued until it does", exc,

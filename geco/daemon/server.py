@@ -174,6 +174,8 @@ class Server:
         self.replay_peercred = ReplayCache.for_skew(ctx.config.gecod_max_skew,
                                                     forget_when_full=True)
         self.started = time.time()
+        # the last handover that did not happen: {"at": time, "reason": text} (STATUS)
+        self.handover_failed: dict[str, object] | None = None
         self._served = 0
         self.journal = RequestLog()
         self._on_idle: Callable[[], None] | None = None
@@ -510,7 +512,9 @@ class Server:
         return status.status_document(node, gecod=__version__, pid=os.getpid(),
                                      host=self.ctx.hostname,
                                      uptime=round(time.time() - self.started, 3),
-                                     served=self.served, refused=self.refused)
+                                     served=self.served, refused=self.refused,
+                                     **({"handover_failed": self.handover_failed}
+                                        if self.handover_failed else {}))
 
     def _answer(self, conn: Connection, got: Frame, outcome: Outcome) -> None:
         """Journal the outcome of a verified request and send its answer."""
@@ -619,8 +623,10 @@ class Server:
         """Use ``secret`` for requests from now on (after ``geco keygen --force`` and SIGHUP)."""
         self.secret = secret
 
-    def shutdown(self, on_idle: Callable[[], None]) -> None:
-        """Stop accepting; drop half-sent requests; call ``on_idle`` once every answer is out.
+    def shutdown(self, on_idle: Callable[[], None], *, finish_reading: bool = False) -> None:
+        """Stop accepting; drop half-sent requests (unless ``finish_reading``: a handover
+        reads them to the end, or to their deadline); call ``on_idle`` once every answer
+        is out.
 
         Job cgroups are not touched: running jobs stay contained, and the next
         gecod rebuilds everything from the cgroup tree.
@@ -636,7 +642,7 @@ class Server:
                 lane.listener.close()
                 lane.listener = None
         for conn in list(self.connections):
-            if conn.phase is Phase.READING:
+            if conn.phase is Phase.READING and not finish_reading:
                 self._close(conn)
         self.journal.end_window(self.lanes)  # what the last window held back is not lost
         self._on_idle = on_idle

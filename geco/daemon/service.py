@@ -27,7 +27,9 @@ every ``[gecod] reaper_interval`` s in a thread of its own: cgroups of jobs
 that no longer run here are emptied and
 removed, processes past ``h_rt`` + ``walltime_grace`` killed, old trace files
 deleted. SIGHUP re-reads the configuration and the key file (the reaper's
-interval and walltime settings included). SIGTERM or SIGINT: stop
+interval and walltime settings included). SIGUSR2 (``geco handover``, after an
+upgrade): start the gecod installed now and hand the sockets over to it once it is
+loaded (:mod:`geco.daemon.handover`), then exit 0. SIGTERM or SIGINT: stop
 accepting, answer the requests already being worked on (at most
 ``_DRAIN_GRACE`` seconds) and let a reaper round finish the job it is at (a
 teardown cut short could leave a job frozen), ``STOPPING=1``, exit 0. Job
@@ -43,15 +45,18 @@ import concurrent.futures
 import grp
 import logging
 import os
+import selectors
 import signal
+import socket
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from geco import __version__, cgroup, log, oom
 from geco import config as _config
-from geco.daemon import clusterserve, fastlane, status
+from geco.daemon import clusterserve, fastlane, handover, status
 from geco.daemon.context import GecodContext
 from geco.daemon.lanes import PUBLIC_BUDGET, Lane, root_budget
 from geco.daemon.pools import Pools
@@ -86,7 +91,7 @@ _OOM_CHECK_WAIT = 2.0
 # Held back from the first line until the loop handles them: a SIGTERM between
 # listen() and the handlers would otherwise kill gecod the default way, leaving
 # its socket file behind and its workers unjoined.
-_HANDLED_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+_HANDLED_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2}
 # Settings a SIGHUP cannot change in a running gecod (sockets, threads, cgroup
 # layout and the replay window are set up once); a change is logged instead.
 _RESTART_ONLY = ("gecod_socket", "gecod_privileged_socket", "gecod_privileged_group",
@@ -96,15 +101,16 @@ _RESTART_ONLY = ("gecod_socket", "gecod_privileged_socket", "gecod_privileged_gr
                  "exclusive_cpus", "state_dir", "cluster_address", "cluster_bind")
 
 
-def notify(message: str) -> bool:
-    """Send ``message`` to systemd (sd_notify); a no-op returning False without NOTIFY_SOCKET."""
+def notify(message: str, fds: list[int] | None = None) -> bool:
+    """Send ``message`` (and ``fds``) to systemd (sd_notify); a no-op returning False
+    without NOTIFY_SOCKET."""
     if not os.environ.get("NOTIFY_SOCKET"):
         return False
     try:
         from systemd import daemon as sd
     except ImportError:  # systemd-python missing: gecod still runs, unsupervised
         return False
-    return bool(sd.notify(message))
+    return bool(sd.notify(message, fds=fds) if fds else sd.notify(message))
 
 
 def _watchdog_interval() -> float | None:
@@ -133,8 +139,11 @@ class Daemon:
     """
 
     def __init__(self, cfg: _config.Config, config_path: Path,
-                 log_level: str | None = None) -> None:
+                 log_level: str | None = None,
+                 successor: handover.Successor | None = None) -> None:
         self.cfg = cfg
+        # started by a running gecod to take its sockets over (geco.daemon.handover)
+        self.successor = successor
         self.config_path = config_path
         self.log_level = log_level
         if os.geteuid() != 0:
@@ -147,12 +156,14 @@ class Daemon:
             self.secret = keys.load_key(cfg.gecod_key_file)
         except GecoError as exc:
             raise _StartupError(str(exc)) from exc
-        self._refuse_second_gecod()
+        if self.successor is None:
+            self._refuse_second_gecod()
         try:
             self.backend = cgroup.for_config(cfg)
             self.backend.ensure_root()
             self._warn_outside_units()
             self.topology = Topology.load()
+            inherited = self._take_over() if self.successor is not None else {}
             node = status.scan(self.backend)
         except GecoError as exc:
             raise _StartupError(str(exc)) from exc
@@ -182,11 +193,11 @@ class Daemon:
         # before anyone can connect: once gecod answers, no running job's end is missed
         self._rewatch()
         try:
-            self.listener = address.listen(self.address)
+            self.listener = inherited.get("public") or address.listen(self.address)
         except GecoError as exc:
             raise _StartupError(str(exc)) from exc
         try:
-            self.root_listener = address.listen(
+            self.root_listener = inherited.get("root") or address.listen(
                 self.root_address, mode=address.ROOT_MODE | (0o060 if self.root_group else 0),
                 group=self.root_group)
         except GecoError as exc:
@@ -212,13 +223,25 @@ class Daemon:
         # the masters of parallel jobs with this host among their slaves (geco.wire.cluster):
         # a lane of the server's, on the loop, with the budgets of the local sockets
         self.cluster = clusterserve.open_channel(
-            self.ctx, self.pools,
+            self.ctx, self.pools, listener=inherited.get("cluster"),
             on_change=lambda: self.loop.call_soon_threadsafe(self._report_status_soon),
             on_prepared=lambda key: self.loop.call_soon_threadsafe(lambda: self._watch_job(key)),
             before_release=self._check_oom_now)
         self._stopping = False
         self._log_drops = 0
         self._status_due = False
+        self.predecessor: handover.Predecessor | None = None  # this gecod handing over
+
+    def _take_over(self) -> dict[str, socket.socket]:
+        """A successor: the running gecod's sockets, once it has stopped answering on them."""
+        assert self.successor is not None
+        taken = {"public": self.successor.take("public", self.address),
+                 "root": self.successor.take("root", self.root_address)}
+        if "cluster" in self.successor.sockets:
+            taken["cluster"] = self.successor.take(
+                "cluster", address.Address("tcp", port=cluster.port(self.cfg)))
+        self.successor.ready()  # from here on the node is ours alone
+        return {name: sock for name, sock in taken.items() if sock is not None}
 
     def _warn_outside_units(self) -> None:
         """Warn when systemd runs this node but the v2 job cgroups are in no delegated unit."""
@@ -336,6 +359,10 @@ class Daemon:
         if self._stopping:
             return
         self._stopping = True
+        if self.predecessor is not None:  # a stop means stop: no successor takes over
+            self.loop.remove_source(self.predecessor.line)
+            self.predecessor.abandon()
+            self.predecessor = None
         _log.info("gecod stopping on %s; job cgroups are left as they are",
                   signal.Signals(signum).name,
                   extra=log.job_fields(None, None, "gecod-stopping",
@@ -343,6 +370,47 @@ class Daemon:
         notify("STOPPING=1")
         self.server.shutdown(on_idle=self.loop.stop)
         self.loop.add_timer(_DRAIN_GRACE, self.loop.stop)
+
+    def _on_handover_signal(self, signum: int) -> None:
+        if self._stopping or self.predecessor is not None:
+            _log.warning("SIGUSR2: gecod is %s already; ignored",
+                         "stopping" if self._stopping else "handing over")
+            return
+        listeners = {lane.name: lane.listener for lane in self.server.lanes
+                     if lane.listener is not None}
+        try:
+            self.predecessor = handover.Predecessor.start(listeners)
+        except GecoError as exc:
+            self._handover_failed(str(exc))
+            return
+        _log.info("SIGUSR2: starting the installed gecod (pid %d) to hand over to; serving "
+                  "on until it is ready", self.predecessor.proc.pid,
+                  extra=log.job_fields(None, None, "gecod-handover-started",
+                                       SUCCESSOR_PID=self.predecessor.proc.pid))
+        self.loop.add_source(self.predecessor.line, selectors.EVENT_READ, self._on_successor)
+
+    def _on_successor(self, _line: object, _events: int) -> None:
+        pred = self.predecessor
+        assert pred is not None
+        self.loop.remove_source(pred.line)
+        failure = pred.failure()
+        if failure is not None:
+            self.predecessor = None
+            self._handover_failed(failure)
+            return
+        # connections arriving from now on wait in the kernel's backlog for the successor
+        self._stopping = True
+        _log.info("handing over to gecod pid %d: answering what was taken, then exiting",
+                  pred.proc.pid, extra=log.job_fields(None, None, "gecod-handing-over",
+                                                      SUCCESSOR_PID=pred.proc.pid))
+        self.server.shutdown(on_idle=self.loop.stop, finish_reading=True)
+        self.loop.add_timer(_DRAIN_GRACE, self.loop.stop)
+
+    def _handover_failed(self, reason: str) -> None:
+        _log.error("no handover: %s; this gecod serves on (its reason is in the journal)",
+                   reason, extra=log.job_fields(None, None, "gecod-handover-failed",
+                                                REASON=reason))
+        self.server.handover_failed = {"at": time.time(), "reason": reason}
 
     def _on_reload(self, signum: int) -> None:
         try:
@@ -404,6 +472,7 @@ class Daemon:
         self.loop.add_signal(signal.SIGTERM, self._on_stop_signal)
         self.loop.add_signal(signal.SIGINT, self._on_stop_signal)
         self.loop.add_signal(signal.SIGHUP, self._on_reload)
+        self.loop.add_signal(signal.SIGUSR2, self._on_handover_signal)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _HANDLED_SIGNALS)  # pending ones arrive now
         interval = _watchdog_interval()
         if interval is not None:
@@ -419,22 +488,51 @@ class Daemon:
             self.server.add_lane(self.cluster.lane)
         if self.lane is not None:
             self.lane.start()
-        notify("READY=1")
+        if self.successor is not None:
+            self._took_over(self.successor)
+        else:
+            notify("READY=1")
         self._report_status()
         try:
             self.loop.run()
         finally:
             self.close()
-        _log.info("gecod stopped", extra=log.job_fields(None, None, "gecod-stopped"))
+        code = EXIT_OK
+        if self.predecessor is not None:
+            code = self._handed_over(self.predecessor)
+        else:
+            _log.info("gecod stopped", extra=log.job_fields(None, None, "gecod-stopped"))
         log.stop_background()
-        return EXIT_OK
+        return code
+
+    def _took_over(self, successor: handover.Successor) -> None:
+        # systemd's main process from now on, and sure of it before the predecessor exits
+        if notify(f"MAINPID={os.getpid()}\nREADY=1") and not handover.systemd_barrier(notify):
+            _log.warning("systemd did not confirm gecod's new main pid %d", os.getpid())
+        _log.info("gecod %s took over from the gecod before it (pid %d)", __version__,
+                  os.getppid(), extra=log.job_fields(None, None, "gecod-took-over"))
+        successor.serving()
+
+    def _handed_over(self, pred: handover.Predecessor) -> int:
+        if pred.drained():
+            _log.info("gecod handed over to pid %d", pred.proc.pid,
+                      extra=log.job_fields(None, None, "gecod-handed-over",
+                                           SUCCESSOR_PID=pred.proc.pid))
+            return EXIT_OK
+        # nothing answers on the sockets now: systemd restarts gecod (Restart=on-failure)
+        _log.error("the installed gecod (pid %d) did not take over after this one stopped "
+                   "answering; exiting with failure for systemd to restart gecod",
+                   pred.proc.pid, extra=log.job_fields(None, None, "gecod-handover-failed",
+                                                       SUCCESSOR_PID=pred.proc.pid))
+        return EXIT_FAILED
 
     def close(self) -> None:
         """Close the listener and the loop, wait for running workers; jobs are left alone."""
         if any(lane.listener is not None for lane in self.server.lanes):
             self.server.shutdown(on_idle=lambda: None)
-        address.unlink_socket(self.address)
-        address.unlink_socket(self.root_address)
+        if self.predecessor is None:  # else the successor serves on these very files
+            address.unlink_socket(self.address)
+            address.unlink_socket(self.root_address)
         if self.cluster is not None:
             self.cluster.close()
         self.oom.close()
@@ -491,15 +589,18 @@ def run(args: argparse.Namespace) -> int:
     sys.setswitchinterval(_GIL_SWITCH)
     path = Path(args.config or os.environ.get("GECO_CONFIG") or _config.DEFAULT_PATH)
     log.setup(args.log_level or "error", identifier="gecod")  # until the config is read
+    successor = None
     try:
+        successor = handover.Successor.from_environ()
         cfg = _config.load(path)
         log.setup(_stderr_level(args.log_level, cfg), identifier="gecod")
         _route_traces(cfg)
-        daemon = Daemon(cfg, path, args.log_level)
-    except (_StartupError, GecoError) as exc:
-        print(f"gecod: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    except OSError as exc:  # anything the kernel refused that no module translated
-        print(f"gecod: cannot start: {exc}", file=sys.stderr)
+        daemon = Daemon(cfg, path, args.log_level, successor)
+    except (_StartupError, GecoError, OSError) as exc:
+        # OSError: anything the kernel refused that no module translated
+        reason = str(exc) if not isinstance(exc, OSError) else f"cannot start: {exc}"
+        print(f"gecod: {reason}", file=sys.stderr)
+        if successor is not None:  # the running gecod serves on and says why
+            successor.failed(reason)
         return EXIT_FAILED
     return daemon.run()

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
@@ -19,6 +20,7 @@ import pytest
 from tests.cleanslate import SITE_SOCKET as SOCKET
 from tests.cleanslate import listener_pid
 from tests.clusterkit import cluster
+from tests.gecodkit import stop_by_pid
 
 GECO = "/usr/bin/geco"
 HERE = Path(__file__).parent
@@ -39,6 +41,7 @@ class Gecod:
     log: Path
     proc: subprocess.Popen[bytes] | None = None
     preload: str = PRELOAD  # what sge_execd gets for a test with the ``gecod`` fixture
+    successor: int = 0  # the gecod this one handed over to (not this session's child)
 
     def start(self) -> None:
         with self.log.open("ab") as out:
@@ -62,10 +65,27 @@ class Gecod:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=30)
 
+    def hand_over(self) -> subprocess.CompletedProcess[str]:
+        """`geco handover` as root: the gecod now installed serves in this one's place."""
+        assert self.proc is not None
+        done = subprocess.run([GECO, "handover"], env=CLEAN_ENV, cwd="/", capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, (done.stderr, self.log.read_text())
+        assert self.proc.wait(timeout=60) == 0, self.log.read_text()
+        # STATUS's pid: the socket's SO_PEERCRED names the gecod that listened first
+        shown = subprocess.run([GECO, "status", "--json"], env=CLEAN_ENV, cwd="/",
+                               capture_output=True, text=True, timeout=60, check=True)
+        self.successor = int(json.loads(shown.stdout)["pid"])
+        assert self.successor != self.proc.pid, self.log.read_text()
+        return done
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             self.proc.wait(timeout=30)
+        if self.successor:  # not this session's child
+            stop_by_pid(self.successor)
+            self.successor = 0
 
 
 class GecodUnit:

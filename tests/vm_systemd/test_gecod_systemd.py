@@ -282,7 +282,7 @@ def test_given_the_units_when_gecod_starts_then_it_is_active_only_once_it_serves
     activating until gecod sent READY=1 and active from then on, and the first moment it
     says active gecod already answers STATUS; gecod stays in its own cgroup, geco-jobs'
     placeholder was moved into <unit>/holder, and cpuset, memory, pids reach the base."""
-    assert show("gecod", "Type", "NotifyAccess") == {"Type": "notify", "NotifyAccess": "main"}
+    assert show("gecod", "Type", "NotifyAccess") == {"Type": "notify", "NotifyAccess": "all"}
     story.started = time.time()
     sh("systemctl", "start", "--no-block", "gecod")
     seen: list[str] = []
