@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from tests import packagekit
-from tests.integration.conftest import PRELOAD
 from tests.integration.livekit import job_cgroups
 from tests.integration.samekit import CLIENT_ENV, GECO, QUEUES, Same, same_queues, wait_until
+from tests.sshkit import PRELOAD
 
 pytestmark = pytest.mark.sge
 
