@@ -54,6 +54,7 @@ from geco.sge import qstat, resourcefile, v1format
 from geco.sge.pe_hostfile import parse_pe_hostfile
 
 if TYPE_CHECKING:
+    from geco.cgroup import Backend
     from geco.config import Config
     from geco.job.jobstatus import JobStatus
 
@@ -460,6 +461,73 @@ def _uninstall_check(args: argparse.Namespace) -> int:
     return EXIT_FAILED if found else EXIT_OK
 
 
+_USAGE_DESCRIPTION = """Did the job use what it asked for? For a running or ended job on
+this node (its samples, kept [usage] keep_days after it): cores, memory and GPUs requested
+beside used, CPU and memory efficiency as Slurm's seff defines them (CPU time / (cores x
+wall time), peak / requested), the peak and when it came, OOM kills, and a line of advice
+where the request was far off. The job's owner and root may read it. Exit 1 when this node
+has no samples of the job or they are not yours to read."""
+
+
+def _add_usage_command(sub: Any) -> None:
+    """The parser entry of `geco usage`."""
+    us = sub.add_parser("usage", help="what a job used beside what it requested",
+                        description=_USAGE_DESCRIPTION)
+    us.add_argument("job", type=_job_spec, metavar="JOB[.TASK]",
+                    help="the job (no TASK: each of its tasks on this node)")
+    us.add_argument("--json", action="store_true", help="print the reports as JSON")
+
+
+def _usage(args: argparse.Namespace) -> int:
+    import json
+
+    from geco.job import efficiency, samples  # see _keygen
+    from geco.job.resourceset import short_hostname
+
+    job, task = args.job
+    try:
+        cfg = _config.load()
+        if task is not None:
+            keys = [JobKey(job, task)]
+        else:
+            try:
+                names = os.listdir(cfg.usage_dir)
+            except FileNotFoundError:
+                names = []
+            keys = sorted((JobKey.parse(n) for n in names
+                           if JobKey.is_key_text(n) and n.split(".")[0] == str(job)),
+                          key=lambda k: k.task)
+        found = [(k, samples.read(cfg.usage_dir, k)) for k in keys]
+        series = [(k, s) for k, s in found if s is not None]
+        if not series:
+            where = f"job {job}" if task is None else f"job {job}.{task}"
+            print(f"geco usage: {short_hostname()} has no usage samples of {where}",
+                  file=sys.stderr)
+            return EXIT_FAILED
+        backend = _backend_or_none(cfg)
+        reports = [efficiency.report(s, running=backend is not None and backend.exists(k))
+                   for k, s in series]
+    except GecoError as exc:
+        return _failed("usage", exc)
+    if args.json:
+        sys.stdout.write(json.dumps([r.as_json() for r in reports], indent=2) + "\n")
+    else:
+        sys.stdout.write("".join(efficiency.render(r) for r in reports))
+    sys.stdout.flush()
+    return EXIT_OK
+
+
+def _backend_or_none(cfg: Config) -> Backend | None:
+    """The node's cgroup backend, to tell a running job from an ended one; None when
+    this node has none geco can use (then every job reads as ended)."""
+    from geco import cgroup
+
+    try:
+        return cgroup.for_config(cfg)
+    except GecoError:
+        return None
+
+
 def _add_handover_command(sub: Any) -> None:
     """The parser entry of `geco handover` (the package's postinst runs it)."""
     ho = sub.add_parser("handover", help="make gecod hand its sockets to the installed gecod",
@@ -518,6 +586,7 @@ def _build_parser() -> _Parser:
     _add_check_command(sub)
     _add_uninstall_command(sub)
     _add_handover_command(sub)
+    _add_usage_command(sub)
     return parser
 
 
@@ -545,6 +614,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _uninstall_check(args)
         if args.command == "handover":
             return _handover(args)
+        if args.command == "usage":
+            return _usage(args)
         if args.command == "rsrcinfo":
             if args.xml is None and (args.placement or args.pe_hostfile):
                 raise _Usage("geco rsrcinfo: --placement and --pe-hostfile go with --xml")

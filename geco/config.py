@@ -116,11 +116,20 @@ class Config(NamedTuple):
     cluster_key_file: Path = Path("/etc/geco/cluster.key")
     cluster_slaves: str = "strict"
     cluster_timeout: float = 10.0
+    # [usage]
+    usage_interval: float = 30.0
+    usage_keep_days: int = 7
+    usage_max_samples: int = 2880
 
     @property
     def resources_dir(self) -> Path:
         """Where ``<job>.<task>`` resource files live."""
         return self.state_dir / "resources"
+
+    @property
+    def usage_dir(self) -> Path:
+        """Where each job task's usage samples live (:mod:`geco.job.samples`)."""
+        return self.state_dir / "usage"
 
 
 # TOML section -> the Config fields it holds.
@@ -142,6 +151,7 @@ _SECTIONS: dict[str, tuple[str, ...]] = {
             "ssh_gecod_unreachable", "ssh_bypass_file", "ssh_callerid_budget"),
     "cluster": ("cluster_address", "cluster_bind", "cluster_allow", "cluster_key_file",
                 "cluster_slaves", "cluster_timeout"),
+    "usage": ("usage_interval", "usage_keep_days", "usage_max_samples"),
     "gecod": ("gecod_socket", "gecod_privileged_socket", "gecod_privileged_group",
               "gecod_key_file", "gecod_request_timeout",
               "gecod_unreachable_policy", "gecod_exec_filter", "gecod_max_skew",
@@ -163,6 +173,7 @@ _TOML_NAME = {"cgroup_mount": "mount", "cgroup_name": "name", "cgroup_version": 
                                          "bypass_file", "callerid_budget")},
               **{f"cluster_{n}": n for n in ("address", "bind", "allow", "key_file",
                                              "slaves", "timeout")},
+              **{f"usage_{n}": n for n in ("interval", "keep_days", "max_samples")},
               **{f"gecod_{n}": n for n in (
                   "socket", "privileged_socket", "privileged_group", "key_file",
                   "request_timeout", "unreachable_policy", "exec_filter",
@@ -180,7 +191,7 @@ _CHOICES = {"cgroup_version": ("auto", "1", "2"),
             "cluster_slaves": ("strict", "lenient"),
             "gpu_consumable": ("slot", "job")}
 # Whole-number settings whose smallest sensible value is above 0.
-_MINIMUM = {"gecod_workers": 1}
+_MINIMUM = {"gecod_workers": 1, "usage_max_samples": 4}
 # Byte counts given as Grid Engine memory values ("2G", "512M", 1073741824); 0 = none.
 _MEMORY = ("memory_per_slot", "vmem_per_slot", "memory_reserve")
 # Path settings where "" means "the built-in choice" (not a path).

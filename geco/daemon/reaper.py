@@ -70,8 +70,8 @@ from geco.job.jobkey import JobKey
 from geco.job.resourceset import ResourceSet, short_hostname
 from geco.sge import execd, qstat, resourcefile
 
-__all__ = ["FIRST_ROUND_DELAY", "Reaper", "RoundReport", "Verdict", "min_age", "prune_traces",
-           "walltime_start"]
+__all__ = ["FIRST_ROUND_DELAY", "Reaper", "RoundReport", "Verdict", "min_age", "prune_old",
+           "prune_traces"]
 
 _log = log.get("gecod.reaper")
 
@@ -149,37 +149,28 @@ class Loop(Protocol):
 # ---------------------------------------------------------------------------
 
 
-def walltime_start(spool_dir: Path | None, resource_file: Path) -> float | None:
-    """When the job started, as epoch seconds, for the walltime backstop.
-
-    The mtime of the spool dir's ``config`` (sge_execd writes it just before
-    it starts the shepherd; a re-run job gets a new one), else the mtime of
-    the job's resource file (written by the prolog or gecod at the start, and
-    the only clue on a node where the spool dir is gone), else None.
-    """
-    candidates = ([spool_dir / "config"] if spool_dir is not None else []) + [resource_file]
-    for path in candidates:
-        try:
-            return os.stat(path).st_mtime
-        except OSError:
-            continue
-    return None
-
-
 def prune_traces(trace_dir: Path, keep_days: int, now: float | None = None) -> int:
-    """Delete trace files older than ``keep_days`` days; return how many were deleted.
+    """Delete trace files (``*.trace``) older than ``keep_days`` days (:func:`prune_old`)."""
+    return prune_old(trace_dir, keep_days, lambda name: name.endswith(_TRACE_SUFFIX),
+                     "trace", now)
 
-    Only regular files whose name ends in ``.trace`` directly in ``trace_dir``
-    are candidates: a misconfigured ``trace_dir`` (``/var/log``) loses nothing
-    else. Nothing is followed: ``trace_dir`` itself must not be a symbolic link,
+
+def prune_old(directory: Path, keep_days: int, is_ours: Callable[[str], bool], what: str,
+              now: float | None = None) -> int:
+    """Delete ``what`` files older than ``keep_days`` days; return how many were deleted.
+
+    Only regular files directly in ``directory`` whose name ``is_ours`` are
+    candidates: a misconfigured directory (``/var/log``) loses nothing else.
+    Nothing is followed: ``directory`` itself must not be a symbolic link,
     entries are judged by ``lstat``, and each is unlinked relative to the
     opened directory, so a link put in place of a file is removed, never its
     target.
 
     Parameters
     ----------
-    trace_dir: ``[log] trace_dir``; a missing directory is nothing to do.
-    keep_days: ``[log] trace_keep_days``; 0 keeps every file.
+    directory: ``[log] trace_dir``, the usage samples' directory; a missing one is
+        nothing to do.
+    keep_days: ``[log] trace_keep_days``, ``[usage] keep_days``; 0 keeps every file.
     now: epoch seconds (default: the current time).
 
     Raises
@@ -192,21 +183,21 @@ def prune_traces(trace_dir: Path, keep_days: int, now: float | None = None) -> i
         return 0
     cutoff = (time.time() if now is None else now) - keep_days * _DAY
     try:
-        fd = os.open(trace_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return 0
     except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR) and trace_dir.is_symlink():
-            raise GecoError("the trace directory must not be a symbolic link (geco follows "
-                            f"none), got one to {os.readlink(trace_dir)}",
-                            path=trace_dir) from exc
-        raise GecoError.from_oserror("cannot open the trace directory", exc,
-                                     path=trace_dir) from exc
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR) and directory.is_symlink():
+            raise GecoError(f"the {what} directory must not be a symbolic link (geco follows "
+                            f"none), got one to {os.readlink(directory)}",
+                            path=directory) from exc
+        raise GecoError.from_oserror(f"cannot open the {what} directory", exc,
+                                     path=directory) from exc
     removed = 0
     try:
         with os.scandir(fd) as entries:
             for entry in entries:
-                if not entry.name.endswith(_TRACE_SUFFIX):
+                if not is_ours(entry.name):
                     continue
                 try:
                     st = entry.stat(follow_symlinks=False)
@@ -216,13 +207,13 @@ def prune_traces(trace_dir: Path, keep_days: int, now: float | None = None) -> i
                 except FileNotFoundError:
                     continue  # removed meanwhile
                 except OSError as exc:
-                    _log.warning("cannot remove the old trace file %s: %s",
-                                 trace_dir / entry.name, exc)
+                    _log.warning("cannot remove the old %s file %s: %s", what,
+                                 directory / entry.name, exc)
                     continue
                 removed += 1
     except OSError as exc:
-        raise GecoError.from_oserror("cannot list the trace directory", exc,
-                                     path=trace_dir) from exc
+        raise GecoError.from_oserror(f"cannot list the {what} directory", exc,
+                                     path=directory) from exc
     finally:
         os.close(fd)
     return removed
@@ -508,7 +499,7 @@ class Reaper:
         if rs is None or rs.runtime_limit <= 0:
             return 0
         path = resourcefile.path_for(cfg.resources_dir, key)
-        start = walltime_start(spool, path)
+        start = execd.job_started(spool, path)
         if start is None:
             return 0
         now = self.clock()
@@ -583,15 +574,23 @@ class Reaper:
                       extra=log.job_fields(key.job, key.task, "resource-file-pruned"))
 
     def _prune(self, cfg: Config) -> int:
+        """Old trace files and ended jobs' usage samples go; return the traces removed."""
+        self._prune_old(cfg.usage_dir, cfg.usage_keep_days, JobKey.is_key_text, "usage")
+        return self._prune_old(cfg.trace_dir, cfg.trace_keep_days,
+                               lambda name: name.endswith(_TRACE_SUFFIX), "trace")
+
+    def _prune_old(self, directory: Path, keep_days: int, is_ours: Callable[[str], bool],
+                   what: str) -> int:
         try:
-            removed = prune_traces(cfg.trace_dir, cfg.trace_keep_days, self.clock())
+            removed = prune_old(directory, keep_days, is_ours, what, self.clock())
         except GecoError as exc:
-            _log.warning("reaper: old trace files are not removed: %s", exc,
-                         extra=log.job_fields(None, None, "trace-prune-failed"))
+            _log.warning("reaper: old %s files are not removed: %s", what, exc,
+                         extra=log.job_fields(None, None, f"{what}-prune-failed"))
             return 0
         if removed:
-            _log.info("reaper: removed %d trace file(s) older than %d day(s) from %s",
-                      removed, cfg.trace_keep_days, cfg.trace_dir,
-                      extra=log.job_fields(None, None, "traces-pruned", COUNT=removed))
+            _log.info("reaper: removed %d %s file(s) older than %d day(s) from %s",
+                      removed, what, keep_days, directory,
+                      extra=log.job_fields(None, None, f"{what}s-pruned" if what == "trace"
+                                           else f"{what}-pruned", COUNT=removed))
         return removed
 

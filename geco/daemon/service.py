@@ -63,6 +63,7 @@ from geco.daemon.pools import Pools
 from geco.daemon.quarantine import spool_root
 from geco.daemon.reaper import Reaper
 from geco.daemon.runloop import RunLoop
+from geco.daemon.sampler import Sampler
 from geco.daemon.server import Server
 from geco.daemon.shepherdwatch import ShepherdWatch
 from geco.errors import GecoError
@@ -220,6 +221,8 @@ class Daemon:
             max_workers=1, thread_name_prefix="gecod-reaper")
         self.reaper = Reaper(self.loop, self.backend, cfg, self.reaper_executor,
                              on_reaped=self._job_reaped, gate=self.ctx)
+        # what each job uses over time (geco usage): rounds in a thread of their own
+        self.sampler = Sampler(self.loop, self.backend, cfg)
         # the masters of parallel jobs with this host among their slaves (geco.wire.cluster):
         # a lane of the server's, on the loop, with the budgets of the local sockets
         self.cluster = clusterserve.open_channel(
@@ -434,6 +437,7 @@ class Daemon:
             _log.error("SIGHUP: keeping OOM policy %s: %s", self.oom.policy, exc)
         self.cfg = self.ctx.config = new
         self.reaper.reconfigure(new)
+        self.sampler.reconfigure(new)
         self.secret = secret
         self.server.replace_secret(secret)
         if self.cluster is not None:
@@ -483,6 +487,7 @@ class Daemon:
                                        ROOT_SOCKET=self.root_address))
         self.oom.start()
         self.reaper.start()
+        self.sampler.start()
         if self.cluster is not None:
             self.cluster.start()
             self.server.add_lane(self.cluster.lane)
@@ -538,6 +543,7 @@ class Daemon:
         self.oom.close()
         self.shepherds.close()
         self.reaper.close()
+        self.sampler.close()
         # on the way out already: a second SIGTERM (an impatient admin, kill -TERM
         # twice) must not turn a clean exit into a kill while workers finish
         self.loop.close(signals_to=signal.SIG_IGN)

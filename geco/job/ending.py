@@ -172,11 +172,11 @@ def end_job(key: JobKey, backend: Backend, cfg: Config, *, cleaned_by: str,
         journal = log.JobFields(key.job, key.task)  # after the read, which names its instance
         answers = _release(rs, cfg, logger) if release_others else None
         done = teardown.tear_down(key, backend, cfg, queue_instance=queue_instance,
-                                  cleaned_by=cleaned_by, journal=journal)
+                                  cleaned_by=cleaned_by, journal=journal, resources=rs)
         ended = Ended(key, cleaned_by, done, owner, _gpus_held(cfg, key, rs),
                       _whole(rs, done.accounting, answers))
         if ended.clean:
-            _journal(ended, event, journal)
+            _journal(ended, event, journal, cfg)
             if ended.gpus:
                 from geco.job import gpufds  # a GPU job's end only
 
@@ -238,7 +238,7 @@ def _whole(rs: ResourceSet | None, figures: Accounting, answers: list[Answer] | 
                              figures, answers)
 
 
-def _journal(ended: Ended, event: str, journal: log.JobFields) -> None:
+def _journal(ended: Ended, event: str, journal: log.JobFields, cfg: Config) -> None:
     """Journal a clean end: ``job-end`` (``job-end-slave`` on a slave host) with who ended
     it, its figures, the GPUs it held here and, for a parallel job's master, every host's."""
     done, key, whole = ended.teardown, ended.key, ended.whole
@@ -250,10 +250,33 @@ def _journal(ended: Ended, event: str, journal: log.JobFields) -> None:
         _log.info("job %s ended: it has no cgroups on this node%s", key, others,
                   extra=journal.event(event, **fields))
         return
-    _log.info("job %s ended: %s%s; cgroups removed, %d leftover process(es) killed%s",
-              key, done.accounting.describe(), f", GPUs {shown}" if shown else "", done.killed,
-              others, extra=journal.event(event, GPUS=shown or None, **fields,
-                                          **done.accounting.journal_fields()))
+    seff, seff_fields = _efficiency(key, cfg)
+    _log.info("job %s ended: %s%s%s; cgroups removed, %d leftover process(es) killed%s",
+              key, done.accounting.describe(), f", GPUs {shown}" if shown else "", seff,
+              done.killed, others,
+              extra=journal.event(event, GPUS=shown or None, **fields, **seff_fields,
+                                  **done.accounting.journal_fields()))
+
+
+def _efficiency(key: JobKey, cfg: Config) -> tuple[str, dict[str, object]]:
+    """The job's efficiency from its samples (:mod:`geco.job.efficiency`), for the record:
+    words for its message and its fields; nothing when it has no samples here."""
+    from geco.job import efficiency, samples
+
+    try:
+        series = samples.read(cfg.usage_dir, key)
+    except GecoError as exc:
+        _log.debug("job %s: no efficiency in its end record: %s", key, exc)
+        return "", {}
+    if series is None:
+        return "", {}
+    r = efficiency.report(series, running=False)
+    words = "".join(f", {what} efficiency {value:.1f}%" for what, value in
+                    (("CPU", r.cpu_efficiency), ("memory", r.memory_efficiency))
+                    if value is not None)
+    return words, {"WALL_SEC": f"{r.wall:.1f}", "CPU_EFFICIENCY": r.cpu_efficiency,
+                   "MEMORY_EFFICIENCY": r.memory_efficiency,
+                   "ADVICE": "; ".join(r.advice) or None}
 
 
 def forget(cfg: Config, key: JobKey) -> None:

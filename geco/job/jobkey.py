@@ -59,6 +59,11 @@ class JobKey(str):
             raise JobKeyError(f"job and task ids must be ints, got {job!r} and {task!r}")
         return cls.parse(f"{job}.{task}")
 
+    @staticmethod
+    def is_key_text(text: str) -> bool:
+        """True when ``text`` is a key (the name of a job's cgroup, resource or usage file)."""
+        return _KEY_RE.fullmatch(text) is not None
+
     @classmethod
     def parse(cls, text: str) -> JobKey:
         """Return ``text`` as a key (it must be ``<job>.<task>``, e.g. ``42.1``)."""

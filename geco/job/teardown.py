@@ -44,10 +44,10 @@ from geco._tuple import NamedTuple
 from geco.cgroup import Backend, check_key
 from geco.config import Config
 from geco.errors import GecoError
-from geco.job import containment
+from geco.job import containment, samples
 from geco.job.accounting import Accounting
 from geco.job.jobkey import JobKey
-from geco.job.resourceset import short_hostname
+from geco.job.resourceset import ResourceSet, short_hostname
 from geco.sge import qmod as qmod_command
 
 __all__ = ["StuckProcess", "Teardown", "found_stuck", "stuck_marker", "tear_down"]
@@ -127,7 +127,8 @@ class Teardown(NamedTuple):
 
 def tear_down(key: JobKey, backend: Backend, cfg: Config, *, queue_instance: str | None,
               cleaned_by: str, qmod: str | None = None,
-              journal: log.JobFields | None = None) -> Teardown:
+              journal: log.JobFields | None = None,
+              resources: ResourceSet | None = None) -> Teardown:
     """Kill what is left of a job and remove its cgroups; journal and escalate what will not die.
 
     Parameters
@@ -146,6 +147,8 @@ def tear_down(key: JobKey, backend: Backend, cfg: Config, *, queue_instance: str
         ``cfg.qstat_timeout`` seconds.
     journal: the job's journal fields, found once by its end
         (:func:`geco.job.ending.end_job`); default: found here.
+    resources: the job's resource set, read once by its end (the grant its last usage
+        sample's file names, when that file is new); None: it has none.
 
     Returns
     -------
@@ -160,7 +163,9 @@ def tear_down(key: JobKey, backend: Backend, cfg: Config, *, queue_instance: str
     key = check_key(key)
     if not backend.exists(key):
         return Teardown(key, 0, (), Accounting(), None, had_cgroups=False)
-    accounting = Accounting.from_usage(containment.read_usage(key, backend))
+    usage = containment.read_usage(key, backend)
+    accounting = Accounting.from_usage(usage)
+    samples.keep_last(cfg, key, usage, resources)  # the counters go with the cgroups
     killed, error = 0, ""
     try:
         killed, left = containment.kill_and_remove(key, backend, timeout=cfg.kill_timeout)

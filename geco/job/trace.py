@@ -21,22 +21,12 @@ readably in one file::
 
 Only root writes a trace file, and it stays root's: the owner can read it but
 not write it, so nobody can grow a file in /var/log beyond what geco says
-about their job. Without ACLs, one user besides root can read a file only
-through its group: the file is ``root:<owner's primary group>``, mode 0640,
-when that group is the owner's alone (the user-private-group convention of
-Debian, Red Hat and FreeIPA: a group named after the user, with no other
-listed members). Otherwise -- a shared primary group such as ``users``, or an
-owner unknown on this host -- it is ``root:root`` 0600 and a warning says the
-trace is root's only (``GECO_EVENT=trace-root-only``). The starter, which runs
-as the owner, writes no lines here; they are in the journal like every hook's.
-
-The directory is root-owned and nobody else can write to it. Every file
-operation is done as root on a path whose last components a user could
-otherwise aim elsewhere, so the directory is opened without following
-symlinks and checked (root-owned, not group/other-writable), and the file is
-opened relative to that directory with ``O_NOFOLLOW`` and checked to be a
-regular file with one link. A refused or failing trace is journaled as a
-warning (``GECO_EVENT=trace-refused``) and never fails the job.
+about their job (:mod:`geco.job.ownerfile`: ``root:<owner's private group>`` 0640, or
+root's alone, with a warning, ``GECO_EVENT=trace-root-only``, when the owner has no
+private group). The starter, which runs as the owner, writes no lines here; they are
+in the journal like every hook's. A refused or failing trace (a symlink or FIFO
+planted, a directory others can write) is journaled as a warning
+(``GECO_EVENT=trace-refused``) and never fails the job.
 
 Two ways in:
 
@@ -49,12 +39,8 @@ Two ways in:
 from __future__ import annotations
 
 import contextlib
-import errno
-import grp
 import logging
 import os
-import pwd
-import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -64,6 +50,7 @@ from pathlib import Path
 from geco import log
 from geco.config import Config
 from geco.errors import JobKeyError
+from geco.job import ownerfile
 from geco.job.jobkey import JobKey
 from geco.job.resourceset import ResourceSet
 from geco.log_handlers import SeedFormatter
@@ -76,14 +63,10 @@ _log = log.get("trace")
 # geco_trace_level -> the least severe logging level written
 LEVELS = {1: logging.ERROR, 2: logging.WARNING, 3: logging.INFO, 4: logging.DEBUG}
 _FIELDS_ATTR = "geco_fields"  # where geco.log.job_fields puts a record's journal fields
-_FILE_MODE = 0o640       # root:<owner's private group>
-_ROOT_ONLY_MODE = 0o600  # root:root, when no group is the owner's alone
-_DIR_MODE = 0o755
 # O_NONBLOCK: opening a FIFO planted in the directory fails (ENXIO) instead of
 # hanging the hook until someone reads it; it changes nothing for a regular file.
 _OPEN_FLAGS = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
                | os.O_NONBLOCK)
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _RETRY_REFUSED = 60.0   # seconds gecod leaves a refused trace file alone before trying again
 
 
@@ -122,140 +105,17 @@ class TraceFormatter(SeedFormatter):
 # opening a trace file safely
 
 
-class _Refused(Exception):
-    """A trace file that must not or cannot be written (the message says why)."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Owner:
-    """Who may read a job's trace file: the file's group and mode (its user is root)."""
-
-    gid: int
-    mode: int
-    root_only: str = ""  # why only root reads it ("" when the owner does)
-
-
-def _owner_ids(name: str) -> _Owner:
-    """The group and mode of the trace file of a job of ``name``: readable by the owner
-    through their private group, else by root only (and why)."""
-    if not name:
-        return _Owner(0, _ROOT_ONLY_MODE, "the job names no owner")
-    try:
-        pw = pwd.getpwnam(name)
-    except (KeyError, UnicodeEncodeError):
-        return _Owner(0, _ROOT_ONLY_MODE, f"owner {name!r} is not known on this host")
-    try:
-        group = grp.getgrgid(pw.pw_gid)
-    except KeyError:
-        return _Owner(0, _ROOT_ONLY_MODE, f"the primary group {pw.pw_gid} of owner {name!r} "
-                                          "is not known on this host")
-    # a group named after the user with no other members is theirs alone; any other
-    # would let its members read the trace (fellow members of "users", say)
-    if group.gr_name != name or not set(group.gr_mem) <= {name}:
-        return _Owner(0, _ROOT_ONLY_MODE, f"the primary group {group.gr_name!r} of owner "
-                                          f"{name!r} is not theirs alone")
-    return _Owner(pw.pw_gid, _FILE_MODE)
-
-
-def _make_parents(directory: Path) -> None:
-    """Make the missing directories above the trace directory, 0755 whatever the umask
-    (a hardened node's 077 would keep owners out of their own files)."""
-    missing = []
-    while not os.path.lexists(directory) and directory != directory.parent:
-        missing.append(directory)
-        directory = directory.parent
-    for path in reversed(missing):
-        try:
-            path.mkdir(mode=_DIR_MODE)
-        except FileExistsError:
-            continue
-        os.chmod(path, _DIR_MODE)
-
-
-def _open_dir(directory: Path) -> int:
-    """Open the trace directory (made on demand by root) and check nobody else controls it."""
-    made = False
-    if os.geteuid() == 0 and not os.path.lexists(directory):
-        _make_parents(directory.parent)
-        with contextlib.suppress(FileExistsError):  # another hook made it meanwhile
-            directory.mkdir(mode=_DIR_MODE)
-            made = True
-    try:
-        dfd = os.open(directory, _DIR_FLAGS)
-    except OSError as exc:
-        # with O_DIRECTORY, Linux reports a symlink as ENOTDIR, not ELOOP
-        if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and directory.is_symlink()):
-            raise _Refused(f"{directory} is a symbolic link") from exc
-        if exc.errno == errno.ENOTDIR:
-            raise _Refused(f"{directory} is not a directory") from exc
-        raise _Refused(f"cannot open {directory}: {exc.strerror}") from exc
-    try:
-        st = os.fstat(dfd)
-        # a user who owns or can write the directory could swap the file for a link
-        # to any file root then appends to, or read another job's trace
-        if st.st_uid != 0:
-            raise _Refused(f"{directory} must be owned by root, got uid {st.st_uid}")
-        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            raise _Refused(f"{directory} must not be writable by group or others, got mode "
-                           f"{stat.S_IMODE(st.st_mode):04o}")
-        if made and stat.S_IMODE(st.st_mode) != _DIR_MODE:
-            os.fchmod(dfd, _DIR_MODE)  # the umask took bits away; through the fd, not the name
-    except BaseException:
-        os.close(dfd)
-        raise
-    return dfd
-
-
-def _open_in(dfd: int, name: str, owner: _Owner, display: Path) -> int:
-    """Open ``name`` in the trace directory for appending: root's, group and mode ``owner``'s.
-
-    Only root writes trace files (:func:`for_job` and gecod's router); a file
-    found with another user or group (an earlier geco's owner-owned file, or an
-    earlier job with the same id and another owner: ids restart) is replaced,
-    never handed over.
-    """
-    for _ in range(2):
-        created = False
-        try:
-            try:
-                fd = os.open(name, _OPEN_FLAGS | os.O_EXCL, _ROOT_ONLY_MODE, dir_fd=dfd)
-                created = True
-            except FileExistsError:
-                fd = os.open(name, _OPEN_FLAGS, _ROOT_ONLY_MODE, dir_fd=dfd)
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise _Refused(f"{display} is a symbolic link") from exc
-            if exc.errno == errno.ENXIO:
-                raise _Refused(f"{display} is not a regular file") from exc
-            raise _Refused(f"cannot open {display}: {exc.strerror}") from exc
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-            os.close(fd)
-            what = "a regular file" if not stat.S_ISREG(st.st_mode) else "a file with one link"
-            raise _Refused(f"{display} is not {what}")
-        if not created and (st.st_uid, st.st_gid) != (0, owner.gid):
-            os.close(fd)
-            os.unlink(name, dir_fd=dfd)
-            continue
-        if st.st_gid != owner.gid:
-            os.fchown(fd, 0, owner.gid)
-        if stat.S_IMODE(st.st_mode) != owner.mode:
-            os.fchmod(fd, owner.mode)
-        return fd
-    raise _Refused(f"{display} keeps being replaced")
-
-
-def _open_trace(cfg: Config, job_id: int, task_id: int, owner: _Owner) -> int:
-    """Return a write-only append descriptor of the job's trace file, or raise _Refused."""
+def _open_trace(cfg: Config, job_id: int, task_id: int, owner: ownerfile.Readers) -> int:
+    """Return a write-only append descriptor of the job's trace file, or raise ownerfile.Refused."""
     path = trace_path(cfg, job_id, task_id)
     try:
-        dfd = _open_dir(cfg.trace_dir)
+        dfd = ownerfile.open_dir(cfg.trace_dir)
     except OSError as exc:  # mkdir refused (read-only /var/log, ...)
-        raise _Refused(f"cannot make {cfg.trace_dir}: {exc.strerror}") from exc
+        raise ownerfile.Refused(f"cannot make {cfg.trace_dir}: {exc.strerror}") from exc
     try:
-        return _open_in(dfd, path.name, owner, path)
+        return ownerfile.open_in(dfd, path.name, owner, path, _OPEN_FLAGS)
     except OSError as exc:  # fstat/fchown/unlink refused
-        raise _Refused(f"cannot set up {path}: {exc.strerror}") from exc
+        raise ownerfile.Refused(f"cannot set up {path}: {exc.strerror}") from exc
     finally:
         os.close(dfd)
 
@@ -318,13 +178,13 @@ def _for_job(cfg: Config, rs: ResourceSet | None, program: str,
         return
     handler: _TraceFile | None = None
     try:
-        owner = _owner_ids(rs.owner)
+        owner = ownerfile.readers_of(rs.owner)
         if owner.root_only:
             _root_only(rs.job_id, rs.task_id, rs.owner, owner.root_only)
         fd = _open_trace(cfg, rs.job_id, rs.task_id, owner)
         handler = _TraceFile(fd, trace_path(cfg, rs.job_id, rs.task_id), level, program,
                              (rs.job_id, rs.task_id))
-    except _Refused as exc:
+    except ownerfile.Refused as exc:
         _refused(rs.job_id, rs.task_id, str(exc))
     except Exception as exc:  # a trace must never fail the job: a bug here is reported only
         _refused(rs.job_id, rs.task_id, f"internal error {type(exc).__name__}: {exc}")
@@ -386,7 +246,7 @@ class _Job:
     ino: int
     level: int | None            # least severe logging level traced; None = off
     owner_name: str
-    owner: _Owner | None = None  # looked up when the first line is written
+    owner: ownerfile.Readers | None = None  # looked up when the first line is written
     refused_until: float = 0.0   # monotonic time before which no open is retried
 
 
@@ -513,7 +373,7 @@ class TraceRouter(logging.Handler):
         job = (entry.job_id, entry.task_id)
         try:
             if entry.owner is None:
-                entry.owner = _owner_ids(entry.owner_name)
+                entry.owner = ownerfile.readers_of(entry.owner_name)
                 if entry.owner.root_only:
                     _root_only(*job, entry.owner_name, entry.owner.root_only)
             data = _encode(self.format(record))
@@ -522,7 +382,7 @@ class TraceRouter(logging.Handler):
                 os.write(fd, data)
             finally:
                 os.close(fd)
-        except _Refused as exc:
+        except ownerfile.Refused as exc:
             entry.refused_until = now + _RETRY_REFUSED
             _refused(*job, str(exc))
         except OSError as exc:

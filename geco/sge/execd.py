@@ -26,7 +26,7 @@ from geco.errors import GecoError, JobKeyError
 from geco.job.jobkey import JobKey
 
 __all__ = ["JobRef", "find_shepherd", "find_spool_dir", "is_job_shepherd", "job_dir_in",
-           "job_dir_of", "job_from_hook", "job_start_dir", "key_of_environment",
+           "job_dir_of", "job_from_hook", "job_start_dir", "job_started", "key_of_environment",
            "parse_key_values", "read_config"]
 
 
@@ -231,3 +231,20 @@ def find_shepherd(job: JobRef, pid: int | None = None) -> int:
                         shepherd_cwd=cwd, spool_dir=job.spool_dir, spooled_pid=spooled,
                         job=job.key)
     return parent
+
+
+def job_started(spool_dir: Path | None, resource_file: Path) -> float | None:
+    """When the job started, as epoch seconds (the walltime backstop, usage samples).
+
+    The mtime of the spool dir's ``config`` (sge_execd writes it just before
+    it starts the shepherd; a re-run job gets a new one), else the mtime of
+    the job's resource file (written by the prolog or gecod at the start, and
+    the only clue on a node where the spool dir is gone), else None.
+    """
+    candidates = ([spool_dir / "config"] if spool_dir is not None else []) + [resource_file]
+    for path in candidates:
+        try:
+            return os.stat(path).st_mtime
+        except OSError:
+            continue
+    return None

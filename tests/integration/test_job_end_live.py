@@ -124,9 +124,12 @@ def test_a_process_grid_engine_cannot_find_is_killed_and_the_job_end_is_accounte
     assert own_clock - 0.002 <= user + system <= lived * (os.cpu_count() or 1)
     assert end["OOM_KILLS"] == "0"
     assert end["SGE_TASK_ID"] == "1"
+    # seff's figures from the job's usage samples (the epilog kept the last one)
+    assert 0 <= float(end["CPU_EFFICIENCY"]) <= 100 and float(end["WALL_SEC"]) > 0, end
     assert re.fullmatch(
         rf"job {key} ended: peak memory \S+, CPU \d+\.\d s user \+ \d+\.\d s system, "
-        rf"no OOM kill; cgroups removed, {end['KILLED']} leftover process\(es\) killed",
+        rf"no OOM kill, CPU efficiency \d+\.\d%(, memory efficiency \d+\.\d%)?; "
+        rf"cgroups removed, {end['KILLED']} leftover process\(es\) killed",
         end["MESSAGE"]), end["MESSAGE"]
 
 

@@ -258,12 +258,19 @@ def test_the_job_end_record_is_written_from_what_end_job_returns(
         "reaper", "geco-test-nobody")
     [record] = [r for r in records if events([r]) == ["job-end"]]
     figures = ended.teardown.accounting
-    assert getattr(record, "geco_fields", {}) == {
+    fields = getattr(record, "geco_fields", {})
+    assert fields.items() >= {
         "JOB_ID": str(KEY.job), "SGE_TASK_ID": str(KEY.task), "GECO_EVENT": "job-end",
         "KILLED": str(ended.teardown.killed), "CLEANED_BY": "reaper",
-        **{k: str(v) for k, v in figures.journal_fields().items()}}
-    assert record.getMessage() == (f"job {KEY} ended: {figures.describe()}; cgroups removed, "
-                                   "2 leftover process(es) killed")
+        **{k: str(v) for k, v in figures.journal_fields().items()}}.items()
+    # and seff's, from the usage samples the teardown's last one made
+    assert "WALL_SEC" in fields and set(fields) - {
+        "JOB_ID", "SGE_TASK_ID", "GECO_EVENT", "KILLED", "CLEANED_BY",
+        *figures.journal_fields()} <= {"WALL_SEC", "CPU_EFFICIENCY", "MEMORY_EFFICIENCY",
+                                       "ADVICE"}
+    message = record.getMessage()
+    assert message.startswith(f"job {KEY} ended: {figures.describe()}")
+    assert message.endswith("; cgroups removed, 2 leftover process(es) killed")
     assert forgotten(cfg) and not marker.exists()
 
 

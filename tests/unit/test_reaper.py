@@ -592,14 +592,14 @@ def test_given_a_job_within_its_walltime_or_the_backstop_off_then_nothing_is_kil
 def test_without_a_spool_config_the_resource_files_mtime_is_the_start(tmp_path: Path) -> None:
     spool, resource_file = tmp_path / "spool", tmp_path / "42.1"
     spool.mkdir()
-    assert reaper.walltime_start(spool, resource_file) is None
+    assert execd.job_started(spool, resource_file) is None
     resource_file.write_text("x")
     os.utime(resource_file, (1000.0, 1000.0))
-    assert reaper.walltime_start(spool, resource_file) == 1000.0
-    assert reaper.walltime_start(None, resource_file) == 1000.0
+    assert execd.job_started(spool, resource_file) == 1000.0
+    assert execd.job_started(None, resource_file) == 1000.0
     (spool / "config").write_text("x")
     os.utime(spool / "config", (2000.0, 2000.0))
-    assert reaper.walltime_start(spool, resource_file) == 2000.0
+    assert execd.job_started(spool, resource_file) == 2000.0
 
 
 def test_given_a_garbage_resource_file_then_one_warning_names_it_until_it_changes(

@@ -1,0 +1,268 @@
+"""A job's resource use over time: samples of its cgroups, one bounded file per job task.
+
+gecod samples each running job every ``[usage] interval`` seconds
+(:mod:`geco.daemon.sampler`), and the job's end adds a last sample. The file,
+``<state_dir>/usage/<job>.<task>``, is root's and readable by the job's owner
+(:mod:`geco.job.ownerfile`); it survives a gecod restart and is kept ``[usage]
+retention_days`` after the job.
+
+Layout: one header line, ``GECO_SAMPLES_v1 `` and a JSON object (:class:`Header`: what
+the job was granted here, whose it is), then fixed-size little-endian records
+(:class:`Sample`), -1 where the kernel does not count a figure. At ``max_samples``
+records the file is thinned to every other one (the first and the last always): a long
+job keeps its whole span at half the resolution, and no file ever holds more than
+``max_samples`` records.
+
+Writers (gecod's sampler, the teardown of gecod or the epilog) take an exclusive
+``flock`` on the file, readers a shared one, so a reader never sees a file being thinned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import struct
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+from geco import log
+from geco._tuple import NamedTuple
+from geco.config import Config
+from geco.errors import GecoError
+from geco.job import ownerfile
+from geco.job.jobkey import JobKey
+from geco.job.resourceset import ResourceSet, short_hostname
+from geco.sge import execd
+
+_log = log.get("samples")
+
+__all__ = ["MAGIC", "RECORD", "Header", "Sample", "Series", "append", "header_of", "keep_last",
+           "path_of", "read"]
+
+MAGIC = b"GECO_SAMPLES_v1 "
+RECORD = struct.Struct("<d9q")
+_MAX_HEADER = 4096
+_MAX_NAME = 256  # characters of the job's name kept in the header
+_OPEN_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NONBLOCK  # a FIFO planted fails, never hangs
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+# Seconds between two tries for the file's lock.
+_LOCK_STEP = 0.01
+# Seconds a job's last sample waits for the sampler's write to that file to end.
+_LAST_WAIT = 1.0
+
+
+class Header(NamedTuple):
+    """What the job was granted on this host, and whose it is."""
+
+    job_id: int
+    task_id: int
+    owner: str = ""
+    job_name: str = ""
+    queue: str = ""
+    host: str = ""
+    cores: int = 0
+    memory: int = 0  # bytes, 0 = no limit
+    gpus: int = 0
+    started: float = 0.0
+
+
+class Sample(NamedTuple):
+    """The job's cgroups at one moment (cumulative counters where the kernel keeps them)."""
+
+    time: float
+    cpu_user_usec: int = -1
+    cpu_system_usec: int = -1
+    memory_current: int = -1
+    memory_peak: int = -1
+    tasks: int = -1
+    oom_kills: int = -1
+    memory_pressure_usec: int = -1  # cgroup v2 PSI: total time some task stalled on memory
+    io_read_bytes: int = -1
+    io_write_bytes: int = -1
+
+    @classmethod
+    def from_usage(cls, at: float, usage: Mapping[str, int]) -> Sample:
+        """A sample from a backend's ``usage()`` mapping (what it lacks stays -1)."""
+        return cls(at, usage.get("cpu_user_usec", -1), usage.get("cpu_system_usec", -1),
+                   usage.get("memory_current", -1), usage.get("memory_peak", -1),
+                   usage.get("pids_current", -1), usage.get("oom_kill", -1),
+                   usage.get("memory_pressure_usec", -1), usage.get("io_read_bytes", -1),
+                   usage.get("io_write_bytes", -1))
+
+
+class Series(NamedTuple):
+    """A job task's file read back."""
+
+    header: Header
+    samples: tuple[Sample, ...]
+
+
+def path_of(directory: Path, key: JobKey) -> Path:
+    return directory / str(key)
+
+
+def _header_bytes(header: Header) -> bytes:
+    data = MAGIC + json.dumps(header._asdict(), sort_keys=True,
+                              separators=(",", ":")).encode() + b"\n"
+    if len(data) > _MAX_HEADER:
+        raise GecoError(f"job {header.job_id}.{header.task_id}: its usage header is over "
+                        f"{_MAX_HEADER} bytes (a job name that long?)")
+    return data
+
+
+def _parse(data: bytes, display: Path) -> Series:
+    line, newline, body = data.partition(b"\n")
+    if not line.startswith(MAGIC) or not newline or len(line) > _MAX_HEADER:
+        raise GecoError(f"{display} is not a geco usage file")
+    try:
+        fields = json.loads(line[len(MAGIC):])
+        header = Header(**{k: v for k, v in fields.items() if k in Header._fields})
+    except (ValueError, TypeError) as exc:
+        raise GecoError(f"{display}: its header cannot be read: {exc}") from None
+    whole = len(body) - len(body) % RECORD.size  # a record cut short by a crash is dropped
+    samples = tuple(Sample(*RECORD.unpack_from(body, i)) for i in range(0, whole, RECORD.size))
+    return Series(header, samples)
+
+
+@contextlib.contextmanager
+def _locked(directory: Path, key: JobKey, owner: str, wait: float) -> Iterator[int]:
+    """The job's file, open and locked for writing (trying for ``wait`` seconds at most).
+
+    A reader (the job's owner may read the file) holding a shared lock forever costs
+    that job its samples, never the sampler more than ``wait``.
+    """
+    dfd = ownerfile.open_dir(directory)
+    try:
+        fd = ownerfile.open_in(dfd, str(key), ownerfile.readers_of(owner),
+                               path_of(directory, key), _OPEN_FLAGS)
+        try:
+            deadline = time.monotonic() + wait
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise GecoError(f"{path_of(directory, key)} is locked by another "
+                                        f"process; this sample is dropped") from None
+                    time.sleep(_LOCK_STEP)
+            yield fd
+        finally:
+            os.close(fd)
+    finally:
+        os.close(dfd)
+
+
+def append(directory: Path, header: Header, sample: Sample, *, max_samples: int,
+           wait: float = 0.0) -> None:
+    """Add ``sample`` to the job's file (made with ``header`` when new or unreadable);
+    thin the file to half first when it holds ``max_samples`` records. ``wait``: how long
+    to try for the file's lock (gecod's sampler: not at all; a job's last sample: a
+    little, for the sampler's write to end).
+
+    Raises
+    ------
+    GecoError
+        when the directory or the file cannot be used (a link, a FIFO, not root's...).
+    """
+    key = JobKey(header.job_id, header.task_id)
+    display = path_of(directory, key)
+    try:
+        with _locked(directory, key, header.owner, wait) as fd:
+            head = os.pread(fd, _MAX_HEADER + 1, 0)
+            if not head.startswith(MAGIC) or b"\n" not in head:  # new, or not ours
+                os.ftruncate(fd, 0)
+                head = _header_bytes(header)
+                os.pwrite(fd, head, 0)
+            start = head.index(b"\n") + 1
+            count = (os.fstat(fd).st_size - start) // RECORD.size
+            if count >= max_samples:
+                count = _thin(fd, display, start)
+            os.pwrite(fd, RECORD.pack(*sample), start + count * RECORD.size)
+    except ownerfile.Refused as exc:
+        raise GecoError(f"cannot keep job {key}'s usage samples: {exc}") from None
+    except OSError as exc:
+        raise GecoError.from_oserror("cannot write the usage samples", exc,
+                                     path=display) from exc
+
+
+def _thin(fd: int, display: Path, start: int) -> int:
+    """Keep every other record (the first and the last always: the job's whole span), in
+    place under the lock; return how many are left."""
+    size = os.fstat(fd).st_size
+    series = _parse(os.pread(fd, size, 0), display)
+    kept = series.samples[::2]
+    if len(series.samples) % 2 == 0:
+        kept += series.samples[-1:]
+    os.pwrite(fd, b"".join(RECORD.pack(*s) for s in kept), start)
+    os.ftruncate(fd, start + len(kept) * RECORD.size)
+    return len(kept)
+
+
+def read(directory: Path, key: JobKey) -> Series | None:
+    """The job task's file read back; None when there is none.
+
+    Raises
+    ------
+    GecoError
+        when it cannot be read (not the caller's to read, not a geco usage file).
+    """
+    display = path_of(directory, key)
+    try:
+        fd = os.open(display, _READ_FLAGS)
+    except FileNotFoundError:
+        return None
+    except PermissionError:
+        raise GecoError(f"job {key}'s usage is not yours to read ({display})") from None
+    except OSError as exc:
+        raise GecoError.from_oserror("cannot read the usage samples", exc,
+                                     path=display) from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)  # a thinning writer is done first
+        data = b""
+        while chunk := os.read(fd, 1 << 16):
+            data += chunk
+    finally:
+        os.close(fd)
+    return _parse(data, display)
+
+
+def header_of(cfg: Config, key: JobKey, host: str, rs: ResourceSet | None) -> Header:
+    """What job ``key`` was granted on this host and whose it is (its resource set ``rs``,
+    and its spool dir); the key and its start alone when neither says more."""
+    spool = execd.find_spool_dir(cfg.execd_spool_dir, key, host)
+    started = execd.job_started(spool, cfg.resources_dir / key) or time.time()
+    queue = ""
+    if spool is not None:
+        with contextlib.suppress(GecoError):
+            queue = execd.read_config(spool).get("queue", "")
+    if rs is None:
+        return Header(key.job, key.task, queue=queue, host=host, started=started)
+    here = next((n for n in rs.nodes if short_hostname(n.name) == host),
+                rs.nodes[0] if rs.nodes else None)
+    name = rs.job_name[:_MAX_NAME]  # the user's choice: never too long for the header
+    if here is None:
+        return Header(key.job, key.task, owner=rs.owner, job_name=name, queue=queue,
+                      host=host, started=started)
+    return Header(key.job, key.task, owner=rs.owner, job_name=name, queue=queue,
+                  host=host, cores=here.slots, memory=here.memory_limit,
+                  gpus=len([g for g in here.gpus.split(",") if g]), started=started)
+
+
+def keep_last(cfg: Config, key: JobKey, usage: Mapping[str, int],
+              rs: ResourceSet | None) -> None:
+    """Append job ``key``'s last sample (``usage``: its counters read just before its
+    cgroups go, by the teardown; ``rs``: its resource set); a failure is journaled, never
+    raised: the job ends all the same."""
+    if not usage:
+        return
+    try:
+        append(cfg.usage_dir, header_of(cfg, key, short_hostname(), rs),
+               Sample.from_usage(time.time(), usage), max_samples=cfg.usage_max_samples,
+               wait=_LAST_WAIT)
+    except GecoError as exc:
+        _log.warning("job %s: its last usage sample is not kept: %s", key, exc,
+                     extra=log.job_fields(key.job, key.task, "usage-sample-failed"))

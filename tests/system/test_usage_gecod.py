@@ -1,0 +1,121 @@
+"""gecod samples every running job, the job's end adds the last sample, `geco usage` reads them.
+
+A real gecod (:mod:`tests.gecodkit`: real cgroup v1, journald) sampling every 0.2 s; the
+job's shepherd is a process named sge_shepherd that gecod contains, so its exit ends the
+job through gecod's own teardown. `geco usage` runs as the job's owner (the test user,
+whose primary group is theirs alone) and as nobody.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+from geco.job import samples
+from geco.job.jobkey import JobKey
+from tests.gecodkit import MARKS, REPO, MiB, Node, new_job, start_gecod, wait_gone
+from tests.gecodkit import _clean_jobs as _clean_jobs  # after each test, on this module's node
+from tests.gecodkit import node as node  # this module's node
+
+pytestmark = MARKS
+
+NOBODY = 65534
+WAIT = 60.0
+USAGE = "[usage]\ninterval = 0.2\nmax_samples = 16\n"
+
+
+def _until(condition: Any, what: str) -> None:
+    deadline = time.monotonic() + WAIT
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {WAIT:g} s: {what}"
+        time.sleep(0.05)
+
+
+def _geco_usage(node: Node, config: str, job: int, uid: int, gid: int
+                ) -> subprocess.CompletedProcess[str]:
+    def drop() -> None:
+        os.setgroups([])
+        os.setgid(gid)
+        os.setuid(uid)
+
+    return subprocess.run([sys.executable, "-m", "geco.cli", "usage", str(job), "--json"],
+                          cwd="/", capture_output=True, text=True, timeout=WAIT,
+                          preexec_fn=drop,
+                          env={"PYTHONPATH": str(REPO), "GECO_CONFIG": config,
+                               "PATH": "/usr/bin:/bin"})
+
+
+def _count(node: Node, key: JobKey) -> int:
+    series = samples.read(node.state_dir / "usage", key)
+    return len(series.samples) if series else 0
+
+
+def test_a_running_job_is_sampled_and_its_owner_alone_reads_what_it_used(
+        node: Node, job_owner: Any) -> None:
+    """Given gecod sampling every 0.2 s and a job of the test user contained, then its
+    samples file grows, bounded (16 samples at most), `geco usage` as its owner reports it
+    running with its grant (1 core, 256M) and what it used, as nobody it says the job is
+    not theirs to read (exit 1, one line); when the shepherd exits, gecod's teardown adds
+    the last sample and the report says ended."""
+    g = start_gecod(node, "usage", sections=USAGE)
+    config = node.base / "usage.toml"
+    try:
+        job = new_job()
+        key = JobKey(job, 1)
+        node.make_job(job, owner=job_owner.name)
+        shepherd = node.job_process(job, sock=g.sock, named_shepherd=True)
+        assert shepherd.answer() == "OK"
+        _until(lambda: _count(node, key) >= 10, "ten samples")
+        assert _count(node, key) <= 16
+
+        mine = _geco_usage(node, str(config), job, job_owner.uid, job_owner.gid)
+        assert mine.returncode == 0, mine.stderr
+        [doc] = json.loads(mine.stdout)
+        assert (doc["job"], doc["owner"], doc["running"]) == (str(key), job_owner.name, True)
+        assert (doc["cores"], doc["memory_requested"]) == (1, 256 * MiB)
+        assert doc["memory_peak"] > 0 and doc["cpu_seconds"] >= 0, doc
+
+        theirs = _geco_usage(node, str(config), job, NOBODY, NOBODY)
+        assert (theirs.returncode, theirs.stdout) == (1, "")
+        assert theirs.stderr == (f"geco usage: job {key}'s usage is not yours to read "
+                                 f"({node.state_dir / 'usage' / key})\n")
+
+        before = samples.read(node.state_dir / "usage", key)
+        assert before is not None
+        shepherd.exit()
+        wait_gone(node, str(key))
+        after = samples.read(node.state_dir / "usage", key)
+        assert after is not None and after.samples[-1].time > before.samples[-1].time
+        ended = _geco_usage(node, str(config), job, job_owner.uid, job_owner.gid)
+        assert ended.returncode == 0 and json.loads(ended.stdout)[0]["running"] is False
+    finally:
+        assert g.stop() == 0, g.output()
+
+
+def test_a_job_whose_file_is_held_locked_costs_only_its_own_samples(
+        node: Node, job_owner: Any) -> None:
+    """Given two jobs sampled and the owner of one holding its samples file locked (as a
+    reader may), then the other job's samples keep coming and gecod still answers."""
+    g = start_gecod(node, "usage-lock", sections=USAGE)
+    try:
+        held, free = new_job(), new_job()
+        for job in (held, free):
+            node.make_job(job, owner=job_owner.name)
+            assert node.job_process(job, sock=g.sock).answer() == "OK"
+        _until(lambda: _count(node, JobKey(held, 1)) >= 1, "the held job's first sample")
+        with open(node.state_dir / "usage" / f"{held}.1", "rb") as reader:
+            fcntl.flock(reader, fcntl.LOCK_SH)
+            count, held_count = _count(node, JobKey(free, 1)), _count(node, JobKey(held, 1))
+            _until(lambda: _count(node, JobKey(free, 1)) >= count + 5,
+                   "the other job sampled on")
+            assert _count(node, JobKey(held, 1)) == held_count
+        said = f"job {held}.1: no usage sample: "
+        assert said in g.output_with(said) and f"{held}.1 is locked by another process" \
+            in g.output()
+    finally:
+        assert g.stop() == 0, g.output()

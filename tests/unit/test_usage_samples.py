@@ -1,0 +1,158 @@
+"""A job's usage samples file (geco.job.samples): bounded, whole, and safe from its owner.
+
+Real files in a temporary directory; the owner checks need root (files are root's).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import stat
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from geco.errors import GecoError
+from geco.job import samples
+from geco.job.jobkey import JobKey
+from geco.job.samples import Header, Sample
+
+KEY = JobKey(42, 1)
+HEADER = Header(42, 1, owner="nobody", job_name="burn", host="node1", cores=2,
+                memory=1 << 30, started=1000.0)
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="the files are root's")
+
+
+def _usage_dir(tmp_path: Path) -> Path:
+    tmp_path.chmod(0o755)
+    return tmp_path / "usage"
+
+
+def _sample(t: float) -> Sample:
+    return Sample(t, cpu_user_usec=int(t * 1e6), cpu_system_usec=0, memory_current=100,
+                  memory_peak=200, tasks=3, oom_kills=0)
+
+
+@root_only
+def test_samples_come_back_as_written_under_their_header(tmp_path: Path) -> None:
+    d = _usage_dir(tmp_path)
+    for t in (1000.0, 1030.0, 1060.0):
+        samples.append(d, HEADER, _sample(t), max_samples=100)
+    series = samples.read(d, KEY)
+    assert series is not None
+    assert series.header == HEADER
+    assert series.samples == tuple(_sample(t) for t in (1000.0, 1030.0, 1060.0))
+    # what the kernel does not count stays -1
+    assert series.samples[0].memory_pressure_usec == -1
+
+
+@root_only
+def test_a_full_file_keeps_every_other_sample_and_the_last_never_more_than_the_bound(
+        tmp_path: Path) -> None:
+    """Given max_samples 8, when 100 samples come, then the file never holds more than 8
+    records, the last sample written is always the last kept, and the span still starts
+    near the job's start."""
+    d = _usage_dir(tmp_path)
+    for i in range(100):
+        samples.append(d, HEADER, _sample(1000.0 + i), max_samples=8)
+        series = samples.read(d, KEY)
+        assert series is not None and len(series.samples) <= 8
+        assert series.samples[-1].time == 1000.0 + i
+    size = samples.path_of(d, KEY).stat().st_size
+    assert size <= len(samples.MAGIC) + 200 + 8 * samples.RECORD.size
+    assert series.samples[0].time == 1000.0  # the job's start is never thinned away
+
+
+@root_only
+def test_a_record_cut_short_by_a_crash_is_dropped(tmp_path: Path) -> None:
+    d = _usage_dir(tmp_path)
+    samples.append(d, HEADER, _sample(1000.0), max_samples=10)
+    with samples.path_of(d, KEY).open("ab") as f:
+        f.write(b"\x01\x02\x03")
+    series = samples.read(d, KEY)
+    assert series is not None and series.samples == (_sample(1000.0),)
+    samples.append(d, HEADER, _sample(1001.0), max_samples=10)
+    series = samples.read(d, KEY)
+    assert series is not None and [s.time for s in series.samples] == [1000.0, 1001.0]
+
+
+@root_only
+def test_the_file_is_roots_and_readable_by_no_one_else_without_a_private_group(
+        tmp_path: Path) -> None:
+    """nobody's primary group (nogroup) is not theirs alone: the file is root's only."""
+    d = _usage_dir(tmp_path)
+    samples.append(d, HEADER, _sample(1000.0), max_samples=10)
+    st = samples.path_of(d, KEY).stat()
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, 0, 0o600)
+    assert stat.S_IMODE(d.stat().st_mode) == 0o755
+
+
+@root_only
+def test_a_symlinked_directory_or_a_planted_fifo_is_refused_and_nothing_written_elsewhere(
+        tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    link = tmp_path / "usage"
+    link.symlink_to(target)
+    with pytest.raises(GecoError, match="symbolic link"):
+        samples.append(link, HEADER, _sample(1000.0), max_samples=10)
+    assert list(target.iterdir()) == []
+    link.unlink()
+    d = _usage_dir(tmp_path)
+    d.mkdir()
+    os.mkfifo(samples.path_of(d, KEY))
+    started = time.monotonic()
+    with pytest.raises(GecoError, match="not a regular file"):
+        samples.append(d, HEADER, _sample(1000.0), max_samples=10)
+    assert time.monotonic() - started < 10  # refused, not hung on the FIFO
+
+
+@root_only
+def test_a_reader_holding_the_lock_costs_its_job_the_sample_not_the_writer_its_time(
+        tmp_path: Path) -> None:
+    """Given the job's file locked shared by a reader that never lets go, when the sampler
+    appends (wait 0), then it fails at once with one line naming the file; once the reader
+    is gone it appends again."""
+    d = _usage_dir(tmp_path)
+    samples.append(d, HEADER, _sample(1000.0), max_samples=10)
+    with samples.path_of(d, KEY).open("rb") as reader:
+        fcntl.flock(reader, fcntl.LOCK_SH)
+        with pytest.raises(GecoError, match="locked by another process"):
+            samples.append(d, HEADER, _sample(1001.0), max_samples=10)
+    samples.append(d, HEADER, _sample(1002.0), max_samples=10)
+    series = samples.read(d, KEY)
+    assert series is not None and [s.time for s in series.samples] == [1000.0, 1002.0]
+
+
+@root_only
+def test_readers_never_see_a_half_thinned_file(tmp_path: Path) -> None:
+    """A writer thinning the file over and over, a reader reading all the while: every read
+    is a whole file (its times increase, one header)."""
+    d = _usage_dir(tmp_path)
+    samples.append(d, HEADER, _sample(0.0), max_samples=4)
+    done = threading.Event()
+
+    def write() -> None:
+        for i in range(1, 400):
+            samples.append(d, HEADER, _sample(float(i)), max_samples=4, wait=5.0)
+        done.set()
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    reads = 0
+    while not done.is_set() or reads == 0:
+        series = samples.read(d, KEY)
+        assert series is not None and series.header == HEADER
+        times = [s.time for s in series.samples]
+        assert times == sorted(set(times)) and 1 <= len(times) <= 4, times
+        reads += 1
+    writer.join()
+
+
+def test_no_file_is_no_samples_and_a_foreign_file_one_clear_error(tmp_path: Path) -> None:
+    assert samples.read(tmp_path, KEY) is None
+    (tmp_path / str(KEY)).write_bytes(b"not ours\n")
+    with pytest.raises(GecoError, match="is not a geco usage file"):
+        samples.read(tmp_path, KEY)
