@@ -374,7 +374,9 @@ class Backend(ABC):
         kernel accounts it per cgroup: ``cpu_user_usec`` and ``cpu_system_usec``
         (v1 from the cpuacct hierarchy, v2 from ``cpu.stat``). Tasks, when the pids
         controller is there (see :func:`pids_usage`): ``pids_current``, ``pids_peak``,
-        ``pids_max_events`` (forks refused at the job's task limit). The counters
+        ``pids_max_events`` (forks refused at the job's task limit). v2, where the kernel
+        has them: ``memory_pressure_usec`` (PSI ``some total``), ``io_read_bytes`` and
+        ``io_write_bytes`` (``io.stat``, every device). The counters
         cover every process that ever ran in the job, also those that exited,
         and the job's sub-cgroups.
 

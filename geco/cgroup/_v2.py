@@ -43,6 +43,7 @@ Kernel rules this module is shaped by (checked in the QEMU machine by
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import posixpath
@@ -430,4 +431,24 @@ class V2Backend(Backend):
                     out[name] = cpu[field]
         if "pids" in self._controllers:
             out.update(pids_usage(d))
+        out.update(_pressure_and_io(d))
         return out
+
+
+def _pressure_and_io(d: Path) -> dict[str, int]:
+    """Memory pressure (PSI: microseconds some task stalled on memory, ``some total=``) and
+    the bytes read and written (``io.stat``, every device), where the kernel has them."""
+    out: dict[str, int] = {}
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        for line in (d / "memory.pressure").read_text().splitlines():
+            kind, *fields = line.split()
+            if kind == "some":
+                out["memory_pressure_usec"] = int(dict(f.split("=", 1) for f in fields)["total"])
+    with contextlib.suppress(OSError, ValueError):
+        read = written = 0
+        for line in (d / "io.stat").read_text().splitlines():
+            stats = dict(f.split("=", 1) for f in line.split()[1:])
+            read += int(stats.get("rbytes", 0))
+            written += int(stats.get("wbytes", 0))
+        out.update(io_read_bytes=read, io_write_bytes=written)
+    return out
