@@ -18,13 +18,14 @@ from geco.units import format_memory
 __all__ = ["Report", "render", "report"]
 
 # Below this many seconds of wall time a job says too little to advise on.
-_ADVISE_AFTER = 60.0
-# CPU efficiency under this (%) with more than one core: ask for fewer cores.
-_FEW_CORES = 50.0
+_ADVISE_AFTER = 10.0
+# Cores used on average beyond a whole number that are noise (the job's own threads
+# waking, the kernel's accounting): 1.03 of 2 cores is "request 1", 1.1 is "request 2".
+_CORE_NOISE = 0.05
 # Memory: a peak over this share of the request leaves no headroom; under the other
 # share (and more than _MEMORY_SLACK unused) the request was far too high.
 _TIGHT, _LOOSE = 0.9, 0.5
-_MEMORY_SLACK = 1 << 30
+_MEMORY_SLACK = 256 << 20
 _HEADROOM = 1.2  # what to request: the peak and a fifth more
 
 
@@ -64,10 +65,12 @@ def _advice(cores: int, cpu_eff: float | None, wall: float, requested: int, peak
                              f"node ran out; request the memory it needs"))
     if wall < _ADVISE_AFTER:
         return tuple(lines)
-    if cpu_eff is not None and cores > 1 and cpu_eff < _FEW_CORES:
+    if cpu_eff is not None and cores > 1:
         used = cores * cpu_eff / 100
-        lines.append(f"you asked {cores} cores and used {used:.1f} on average: request "
-                     f"{max(1, math.ceil(used))}")
+        want = max(1, math.ceil(used - _CORE_NOISE))
+        if want < cores:
+            lines.append(f"you asked {cores} cores and used {used:.1f} on average: request "
+                         f"{want}")
     if requested and peak and not oom_kills:
         want = format_memory(int(peak * _HEADROOM))
         if peak > requested * _TIGHT:

@@ -32,7 +32,8 @@ def test_one_of_two_cores_and_300m_of_1g_is_half_cpu_and_under_a_third_of_memory
     assert (r.cores, r.wall, r.cpu_seconds, r.cpu_efficiency) == (2, 600.0, 600.0, 50.0)
     assert (r.memory_requested, r.memory_peak, r.memory_efficiency) == (G, 300 * M, 29.3)
     assert r.memory_peak_at == 1300.0  # the first sample at the peak
-    assert r.advice == ()  # under 50% of 2 cores is needed for "fewer", 1 G slack for memory
+    assert r.advice == ("you asked 2 cores and used 1.0 on average: request 1",
+                        "peak 300M of 1G: request 360M")
 
 
 def test_far_off_requests_get_advice_both_ways() -> None:
@@ -43,8 +44,15 @@ def test_far_off_requests_get_advice_both_ways() -> None:
     assert tight.advice == ("peak 7.9G of 8G: request more headroom (9.48G)",)
 
 
+def test_a_job_that_used_what_it_asked_gets_no_advice() -> None:
+    fits = report(_series(2, G, wall=600, cpu=2 * 600 * 0.97, peak=700 * M), running=False)
+    assert fits.advice == ()
+    noise = report(_series(2, G, wall=600, cpu=1.03 * 600, peak=700 * M), running=False)
+    assert noise.advice == ("you asked 2 cores and used 1.0 on average: request 1",)
+
+
 def test_an_oom_kill_says_so_and_a_short_job_gets_no_other_advice() -> None:
-    r = report(_series(4, G, wall=20, cpu=1, peak=G, oom_kills=1), running=False)
+    r = report(_series(4, G, wall=5, cpu=1, peak=G, oom_kills=1), running=False)
     assert r.oom_kills == 1
     assert r.advice == ("the kernel's OOM killer ended 1 process(es) of the job: request "
                         "more than 1G of memory",)
@@ -58,7 +66,8 @@ def test_the_text_names_the_job_and_its_figures_and_json_has_them_all() -> None:
     assert "peak 300M at 0:05:00" in text
     assert all(len(line) <= 100 for line in text.splitlines())
     doc = r.as_json()
-    assert doc["cpu_efficiency"] == 50.0 and doc["advice"] == [] and doc["running"] is True
+    assert doc["cpu_efficiency"] == 50.0 and doc["running"] is True
+    assert doc["advice"] == list(r.advice) and len(doc["advice"]) == 2
 
 
 def test_a_node_that_counts_no_cpu_time_reports_none_not_zero() -> None:
