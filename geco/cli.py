@@ -475,7 +475,11 @@ def _add_usage_command(sub: Any) -> None:
                         description=_USAGE_DESCRIPTION)
     us.add_argument("job", type=_job_spec, metavar="JOB[.TASK]",
                     help="the job (no TASK: each of its tasks on this node)")
-    us.add_argument("--json", action="store_true", help="print the reports as JSON")
+    how = us.add_mutually_exclusive_group()
+    how.add_argument("--json", action="store_true", help="print the reports as JSON")
+    how.add_argument("--chart", action="store_true",
+                     help="also draw its CPU and memory over time, with the requests as "
+                          "lines (80 columns)")
 
 
 def _usage(args: argparse.Namespace) -> int:
@@ -505,14 +509,17 @@ def _usage(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return EXIT_FAILED
         backend = _backend_or_none(cfg)
-        reports = [efficiency.report(s, running=backend is not None and backend.exists(k))
+        reports = [(efficiency.report(s, running=backend is not None and backend.exists(k)), s)
                    for k, s in series]
     except GecoError as exc:
         return _failed("usage", exc)
     if args.json:
-        sys.stdout.write(json.dumps([r.as_json() for r in reports], indent=2) + "\n")
+        sys.stdout.write(json.dumps([r.as_json() for r, _ in reports], indent=2) + "\n")
     else:
-        sys.stdout.write("".join(efficiency.render(r) for r in reports))
+        from geco.job.usagechart import chart
+
+        sys.stdout.write("\n".join(efficiency.render(r) + (chart(s) if args.chart else "")
+                                   for r, s in reports))
     sys.stdout.flush()
     return EXIT_OK
 

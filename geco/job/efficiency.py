@@ -67,10 +67,10 @@ def _advice(cores: int, cpu_eff: float | None, wall: float, requested: int, peak
         return tuple(lines)
     if cpu_eff is not None and cores > 1:
         used = cores * cpu_eff / 100
-        want = max(1, math.ceil(used - _CORE_NOISE))
-        if want < cores:
+        cores_wanted = max(1, math.ceil(used - _CORE_NOISE))
+        if cores_wanted < cores:
             lines.append(f"you asked {cores} cores and used {used:.1f} on average: request "
-                         f"{want}")
+                         f"{cores_wanted}")
     if requested and peak and not oom_kills:
         want = format_memory(int(peak * _HEADROOM))
         if peak > requested * _TIGHT:
