@@ -227,6 +227,8 @@ def read(directory: Path, key: JobKey) -> Series | None:
             data += chunk
     finally:
         os.close(fd)
+    if not data:  # made this moment, its first sample not yet in
+        return None
     return _parse(data, display)
 
 

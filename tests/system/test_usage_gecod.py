@@ -119,3 +119,26 @@ def test_a_job_whose_file_is_held_locked_costs_only_its_own_samples(
             in g.output()
     finally:
         assert g.stop() == 0, g.output()
+
+
+def test_with_only_the_units_capabilities_gecod_gives_the_file_to_its_owners_group(
+        node: Node, job_owner: Any) -> None:
+    """Given gecod with only conf/gecod.service's CapabilityBoundingSet (setpriv), when it
+    samples a job of the test user, then the file is root's with the user's private group,
+    mode 0640 (giving a file a group root is not in takes CAP_CHOWN: the unit grants it)."""
+    caps = [line.split("=", 1)[1].split()
+            for line in (REPO / "conf" / "gecod.service").read_text().splitlines()
+            if line.startswith("CapabilityBoundingSet=")][0]
+    bounding = "-all," + ",".join("+" + c.removeprefix("CAP_").lower() for c in caps)
+    g = start_gecod(node, "usage-caps", prefix=("setpriv", f"--bounding-set={bounding}", "--"),
+                    sections=USAGE)
+    try:
+        job = new_job()
+        node.make_job(job, owner=job_owner.name)
+        assert node.job_process(job, sock=g.sock).answer() == "OK"
+        _until(lambda: _count(node, JobKey(job, 1)) >= 1, "a sample")
+        st = (node.state_dir / "usage" / f"{job}.1").stat()
+        assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (0, job_owner.gid, 0o640)
+        assert "no usage sample" not in g.output()
+    finally:
+        assert g.stop() == 0, g.output()
