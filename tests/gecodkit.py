@@ -523,3 +523,18 @@ def stop_by_pid(pid: int, timeout: float = 30.0) -> None:
     while alive(pid):
         assert time.monotonic() < deadline, f"gecod {pid} still running {timeout:g} s after SIGTERM"
         time.sleep(0.05)
+
+
+def unit_capabilities() -> list[str]:
+    """conf/gecod.service's CapabilityBoundingSet."""
+    for line in (REPO / "conf" / "gecod.service").read_text().splitlines():
+        if line.startswith("CapabilityBoundingSet="):
+            return line.split("=", 1)[1].split()
+    raise AssertionError("conf/gecod.service has no CapabilityBoundingSet")
+
+
+def with_unit_capabilities() -> tuple[str, ...]:
+    """A :func:`start_gecod` prefix: gecod with only the unit's capabilities (setpriv)."""
+    bounding = "-all," + ",".join("+" + c.removeprefix("CAP_").lower()
+                                  for c in unit_capabilities())
+    return ("setpriv", f"--bounding-set={bounding}", "--")

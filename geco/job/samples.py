@@ -50,6 +50,8 @@ _OPEN_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NONBLOCK  # a FIFO planted fails, ne
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 # Seconds between two tries for the file's lock.
 _LOCK_STEP = 0.01
+# Seconds a file's time may lag the job's start and still be the job's own.
+_CLOCK_SLACK = 1.0
 # Seconds a job's last sample waits for the sampler's write to that file to end.
 _LAST_WAIT = 1.0
 
@@ -173,7 +175,10 @@ def append(directory: Path, header: Header, sample: Sample, *, max_samples: int,
     try:
         with _locked(directory, key, header.owner, wait) as fd:
             head = os.pread(fd, _MAX_HEADER + 1, 0)
-            if not head.startswith(MAGIC) or b"\n" not in head:  # new, or not ours
+            # new, not ours, or an earlier job's of the same number (Grid Engine reuses
+            # them): last written before this job started
+            if not head.startswith(MAGIC) or b"\n" not in head \
+                    or os.fstat(fd).st_mtime < header.started - _CLOCK_SLACK:
                 os.ftruncate(fd, 0)
                 head = _header_bytes(header)
                 os.pwrite(fd, head, 0)
@@ -236,7 +241,7 @@ def header_of(cfg: Config, key: JobKey, host: str, rs: ResourceSet | None) -> He
     """What job ``key`` was granted on this host and whose it is (its resource set ``rs``,
     and its spool dir); the key and its start alone when neither says more."""
     spool = execd.find_spool_dir(cfg.execd_spool_dir, key, host)
-    started = execd.job_started(spool, cfg.resources_dir / key) or time.time()
+    started = execd.job_started(spool, cfg.resources_dir / key) or 0.0  # 0: not known
     queue = ""
     if spool is not None:
         with contextlib.suppress(GecoError):

@@ -70,6 +70,7 @@ from tests.gecodkit import (
     start_gecod,
     status,
     wait_gone,
+    with_unit_capabilities,
 )
 from tests.gecodkit import _clean_jobs as _clean_jobs  # after each test, on this module's node
 from tests.gecodkit import gecod as gecod  # the module's gecod, on this module's node
@@ -1327,13 +1328,6 @@ def test_systemd_is_told_ready_status_watchdog_and_stopping(node: Node,
     assert messages[-1] == "STOPPING=1", messages
 
 
-def _unit_capabilities() -> list[str]:
-    for line in (REPO / "conf" / "gecod.service").read_text().splitlines():
-        if line.startswith("CapabilityBoundingSet="):
-            return line.split("=", 1)[1].split()
-    raise AssertionError("conf/gecod.service has no CapabilityBoundingSet")
-
-
 def test_the_capabilities_gecod_service_grants_are_enough(node: Node, journal: Any) -> None:
     """Given gecod running with only the unit's CapabilityBoundingSet (setpriv), then a
     JOB_STARTED from a process with euid nobody and real uid root (execd's child; nobody
@@ -1342,9 +1336,7 @@ def test_the_capabilities_gecod_service_grants_are_enough(node: Node, journal: A
     this node without GPUs, NVIDIA's devices denied: no nvidia-devices-open record): the
     unit does not starve gecod."""
     since = time.time()
-    caps = _unit_capabilities()
-    bounding = "-all," + ",".join("+" + c.removeprefix("CAP_").lower() for c in caps)
-    g = start_gecod(node, "caps", prefix=("setpriv", f"--bounding-set={bounding}", "--"),
+    g = start_gecod(node, "caps", prefix=with_unit_capabilities(),
                     execd_uids=f"[{NOBODY}]")
     try:
         status_line = Path(f"/proc/{g.pid}/status").read_text()

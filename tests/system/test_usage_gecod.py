@@ -18,7 +18,16 @@ from typing import Any
 
 from geco.job import samples
 from geco.job.jobkey import JobKey
-from tests.gecodkit import MARKS, REPO, MiB, Node, new_job, start_gecod, wait_gone
+from tests.gecodkit import (
+    MARKS,
+    REPO,
+    MiB,
+    Node,
+    new_job,
+    start_gecod,
+    wait_gone,
+    with_unit_capabilities,
+)
 from tests.gecodkit import _clean_jobs as _clean_jobs  # after each test, on this module's node
 from tests.gecodkit import node as node  # this module's node
 
@@ -126,12 +135,7 @@ def test_with_only_the_units_capabilities_gecod_gives_the_file_to_its_owners_gro
     """Given gecod with only conf/gecod.service's CapabilityBoundingSet (setpriv), when it
     samples a job of the test user, then the file is root's with the user's private group,
     mode 0640 (giving a file a group root is not in takes CAP_CHOWN: the unit grants it)."""
-    caps = [line.split("=", 1)[1].split()
-            for line in (REPO / "conf" / "gecod.service").read_text().splitlines()
-            if line.startswith("CapabilityBoundingSet=")][0]
-    bounding = "-all," + ",".join("+" + c.removeprefix("CAP_").lower() for c in caps)
-    g = start_gecod(node, "usage-caps", prefix=("setpriv", f"--bounding-set={bounding}", "--"),
-                    sections=USAGE)
+    g = start_gecod(node, "usage-caps", prefix=with_unit_capabilities(), sections=USAGE)
     try:
         job = new_job()
         node.make_job(job, owner=job_owner.name)

@@ -156,3 +156,18 @@ def test_no_file_is_no_samples_and_a_foreign_file_one_clear_error(tmp_path: Path
     (tmp_path / str(KEY)).write_bytes(b"not ours\n")
     with pytest.raises(GecoError, match="is not a geco usage file"):
         samples.read(tmp_path, KEY)
+
+
+@root_only
+def test_an_earlier_job_of_the_same_number_leaves_its_samples_to_no_one(
+        tmp_path: Path) -> None:
+    """Grid Engine reuses job numbers: a file last written before this job started is an
+    earlier job's, and this job's first sample starts it afresh under its own header."""
+    d = _usage_dir(tmp_path)
+    samples.append(d, HEADER, _sample(1000.0), max_samples=10)
+    os.utime(samples.path_of(d, KEY), (5000.0, 5000.0))
+    later = HEADER._replace(owner="root", job_name="next", started=9000.0)
+    samples.append(d, later, _sample(9001.0), max_samples=10)
+    series = samples.read(d, KEY)
+    assert series is not None and series.header == later
+    assert [s.time for s in series.samples] == [9001.0]
