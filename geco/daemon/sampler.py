@@ -124,9 +124,8 @@ class Sampler:
             except GecoError as exc:  # removed meanwhile, or its file refused
                 if key not in self._warned and self.backend.exists(key):
                     self._warned.add(key)
-                    _log.warning("job %s: no usage sample: %s", key, exc,
-                                 extra=log.job_fields(key.job, key.task,
-                                                      "usage-sample-failed"))
+                    _log.log(samples.level_of(exc), "job %s: no usage sample: %s", key, exc,
+                             extra=log.job_fields(key.job, key.task, "usage-sample-failed"))
         for gone in set(self._headers) - set(keys):
             del self._headers[gone]
         self._warned &= set(keys)

@@ -20,8 +20,10 @@ Writers (gecod's sampler, the teardown of gecod or the epilog) take an exclusive
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
+import logging
 import os
 import struct
 import time
@@ -40,7 +42,7 @@ from geco.sge import execd
 _log = log.get("samples")
 
 __all__ = ["MAGIC", "RECORD", "Header", "Sample", "Series", "append", "header_of", "keep_last",
-           "path_of", "read"]
+           "level_of", "path_of", "read"]
 
 MAGIC = b"GECO_SAMPLES_v1 "
 RECORD = struct.Struct("<d9q")
@@ -50,6 +52,8 @@ _OPEN_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NONBLOCK  # a FIFO planted fails, ne
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 # Seconds between two tries for the file's lock.
 _LOCK_STEP = 0.01
+# What a full or read-only file system says (errno names).
+_DISK_TROUBLE = frozenset({"ENOSPC", "EDQUOT", "EROFS"})
 # Seconds a file's time may lag the job's start and still be the job's own.
 _CLOCK_SLACK = 1.0
 # Seconds a job's last sample waits for the sampler's write to that file to end.
@@ -188,7 +192,9 @@ def append(directory: Path, header: Header, sample: Sample, *, max_samples: int,
                 count = _thin(fd, display, start)
             os.pwrite(fd, RECORD.pack(*sample), start + count * RECORD.size)
     except ownerfile.Refused as exc:
-        raise GecoError(f"cannot keep job {key}'s usage samples: {exc}") from None
+        cause = exc.__cause__
+        code = errno.errorcode.get(cause.errno or 0) if isinstance(cause, OSError) else None
+        raise GecoError(f"cannot keep job {key}'s usage samples: {exc}", errno=code) from None
     except OSError as exc:
         raise GecoError.from_oserror("cannot write the usage samples", exc,
                                      path=display) from exc
@@ -271,5 +277,12 @@ def keep_last(cfg: Config, key: JobKey, usage: Mapping[str, int],
                Sample.from_usage(time.time(), usage), max_samples=cfg.usage_max_samples,
                wait=_LAST_WAIT)
     except GecoError as exc:
-        _log.warning("job %s: its last usage sample is not kept: %s", key, exc,
-                     extra=log.job_fields(key.job, key.task, "usage-sample-failed"))
+        _log.log(level_of(exc), "job %s: its last usage sample is not kept: %s", key, exc,
+                 extra=log.job_fields(key.job, key.task, "usage-sample-failed"))
+
+
+def level_of(exc: GecoError) -> int:
+    """How loudly a sample that could not be kept is journaled: a full or read-only state
+    directory is every hook's error already (said once, where the job's start met it), so
+    the samples it costs are information; anything else is a warning."""
+    return logging.INFO if exc.fields.get("errno") in _DISK_TROUBLE else logging.WARNING
