@@ -23,7 +23,6 @@ import contextlib
 import errno
 import fcntl
 import json
-import logging
 import os
 import struct
 import time
@@ -285,4 +284,4 @@ def level_of(exc: GecoError) -> int:
     """How loudly a sample that could not be kept is journaled: a full or read-only state
     directory is every hook's error already (said once, where the job's start met it), so
     the samples it costs are information; anything else is a warning."""
-    return logging.INFO if exc.fields.get("errno") in _DISK_TROUBLE else logging.WARNING
+    return log.INFO if exc.fields.get("errno") in _DISK_TROUBLE else log.WARNING
