@@ -102,7 +102,8 @@ def test_a_traced_job_gets_its_hooks_from_python_with_its_trace(
     for hook in ("prolog", "epilog"):
         assert done[hook]["SYSLOG_IDENTIFIER"] == f"geco-{hook}"
         assert int(done[hook]["_PID"]) != listener_pid(), done[hook]
-        assert done[hook]["_COMM"] == f"geco-{hook}"
+        # journald names the process only while it still runs (a hook may be gone by then)
+        assert done[hook].get("_COMM", f"geco-{hook}") == f"geco-{hook}"
 
 
 def _root_socket() -> str:
