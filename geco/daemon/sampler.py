@@ -1,7 +1,7 @@
 """gecod's usage sampler: every running job's cgroups, every ``[usage] interval`` seconds.
 
-A round, in a thread of its own (one round at a time; a round still running when the
-next is due makes that one wait, never two at once), reads each job cgroup's counters
+A round, in a thread of its own (one round at a time: a tick that finds the last round
+still running is skipped, never queued), reads each job cgroup's counters
 (:meth:`geco.cgroup.Backend.usage`) and appends them to the job's samples file
 (:mod:`geco.job.samples`). What a job was granted here and whose it is (the file's
 header) is read once per job from its resource file and spool dir. The cost of a round
@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any
 
 from geco import log
 from geco.cgroup import Backend
 from geco.config import Config
+from geco.daemon.reaper import Loop
 from geco.errors import GecoError
 from geco.job import samples
 from geco.job.jobkey import JobKey
@@ -34,15 +34,6 @@ from geco.sge import resourcefile
 __all__ = ["Sampler"]
 
 _log = log.get("gecod.sampler")
-
-
-class _Cancellable(Protocol):
-    def cancel(self) -> None: ...
-
-
-class Loop(Protocol):
-    def add_timer(self, delay: float, callback: Callable[[], None],
-                  repeat: float | None = None) -> _Cancellable: ...
 
 
 @dataclass(eq=False)
@@ -63,7 +54,7 @@ class Sampler:
     node: str = field(default_factory=short_hostname)
     rounds: int = field(default=0, init=False)
     _executor: ThreadPoolExecutor = field(init=False)
-    _timer: _Cancellable | None = field(default=None, init=False)
+    _timer: Any = field(default=None, init=False)  # the loop's timer handle
     _round: Future[None] | None = field(default=None, init=False)
     _closing: threading.Event = field(default_factory=threading.Event, init=False)
     # the round's thread only: each job's header, read once; jobs already warned about
