@@ -465,8 +465,11 @@ _USAGE_DESCRIPTION = """Did the job use what it asked for? For a running or ende
 this node (its samples, kept [usage] keep_days after it): cores, memory and GPUs requested
 beside used, CPU and memory efficiency as Slurm's seff defines them (CPU time / (cores x
 wall time), peak / requested), the peak and when it came, OOM kills, and a line of advice
-where the request was far off. The job's owner and root may read it. Exit 1 when this node
-has no samples of the job or they are not yours to read."""
+where the request was far off; on a parallel job's master host, after the job, every
+host's figures and one line over the whole job. --chart draws CPU and memory over time in
+the terminal, --plot FILE to a PNG or SVG picture. The job's owner, root and the groups
+[usage] readers names may read it. Exit 1 when this node has no samples of the job or
+they are not yours to read."""
 
 
 def _add_usage_command(sub: Any) -> None:
@@ -480,6 +483,9 @@ def _add_usage_command(sub: Any) -> None:
     how.add_argument("--chart", action="store_true",
                      help="also draw its CPU and memory over time, with the requests as "
                           "lines (80 columns)")
+    us.add_argument("--plot", metavar="FILE",
+                    help="also draw them to FILE, a PNG or SVG picture as its suffix (.png, "
+                         ".svg) says, one row of panels per task and host; needs matplotlib")
 
 
 def _usage(args: argparse.Namespace) -> int:
@@ -489,7 +495,16 @@ def _usage(args: argparse.Namespace) -> int:
     from geco.job.resourceset import short_hostname
 
     job, task = args.job
+    if args.plot is not None:
+        from geco.job import usageplot
+
+        try:
+            plot_path = usageplot.check_path(args.plot)
+        except ValueError as exc:
+            raise _Usage(f"geco usage: {exc}") from None
     try:
+        if args.plot is not None:
+            usageplot.require()  # before anything is printed: without it, one line
         cfg = _config.load()
         if task is not None:
             keys = [JobKey(job, task)]
@@ -501,8 +516,8 @@ def _usage(args: argparse.Namespace) -> int:
             keys = sorted((JobKey.parse(n) for n in names
                            if JobKey.is_key_text(n) and n.split(".")[0] == str(job)),
                           key=lambda k: k.task)
-        found = [(k, samples.read(cfg.usage_dir, k)) for k in keys]
-        series = [(k, s) for k, s in found if s is not None]
+        # a parallel job's master also has its other hosts' samples, from the job's end
+        series = [(k, s) for k in keys for s in samples.read_job(cfg.usage_dir, k)]
         if not series:
             where = f"job {job}" if task is None else f"job {job}.{task}"
             print(f"geco usage: {short_hostname()} has no usage samples of {where}",
@@ -518,9 +533,22 @@ def _usage(args: argparse.Namespace) -> int:
     else:
         from geco.job.usagechart import chart
 
-        sys.stdout.write("\n".join(efficiency.render(r) + (chart(s) if args.chart else "")
-                                   for r, s in reports))
+        blocks = [efficiency.render(r) + (chart(s) if args.chart else "") for r, s in reports]
+        for k in keys:  # a job task of several hosts: its figures over all of them
+            mine = [r for r, s in reports if JobKey(s.header.job_id, s.header.task_id) == k]
+            if len(mine) > 1:
+                blocks.append(efficiency.render_whole(str(k), efficiency.whole(mine)))
+        sys.stdout.write("\n".join(blocks))
     sys.stdout.flush()
+    if args.plot is not None:
+        try:
+            usageplot.plot([s for _, s in reports], plot_path)
+        except GecoError as exc:
+            return _failed("usage", exc)
+        for _, s in reports:
+            if why := usageplot.too_few(s):
+                print(f"geco usage: {why}: not in {plot_path}", file=sys.stderr)
+        print(f"geco usage: wrote {plot_path}", file=sys.stderr)
     return EXIT_OK
 
 

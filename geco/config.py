@@ -120,6 +120,9 @@ class Config(NamedTuple):
     usage_interval: float = 30.0
     usage_keep_days: int = 7
     usage_max_samples: int = 2880
+    usage_readers: tuple[str, ...] = ()
+    # [metrics]
+    metrics_listen: str = ""
 
     @property
     def resources_dir(self) -> Path:
@@ -151,7 +154,8 @@ _SECTIONS: dict[str, tuple[str, ...]] = {
             "ssh_gecod_unreachable", "ssh_bypass_file", "ssh_callerid_budget"),
     "cluster": ("cluster_address", "cluster_bind", "cluster_allow", "cluster_key_file",
                 "cluster_slaves", "cluster_timeout"),
-    "usage": ("usage_interval", "usage_keep_days", "usage_max_samples"),
+    "usage": ("usage_interval", "usage_keep_days", "usage_max_samples", "usage_readers"),
+    "metrics": ("metrics_listen",),
     "gecod": ("gecod_socket", "gecod_privileged_socket", "gecod_privileged_group",
               "gecod_key_file", "gecod_request_timeout",
               "gecod_unreachable_policy", "gecod_exec_filter", "gecod_max_skew",
@@ -173,7 +177,8 @@ _TOML_NAME = {"cgroup_mount": "mount", "cgroup_name": "name", "cgroup_version": 
                                          "bypass_file", "callerid_budget")},
               **{f"cluster_{n}": n for n in ("address", "bind", "allow", "key_file",
                                              "slaves", "timeout")},
-              **{f"usage_{n}": n for n in ("interval", "keep_days", "max_samples")},
+              **{f"usage_{n}": n for n in ("interval", "keep_days", "max_samples", "readers")},
+              "metrics_listen": "listen",
               **{f"gecod_{n}": n for n in (
                   "socket", "privileged_socket", "privileged_group", "key_file",
                   "request_timeout", "unreachable_policy", "exec_filter",
@@ -199,7 +204,7 @@ _OPTIONAL_PATHS = ("cgroup_v2_base", "cgroup_v1_systemd_base", "sge_root")
 # String settings where "" means "find it out" (geco.sge.siteenv) or "beside the public
 # socket" / "none" (the privileged socket and its group).
 _OPTIONAL_STRINGS = ("sge_cell", "sge_cluster_name", "gecod_privileged_socket",
-                     "gecod_privileged_group", "cluster_bind")
+                     "gecod_privileged_group", "cluster_bind", "metrics_listen")
 # cpu lists in the kernel's syntax ("0-1,8"); "" = none.
 _CPU_LISTS = ("cpus_reserve",)
 class _Host(str):
@@ -227,6 +232,7 @@ _LISTS: dict[str, tuple[type, bool]] = {"gecod_exec_filter": (str, False),
                                         "strays_exempt_users": (str, True),
                                         "ssh_admins": (str, True),
                                         "ssh_admin_groups": (str, True),
+                                        "usage_readers": (str, True),
                                         "cluster_allow": (_Host, True),
                                         "gpu_devices": (Path, True)}
 

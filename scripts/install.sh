@@ -55,6 +55,8 @@ TEST_PACKAGES=(
   at cron                                  # the doors out of a job: geco's stray killing
   iproute2                                 # the cluster's hosts in namespaces (integration/cluster)
   qemu-system-x86 qemu-utils debootstrap e2fsprogs  # the systemd + cgroup v2 machine (integration/vm)
+  python3-prometheus-client prometheus     # gecod's metrics, scraped by a real Prometheus
+  python3-matplotlib                       # geco usage --plot (PNG/SVG)
 )
 TEST=no
 case "${1:-}" in

@@ -19,12 +19,11 @@ from pathlib import Path
 
 from geco import log
 from geco._tuple import NamedTuple
+from geco.cgroup._counters import Counter, keyed, read_once, whole
 from geco.cgroup._fs import (
     cgroup_error,
     poll_until,
     proc_cgroups,
-    read_int,
-    read_keyed,
     read_pids,
     remove_tree,
     signal_pid,
@@ -152,18 +151,15 @@ class Limits(_LimitValues):
         return min(given) if given else 0
 
 
-def pids_usage(d: Path) -> dict[str, int]:
+def pids_counters(d: Path) -> list[Counter]:
     """The task figures of one pids cgroup directory (same files on v1 and v2), only those
     this kernel provides: ``pids_current``, ``pids_peak`` (newer kernels) and
     ``pids_max_events`` (forks refused at ``pids.max``, from ``pids.events``)."""
-    out: dict[str, int] = {}
-    for name, file in (("pids_current", "pids.current"), ("pids_peak", "pids.peak")):
-        if (d / file).exists():
-            out[name] = read_int(d / file)
+    out = [whole(d / file, name) for name, file in (("pids_current", "pids.current"),
+                                                   ("pids_peak", "pids.peak"))
+           if (d / file).exists()]
     if (d / "pids.events").exists():
-        events = read_keyed(d / "pids.events")
-        if "max" in events:
-            out["pids_max_events"] = events["max"]
+        out.append(keyed(d / "pids.events", {"pids_max_events": "max"}))
     return out
 
 
@@ -362,7 +358,6 @@ class Backend(ABC):
             read or written.
         """
 
-    @abstractmethod
     def usage(self, key: JobKey) -> dict[str, int]:
         """Return the job's resource accounting: only the figures this kernel provides.
 
@@ -373,7 +368,7 @@ class Backend(ABC):
         ``swap_current`` (swap alone). CPU time in microseconds, when the
         kernel accounts it per cgroup: ``cpu_user_usec`` and ``cpu_system_usec``
         (v1 from the cpuacct hierarchy, v2 from ``cpu.stat``). Tasks, when the pids
-        controller is there (see :func:`pids_usage`): ``pids_current``, ``pids_peak``,
+        controller is there (see :func:`pids_counters`): ``pids_current``, ``pids_peak``,
         ``pids_max_events`` (forks refused at the job's task limit). v2, where the kernel
         has them: ``memory_pressure_usec`` (PSI ``some total``), ``io_read_bytes`` and
         ``io_write_bytes`` (``io.stat``, every device). The counters
@@ -384,6 +379,18 @@ class Backend(ABC):
         ------
         CgroupError
             when the job's memory cgroup does not exist or cannot be read.
+        """
+        return read_once(self.usage_counters(key))
+
+    @abstractmethod
+    def usage_counters(self, key: JobKey) -> list[Counter]:
+        """The files :meth:`usage` reads (those this kernel has), to read them once or to
+        hold them open (:class:`geco.cgroup._counters.Held`).
+
+        Raises
+        ------
+        CgroupError
+            when the job's memory cgroup does not exist.
         """
 
     # -- shared behaviour -----------------------------------------------------
@@ -421,18 +428,19 @@ class Backend(ABC):
 
     def job_keys(self) -> list[JobKey]:
         """Return the keys of the job cgroups that exist now (in any controller), sorted."""
-        found: set[JobKey] = set()
+        names: set[str] = set()  # a job is in every hierarchy: its name is parsed once
         for parent in dict.fromkeys(self.parent_paths().values()):
             try:
-                entries = list(os.scandir(parent))
+                with os.scandir(parent) as entries:
+                    names.update(e.name for e in entries if e.is_dir(follow_symlinks=False))
             except FileNotFoundError:
                 continue
             except OSError as exc:
                 raise cgroup_error("cannot list the job cgroups", exc, path=parent) from exc
-            for entry in entries:
-                with contextlib.suppress(JobKeyError):  # not a job's: the holder, a sub-cgroup
-                    if entry.is_dir(follow_symlinks=False):
-                        found.add(JobKey.parse(entry.name))
+        found = []
+        for name in names:
+            with contextlib.suppress(JobKeyError):  # not a job's: the holder, a sub-cgroup
+                found.append(JobKey.parse(name))
         return sorted(found, key=JobKey.order)
 
     def pids(self, key: JobKey) -> list[int]:

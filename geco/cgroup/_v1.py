@@ -48,14 +48,14 @@ from pathlib import Path
 
 from geco import log, procfs
 from geco._tuple import NamedTuple
-from geco.cgroup._base import Backend, Limits, check_key, is_under, pids_usage, warn_once
+from geco.cgroup._base import Backend, Limits, check_key, is_under, pids_counters, warn_once
+from geco.cgroup._counters import Counter, keyed, whole
 from geco.cgroup._fs import (
     Mount,
     make_dir,
     poll_until,
     proc_cgroups,
     read_int,
-    read_keyed,
     read_str,
     rmdir_quietly,
     set_value,
@@ -529,51 +529,44 @@ class V1Backend(Backend):
     def _freezable(self, key: JobKey) -> bool:
         return "freezer" in self._hier and self._dir("freezer", key).is_dir()
 
-    def usage(self, key: JobKey) -> dict[str, int]:
+    def usage_counters(self, key: JobKey) -> list[Counter]:
         check_key(key)
         md = self._dir("memory", key)
         if not md.is_dir():
             raise CgroupError(f"job {key} has no memory cgroup", key=key, path=md)
-        out: dict[str, int] = {}
-        for name, file in (("memory_peak", "memory.max_usage_in_bytes"),
-                           ("memory_current", "memory.usage_in_bytes"),
-                           ("memory_max_events", "memory.failcnt"),
-                           ("memsw_peak", "memory.memsw.max_usage_in_bytes")):
-            if (md / file).exists():
-                out[name] = read_int(md / file)
         # a charge that fails is counted once, by whichever counter refused it:
-        # memsw is tried first, so a RAM+swap limit shows only in memsw.failcnt
-        if "memory_max_events" in out and (md / "memory.memsw.failcnt").exists():
-            out["memory_max_events"] += read_int(md / "memory.memsw.failcnt")
-        if (md / "memory.oom_control").exists():
-            oom = read_keyed(md / "memory.oom_control")
-            if "oom_kill" in oom:  # Linux >= 4.13
-                out["oom_kill"] = oom["oom_kill"]
-        out.update(self._cpu_usage(key))
+        # memsw is tried first, so a RAM+swap limit shows only in memsw.failcnt (the sum)
+        out = [whole(md / file, name) for name, file in (
+            ("memory_peak", "memory.max_usage_in_bytes"),
+            ("memory_current", "memory.usage_in_bytes"),
+            ("memory_max_events", "memory.failcnt"),
+            ("memory_max_events", "memory.memsw.failcnt"),
+            ("memsw_peak", "memory.memsw.max_usage_in_bytes")) if (md / file).exists()]
+        if (md / "memory.oom_control").exists():  # oom_kill: Linux >= 4.13
+            out.append(keyed(md / "memory.oom_control", {"oom_kill": "oom_kill"}))
+        out += self._cpu_counters(key)
         # a job cgroup made before pids was mounted (or by an older geco) has none
         if "pids" in self._hier and self._dir("pids", key).is_dir():
-            out.update(pids_usage(self._dir("pids", key)))
+            out += pids_counters(self._dir("pids", key))
         return out
 
-    def _cpu_usage(self, key: JobKey) -> dict[str, int]:
+    def _cpu_counters(self, key: JobKey) -> list[Counter]:
         """CPU time of the job in microseconds, when a cpuacct cgroup counts it."""
         if "cpuacct" not in self._hier:
-            return {}
+            return []
         d = self._dir("cpuacct", key)
         # a job cgroup made before cpuacct was mounted (or by an older geco) has none
         if not d.is_dir():
-            return {}
+            return []
         user, system = d / "cpuacct.usage_user", d / "cpuacct.usage_sys"
         if user.exists() and system.exists():  # nanoseconds, Linux >= 4.7
-            return {"cpu_user_usec": read_int(user) // 1000,
-                    "cpu_system_usec": read_int(system) // 1000}
+            return [whole(user, "cpu_user_usec", 1000), whole(system, "cpu_system_usec", 1000)]
         stat = d / "cpuacct.stat"
-        ticks = read_keyed(stat) if stat.exists() else {}
-        if "user" not in ticks or "system" not in ticks:
-            return {}
-        hz = os.sysconf("SC_CLK_TCK")  # cpuacct.stat counts USER_HZ ticks
-        return {"cpu_user_usec": ticks["user"] * _USEC // hz,
-                "cpu_system_usec": ticks["system"] * _USEC // hz}
+        if not stat.exists():
+            return []
+        # USER_HZ ticks
+        return [keyed(stat, {"cpu_user_usec": "user", "cpu_system_usec": "system"},
+                      (_USEC, os.sysconf("SC_CLK_TCK")))]
 
 
 

@@ -43,7 +43,6 @@ Kernel rules this module is shaped by (checked in the QEMU machine by
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import posixpath
@@ -51,7 +50,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from geco import log, procfs
-from geco.cgroup._base import Backend, Limits, check_key, is_under, pids_usage, warn_once
+from geco.cgroup._base import Backend, Limits, check_key, is_under, pids_counters, warn_once
+from geco.cgroup._counters import Counter, io_bytes, keyed, pressure, whole
 from geco.cgroup._fs import (
     make_dir,
     poll_until,
@@ -406,49 +406,27 @@ class V2Backend(Backend):
     def _freezable(self, key: JobKey) -> bool:
         return (self._dir(key) / "cgroup.freeze").exists()
 
-    def usage(self, key: JobKey) -> dict[str, int]:
+    def usage_counters(self, key: JobKey) -> list[Counter]:
         d = self._dir(key)
         if not d.is_dir():
             raise CgroupError(f"job {key} has no cgroup", key=key, path=d)
-        out: dict[str, int] = {}
-        for name, file in (("memory_peak", "memory.peak"),  # Linux >= 5.19
-                           ("memory_current", "memory.current"),
-                           ("swap_peak", "memory.swap.peak"),  # Linux >= 6.5
-                           ("swap_current", "memory.swap.current")):
-            if (d / file).exists():
-                out[name] = read_int(d / file)
+        out = [whole(d / file, name) for name, file in (
+            ("memory_peak", "memory.peak"),  # Linux >= 5.19
+            ("memory_current", "memory.current"),
+            ("swap_peak", "memory.swap.peak"),  # Linux >= 6.5
+            ("swap_current", "memory.swap.current")) if (d / file).exists()]
         if (d / "memory.events").exists():
-            events = read_keyed(d / "memory.events")
-            for name, field in (("memory_max_events", "max"), ("oom_kill", "oom_kill")):
-                if field in events:
-                    out[name] = events[field]
+            out.append(keyed(d / "memory.events",
+                             {"memory_max_events": "max", "oom_kill": "oom_kill"}))
         # cpu.stat is in every cgroup, with or without the cpu controller (Linux >= 4.15)
         if (d / "cpu.stat").exists():
-            cpu = read_keyed(d / "cpu.stat")
-            for name, field in (("cpu_user_usec", "user_usec"),
-                                ("cpu_system_usec", "system_usec")):
-                if field in cpu:
-                    out[name] = cpu[field]
+            out.append(keyed(d / "cpu.stat", {"cpu_user_usec": "user_usec",
+                                              "cpu_system_usec": "system_usec"}))
         if "pids" in self._controllers:
-            out.update(pids_usage(d))
-        out.update(_pressure_and_io(d))
+            out += pids_counters(d)
+        # where the kernel has them: PSI (off at boot: listed, not served), the io controller
+        if (d / "memory.pressure").exists():
+            out.append(pressure(d / "memory.pressure", "memory_pressure_usec"))
+        if (d / "io.stat").exists():
+            out.append(io_bytes(d / "io.stat"))
         return out
-
-
-def _pressure_and_io(d: Path) -> dict[str, int]:
-    """Memory pressure (PSI: microseconds some task stalled on memory, ``some total=``) and
-    the bytes read and written (``io.stat``, every device), where the kernel has them."""
-    out: dict[str, int] = {}
-    with contextlib.suppress(OSError, ValueError, KeyError):
-        for line in (d / "memory.pressure").read_text().splitlines():
-            kind, *fields = line.split()
-            if kind == "some":
-                out["memory_pressure_usec"] = int(dict(f.split("=", 1) for f in fields)["total"])
-    with contextlib.suppress(OSError, ValueError):
-        read = written = 0
-        for line in (d / "io.stat").read_text().splitlines():
-            stats = dict(f.split("=", 1) for f in line.split()[1:])
-            read += int(stats.get("rbytes", 0))
-            written += int(stats.get("wbytes", 0))
-        out.update(io_read_bytes=read, io_write_bytes=written)
-    return out

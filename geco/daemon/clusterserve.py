@@ -33,6 +33,7 @@ job start here.
 
 from __future__ import annotations
 
+import base64
 import socket
 import time
 from collections.abc import Callable
@@ -47,7 +48,7 @@ from geco.daemon.context import GecodContext
 from geco.daemon.lanes import CLUSTER_BUDGET, Lane
 from geco.daemon.pools import Keys, Pool, Pools
 from geco.errors import GecoError, JobKeyError, ProtocolError
-from geco.job import containment, ending, jobstatus
+from geco.job import containment, ending, jobstatus, samples
 from geco.job.jobkey import JobKey
 from geco.job.resourceset import short_hostname
 from geco.oom.owner_file import stderr_target, tell_owner
@@ -261,7 +262,20 @@ class ClusterChannel:
         return {"status": "released" if result.clean else "failed",
                 "reason": result.error or (f"{len(result.stuck)} processes would not die"
                                            if result.stuck else ""),
-                "killed": result.killed, "accounting": result.accounting._asdict()}
+                "killed": result.killed, "accounting": result.accounting._asdict(),
+                **self._usage(key)}
+
+    def _usage(self, key: JobKey) -> dict[str, str]:
+        """The job's samples here, for its master to keep (:func:`geco.job.samples.export`);
+        nothing when there are none."""
+        try:
+            series = samples.read(self.ctx.config.usage_dir, key)
+        except GecoError as exc:
+            _log.debug("job %s: its usage samples stay here: %s", key, exc)
+            return {}
+        if series is None:
+            return {}
+        return {"usage": base64.b64encode(samples.export(series, samples.GATHERED)).decode()}
 
     def _show(self, key: JobKey) -> dict[str, Any]:
         """The job's live figures here, as ``geco status --job --json`` has them."""

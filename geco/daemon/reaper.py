@@ -65,7 +65,7 @@ from geco import log
 from geco.cgroup import Backend
 from geco.config import Config
 from geco.errors import GecoError, JobNotFound, TaskNotRunning
-from geco.job import containment, ending, teardown
+from geco.job import containment, ending, samples, teardown
 from geco.job.jobkey import JobKey
 from geco.job.resourceset import ResourceSet, short_hostname
 from geco.sge import execd, qstat, resourcefile
@@ -575,7 +575,7 @@ class Reaper:
 
     def _prune(self, cfg: Config) -> int:
         """Old trace files and ended jobs' usage samples go; return the traces removed."""
-        self._prune_old(cfg.usage_dir, cfg.usage_keep_days, JobKey.is_key_text, "usage")
+        self._prune_old(cfg.usage_dir, cfg.usage_keep_days, samples.is_file_name, "usage")
         return self._prune_old(cfg.trace_dir, cfg.trace_keep_days,
                                lambda name: name.endswith(_TRACE_SUFFIX), "trace")
 

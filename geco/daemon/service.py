@@ -26,9 +26,11 @@ start, so a restart loses no job end); the reaper (:mod:`geco.daemon.reaper`)
 every ``[gecod] reaper_interval`` s in a thread of its own: cgroups of jobs
 that no longer run here are emptied and
 removed, processes past ``h_rt`` + ``walltime_grace`` killed, old trace files
-deleted. SIGHUP re-reads the configuration and the key file (the reaper's
-interval and walltime settings included). SIGUSR2 (``geco handover``, after an
-upgrade): start the gecod installed now and hand the sockets over to it once it is
+deleted; with ``[metrics] listen``, a Prometheus endpoint in a thread of its own
+(:mod:`geco.daemon.metrics`: the usage sampler's last round, never the kernel; a port
+it cannot bind costs the metrics only). SIGHUP re-reads the configuration and the key
+file (the reaper's interval and walltime settings included). SIGUSR2 (``geco handover``,
+after an upgrade): start the gecod installed now and hand the sockets over to it once it is
 loaded (:mod:`geco.daemon.handover`), then exit 0. SIGTERM or SIGINT: stop
 accepting, answer the requests already being worked on (at most
 ``_DRAIN_GRACE`` seconds) and let a reaper round finish the job it is at (a
@@ -56,7 +58,7 @@ from typing import Any
 
 from geco import __version__, cgroup, log, oom
 from geco import config as _config
-from geco.daemon import clusterserve, fastlane, handover, status
+from geco.daemon import clusterserve, fastlane, handover, metrics, status
 from geco.daemon.context import GecodContext
 from geco.daemon.lanes import PUBLIC_BUDGET, Lane, root_budget
 from geco.daemon.pools import Pools
@@ -99,7 +101,8 @@ _RESTART_ONLY = ("gecod_socket", "gecod_privileged_socket", "gecod_privileged_gr
                  "gecod_max_skew", "gecod_workers", "gecod_granularity",
                  "cgroup_mount", "cgroup_name", "cgroup_version", "cgroup_v2_base",
                  "cgroup_v1_systemd_base",
-                 "exclusive_cpus", "state_dir", "cluster_address", "cluster_bind")
+                 "exclusive_cpus", "state_dir", "cluster_address", "cluster_bind",
+                 "metrics_listen")
 
 
 def notify(message: str, fds: list[int] | None = None) -> bool:
@@ -155,6 +158,7 @@ class Daemon:
             self.root_address = address.privileged(cfg.gecod_privileged_socket, self.address)
             self.root_group = _group(cfg.gecod_privileged_group)
             self.secret = keys.load_key(cfg.gecod_key_file)
+            self.metrics_where = metrics.parse_listen(cfg.metrics_listen)
         except GecoError as exc:
             raise _StartupError(str(exc)) from exc
         if self.successor is None:
@@ -222,7 +226,10 @@ class Daemon:
         self.reaper = Reaper(self.loop, self.backend, cfg, self.reaper_executor,
                              on_reaped=self._job_reaped, gate=self.ctx)
         # what each job uses over time (geco usage): rounds in a thread of their own
-        self.sampler = Sampler(self.loop, self.backend, cfg)
+        self.sampler = Sampler(self.loop, self.backend, cfg, topology=self.topology)
+        # the sampler's last round and gecod's counters for Prometheus ([metrics] listen):
+        # a thread of its own, one client at a time
+        self.metrics = self._open_metrics(inherited.pop("metrics", None))
         # the masters of parallel jobs with this host among their slaves (geco.wire.cluster):
         # a lane of the server's, on the loop, with the budgets of the local sockets
         self.cluster = clusterserve.open_channel(
@@ -243,8 +250,25 @@ class Daemon:
         if "cluster" in self.successor.sockets:
             taken["cluster"] = self.successor.take(
                 "cluster", address.Address("tcp", port=cluster.port(self.cfg)))
+        # checked against [metrics] listen where it is opened (a mismatch costs no start)
+        taken["metrics"] = self.successor.sockets.pop("metrics", None)
         self.successor.ready()  # from here on the node is ours alone
         return {name: sock for name, sock in taken.items() if sock is not None}
+
+    def _open_metrics(self, inherited: socket.socket | None) -> metrics.Endpoint | None:
+        """The metrics endpoint when ``[metrics] listen`` is set and it can be opened."""
+        if self.metrics_where is None:
+            if inherited is not None:  # the gecod before had one; this configuration not
+                inherited.close()
+            return None
+        endpoint = metrics.open_endpoint(
+            self.cfg, self.metrics_where, lambda: self.sampler.latest,
+            lambda: metrics.Health(self.server.served, self.server.refused,
+                                   self.server.working),
+            self.sampler.node, inherited)
+        if endpoint is not None:
+            self.sampler.on_round = endpoint.body.prepare
+        return endpoint
 
     def _warn_outside_units(self) -> None:
         """Warn when systemd runs this node but the v2 job cgroups are in no delegated unit."""
@@ -381,6 +405,8 @@ class Daemon:
             return
         listeners = {lane.name: lane.listener for lane in self.server.lanes
                      if lane.listener is not None}
+        if self.metrics is not None:
+            listeners["metrics"] = self.metrics.listener
         try:
             self.predecessor = handover.Predecessor.start(listeners)
         except GecoError as exc:
@@ -488,6 +514,10 @@ class Daemon:
         self.oom.start()
         self.reaper.start()
         self.sampler.start()
+        if self.metrics is not None:
+            self.metrics.start()
+            _log.info("gecod serves Prometheus metrics on http://%s/metrics",
+                      self.metrics.where, extra=log.job_fields(None, None, "metrics-serving"))
         if self.cluster is not None:
             self.cluster.start()
             self.server.add_lane(self.cluster.lane)
@@ -533,6 +563,9 @@ class Daemon:
 
     def close(self) -> None:
         """Close the listener and the loop, wait for running workers; jobs are left alone."""
+        if self.metrics is not None:  # first: a scrape reads the server's counters
+            self.metrics.close(finish=self.predecessor is not None)
+            self.metrics = None
         if any(lane.listener is not None for lane in self.server.lanes):
             self.server.shutdown(on_idle=lambda: None)
         if self.predecessor is None:  # else the successor serves on these very files

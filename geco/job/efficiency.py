@@ -15,7 +15,7 @@ from geco._tuple import NamedTuple
 from geco.job.samples import Series
 from geco.units import format_memory
 
-__all__ = ["Report", "render", "report"]
+__all__ = ["Report", "Whole", "render", "render_whole", "report", "whole"]
 
 # Below this many seconds of wall time a job says too little to advise on.
 _ADVISE_AFTER = 10.0
@@ -105,6 +105,41 @@ def report(series: Series, *, running: bool) -> Report:
                   end, round(wall, 1), h.cores, None if cpu is None else round(cpu, 1),
                   cpu_eff, h.memory, peak, peak_at, mem_eff, h.gpus, kills,
                   _advice(h.cores, cpu_eff, wall, h.memory, peak, kills))
+
+
+class Whole(NamedTuple):
+    """A job task over all its hosts (a parallel job's; one host's report alone is its
+    own whole): seff's figures over the sums, each host's advice."""
+
+    hosts: int
+    cpu_efficiency: float | None
+    memory_efficiency: float | None
+    advice: tuple[str, ...]
+
+
+def whole(reports: list[Report]) -> Whole:
+    """The job over ``reports`` (one per host): CPU time / the sum of cores x wall time,
+    the sum of the peaks / the sum of the requests (when every host had one)."""
+    if len(reports) == 1:
+        [r] = reports
+        return Whole(1, r.cpu_efficiency, r.memory_efficiency, r.advice)
+    counted = [r for r in reports if r.cpu_seconds is not None]
+    granted = sum(r.cores * r.wall for r in counted)
+    cpu = round(100 * sum(r.cpu_seconds or 0.0 for r in counted) / granted, 1) \
+        if counted and granted else None
+    requested = sum(r.memory_requested for r in reports)
+    memory = round(100 * sum(r.memory_peak for r in reports) / requested, 1) \
+        if requested and all(r.memory_requested for r in reports) else None
+    return Whole(len(reports), cpu, memory,
+                 tuple(f"{r.host}: {line}" for r in reports for line in r.advice))
+
+
+def render_whole(job: str, w: Whole) -> str:
+    """One line for a job over its hosts."""
+    figures = [f"{what} efficiency {value:.1f}%" for what, value in
+               (("CPU", w.cpu_efficiency), ("memory", w.memory_efficiency))
+               if value is not None]
+    return f"job {job} on its {w.hosts} hosts: {', '.join(figures) or 'no figures'}\n"
 
 
 def _duration(seconds: float) -> str:

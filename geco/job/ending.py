@@ -173,6 +173,8 @@ def end_job(key: JobKey, backend: Backend, cfg: Config, *, cleaned_by: str,
         answers = _release(rs, cfg, logger) if release_others else None
         done = teardown.tear_down(key, backend, cfg, queue_instance=queue_instance,
                                   cleaned_by=cleaned_by, journal=journal, resources=rs)
+        if rs is not None and answers:
+            _gather(cfg, key, rs, answers, journal)
         ended = Ended(key, cleaned_by, done, owner, _gpus_held(cfg, key, rs),
                       _whole(rs, done.accounting, answers))
         if ended.clean:
@@ -238,6 +240,31 @@ def _whole(rs: ResourceSet | None, figures: Accounting, answers: list[Answer] | 
                              figures, answers)
 
 
+def _gather(cfg: Config, key: JobKey, rs: ResourceSet, answers: list[Answer],
+            journal: log.JobFields) -> None:
+    """Keep the samples each other host of a parallel job sent with its answer (under
+    this job's number and owner, whatever a host's header says), for ``geco usage`` and
+    the job's end record here."""
+    import base64
+
+    from geco.job import samples  # a parallel job's master only
+    from geco.job.resourceset import short_hostname
+
+    for a in answers:
+        text = a.document.get("usage") if a.status == "released" else None
+        if not isinstance(text, str):
+            continue
+        try:
+            got = samples.load(base64.b64decode(text, validate=True), f"{a.host}'s samples")
+            header = got.header._replace(job_id=key.job, task_id=key.task, owner=rs.owner,
+                                         host=short_hostname(a.host))
+            samples.keep_copy(cfg.usage_dir, samples.Series(header, got.samples),
+                              cfg.usage_readers)
+        except (GecoError, ValueError) as exc:  # ValueError: not base64
+            _log.warning("job %s: the usage samples of %s are not kept: %s", key, a.host,
+                         exc, extra=journal.event("usage-sample-failed", NODE=a.host))
+
+
 def _journal(ended: Ended, event: str, journal: log.JobFields, cfg: Config) -> None:
     """Journal a clean end: ``job-end`` (``job-end-slave`` on a slave host) with who ended
     it, its figures, the GPUs it held here and, for a parallel job's master, every host's."""
@@ -259,24 +286,27 @@ def _journal(ended: Ended, event: str, journal: log.JobFields, cfg: Config) -> N
 
 
 def _efficiency(key: JobKey, cfg: Config) -> tuple[str, dict[str, object]]:
-    """The job's efficiency from its samples (:mod:`geco.job.efficiency`), for the record:
-    words for its message and its fields; nothing when it has no samples here."""
+    """The job's efficiency from its samples (:mod:`geco.job.efficiency`; a parallel job's
+    master: over every host's), for the record: words for its message and its fields;
+    nothing when it has no samples here."""
     from geco.job import efficiency, samples
 
     try:
-        series = samples.read(cfg.usage_dir, key)
+        series = samples.read_job(cfg.usage_dir, key)
     except GecoError as exc:
         _log.debug("job %s: no efficiency in its end record: %s", key, exc)
         return "", {}
-    if series is None:
+    if not series:
         return "", {}
-    r = efficiency.report(series, running=False)
+    reports = [efficiency.report(s, running=False) for s in series]
+    w = efficiency.whole(reports)
     words = "".join(f", {what} efficiency {value:.1f}%" for what, value in
-                    (("CPU", r.cpu_efficiency), ("memory", r.memory_efficiency))
+                    (("CPU", w.cpu_efficiency), ("memory", w.memory_efficiency))
                     if value is not None)
-    return words, {"WALL_SEC": f"{r.wall:.1f}", "CPU_EFFICIENCY": r.cpu_efficiency,
-                   "MEMORY_EFFICIENCY": r.memory_efficiency,
-                   "ADVICE": "; ".join(r.advice) or None}
+    return words, {"WALL_SEC": f"{max(r.wall for r in reports):.1f}",
+                   "CPU_EFFICIENCY": w.cpu_efficiency,
+                   "MEMORY_EFFICIENCY": w.memory_efficiency,
+                   "ADVICE": "; ".join(w.advice) or None}
 
 
 def forget(cfg: Config, key: JobKey) -> None:

@@ -22,9 +22,13 @@ import grp
 import os
 import pwd
 import stat
+import struct
 from pathlib import Path
 
+from geco import log
 from geco._tuple import NamedTuple
+
+_log = log.get("ownerfile")
 
 __all__ = ["DIR_FLAGS", "ROOT_ONLY_MODE", "Readers", "Refused", "open_dir", "open_in",
            "readers_of"]
@@ -40,16 +44,60 @@ class Refused(Exception):
 
 
 class Readers(NamedTuple):
-    """Who may read a job's file: the file's group and mode (its user is root)."""
+    """Who may read a job's file: the file's group and mode (its user is root), and the
+    access ACL that names more readers (b"": none)."""
 
     gid: int
     mode: int
     root_only: str = ""  # why only root reads it ("" when the owner does)
+    acl: bytes = b""
 
 
-def readers_of(name: str) -> Readers:
+# system.posix_acl_access: version 2, then (tag, permissions, id) entries sorted by tag
+# and id (the kernel's own format, <linux/posix_acl_xattr.h>)
+_ACL_XATTR = "system.posix_acl_access"
+_ACL_HEAD = struct.Struct("<I")
+_ACL_ENTRY = struct.Struct("<HHI")
+_USER_OBJ, _USER, _GROUP_OBJ, _GROUP, _MASK, _OTHER = 0x01, 0x02, 0x04, 0x08, 0x10, 0x20
+_NO_ID = 0xFFFFFFFF
+_READ, _READ_WRITE = 4, 6
+
+
+def readers_of(name: str, groups: tuple[str, ...] = ()) -> Readers:
     """The group and mode of a file of a job of ``name``: readable by the owner through
-    their private group, else by root only (and why)."""
+    their private group, else by root only (and why); with ``groups`` (``[usage]
+    readers``), an ACL lets their members and the owner read it too."""
+    alone = _owner_alone(name)
+    if not groups:
+        return alone
+    gids = sorted({g.gr_gid for g in map(_group, groups) if g is not None})
+    uid = _uid(name)
+    entries = [(_USER_OBJ, _READ_WRITE, _NO_ID),
+               *([(_USER, _READ, uid)] if uid is not None else []),
+               (_GROUP_OBJ, _READ if alone.gid else 0, _NO_ID),
+               *((_GROUP, _READ, gid) for gid in gids if gid != alone.gid),
+               (_MASK, _READ, _NO_ID), (_OTHER, 0, _NO_ID)]
+    acl = _ACL_HEAD.pack(2) + b"".join(_ACL_ENTRY.pack(*e) for e in entries)
+    # with an ACL the mode's group bits are its mask
+    return Readers(alone.gid, FILE_MODE, alone.root_only, acl)
+
+
+def _group(name: str) -> grp.struct_group | None:
+    try:
+        return grp.getgrnam(name)
+    except KeyError:
+        return None
+
+
+def _uid(name: str) -> int | None:
+    try:
+        return pwd.getpwnam(name).pw_uid if name else None
+    except (KeyError, UnicodeEncodeError):
+        return None
+
+
+def _owner_alone(name: str) -> Readers:
+    """Readers without an ACL: the owner through their private group, or root only."""
     if not name:
         return Readers(0, ROOT_ONLY_MODE, "the job names no owner")
     try:
@@ -155,5 +203,30 @@ def open_in(dfd: int, name: str, owner: Readers, display: Path, flags: int) -> i
             os.fchown(fd, 0, owner.gid)
         if stat.S_IMODE(st.st_mode) != owner.mode:
             os.fchmod(fd, owner.mode)
+        if owner.acl:
+            _set_acl(fd, owner.acl, display)
         return fd
     raise Refused(f"{display} keeps being replaced")
+
+
+def _set_acl(fd: int, acl: bytes, display: Path) -> None:
+    """Give the file ``acl`` (unless it has it); a file system without ACLs keeps the file
+    to its owner and root (fewer readers, never more), said once."""
+    try:
+        if os.getxattr(fd, _ACL_XATTR) == acl:
+            return
+    except OSError:
+        pass  # none yet (ENODATA), or no ACLs here: setting it says which
+    try:
+        os.setxattr(fd, _ACL_XATTR, acl)
+    except OSError as exc:
+        # the mode's group bits would otherwise let the file's group read it
+        os.fchmod(fd, FILE_MODE if os.fstat(fd).st_gid else ROOT_ONLY_MODE)
+        if display.parent not in _NO_ACLS:
+            _NO_ACLS.add(display.parent)
+            _log.warning("%s: cannot give the readers [usage] readers names an ACL (%s): "
+                         "only root and the job's owner read the files there", display.parent,
+                         exc.strerror)
+
+
+_NO_ACLS: set[Path] = set()

@@ -4,7 +4,9 @@ gecod samples each running job every ``[usage] interval`` seconds
 (:mod:`geco.daemon.sampler`), and the job's end adds a last sample. The file,
 ``<state_dir>/usage/<job>.<task>``, is root's and readable by the job's owner
 (:mod:`geco.job.ownerfile`); it survives a gecod restart and is kept ``[usage]
-retention_days`` after the job.
+keep_days`` after the job. A parallel job's master keeps a copy of each other host's
+file, ``<job>.<task>@<host>``, sent with that host's answer to the job's end (at most
+:data:`GATHERED` samples: the cluster channel's frames are bounded).
 
 Layout: one header line, ``GECO_SAMPLES_v1 `` and a JSON object (:class:`Header`: what
 the job was granted here, whose it is), then fixed-size little-endian records
@@ -24,6 +26,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import struct
 import time
 from collections.abc import Iterator, Mapping
@@ -40,8 +43,9 @@ from geco.sge import execd
 
 _log = log.get("samples")
 
-__all__ = ["MAGIC", "RECORD", "Header", "Sample", "Series", "append", "header_of", "keep_last",
-           "level_of", "path_of", "read"]
+__all__ = ["GATHERED", "MAGIC", "RECORD", "USAGE_NAMES", "Header", "Sample", "Series",
+           "Writer", "append", "export", "header_of", "is_file_name", "keep_copy", "keep_last",
+           "level_of", "load", "path_of", "read", "read_job"]
 
 MAGIC = b"GECO_SAMPLES_v1 "
 RECORD = struct.Struct("<d9q")
@@ -57,6 +61,10 @@ _DISK_TROUBLE = frozenset({"ENOSPC", "EDQUOT", "EROFS"})
 _CLOCK_SLACK = 1.0
 # Seconds a job's last sample waits for the sampler's write to that file to end.
 _LAST_WAIT = 1.0
+# Samples a slave host sends its master at the job's end (80 bytes each: 20 KiB).
+GATHERED = 256
+# A short host name: the <host> of a copy gathered from another host, <job>.<task>@<host>.
+_HOST_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,62}[A-Za-z0-9])?")
 
 
 class Header(NamedTuple):
@@ -91,11 +99,14 @@ class Sample(NamedTuple):
     @classmethod
     def from_usage(cls, at: float, usage: Mapping[str, int]) -> Sample:
         """A sample from a backend's ``usage()`` mapping (what it lacks stays -1)."""
-        return cls(at, usage.get("cpu_user_usec", -1), usage.get("cpu_system_usec", -1),
-                   usage.get("memory_current", -1), usage.get("memory_peak", -1),
-                   usage.get("pids_current", -1), usage.get("oom_kill", -1),
-                   usage.get("memory_pressure_usec", -1), usage.get("io_read_bytes", -1),
-                   usage.get("io_write_bytes", -1))
+        return cls(at, *map(usage.get, USAGE_NAMES, _NOT_COUNTED))
+
+
+# The backend's usage() figures a sample keeps, in its fields' order (after the time).
+USAGE_NAMES = ("cpu_user_usec", "cpu_system_usec", "memory_current", "memory_peak",
+               "pids_current", "oom_kill", "memory_pressure_usec", "io_read_bytes",
+               "io_write_bytes")
+_NOT_COUNTED = (-1,) * len(USAGE_NAMES)
 
 
 class Series(NamedTuple):
@@ -132,64 +143,39 @@ def _parse(data: bytes, display: Path) -> Series:
     return Series(header, samples)
 
 
-@contextlib.contextmanager
-def _locked(directory: Path, key: JobKey, owner: str, wait: float) -> Iterator[int]:
-    """The job's file, open and locked for writing (trying for ``wait`` seconds at most).
-
-    A reader (the job's owner may read the file) holding a shared lock forever costs
-    that job its samples, never the sampler more than ``wait``.
-    """
+def _open(directory: Path, name: str, owner: str, readers: tuple[str, ...]) -> int:
+    """The file ``name`` in ``directory``, opened for writing: root's, readable by
+    ``owner``'s private group and the groups ``readers`` (``[usage] readers``); refused when
+    it is no such file."""
     dfd = ownerfile.open_dir(directory)
     try:
-        fd = ownerfile.open_in(dfd, str(key), ownerfile.readers_of(owner),
-                               path_of(directory, key), _OPEN_FLAGS)
-        try:
-            deadline = time.monotonic() + wait
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise GecoError(f"{path_of(directory, key)} is locked by another "
-                                        f"process; this sample is dropped") from None
-                    time.sleep(_LOCK_STEP)
-            yield fd
-        finally:
-            os.close(fd)
+        return ownerfile.open_in(dfd, name, ownerfile.readers_of(owner, readers),
+                                 directory / name, _OPEN_FLAGS)
     finally:
         os.close(dfd)
 
 
-def append(directory: Path, header: Header, sample: Sample, *, max_samples: int,
-           wait: float = 0.0) -> None:
-    """Add ``sample`` to the job's file (made with ``header`` when new or unreadable);
-    thin the file to half first when it holds ``max_samples`` records. ``wait``: how long
-    to try for the file's lock (gecod's sampler: not at all; a job's last sample: a
-    little, for the sampler's write to end).
+def _lock(fd: int, display: Path, wait: float) -> None:
+    """Lock the file for writing, trying for ``wait`` seconds at most: a reader (the job's
+    owner may read the file) holding a shared lock forever costs that job its samples,
+    never the writer more than ``wait``."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise GecoError(f"{display} is locked by another process; this sample is "
+                                f"dropped") from None
+            time.sleep(_LOCK_STEP)
 
-    Raises
-    ------
-    GecoError
-        when the directory or the file cannot be used (a link, a FIFO, not root's...).
-    """
-    key = JobKey(header.job_id, header.task_id)
-    display = path_of(directory, key)
+
+@contextlib.contextmanager
+def _failures(key: JobKey, display: Path) -> Iterator[None]:
+    """A file that cannot be used, as one :class:`GecoError` naming it."""
     try:
-        with _locked(directory, key, header.owner, wait) as fd:
-            head = os.pread(fd, _MAX_HEADER + 1, 0)
-            # new, not ours, or an earlier job's of the same number (Grid Engine reuses
-            # them): last written before this job started
-            if not head.startswith(MAGIC) or b"\n" not in head \
-                    or os.fstat(fd).st_mtime < header.started - _CLOCK_SLACK:
-                os.ftruncate(fd, 0)
-                head = _header_bytes(header)
-                os.pwrite(fd, head, 0)
-            start = head.index(b"\n") + 1
-            count = (os.fstat(fd).st_size - start) // RECORD.size
-            if count >= max_samples:
-                count = _thin(fd, display, start)
-            os.pwrite(fd, RECORD.pack(*sample), start + count * RECORD.size)
+        yield
     except ownerfile.Refused as exc:
         cause = exc.__cause__
         code = errno.errorcode.get(cause.errno or 0) if isinstance(cause, OSError) else None
@@ -197,6 +183,130 @@ def append(directory: Path, header: Header, sample: Sample, *, max_samples: int,
     except OSError as exc:
         raise GecoError.from_oserror("cannot write the usage samples", exc,
                                      path=display) from exc
+
+
+class Writer:
+    """A job task's file, open for its samples (gecod's sampler holds one per running
+    job: the file is opened and checked once, not every interval).
+
+    Raises
+    ------
+    GecoError
+        (from the constructor) when the directory or the file cannot be used (a link, a
+        FIFO, not root's...).
+    """
+
+    def __init__(self, directory: Path, header: Header, readers: tuple[str, ...] = ()
+                 ) -> None:
+        self.header = header
+        self._key = JobKey(header.job_id, header.task_id)
+        self._display = path_of(directory, self._key)
+        self._start = 0  # where the records begin; 0: the header is not checked yet
+        with _failures(self._key, self._display):
+            self._fd = _open(directory, str(self._key), header.owner, readers)
+
+    def add(self, sample: Sample, *, max_samples: int, wait: float = 0.0) -> None:
+        """Add ``sample``, the file thinned to half first when it holds ``max_samples``
+        records; ``wait``: how long to try for the file's lock (gecod's sampler: not at
+        all; a job's last sample: a little, for the sampler's write to end).
+
+        Raises
+        ------
+        GecoError
+            when the file is locked past ``wait`` or cannot be written.
+        """
+        fd = self._fd
+        with _failures(self._key, self._display):
+            _lock(fd, self._display, wait)
+            try:
+                if not self._start:
+                    self._start = self._begin()
+                count = (os.fstat(fd).st_size - self._start) // RECORD.size
+                if count >= max_samples:
+                    count = _thin(fd, self._display, self._start)
+                os.pwrite(fd, RECORD.pack(*sample), self._start + count * RECORD.size)
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def _begin(self) -> int:
+        """Check the file's header (under the lock): a new file, not ours, or an earlier
+        job's of the same number (Grid Engine reuses them: last written before this job
+        started) is begun again with this job's; return where its records begin."""
+        fd = self._fd
+        head = os.pread(fd, _MAX_HEADER + 1, 0)
+        if not head.startswith(MAGIC) or b"\n" not in head \
+                or os.fstat(fd).st_mtime < self.header.started - _CLOCK_SLACK:
+            os.ftruncate(fd, 0)
+            head = _header_bytes(self.header)
+            os.pwrite(fd, head, 0)
+        return head.index(b"\n") + 1
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def append(directory: Path, header: Header, sample: Sample, *, max_samples: int,
+           wait: float = 0.0, readers: tuple[str, ...] = ()) -> None:
+    """Add ``sample`` to the job's file once (:class:`Writer`, opened and closed).
+
+    Raises
+    ------
+    GecoError
+        when the directory or the file cannot be used (a link, a FIFO, not root's...).
+    """
+    writer = Writer(directory, header, readers)
+    try:
+        writer.add(sample, max_samples=max_samples, wait=wait)
+    finally:
+        writer.close()
+
+
+def export(series: Series, most: int) -> bytes:
+    """``series`` as its file holds it, with at most ``most`` samples spread evenly over
+    its span (the first and the last always): what a slave host sends its master."""
+    kept = series.samples
+    if len(kept) > most:
+        step = (len(kept) - 1) / (most - 1)
+        kept = tuple(kept[round(i * step)] for i in range(most))
+    return _header_bytes(series.header) + b"".join(RECORD.pack(*s) for s in kept)
+
+
+def load(data: bytes, origin: str) -> Series:
+    """What :func:`export` made, read back (``origin`` names where it came from in an
+    error)."""
+    return _parse(data, Path(origin))
+
+
+def keep_copy(directory: Path, series: Series, readers: tuple[str, ...] = ()) -> None:
+    """Keep another host's samples of a job (gathered by its master at the job's end) as
+    ``<job>.<task>@<host>`` beside this host's own, readable as they are.
+
+    Raises
+    ------
+    GecoError
+        as :func:`append`, or when the header names no usable host.
+    """
+    h = series.header
+    key = JobKey(h.job_id, h.task_id)
+    if not _HOST_RE.fullmatch(h.host):
+        raise GecoError(f"job {key}: {h.host!r} is not a host name to keep samples under")
+    data = _header_bytes(h) + b"".join(RECORD.pack(*s) for s in series.samples)
+    display = directory / f"{key}@{h.host}"
+    with _failures(key, display):
+        fd = _open(directory, display.name, h.owner, readers)
+        try:
+            _lock(fd, display, _LAST_WAIT)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, data, 0)
+        finally:
+            os.close(fd)
+
+
+def is_file_name(name: str) -> bool:
+    """True for a usage file's name: ``<job>.<task>``, or ``<job>.<task>@<host>`` (a copy
+    of another host's)."""
+    key, at, host = name.partition("@")
+    return JobKey.is_key_text(key) and (not at or _HOST_RE.fullmatch(host) is not None)
 
 
 def _thin(fd: int, display: Path, start: int) -> int:
@@ -212,15 +322,16 @@ def _thin(fd: int, display: Path, start: int) -> int:
     return len(kept)
 
 
-def read(directory: Path, key: JobKey) -> Series | None:
-    """The job task's file read back; None when there is none.
+def read(directory: Path, key: JobKey, host: str | None = None) -> Series | None:
+    """The job task's file read back (``host``: the copy of that host's, gathered by the
+    job's master); None when there is none.
 
     Raises
     ------
     GecoError
         when it cannot be read (not the caller's to read, not a geco usage file).
     """
-    display = path_of(directory, key)
+    display = directory / (str(key) if host is None else f"{key}@{host}")
     try:
         fd = os.open(display, _READ_FLAGS)
     except FileNotFoundError:
@@ -240,6 +351,28 @@ def read(directory: Path, key: JobKey) -> Series | None:
     if not data:  # made this moment, its first sample not yet in
         return None
     return _parse(data, display)
+
+
+def read_job(directory: Path, key: JobKey) -> list[Series]:
+    """Every host's samples of job task ``key`` kept here: this host's first, then the
+    copies its master gathered from the job's other hosts (by host name).
+
+    Raises
+    ------
+    GecoError
+        as :func:`read`.
+    """
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise GecoError.from_oserror("cannot list the usage samples", exc,
+                                     path=directory) from exc
+    hosts = sorted(n.partition("@")[2] for n in names
+                   if n.startswith(f"{key}@") and is_file_name(n))
+    found = [read(directory, key), *(read(directory, key, h) for h in hosts)]
+    return [s for s in found if s is not None]
 
 
 def header_of(cfg: Config, key: JobKey, host: str, rs: ResourceSet | None) -> Header:
@@ -274,7 +407,7 @@ def keep_last(cfg: Config, key: JobKey, usage: Mapping[str, int],
     try:
         append(cfg.usage_dir, header_of(cfg, key, short_hostname(), rs),
                Sample.from_usage(time.time(), usage), max_samples=cfg.usage_max_samples,
-               wait=_LAST_WAIT)
+               wait=_LAST_WAIT, readers=cfg.usage_readers)
     except GecoError as exc:
         _log.log(level_of(exc), "job %s: its last usage sample is not kept: %s", key, exc,
                  extra=log.job_fields(key.job, key.task, "usage-sample-failed"))

@@ -9,21 +9,31 @@ cores it used on average then, and its highest memory.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import pairwise
 
-from geco.job.samples import Series
+from geco.job.samples import Sample, Series
 from geco.units import format_memory
 
-__all__ = ["chart", "columns"]
+__all__ = ["chart", "columns", "cpu_points", "memory_points", "start_of"]
 
 _LABEL = 8  # "  1.5G |": the value labels and the axis
 _BAR, _REQUEST, _EMPTY = "#", "-", " "
 
 
-def _cpu_points(series: Series) -> list[tuple[float, float]]:
-    """(time, cores in use since the sample before) for each sample after the first."""
+def start_of(series: Series) -> float:
+    """When the job task started: its header's time, else its first sample's (0: none)."""
+    return series.header.started or (series.samples[0].time if series.samples else 0.0)
+
+
+def cpu_points(series: Series) -> list[tuple[float, float]]:
+    """(time, cores in use since the sample before) for each sample (where both count CPU
+    time): CPU time used over the wall time between them. Before the first comes the
+    job's start, when known, its counters at zero then (as the report reads them): a job
+    shorter than the sampling interval, sampled once at its end, has its point too."""
     out = []
-    pairs = zip(series.samples, series.samples[1:], strict=False)
-    for a, b in pairs:
+    h = series.header
+    start = (Sample(h.started, cpu_user_usec=0, cpu_system_usec=0),) if h.started else ()
+    for a, b in pairwise((*start, *series.samples)):
         if min(a.cpu_user_usec, b.cpu_user_usec, a.cpu_system_usec, b.cpu_system_usec) < 0:
             continue
         dt = b.time - a.time
@@ -33,8 +43,11 @@ def _cpu_points(series: Series) -> list[tuple[float, float]]:
     return out
 
 
-def _memory_points(series: Series) -> list[tuple[float, float]]:
-    return [(s.time, float(s.memory_current)) for s in series.samples if s.memory_current >= 0]
+def memory_points(series: Series, *, peak: bool = False) -> list[tuple[float, float]]:
+    """(time, bytes in use) for each sample that counts it; ``peak``: the highest so far
+    (the cgroup's own record) instead of the current."""
+    values = ((s.time, s.memory_peak if peak else s.memory_current) for s in series.samples)
+    return [(t, float(v)) for t, v in values if v >= 0]
 
 
 def columns(points: Sequence[tuple[float, float]], start: float, end: float, width: int,
@@ -85,10 +98,10 @@ def chart(series: Series, *, width: int = 80, height: int = 6) -> str:
     h, samples = series.header, series.samples
     if not samples:
         return "no samples yet\n"
-    start, end = h.started or samples[0].time, samples[-1].time
+    start, end = start_of(series), samples[-1].time
     plot = max(10, width - _LABEL)
-    cpu = columns(_cpu_points(series), start, end, plot, highest=False)
-    memory = columns(_memory_points(series), start, end, plot, highest=True)
+    cpu = columns(cpu_points(series), start, end, plot, highest=False)
+    memory = columns(memory_points(series), start, end, plot, highest=True)
     cpu_top = max([float(h.cores), *(v for v in cpu if v is not None)]) or 1.0
     mem_top = max([float(h.memory), *(v for v in memory if v is not None)]) or 1.0
     minutes = (end - start) / 60

@@ -26,9 +26,13 @@ __all__ = ["lines"]
 
 
 def lines(cfg: Config, backend: Backend, proc: Path = procfs.ROOT) -> list[tuple[str, str]]:
-    """``(what, text)`` for cores, memory, the default, the GPUs and the kernel's moves."""
+    """``(what, text)`` for cores, memory, the default, the GPUs, the kernel's moves and
+    gecod's Prometheus endpoint."""
+    from geco.daemon import metrics  # its one line; prometheus_client only when listening
+
     return [("cores", _cores(cfg, backend)), ("memory", _memory(cfg)),
-            ("default", _default(cfg)), ("gpus", _gpus(cfg)), ("moves", _moves(proc))]
+            ("default", _default(cfg)), ("gpus", _gpus(cfg)), ("moves", _moves(proc)),
+            ("metrics", metrics.describe(cfg))]
 
 
 def _cores(cfg: Config, backend: Backend) -> str:

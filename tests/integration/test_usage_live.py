@@ -29,14 +29,16 @@ TOO_BIG = ("/usr/bin/python3 -c 'held = bytearray(300 << 20)\n"
            "for i in range(0, len(held), 4096): held[i] = 1'\n")
 
 
-def _usage(job: int, uid: int, gid: int) -> subprocess.CompletedProcess[str]:
+def _usage(job: int, uid: int, gid: int, *how: str) -> subprocess.CompletedProcess[str]:
+    """`geco usage JOB` as uid:gid, ``how`` (default: --json)."""
+
     def drop() -> None:
         os.setgroups([])
         os.setgid(gid)
         os.setuid(uid)
 
-    return subprocess.run([GECO, "usage", str(job), "--json"], cwd="/", capture_output=True,
-                          text=True, timeout=60, preexec_fn=drop,
+    return subprocess.run([GECO, "usage", str(job), *(how or ["--json"])], cwd="/",
+                          capture_output=True, text=True, timeout=60, preexec_fn=drop,
                           env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
 
 
@@ -44,8 +46,8 @@ def test_a_job_using_one_of_two_cores_and_300m_of_1g_is_told_so_and_only_its_own
         sge: Any, gecod: Any, job_dir: Any, job_owner: Any) -> None:
     """Given a job granted 2 cores and 1G that keeps one core busy and touches 300M, when
     it has ended, then `geco usage` (its owner) reports about 50% CPU and about 30% memory
-    efficiency, and advises 1 core and less memory; nobody asking about it is refused in
-    one line; no queue instance went into error."""
+    efficiency, advises 1 core and less memory, and draws it to an SVG; nobody asking
+    about it is refused in one line; no queue instance went into error."""
     job = job_dir.submit("burn", "-pe", "smp", "2", "-l", "m_mem_free=512M",
                          script=BURN_ONE_OF_TWO)
     [record] = sge.wait_finished(job, timeout=180)
@@ -63,6 +65,9 @@ def test_a_job_using_one_of_two_cores_and_300m_of_1g_is_told_so_and_only_its_own
     [cores, memory] = r["advice"]
     assert cores.startswith("you asked 2 cores and used ") and cores.endswith(": request 1")
     assert memory.startswith("peak 3") and " of 1G: request " in memory, memory
+    drawn = _usage(job, job_owner.uid, job_owner.gid, "--plot", str(job_dir.path / "burn.svg"))
+    assert drawn.returncode == 0, drawn.stderr
+    assert '<g id="cpu">' in (job_dir.path / "burn.svg").read_text()
 
     theirs = _usage(job, NOBODY, NOBODY)
     assert (theirs.returncode, theirs.stdout) == (1, "")

@@ -9,6 +9,7 @@ whose primary group is theirs alone) and as nobody.
 from __future__ import annotations
 
 import fcntl
+import grp
 import json
 import os
 import subprocess
@@ -45,10 +46,10 @@ def _until(condition: Any, what: str) -> None:
         time.sleep(0.05)
 
 
-def _geco_usage(node: Node, config: str, job: int, uid: int, gid: int
-                ) -> subprocess.CompletedProcess[str]:
+def _geco_usage(node: Node, config: str, job: int, uid: int, gid: int,
+                groups: tuple[int, ...] = ()) -> subprocess.CompletedProcess[str]:
     def drop() -> None:
-        os.setgroups([])
+        os.setgroups(list(groups))
         os.setgid(gid)
         os.setuid(uid)
 
@@ -64,6 +65,18 @@ def _count(node: Node, key: JobKey) -> int:
     return len(series.samples) if series else 0
 
 
+def _sampled_job(node: Node, g: Any, owner: Any, count: int) -> tuple[int, JobKey, Any]:
+    """A job of ``owner`` contained by gecod ``g`` (its shepherd), once it has ``count``
+    samples."""
+    job = new_job()
+    key = JobKey(job, 1)
+    node.make_job(job, owner=owner.name)
+    shepherd = node.job_process(job, sock=g.sock, named_shepherd=True)
+    assert shepherd.answer() == "OK"
+    _until(lambda: _count(node, key) >= count, f"{count} samples")
+    return job, key, shepherd
+
+
 def test_a_running_job_is_sampled_and_its_owner_alone_reads_what_it_used(
         node: Node, job_owner: Any) -> None:
     """Given gecod sampling every 0.2 s and a job of the test user contained, then its
@@ -74,12 +87,7 @@ def test_a_running_job_is_sampled_and_its_owner_alone_reads_what_it_used(
     g = start_gecod(node, "usage", sections=USAGE)
     config = node.base / "usage.toml"
     try:
-        job = new_job()
-        key = JobKey(job, 1)
-        node.make_job(job, owner=job_owner.name)
-        shepherd = node.job_process(job, sock=g.sock, named_shepherd=True)
-        assert shepherd.answer() == "OK"
-        _until(lambda: _count(node, key) >= 10, "ten samples")
+        job, key, shepherd = _sampled_job(node, g, job_owner, 10)
         assert _count(node, key) <= 16
 
         mine = _geco_usage(node, str(config), job, job_owner.uid, job_owner.gid)
@@ -102,6 +110,31 @@ def test_a_running_job_is_sampled_and_its_owner_alone_reads_what_it_used(
         assert after is not None and after.samples[-1].time > before.samples[-1].time
         ended = _geco_usage(node, str(config), job, job_owner.uid, job_owner.gid)
         assert ended.returncode == 0 and json.loads(ended.stdout)[0]["running"] is False
+    finally:
+        assert g.stop() == 0, g.output()
+
+
+def test_the_groups_the_config_names_read_every_jobs_usage_and_no_other_user_does(
+        node: Node, job_owner: Any) -> None:
+    """Given [usage] readers = ["staff"], when a job of the test user is sampled, then
+    nobody as a member of staff reads its report, nobody without it is refused in one line,
+    and the owner still reads it."""
+    g = start_gecod(node, "usage-readers", sections=USAGE + 'readers = ["staff"]\n')
+    config = node.base / "usage-readers.toml"
+    staff = grp.getgrnam("staff").gr_gid
+    try:
+        job, key, shepherd = _sampled_job(node, g, job_owner, 2)
+
+        support = _geco_usage(node, str(config), job, NOBODY, NOBODY, groups=(staff,))
+        assert support.returncode == 0, support.stderr
+        assert json.loads(support.stdout)[0]["owner"] == job_owner.name
+        other = _geco_usage(node, str(config), job, NOBODY, NOBODY)
+        assert (other.returncode, other.stdout) == (1, ""), other.stderr
+        assert "is not yours to read" in other.stderr
+        mine = _geco_usage(node, str(config), job, job_owner.uid, job_owner.gid)
+        assert mine.returncode == 0, mine.stderr
+        shepherd.exit()
+        wait_gone(node, str(key))
     finally:
         assert g.stop() == 0, g.output()
 

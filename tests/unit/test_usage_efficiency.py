@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from geco.job.efficiency import render, report
+from geco.job.efficiency import render, render_whole, report, whole
 from geco.job.samples import Header, Sample, Series
 
 G, M = 1 << 30, 1 << 20
@@ -86,3 +86,23 @@ def test_the_readmes_example_is_what_geco_usage_prints() -> None:
     s = _series(8, 8 * G, wall=3600, cpu=3960, peak=2 * G)
     r = report(Series(s.header._replace(job_id=42, host="node7"), s.samples), running=False)
     assert render(r) == "job 42.1 (burn)" + shown
+
+
+def test_a_job_over_three_hosts_is_seffs_figures_over_the_sums_with_each_hosts_advice(
+        ) -> None:
+    """CPU time over the sum of cores x wall time, the peaks over the requests; advice
+    named by host; one host's whole is its own report."""
+    busy = report(_series(2, G, wall=600, cpu=1200, peak=950 * M), running=False)
+    idle = report(_series(2, G, wall=600, cpu=0, peak=100 * M), running=False)
+    idle = idle._replace(host="node2")
+    w = whole([busy, idle, idle._replace(host="node3")])
+    assert (w.hosts, w.cpu_efficiency, w.memory_efficiency) == (3, 33.3, 37.4)
+    assert w.advice == ("node1: peak 950M of 1G: request more headroom (1.11G)",
+                        "node2: you asked 2 cores and used 0.0 on average: request 1",
+                        "node2: peak 100M of 1G: request 120M",
+                        "node3: you asked 2 cores and used 0.0 on average: request 1",
+                        "node3: peak 100M of 1G: request 120M")
+    assert render_whole("7.1", w) == ("job 7.1 on its 3 hosts: CPU efficiency 33.3%, "
+                                      "memory efficiency 37.4%\n")
+    alone = whole([busy])
+    assert (alone.hosts, alone.cpu_efficiency, alone.advice) == (1, 100.0, busy.advice)

@@ -171,3 +171,47 @@ def test_an_earlier_job_of_the_same_number_leaves_its_samples_to_no_one(
     series = samples.read(d, KEY)
     assert series is not None and series.header == later
     assert [s.time for s in series.samples] == [9001.0]
+
+
+@root_only
+def test_another_hosts_samples_travel_bounded_and_are_kept_beside_this_hosts(
+        tmp_path: Path) -> None:
+    """Given a slave host's file of 1,000 samples, when it is exported for its master, then
+    at most GATHERED samples go (the first and the last among them); the master keeps them
+    as <job>.<task>@<host>, and the job reads back as this host's samples then that host's;
+    the reaper's name check takes both names and no other."""
+    d = _usage_dir(tmp_path)
+    for i in range(1000):
+        samples.append(d, HEADER, _sample(1000.0 + i), max_samples=2000)
+    mine = samples.read(d, KEY)
+    assert mine is not None
+    sent = samples.load(samples.export(mine, samples.GATHERED), "node2's samples")
+    assert len(sent.samples) == samples.GATHERED
+    assert (sent.samples[0], sent.samples[-1]) == (mine.samples[0], mine.samples[-1])
+    assert [s.time for s in sent.samples] == sorted(s.time for s in sent.samples)
+
+    other = tmp_path / "master"
+    other.mkdir()
+    (other / "usage").mkdir()
+    samples.append(other / "usage", HEADER, _sample(999.0), max_samples=10)
+    samples.keep_copy(other / "usage", samples.Series(sent.header._replace(host="node2"),
+                                                      sent.samples))
+    assert sorted(os.listdir(other / "usage")) == ["42.1", "42.1@node2"]
+    got = samples.read_job(other / "usage", KEY)
+    assert [s.header.host for s in got] == ["node1", "node2"]
+    assert got[1].samples == sent.samples
+    assert [n for n in ("42.1", "42.1@node2", "42.1@", "42.1@../x", "x@node2", "42.1@a b")
+            if samples.is_file_name(n)] == ["42.1", "42.1@node2"]
+
+
+@root_only
+def test_a_copy_under_a_header_naming_no_host_is_refused_and_nothing_written(
+        tmp_path: Path) -> None:
+    d = _usage_dir(tmp_path)
+    d.mkdir()
+    for host in ("../etc", "", "a/b"):
+        with pytest.raises(GecoError, match="not a host name"):
+            samples.keep_copy(d, samples.Series(HEADER._replace(host=host), (_sample(1.0),)))
+    assert os.listdir(d) == []
+    with pytest.raises(GecoError, match="not a geco usage file"):
+        samples.load(b"GECO_NOT\n", "node2's samples")
