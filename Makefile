@@ -5,17 +5,20 @@
 #   pam/      pam_geco.so         sshd's PAM module, its gate into jobs
 #   hook/     geco_hook           the prolog, epilog and starter Grid Engine runs: ask gecod
 #                                 to do the work, else run the Python hook
+#   mntns/    geco_mntns          a job's private /tmp and /dev/shm: its mount namespace
+#                                 made and dropped (gecod runs it)
 #   bench/    geco_qbench         the quarantine benchmark's client (not installed)
 #   libgeco/  libgeco.a           what they share: the wire format (geco_proto), the client
 #                                 (geco_client), a job's identity (geco_job), the preload's
-#                                 config (geco_config), message lines (geco_log)
+#                                 config (geco_config), message lines (geco_log), a job's
+#                                 mount namespace entered (geco_mntns)
 #   lane/     gecod's fast lane, a cffi extension of libgeco's wire format and job identity:
 #             built by geco/_lane_build.py (setup.py, scripts/install.sh), not here
 #
 #   make [BUILD=dir]              all of the above (default build/c)
 #   make install [DESTDIR=dir]    $(DESTDIR)/usr/lib/geco/libgeco_preload.so,
 #                                 $(DESTDIR)/lib/<multiarch>/security/pam_geco.so,
-#                                 $(DESTDIR)/usr/libexec/geco/{prolog,epilog,starter}
+#                                 $(DESTDIR)/usr/libexec/geco/{prolog,epilog,starter,geco-mntns}
 #                                 (the Debian package's layout: debian/rules runs it)
 #   make clean
 #
@@ -36,6 +39,7 @@ LIBGECO := $(BUILD)/libgeco.a
 PRELOAD := $(BUILD)/libgeco_preload.so
 PAM     := $(BUILD)/pam_geco.so
 HOOK    := $(BUILD)/geco_hook
+MNTNS   := $(BUILD)/geco_mntns
 QBENCH  := $(BUILD)/geco_qbench
 
 LIBGECO_OBJS := $(patsubst %.c,$(OBJ)/%.o,$(wildcard libgeco/*.c))
@@ -54,12 +58,13 @@ override CFLAGS += -std=gnu11 -fPIC -Wall -Wextra -Werror -fvisibility=hidden \
 override CPPFLAGS += -Ilibgeco
 HARDEN  := -Wl,-z,relro -Wl,-z,now
 
-.PHONY: all preload pam hook qbench install clean
+.PHONY: all preload pam hook mntns qbench install clean
 
-all: preload pam hook qbench
+all: preload pam hook mntns qbench
 preload: $(PRELOAD)
 pam: $(PAM)
 hook: $(HOOK)
+mntns: $(MNTNS)
 qbench: $(QBENCH)
 
 $(OBJ)/%.o: %.c $(HDRS) Makefile
@@ -84,17 +89,21 @@ $(PAM): $(OBJ)/pam/pam_geco.o $(LIBGECO)
 $(HOOK): $(OBJ)/hook/geco_hook.o $(LIBGECO)
 	$(CC) $(CFLAGS) $(LDFLAGS) $(HARDEN) -o $@ $^ -lsodium
 
+$(MNTNS): $(OBJ)/mntns/geco_mntns.o
+	$(CC) $(CFLAGS) $(LDFLAGS) $(HARDEN) -o $@ $^
+
 $(QBENCH): $(OBJ)/bench/geco_qbench.o $(LIBGECO)
 	$(CC) $(CFLAGS) -o $@ $^ -lsodium
 
 # install(1) replaces the file by a new inode: processes that have the old
 # library mapped keep running with it.
-install: $(PRELOAD) $(PAM) $(HOOK)
+install: $(PRELOAD) $(PAM) $(HOOK) $(MNTNS)
 	install -D -m 0644 $(PRELOAD) $(DESTDIR)$(LIBDIR)/libgeco_preload.so
 	install -D -m 0644 $(PAM) $(DESTDIR)$(PAMDIR)/pam_geco.so
 	install -D -m 0755 $(HOOK) $(DESTDIR)$(LIBEXECDIR)/prolog
 	install -D -m 0755 $(HOOK) $(DESTDIR)$(LIBEXECDIR)/epilog
 	install -D -m 0755 $(HOOK) $(DESTDIR)$(LIBEXECDIR)/starter
+	install -D -m 0755 $(MNTNS) $(DESTDIR)$(LIBEXECDIR)/geco-mntns
 
 clean:
 	rm -rf $(BUILD)

@@ -123,6 +123,11 @@ class Config(NamedTuple):
     usage_readers: tuple[str, ...] = ()
     # [metrics]
     metrics_listen: str = ""
+    # [tmp]
+    tmp_private: bool = False
+    tmp_base: str = ""
+    tmp_var_tmp: bool = True
+    tmp_shm_size: str = "50%"
 
     @property
     def resources_dir(self) -> Path:
@@ -156,6 +161,7 @@ _SECTIONS: dict[str, tuple[str, ...]] = {
                 "cluster_slaves", "cluster_timeout"),
     "usage": ("usage_interval", "usage_keep_days", "usage_max_samples", "usage_readers"),
     "metrics": ("metrics_listen",),
+    "tmp": ("tmp_private", "tmp_base", "tmp_var_tmp", "tmp_shm_size"),
     "gecod": ("gecod_socket", "gecod_privileged_socket", "gecod_privileged_group",
               "gecod_key_file", "gecod_request_timeout",
               "gecod_unreachable_policy", "gecod_exec_filter", "gecod_max_skew",
@@ -179,6 +185,7 @@ _TOML_NAME = {"cgroup_mount": "mount", "cgroup_name": "name", "cgroup_version": 
                                              "slaves", "timeout")},
               **{f"usage_{n}": n for n in ("interval", "keep_days", "max_samples", "readers")},
               "metrics_listen": "listen",
+              **{f"tmp_{n}": n for n in ("private", "base", "var_tmp", "shm_size")},
               **{f"gecod_{n}": n for n in (
                   "socket", "privileged_socket", "privileged_group", "key_file",
                   "request_timeout", "unreachable_policy", "exec_filter",
@@ -200,7 +207,7 @@ _MINIMUM = {"gecod_workers": 1, "usage_max_samples": 4}
 # Byte counts given as Grid Engine memory values ("2G", "512M", 1073741824); 0 = none.
 _MEMORY = ("memory_per_slot", "vmem_per_slot", "memory_reserve")
 # Path settings where "" means "the built-in choice" (not a path).
-_OPTIONAL_PATHS = ("cgroup_v2_base", "cgroup_v1_systemd_base", "sge_root")
+_OPTIONAL_PATHS = ("cgroup_v2_base", "cgroup_v1_systemd_base", "sge_root", "tmp_base")
 # String settings where "" means "find it out" (geco.sge.siteenv) or "beside the public
 # socket" / "none" (the privileged socket and its group).
 _OPTIONAL_STRINGS = ("sge_cell", "sge_cluster_name", "gecod_privileged_socket",
@@ -300,6 +307,26 @@ def _coerce_memory(value: Any) -> int:
     raise ValueError(f'must be a memory size such as "2G" or "512M" (0 = none), got {value!r}')
 
 
+def _coerce_share(value: Any) -> str:
+    """``[tmp] shm_size``: a share of the job's memory limit ("50%", 1..100) or a size
+    ("4G"), kept as written (:func:`geco.job.privatetmp.shm_bytes` reads it)."""
+    from geco.units import parse_memory
+
+    text = value.strip() if isinstance(value, str) else ""
+    if text.endswith("%"):
+        digits = text[:-1]
+        if digits.isascii() and digits.isdigit() and 1 <= int(digits) <= 100:
+            return text
+    elif text:
+        try:
+            if parse_memory(text):
+                return text
+        except ValueError:
+            pass
+    raise ValueError(f'must be a share of the job\'s memory limit such as "50%" or a size '
+                     f'such as "4G", got {value!r}')
+
+
 def _coerce(name: str, value: Any, default: Any) -> Any:
     """Return ``value`` converted to the type of ``default``, or raise ValueError."""
     if name in _LISTS:
@@ -308,6 +335,8 @@ def _coerce(name: str, value: Any, default: Any) -> Any:
         return _coerce_gpu_names(value)
     if name in _MEMORY:
         return _coerce_memory(value)
+    if name == "tmp_shm_size":
+        return _coerce_share(value)
     if name in _OPTIONAL_PATHS:
         if not isinstance(value, str) or (value and not value.startswith("/")):
             raise ValueError(f'must be an absolute path or "" (the default), got {value!r}')

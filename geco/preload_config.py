@@ -17,6 +17,7 @@ instead. Those lines are generated from ``/etc/geco/geco.toml`` by
     session_admin_uids=
     session_admin_gids=
     session_bypass=/etc/geco/ssh-bypass
+    job_mntns=/var/lib/geco/mntns
 
 Every value is validated here against what the C parser (``libgeco/geco_config.c``)
 accepts, so a config that renders is one the preload reads: values on one line,
@@ -36,6 +37,7 @@ from pathlib import Path, PurePosixPath
 from geco import atomicfile
 from geco.config import Config
 from geco.errors import ConfigError
+from geco.job import privatetmp
 from geco.wire import address
 
 __all__ = ["DEFAULT_PATH", "render", "write"]
@@ -151,7 +153,8 @@ def render(cfg: Config, *, source: Path | str | None = None) -> str:
     ``/proc/self/cgroup`` shows them), ``session_admin_uids`` and
     ``session_admin_gids`` (``[ssh] admins`` and ``admin_groups``, resolved here
     through the password and group databases) and ``session_bypass`` (``[ssh]
-    bypass_file``), after one ``#`` comment line; a last ``#`` line names the admins
+    bypass_file``), ``job_mntns`` (where a job's mount namespace is pinned, with
+    ``[tmp] private``), after one ``#`` comment line; a last ``#`` line names the admins
     and groups this node does not know, when there are.
 
     Raises
@@ -199,6 +202,9 @@ def render(cfg: Config, *, source: Path | str | None = None) -> str:
             f"session_admin_uids={admin_uids}\n"
             f"session_admin_gids={admin_gids}\n"
             f"session_bypass={bypass}\n")
+    # where the preload finds a job's namespace to enter: always, as gecod pins one only
+    # with [tmp] private, which then needs no sge_execd restart to take effect
+    text += f"job_mntns={_value('private', str(privatetmp.pins_dir(cfg)), 'tmp')}\n"
     if unknown:
         text += (f"# not on this node, left out of session_admin_*: {', '.join(unknown)} "
                  f"(re-run geco preload-config once they are)\n")

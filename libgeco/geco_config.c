@@ -5,7 +5,8 @@
  * start of a line or after a blank; keys socket, key_file, timeout_ms,
  * max_skew_ms, policy, exec_filter and log, and for the preload in sshd
  * session_socket, session_policy, job_cgroups, session_admin_uids,
- * session_admin_gids and session_bypass (geco/preload_config.py renders it, and
+ * session_admin_gids and session_bypass, and job_mntns where jobs get a private /tmp
+ * (geco/preload_config.py renders it, and
  * validates each value as apply() below reads it). Runs once, in the
  * constructor: no fork() between here and the exec.
  */
@@ -203,6 +204,12 @@ static int apply(geco_config_t *cfg, const char *key, char *value, char *key_fil
             return got(err, value);
         }
         memcpy(cfg->session_bypass, value, strlen(value) + 1);
+    } else if (strcmp(key, "job_mntns") == 0) {
+        if (value[0] != '/' || strlen(value) >= sizeof cfg->job_mntns - 32) {
+            put(err, "job_mntns must be an absolute path, ");
+            return got(err, value);
+        }
+        memcpy(cfg->job_mntns, value, strlen(value) + 1);
     } else if (strcmp(key, "exec_filter") == 0) {
         return set_filters(cfg, value, err);
     } else if (strcmp(key, "log") == 0) {

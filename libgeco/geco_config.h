@@ -60,6 +60,9 @@ typedef struct {
     uint32_t admin_uids[MAX_SESSION_ADMINS];
     uint32_t admin_gids[MAX_SESSION_ADMINS];
     char session_bypass[PATH_MAX];           /* [ssh] bypass_file (session_bypass=) */
+    /* where each job's mount namespace is pinned, <dir>/<job>.<task> (job_mntns=; "":
+       no private /tmp on this node) */
+    char job_mntns[PATH_MAX];
     unsigned nfilters;                       /* how many of filters[] are set */
     char filters[MAX_FILTERS][NAME_MAX + 1]; /* program basenames to quarantine (exec_filter=) */
     /* The key gets a page of its own: sodium_mlock() keeps it out of swap and out

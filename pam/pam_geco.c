@@ -33,11 +33,14 @@
 /* first: geco_config.h names an enum constant LOG_SYSLOG, which syslog.h defines */
 #include "geco_client.h"
 #include "geco_config.h"
+#include "geco_job.h"
 #include "geco_log.h"
+#include "geco_mntns.h"
 #include "geco_proto.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pwd.h>
 #include <signal.h>
 #include <stdio.h>
@@ -100,8 +103,8 @@ static int preload_in_sshd(void)
 }
 
 /* The reply's first line to the user; the NAME=value lines after it into the session's
-   environment (session stage only). */
-static int relay(pam_handle_t *pamh, char *text, int session)
+   environment (session stage only), its JOB_ID and SGE_TASK_ID into *job and *task. */
+static int relay(pam_handle_t *pamh, char *text, int session, uint64_t *job, uint64_t *task)
 {
     int leave_job_id = session && preload_in_sshd();
     char *rest = strchr(text, '\n');
@@ -114,6 +117,10 @@ static int relay(pam_handle_t *pamh, char *text, int session)
         rest = strchr(line, '\n');
         if (rest != NULL)
             *rest++ = '\0';
+        if (strncmp(line, "JOB_ID=", 7) == 0)
+            *job = geco_job_id(line + 7, strlen(line + 7));
+        else if (strncmp(line, "SGE_TASK_ID=", 12) == 0)
+            *task = geco_task_id(line + 12, strlen(line + 12));
         if (leave_job_id && (strncmp(line, "JOB_ID=", 7) == 0
                              || strncmp(line, "SGE_TASK_ID=", 12) == 0))
             continue;
@@ -123,6 +130,22 @@ static int relay(pam_handle_t *pamh, char *text, int session)
         }
     }
     return 0;
+}
+
+/* This process (sshd's root process for the connection, which forks the user's side)
+   into the job's mount namespace, as pam_slurm_adopt's join_container: the session
+   sees the job's private /tmp and /dev/shm. None pinned: the job has none. */
+static int join_mntns(pam_handle_t *pamh, const geco_config_t *cfg, uint64_t job,
+                      uint64_t task)
+{
+    char path[PATH_MAX];
+    const char *step;
+
+    if (geco_join_mntns(cfg->job_mntns, job, task, path, sizeof path, &step) >= 0)
+        return 0;
+    pam_syslog(pamh, LOG_ERR, "cannot enter job %llu.%llu's private /tmp (%s %s): %s",
+               (unsigned long long)job, (unsigned long long)task, step, path, strerror(errno));
+    return -1;
 }
 
 /* Put NAME=value into envp[*n] (storage in buf), when value is set. */
@@ -180,7 +203,8 @@ static int run_helper(pam_handle_t *pamh, const args_t *args, const char *stage,
     if (reaped != pid)
         return -1; /* its status is unknown (reaped elsewhere): not a success */
     int admitted = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    if (relay(pamh, out, session && admitted) != 0)
+    uint64_t job = 0, task = 1; /* gecod unreachable: the session keeps the node's /tmp */
+    if (relay(pamh, out, session && admitted, &job, &task) != 0)
         return 1;
     return admitted ? 0 : 1;
 }
@@ -243,7 +267,11 @@ static int decide(pam_handle_t *pamh, int argc, const char **argv, int stage)
                                    &msg, text, sizeof text, &out);
         forget_key(&cfg); /* the reply is verified: nothing below needs the key */
         if (rc == GECO_CLIENT_OK || (rc == GECO_CLIENT_E_STATUS && out.status == GECO_REFUSED)) {
-            if (relay(pamh, text, stage == GECO_ADOPT_SESSION && rc == GECO_CLIENT_OK) != 0)
+            int session = stage == GECO_ADOPT_SESSION && rc == GECO_CLIENT_OK;
+            uint64_t job = 0, task = 1;
+            if (relay(pamh, text, session, &job, &task) != 0)
+                return PAM_SESSION_ERR;
+            if (session && job != 0 && join_mntns(pamh, &cfg, job, task) != 0)
                 return PAM_SESSION_ERR;
             if (rc == GECO_CLIENT_OK)
                 return PAM_SUCCESS;

@@ -2,7 +2,8 @@
  * shepherd.c - sge_execd's gate: before it execs a program of exec_filter (sge_shepherd),
  * the process asks gecod to put itself into the job its spool dir's environment file
  * names (JOB_STARTED with its own pid; the exec keeps the pid), and execs only after the
- * verified ack. When that fails, the policy decides (refuse_or_allow()).
+ * verified ack, inside the job's mount namespace when it has one (join_mntns()). When
+ * that fails, the policy decides (refuse_or_allow()).
  */
 #define _GNU_SOURCE
 
@@ -13,6 +14,7 @@
 
 #include "geco_client.h"
 #include "geco_job.h"
+#include "geco_mntns.h"
 #include "geco_proto.h"
 #include "preload.h"
 
@@ -33,6 +35,28 @@ static int refuse_or_allow(line_t *l)
     emit(3, l->buf, l->len);
     errno = GECO_REFUSE_ERRNO;
     return -1;
+}
+
+/* Into the job's mount namespace (its private /tmp and /dev/shm) when gecod made one:
+   this process is single-threaded (execd's fork) and root, as setns needs. A job without
+   a pin started without one (before [tmp] private): it runs as it began. */
+static int join_mntns(const char *name, uint64_t job, uint64_t task, uint32_t pid)
+{
+    char buf[1024], path[PATH_MAX];
+    line_t l = {buf, sizeof buf, 0};
+    const char *step;
+
+    if (geco_join_mntns(cfg.job_mntns, job, task, path, sizeof path, &step) >= 0)
+        return 0;
+    int err = errno;
+    put_job(&l, name, job, task, pid);
+    put(&l, ": cannot enter the job's private /tmp (");
+    put(&l, step);
+    put(&l, " ");
+    put(&l, path);
+    put(&l, "): ");
+    put_errno(&l, err);
+    return refuse_or_allow(&l);
 }
 
 /* Ask gecod to quarantine this process before it execs `name`. */
@@ -61,7 +85,7 @@ int quarantine(const char *name)
     r = geco_client_job_started(&cfg.addr, cfg.secret.key, cfg.timeout_ms, cfg.max_skew_ns, job, task,
                                 pid, &out);
     if (r == GECO_CLIENT_OK)
-        return 0;
+        return join_mntns(name, job, task, pid);
 
     put_job(&l, name, job, task, pid);
     put(&l, ": quarantine by gecod at ");

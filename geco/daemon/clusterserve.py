@@ -241,6 +241,8 @@ class ClusterChannel:
         cfg = self.ctx.config
         done = containment.release(key, self.ctx.backend, timeout=cfg.kill_timeout)
         resourcefile.remove(cfg.resources_dir, key)
+        if done.clean:  # the namespace PREPARE made with the cgroups
+            ending.remove_private_tmp(cfg, key, log.JobFields(key.job, key.task))
         if not done.clean:
             return {"status": "failed",
                     "reason": f"processes {', '.join(map(str, done.remaining))} are left"}

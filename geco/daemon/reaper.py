@@ -572,6 +572,33 @@ class Reaper:
             _log.info("reaper: job %s has no cgroups and no spool dir here; removed its "
                       "resource file", key,
                       extra=log.job_fields(key.job, key.task, "resource-file-pruned"))
+        self._remove_orphan_namespaces(cfg, keys)
+
+    def _remove_orphan_namespaces(self, cfg: Config, keys: set[JobKey]) -> None:
+        """Remove the private /tmp of jobs without cgroups here (a job's end that could not
+        remove it, or gecod stopped between a job's cgroups and its namespace): a job's
+        namespace is made after its cgroups and goes after them."""
+        from geco.job.privatetmp import pins_dir  # nodes with private /tmp only
+
+        try:
+            names = os.listdir(pins_dir(cfg))
+        except OSError:
+            return
+        for name in names:
+            if not JobKey.is_key_text(name) or (key := JobKey.parse(name)) in keys:
+                continue
+            try:  # a job contained since the round listed the cgroups has them by now
+                if self.backend.exists(key):
+                    continue
+            except GecoError:
+                continue
+            journal = log.JobFields(key.job, key.task)
+            freed = ending.remove_private_tmp(cfg, key, journal)
+            if freed is not None:
+                _log.info("reaper: job %s has no cgroups here; removed its private /tmp "
+                          "(%d bytes) and /dev/shm (%d bytes)", key, freed.tmp, freed.shm,
+                          extra=journal.event("private-tmp-pruned", TMP_FREED=freed.tmp,
+                                              SHM_FREED=freed.shm))
 
     def _prune(self, cfg: Config) -> int:
         """Old trace files and ended jobs' usage samples go; return the traces removed."""

@@ -33,7 +33,7 @@ from geco.errors import CgroupError, CoresUnavailable, GecoError
 from geco.job.jobkey import JobKey
 from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.node import gpus
-from geco.sge import lookup, resourcefile
+from geco.sge import execd, lookup, resourcefile
 from geco.sge.execd import JobRef
 from geco.sge.lookup import Found
 
@@ -411,10 +411,13 @@ def _contain(key: JobKey, node: NodeResources, backend: Backend, *, state_dir: P
              pids: PidsLimit, pid: int | None, hardware_threads: bool, reserved_cpus: str,
              topology: Topology | None, active_jobs: Path | None,
              reclaim: Callable[[], None] | None,
-             gpu: GpuShare | None) -> tuple[Limits, bool, tuple[int, ...] | None]:
+             gpu: GpuShare | None, namespace: Callable[[], object] | None = None
+             ) -> tuple[Limits, bool, tuple[int, ...] | None]:
     """:func:`contain`; also say whether the cgroups were made here (False: they existed),
     and the job's GPUs (None: not a GPU node, or the cgroups existed). ``gpu`` None denies
-    no device (:func:`contain`'s callers, which know no configuration)."""
+    no device (:func:`contain`'s callers, which know no configuration). ``namespace``:
+    makes the job's private /tmp with its cgroups, before its first process moves in
+    (under the node lock: a task of the job that comes meanwhile finds both)."""
     with _node_lock(state_dir):
         existing = _join_locked(key, backend, pid)
         if existing is not None:
@@ -449,6 +452,8 @@ def _contain(key: JobKey, node: NodeResources, backend: Backend, *, state_dir: P
             if gpu is not None:
                 _deny_devices(key, backend, gpu, gpu_ids)
                 gpu.save(gpu_ids)
+            if namespace is not None:
+                namespace()
             if pid is not None:
                 backend.add_pid(key, pid)
         except GecoError:
@@ -547,6 +552,8 @@ def contain_job(job: JobRef, cfg: Config, backend: Backend, *, pid: int | None,
     """
     limits = join(job.key, backend, pid, state_dir=cfg.state_dir)
     if limits is not None:
+        if cfg.tmp_private:
+            _task_tmpdir(cfg, job, found)
         return Contained(limits, False, found)
     if found is None:
         found = lookup.find(job, cfg, logger, prepared_only=prepared_only)
@@ -561,13 +568,54 @@ def contain_job(job: JobRef, cfg: Config, backend: Backend, *, pid: int | None,
     if cfg.memory_reserve:
         backend.set_parent_memory(jobs_memory(cfg.memory_reserve))
     node = MemoryDefault.for_job(cfg, found, node).applied(node)
+    namespace = None
+    if cfg.tmp_private:
+        from geco.job import privatetmp  # nodes with private /tmp only
+
+        limit, tmpdir, uid = node.memory_limit, *_sge_tmpdir(job, found.resources.owner)
+
+        def namespace() -> privatetmp.Places:
+            return privatetmp.make(cfg, job.key, limit, jobs_memory(cfg.memory_reserve),
+                                   sge_tmpdir=tmpdir, owner_uid=uid)
     limits, created, gpu_ids = _contain(
         job.key, node, backend, state_dir=cfg.state_dir, pids=PidsLimit.from_config(cfg),
         pid=pid, hardware_threads=cfg.hardware_threads, reserved_cpus=cfg.cpus_reserve,
         topology=topology,
         active_jobs=job.spool_dir.parent if job.spool_dir else None, reclaim=reclaim,
-        gpu=_gpu_share(cfg, found.resources, node, hostname))
+        gpu=_gpu_share(cfg, found.resources, node, hostname), namespace=namespace)
     return Contained(limits, created, found, gpu_ids)
+
+
+def _task_tmpdir(cfg: Config, job: JobRef, found: Found | None) -> None:
+    """A task joining its job here (a ``qrsh -inherit`` task): its ``$TMPDIR`` in the
+    job's private /tmp, when the job has one."""
+    from geco.job import privatetmp
+
+    if not privatetmp.exists(cfg, job.key):
+        return
+    owner = found.resources.owner if found is not None else None
+    if owner is None:
+        with contextlib.suppress(GecoError):
+            rs = resourcefile.read(cfg.resources_dir, job.key)
+            owner = rs.owner if rs is not None else None
+    tmpdir, uid = _sge_tmpdir(job, owner) if owner else (None, None)
+    if tmpdir is not None and uid is not None:
+        privatetmp.add_sge_tmpdir(cfg, job.key, tmpdir, uid)
+
+
+def _sge_tmpdir(job: JobRef, owner: str) -> tuple[Path | None, int | None]:
+    """The ``$TMPDIR`` sge_execd made for the job (its spooled environment's) and its
+    owner's uid; None for what is not known."""
+    import pwd
+
+    try:
+        env = execd.parse_key_values((job.spool_dir / "environment").read_bytes()) \
+            if job.spool_dir else {}
+        uid = pwd.getpwnam(owner).pw_uid
+    except (OSError, KeyError, UnicodeError):
+        return None, None
+    value = env.get(b"TMPDIR", b"")
+    return (Path(os.fsdecode(value)) if value.startswith(b"/") else None), uid
 
 
 def _gpu_share(cfg: Config, rs: ResourceSet, node: NodeResources,

@@ -55,12 +55,14 @@ from geco.job.jobkey import JobKey
 from geco.job.teardown import Teardown
 from geco.node import gpus
 from geco.sge import resourcefile
+from geco.units import format_memory
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
     from typing import Protocol
 
+    from geco.job.privatetmp import Freed
     from geco.job.resourceset import ResourceSet
     from geco.wire.cluster import Answer, WholeJob
 
@@ -101,6 +103,8 @@ class Ended(NamedTuple):
     owner: its owner's user name, None when nothing says.
     gpus: the GPU ids it held here.
     whole: a parallel job's master: every host's figures (:func:`geco.wire.cluster.whole_job`).
+    tmp: what its private /tmp and /dev/shm held when they were removed (None: it had none
+        here, or they could not be removed: then the reaper tries again).
     """
 
     key: JobKey
@@ -109,6 +113,7 @@ class Ended(NamedTuple):
     owner: str | None
     gpus: tuple[int, ...] = ()
     whole: WholeJob | None = None
+    tmp: Freed | None = None
 
     @property
     def clean(self) -> bool:
@@ -176,7 +181,8 @@ def end_job(key: JobKey, backend: Backend, cfg: Config, *, cleaned_by: str,
         if rs is not None and answers:
             _gather(cfg, key, rs, answers, journal)
         ended = Ended(key, cleaned_by, done, owner, _gpus_held(cfg, key, rs),
-                      _whole(rs, done.accounting, answers))
+                      _whole(rs, done.accounting, answers),
+                      remove_private_tmp(cfg, key, journal) if done.clean else None)
         if ended.clean:
             _journal(ended, event, journal, cfg)
             if ended.gpus:
@@ -265,6 +271,23 @@ def _gather(cfg: Config, key: JobKey, rs: ResourceSet, answers: list[Answer],
                          exc, extra=journal.event("usage-sample-failed", NODE=a.host))
 
 
+def remove_private_tmp(cfg: Config, key: JobKey, journal: log.JobFields) -> Freed | None:
+    """Remove the job's private /tmp and /dev/shm here, once its processes are gone; what
+    they held (None when it had none, or when they could not be removed: journaled, the
+    reaper tries again)."""
+    from geco.job import privatetmp
+
+    where = privatetmp.places(cfg, key)
+    if not (os.path.lexists(where.pin) or os.path.lexists(where.job_dir)):
+        return None
+    try:
+        return privatetmp.remove(cfg, key)
+    except GecoError as exc:
+        _log.warning("job %s: its private /tmp is not removed: %s", key, exc,
+                     extra=journal.event("private-tmp-left"))
+        return None
+
+
 def _journal(ended: Ended, event: str, journal: log.JobFields, cfg: Config) -> None:
     """Journal a clean end: ``job-end`` (``job-end-slave`` on a slave host) with who ended
     it, its figures, the GPUs it held here and, for a parallel job's master, every host's."""
@@ -273,6 +296,10 @@ def _journal(ended: Ended, event: str, journal: log.JobFields, cfg: Config) -> N
     shown = gpus.format_ids(ended.gpus)
     fields = {"KILLED": done.killed, "CLEANED_BY": ended.cleaned_by,
               **(whole.fields if whole else {})}
+    if ended.tmp is not None:  # what the job left in its private /tmp and /dev/shm
+        others = (f", its private /tmp held {format_memory(ended.tmp.tmp)} and /dev/shm "
+                  f"{format_memory(ended.tmp.shm)} (freed){others}")
+        fields |= {"TMP_FREED": ended.tmp.tmp, "SHM_FREED": ended.tmp.shm}
     if not done.had_cgroups:
         _log.info("job %s ended: it has no cgroups on this node%s", key, others,
                   extra=journal.event(event, **fields))

@@ -26,13 +26,14 @@ __all__ = ["lines"]
 
 
 def lines(cfg: Config, backend: Backend, proc: Path = procfs.ROOT) -> list[tuple[str, str]]:
-    """``(what, text)`` for cores, memory, the default, the GPUs, the kernel's moves and
-    gecod's Prometheus endpoint."""
+    """``(what, text)`` for cores, memory, the default, the GPUs, the kernel's moves, the
+    jobs' private /tmp and gecod's Prometheus endpoint."""
     from geco.daemon import metrics  # its one line; prometheus_client only when listening
+    from geco.job import privatetmp
 
     return [("cores", _cores(cfg, backend)), ("memory", _memory(cfg)),
             ("default", _default(cfg)), ("gpus", _gpus(cfg)), ("moves", _moves(proc)),
-            ("metrics", metrics.describe(cfg))]
+            ("tmp", privatetmp.describe(cfg)), ("metrics", metrics.describe(cfg))]
 
 
 def _cores(cfg: Config, backend: Backend) -> str:

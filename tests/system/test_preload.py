@@ -36,7 +36,8 @@ import pytest
 from geco import preload_config
 from geco.config import Config
 from geco.errors import ProtocolError
-from geco.job.jobkey import JOB_ID_RULE, TASK_ID_RULE
+from geco.job import privatetmp
+from geco.job.jobkey import JOB_ID_RULE, TASK_ID_RULE, JobKey
 from geco.wire import address
 from geco.wire.frame import PUBLIC_KEY, Frame, decode, encode
 from geco.wire.messages import (
@@ -231,6 +232,47 @@ def test_shepherd_exec_asks_gecod_for_its_own_pid_then_runs(node: Node, variant:
     assert out.dump.envp == target_env(node.bin_dir)
     assert [(r.job, r.task, r.pid, r.peer_pid) for r in fake.requests] == [
         (42, 3, out.pid, out.pid)]
+
+
+def test_a_shepherd_of_a_job_with_a_private_tmp_runs_inside_it_where_execd_put_it(
+        node: Node) -> None:
+    """Given job 42.3's namespace pinned (geco-mntns, as gecod makes it with [tmp]
+    private) and job_mntns in the config, when a process in the job's spool dir execs
+    sge_shepherd, then the shepherd sees the job's own /tmp (not the node's), in the
+    same working directory; a job with no pin runs with the node's /tmp; a pin that is
+    not a namespace is refused by the policy, in one line."""
+    cfg = Config(state_dir=node.root / "state")
+    key = JobKey(42, 3)
+    where = privatetmp.make(cfg, key, 64 << 20, 0)
+    (where.tmp / "mine").write_text("job\n")
+    # the job's spool dir and the shepherd where sge_execd's are, outside /tmp (the test
+    # node's are in it: gone from sight once the namespace is entered)
+    spool = Path(tempfile.mkdtemp(dir="/run", prefix="geco-test-spool-"))
+    shutil.copy(node.job_dir / "environment", spool / "environment")
+    shepherd = spool / "bin" / "sge_shepherd"
+    shepherd.parent.mkdir()
+    shepherd.write_text("#!/bin/sh\n/bin/ls -A /tmp; pwd\n")
+    shepherd.chmod(0o755)
+    node.gecod("ok")
+    try:
+        node.write_conf(extra=f"job_mntns={privatetmp.pins_dir(cfg)}\n")
+        inside = node.exec_variant("execv", shepherd, cwd=spool)
+        assert inside.stderr == "", inside
+        assert inside.rest.decode().split("\n")[:2] == ["mine", str(spool)], inside
+        node.write_conf(extra=f"job_mntns={node.root / 'no-pins'}\n")
+        outside = node.exec_variant("execv", shepherd, cwd=spool)
+        assert "mine" not in outside.rest.decode().split("\n"), outside
+    finally:
+        privatetmp.remove(cfg, key)
+        subprocess.run(["umount", "-l", str(privatetmp.pins_dir(cfg))], check=False,
+                       capture_output=True)
+        shutil.rmtree(spool)
+    (node.root / "fake").mkdir()
+    (node.root / "fake" / "42.3").write_text("not a namespace\n")
+    node.write_conf(extra=f"job_mntns={node.root / 'fake'}\n")
+    refused = node.exec_variant("execv", node.shepherd)
+    assert refused.stderr.count("\n") == 1, refused.stderr
+    assert "cannot enter the job's private /tmp (setns " in refused.stderr, refused.stderr
 
 
 def test_fexecve_of_an_unlinked_shepherd_is_still_a_shepherd(node: Node) -> None:
@@ -514,6 +556,8 @@ BROKEN = {
     "relative-bypass": ("session_bypass=ssh-bypass", "config {conf}: line 7: session_bypass "
                                                      "must be an absolute path, got "
                                                      "'ssh-bypass'"),
+    "relative-mntns": ("job_mntns=mntns", "config {conf}: line 7: job_mntns must be an "
+                                          "absolute path, got 'mntns'"),
     "no-equals": ("just words", "config {conf}: line 7: expected key=value, got 'just words'"),
     "relative-key-file": ("key_file=relative.key", "config {conf}: line 7: key_file must be an "
                                                    "absolute path, got 'relative.key'"),

@@ -26,7 +26,8 @@ DEFAULT_TEXT = ("socket=path:/run/geco/gecod-root.sock\n"
                 "job_cgroups=/GECO\n"
                 "session_admin_uids=\n"
                 "session_admin_gids=\n"
-                "session_bypass=/etc/geco/ssh-bypass\n")
+                "session_bypass=/etc/geco/ssh-bypass\n"
+                "job_mntns=/var/lib/geco/mntns\n")
 
 
 def geco(*args: str, conf: Path) -> subprocess.CompletedProcess[str]:
@@ -59,7 +60,8 @@ def test_settings_are_rendered_in_the_preloads_units_and_forms() -> None:
         "timeout_ms=2500", "max_skew_ms=250",
         "policy=allow", "exec_filter=sge_shepherd,geco-shepherd",
         "session_socket=port:8080", "session_policy=refuse", "job_cgroups=/GECO",
-        "session_admin_uids=", "session_admin_gids=", "session_bypass=/etc/geco/ssh-bypass"]
+        "session_admin_uids=", "session_admin_gids=", "session_bypass=/etc/geco/ssh-bypass",
+        "job_mntns=/var/lib/geco/mntns"]
 
 
 @pytest.mark.parametrize(("unreachable", "policy"), [
@@ -107,9 +109,9 @@ def test_admins_are_resolved_to_ids_and_unknown_ones_are_named(
     cfg = config.Config()._replace(ssh_admins=("bob", "ann", "bob2", "gone"),
                                    ssh_admin_groups=("ops", "wheel", "nosuch"),
                                    ssh_bypass_file=Path("/srv/geco/open"))
-    assert preload_config.render(cfg).splitlines()[-5:] == [
+    assert preload_config.render(cfg).splitlines()[-6:] == [
         "job_cgroups=/GECO", "session_admin_uids=1002,1001", "session_admin_gids=2000,10",
-        "session_bypass=/srv/geco/open",
+        "session_bypass=/srv/geco/open", "job_mntns=/var/lib/geco/mntns",
         "# not on this node, left out of session_admin_*: gone, nosuch (re-run geco "
         "preload-config once they are)"]
 
@@ -119,7 +121,7 @@ def test_real_accounts_resolve_through_the_databases() -> None:
     cfg = config.Config()._replace(ssh_admins=("root", "nobody"),
                                    ssh_admin_groups=("nogroup",))
     lines = preload_config.render(cfg).splitlines()
-    assert lines[-3:-1] == ["session_admin_uids=0,65534", "session_admin_gids=65534"]
+    assert lines[-4:-2] == ["session_admin_uids=0,65534", "session_admin_gids=65534"]
 
 
 def test_more_admins_than_the_preload_holds_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -159,7 +161,7 @@ def test_more_admins_than_the_preload_holds_are_refused(monkeypatch: pytest.Monk
      "ssh.bypass_file must be one line without surrounding blanks or ' #', got "
      "'/etc/geco/ssh #bypass'"),
     ({"ssh_bypass_file": Path("/" + "b" * 4000)},
-     "the preload config would be 4360 bytes; the preload reads at most 4095 (fewer [ssh] "
+     "the preload config would be 4390 bytes; the preload reads at most 4095 (fewer [ssh] "
      "admins or shorter paths)"),
     ({"cgroup_name": "a,b"},
      "cgroup.name must be one directory name (no '/' or ',') of at most 254 bytes, got 'a,b'"),

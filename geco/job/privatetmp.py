@@ -1,0 +1,297 @@
+"""A job's private /tmp, /var/tmp and /dev/shm on this host: one mount namespace per job.
+
+Each job task gets, on each of its hosts, a mount namespace of its own
+(made by ``geco-mntns``, a small C program: a namespace is made and pinned in about a
+millisecond), a slave of the host's (the node's mounts reach it, none of its own leave
+it) in which
+
+- ``/tmp`` (and ``/var/tmp``, ``[tmp] var_tmp``) is the job's own directory under
+  ``[tmp] base`` (``<base>/<job>.<task>/tmp``, ``.../var-tmp``: root's, mode 1777, as the
+  node's are);
+- ``/dev/shm`` is a new tmpfs of ``[tmp] shm_size`` (a share of the job's memory limit,
+  or a size), whose pages count against the job's memory cgroup (the job's processes
+  write them);
+- every mount is nosuid and nodev: the job's files gain nothing there.
+
+The namespace is pinned by a bind mount of its nsfs file on ``<state_dir>/mntns/<job>.<task>``
+(a private mount, so the pin never propagates into a namespace): a process joins it with
+``setns`` on that file (the exec() preload, before the shepherd runs; ``nsenter -m``), and
+it lives until it is dropped and its last process has exited. :func:`remove` (the job's
+end) drops it and deletes the job's directories, whatever the job left in them, and says
+what was freed.
+
+``[tmp] base`` is made root's, mode 0700, and refused when it is anything else (a link,
+another owner, writable by others): no user can plant a link or a file in it, and every
+deletion in it is done by file descriptor, never following a link the job made in its
+``/tmp``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from pathlib import Path
+
+from geco import log
+from geco._tuple import NamedTuple
+from geco.config import Config
+from geco.errors import GecoError
+from geco.job.jobkey import JobKey
+from geco.units import format_memory, parse_memory
+
+__all__ = ["HELPER", "Freed", "Places", "add_sge_tmpdir", "describe", "exists", "make",
+           "pins_dir", "places", "remove", "shm_bytes"]
+
+_log = log.get("privatetmp")
+
+HELPER = Path("/usr/libexec/geco/geco-mntns")
+_BASE_MODE = 0o700
+_JOB_MODE = 0o755
+_TMP_MODE = 0o1777
+# Seconds the helper may take (it makes a few mounts: milliseconds).
+_HELPER_TIMEOUT = 30.0
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+class Places(NamedTuple):
+    """Where a job's namespace and directories are on this host."""
+
+    pin: Path
+    job_dir: Path
+    tmp: Path
+    var_tmp: Path | None
+
+
+class Freed(NamedTuple):
+    """What a job left in its private places, freed at its end (bytes)."""
+
+    tmp: int
+    shm: int
+
+
+def pins_dir(cfg: Config) -> Path:
+    """Where the jobs' namespaces are pinned (the preload's ``job_mntns``)."""
+    return cfg.state_dir / "mntns"
+
+
+def places(cfg: Config, key: JobKey) -> Places:
+    base = Path(cfg.tmp_base) if cfg.tmp_base else cfg.state_dir / "tmp"
+    job_dir = base / str(key)
+    return Places(pins_dir(cfg) / str(key), job_dir, job_dir / "tmp",
+                  job_dir / "var-tmp" if cfg.tmp_var_tmp else None)
+
+
+def shm_bytes(cfg: Config, memory_limit: int, jobs_memory: int) -> int:
+    """The cap of the job's ``/dev/shm``: ``[tmp] shm_size`` of its memory limit here (of
+    ``jobs_memory``, what all jobs may use, when it has none), or the size it names; whole
+    pages, one at least."""
+    rule = cfg.tmp_shm_size
+    if rule.endswith("%"):
+        size = (memory_limit or jobs_memory) * int(rule[:-1]) // 100
+    else:
+        size = parse_memory(rule) or 0
+    return max(_PAGE, size // _PAGE * _PAGE)
+
+
+def describe(cfg: Config) -> str:
+    """One line for ``geco check``."""
+    if not cfg.tmp_private:
+        return ("no private /tmp ([tmp] private = false): jobs share the node's /tmp and "
+                "/dev/shm")
+    paths = "/tmp, /var/tmp" if cfg.tmp_var_tmp else "/tmp"
+    shm = cfg.tmp_shm_size + (" of its memory limit" if cfg.tmp_shm_size.endswith("%") else "")
+    base = places(cfg, JobKey(1, 1)).job_dir.parent
+    line = (f"each job gets a private {paths} (under {base}) and /dev/shm ({shm}), gone "
+            f"when it ends; nodes without the exec() preload: none")
+    if not HELPER.exists():
+        line += f"; but {HELPER} is missing: reinstall the geco package"
+    return line
+
+
+def exists(cfg: Config, key: JobKey) -> bool:
+    """True when the job has a namespace pinned here."""
+    return os.path.lexists(places(cfg, key).pin)
+
+
+def make(cfg: Config, key: JobKey, memory_limit: int, jobs_memory: int, *,
+         sge_tmpdir: Path | None = None, owner_uid: int | None = None) -> Places:
+    """Make job ``key``'s namespace and directories (an earlier job's of the same number
+    are removed first: Grid Engine reuses numbers). ``sge_tmpdir``: the ``$TMPDIR``
+    sge_execd made for the job in the node's /tmp (or /var/tmp), owned by ``owner_uid``:
+    made again, same name, owner and mode, in the job's own, where the job looks for it.
+
+    Raises
+    ------
+    GecoError
+        naming what could not be made (the base unusable or full, the kernel's refusal).
+    """
+    where = places(cfg, key)
+    remove(cfg, key)
+    base = _open_base(where.job_dir.parent)
+    try:
+        _make_dirs(base, where)
+    finally:
+        os.close(base)
+    if sge_tmpdir is not None and owner_uid is not None:
+        add_sge_tmpdir(cfg, key, sge_tmpdir, owner_uid)
+    where.pin.parent.mkdir(mode=_BASE_MODE, parents=True, exist_ok=True)
+    argv = [str(HELPER), "make", str(where.pin), str(where.tmp),
+            str(shm_bytes(cfg, memory_limit, jobs_memory))]
+    if where.var_tmp is not None:
+        argv.append(str(where.var_tmp))
+    try:
+        _run(argv)
+    except GecoError:
+        _remove_dir(where.job_dir)
+        raise
+    return where
+
+
+def remove(cfg: Config, key: JobKey) -> Freed:
+    """Drop job ``key``'s namespace (it goes with its last process) and delete its
+    directories, whatever is in them or still open; what they held. Nothing to do is
+    no error.
+
+    Raises
+    ------
+    GecoError
+        when the pin cannot be dropped or the directories not deleted.
+    """
+    where = places(cfg, key)
+    shm = 0
+    if os.path.lexists(where.pin):
+        out = _run([str(HELPER), "drop", str(where.pin)])
+        shm = int(out.split()[1]) if out.startswith("shm_used ") else 0
+    tmp = 0
+    if os.path.lexists(where.job_dir):
+        tmp = _remove_dir(where.job_dir)
+    return Freed(tmp, shm)
+
+
+def _run(argv: list[str]) -> str:
+    import subprocess  # a job with a private /tmp only: the epilog of others loads none
+
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=_HELPER_TIMEOUT,
+                              env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, cwd="/",
+                              check=False)
+    except FileNotFoundError:
+        raise GecoError(f"{HELPER} is missing: reinstall the geco package") from None
+    except subprocess.TimeoutExpired:
+        raise GecoError(f"{HELPER} {argv[1]} took over {_HELPER_TIMEOUT:g} s") from None
+    if done.returncode != 0:
+        words = done.stderr.strip().splitlines()
+        raise GecoError(words[-1] if words else f"{HELPER} {argv[1]} exited "
+                                                f"{done.returncode}")
+    return done.stdout
+
+
+def _open_base(base: Path) -> int:
+    """``[tmp] base``, made root's 0700 when missing, opened without following a link and
+    checked: root's, not writable or readable by anyone else."""
+    try:
+        base.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):  # checked below, whoever made it
+            base.mkdir(mode=_BASE_MODE)
+        fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise GecoError.from_oserror("cannot use [tmp] base", exc, path=base) from exc
+    st = os.fstat(fd)
+    if st.st_uid != 0 or stat.S_IMODE(st.st_mode) & 0o077:
+        os.close(fd)
+        raise GecoError(f"[tmp] base {base} must be root's and closed to others (mode "
+                        f"0700), got uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}: "
+                        f"no job gets a private /tmp until it is", path=base)
+    return fd
+
+
+def _make_dirs(base: int, where: Places) -> None:
+    """``<job>.<task>/`` and its ``tmp``, ``var-tmp`` in the base (by descriptor)."""
+    name = where.job_dir.name
+    try:
+        os.mkdir(name, _JOB_MODE, dir_fd=base)
+        job = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                      dir_fd=base)
+        try:
+            os.fchmod(job, _JOB_MODE)  # whatever the umask
+            for sub in (where.tmp, where.var_tmp):
+                if sub is not None:
+                    os.mkdir(sub.name, _TMP_MODE, dir_fd=job)
+                    os.chmod(sub.name, _TMP_MODE, dir_fd=job, follow_symlinks=False)
+        finally:
+            os.close(job)
+    except OSError as exc:
+        raise GecoError.from_oserror("cannot make the job's private /tmp", exc,
+                                     path=where.job_dir) from exc
+
+
+def add_sge_tmpdir(cfg: Config, key: JobKey, tmpdir: Path, uid: int) -> None:
+    """Grid Engine's ``$TMPDIR`` for a task of job ``key``, made again inside its private
+    /tmp or /var/tmp (sge_execd made it in the node's before the shepherd ran; each
+    ``qrsh -inherit`` task gets one): only a directory right under /tmp or /var/tmp that
+    the job's owner ``uid`` owns (the path comes from the task's environment file, where
+    a user's ``qsub -v TMPDIR=`` could put another); elsewhere (a queue's tmpdir on
+    scratch) the job sees the node's own, as without geco. One there already (an earlier
+    task's, or the job's own making) is left as it is, never followed.
+
+    Raises
+    ------
+    GecoError
+        when it cannot be made.
+    """
+    where = places(cfg, key)
+    inside = {"/tmp": where.tmp, "/var/tmp": where.var_tmp}.get(str(tmpdir.parent))
+    if inside is None or tmpdir.name in ("", ".", ".."):
+        return
+    try:
+        st = os.lstat(tmpdir)
+    except OSError:
+        return
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
+        return
+    try:
+        parent = os.open(inside, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            try:
+                os.mkdir(tmpdir.name, 0o700, dir_fd=parent)
+            except FileExistsError:
+                return
+            made = os.open(tmpdir.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                           | os.O_CLOEXEC, dir_fd=parent)
+            try:
+                os.fchown(made, st.st_uid, st.st_gid)
+                os.fchmod(made, stat.S_IMODE(st.st_mode))
+            finally:
+                os.close(made)
+        finally:
+            os.close(parent)
+    except OSError as exc:
+        raise GecoError.from_oserror("cannot make the job's $TMPDIR in its private /tmp",
+                                     exc, path=inside / tmpdir.name) from exc
+
+
+def _remove_dir(job_dir: Path) -> int:
+    """Delete ``job_dir`` and everything in it (by descriptor: a link the job made is
+    removed, never followed); the bytes its files held."""
+    import shutil
+
+    held = 0
+    try:
+        for _root, _dirs, files, fd in os.fwalk(job_dir, follow_symlinks=False):
+            for name in files:
+                try:
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    held += st.st_blocks * 512
+        shutil.rmtree(job_dir)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise GecoError.from_oserror("cannot delete the job's private /tmp", exc,
+                                     path=job_dir) from exc
+    if held:
+        _log.debug("%s: %s freed", job_dir, format_memory(held))
+    return held

@@ -1,0 +1,72 @@
+/*
+ * geco_mntns.c - enter a job's mount namespace (see geco_mntns.h).
+ */
+#define _GNU_SOURCE
+
+#include "geco_mntns.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <sched.h>
+#include <stdio.h>
+#include <unistd.h>
+
+/* geco_join_mntns() as root: sge_execd forks its shepherds with the admin user's
+   effective uid (its real and saved uid root), which may neither open the pin (root's,
+   0600) nor setns (CAP_SYS_ADMIN, back in the effective set with euid 0). */
+static int join(const char *path, const char **step);
+
+int geco_join_mntns(const char *dir, uint64_t job, uint64_t task, char *path, size_t pathlen,
+                    const char **step)
+{
+    uid_t euid = geteuid();
+    int rc, err;
+
+    *step = "open";
+    if (dir[0] == '\0')
+        return 0;
+    if (snprintf(path, pathlen, "%s/%llu.%llu", dir, (unsigned long long)job,
+                 (unsigned long long)task) >= (int)pathlen) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    if (euid != 0 && seteuid(0) != 0) {
+        *step = "seteuid";
+        return -1;
+    }
+    rc = join(path, step);
+    err = errno;
+    if (euid != 0 && seteuid(euid) != 0) {
+        *step = "seteuid back";
+        return -1;
+    }
+    errno = err;
+    return rc;
+}
+
+static int join(const char *path, const char **step)
+{
+    char cwd[PATH_MAX];
+    int fd, err;
+
+    fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return errno == ENOENT ? 0 : -1;
+    *step = "getcwd";
+    if (getcwd(cwd, sizeof cwd) != NULL) {
+        *step = "setns";
+        if (setns(fd, CLONE_NEWNS) == 0) {
+            /* the node's mounts are the namespace's too: the same path is there */
+            *step = "chdir";
+            if (chdir(cwd) == 0) {
+                close(fd);
+                return 1;
+            }
+        }
+    }
+    err = errno;
+    close(fd);
+    errno = err;
+    return -1;
+}

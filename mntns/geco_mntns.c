@@ -1,0 +1,232 @@
+/*
+ * geco-mntns -- a job's private /tmp and /dev/shm: its mount namespace made, pinned and
+ * dropped (gecod runs it, as root, with paths it chose; geco/job/privatetmp.py).
+ *
+ *   geco-mntns make PIN TMPDIR SHM_BYTES [VARTMPDIR]
+ *       a new mount namespace, a slave of this one (the node's mounts reach it, none of
+ *       its own come back), with TMPDIR bound on /tmp (VARTMPDIR on /var/tmp) and a new
+ *       tmpfs of SHM_BYTES on /dev/shm, all nosuid and nodev; kept alive by a bind
+ *       mount of its nsfs file on PIN (a new file, in a directory made a private mount
+ *       here, so the pin never propagates into the namespace it pins)
+ *   geco-mntns drop PIN
+ *       prints "shm_used BYTES" (what the namespace's /dev/shm holds), then unmounts
+ *       and removes PIN: the namespace goes with its last process
+ *
+ * A process joins with setns(open(PIN), CLONE_NEWNS) (the exec() preload, nsenter -m).
+ * Exit 0 when done, 1 with one line on stderr naming what failed, 2 on bad usage.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define NS_FLAGS (MS_NOSUID | MS_NODEV)
+
+static int fail(const char *fmt, ...)
+{
+	va_list ap;
+	char text[512];
+
+	va_start(ap, fmt);
+	vsnprintf(text, sizeof text, fmt, ap);
+	va_end(ap);
+	fprintf(stderr, "geco-mntns: %s\n", text);
+	return 1;
+}
+
+/* The child's failure, sent whole through the pipe for the parent to print. */
+static void child_fail(int out, const char *what, const char *path)
+{
+	char text[512];
+	int n = snprintf(text, sizeof text, "%s %s: %s", what, path, strerror(errno));
+
+	if (n > 0 && write(out, text, (size_t)n) < 0)
+		_exit(3);
+	_exit(1);
+}
+
+/* PIN's directory made a private mount of its own (bound on itself once). */
+static int private_dir(const char *pin)
+{
+	char dir[PATH_MAX];
+	char *slash;
+
+	if (snprintf(dir, sizeof dir, "%s", pin) >= (int)sizeof dir)
+		return fail("%s: path too long", pin);
+	slash = strrchr(dir, '/');
+	if (slash == NULL || slash == dir)
+		return fail("%s: the pin must be in a directory of its own", pin);
+	*slash = '\0';
+	if (mount(NULL, dir, NULL, MS_PRIVATE, NULL) == 0)
+		return 0;
+	if (errno != EINVAL)
+		return fail("cannot make %s private: %s", dir, strerror(errno));
+	/* not a mount point yet */
+	if (mount(dir, dir, NULL, MS_BIND, NULL) != 0)
+		return fail("cannot bind %s on itself: %s", dir, strerror(errno));
+	if (mount(NULL, dir, NULL, MS_PRIVATE, NULL) != 0)
+		return fail("cannot make %s private: %s", dir, strerror(errno));
+	return 0;
+}
+
+/* A source directory, opened before the binds: one on /tmp must not hide the next
+ * source (a base under /tmp), and a link is never followed. */
+static int open_dir(int out, const char *path)
+{
+	int fd = open(path, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+
+	if (fd < 0)
+		child_fail(out, "cannot open", path);
+	return fd;
+}
+
+/* The directory open as src bound on dst, then made nosuid and nodev (a bind takes no
+ * flags of its own). */
+static void bind_private(int out, int src, const char *dst)
+{
+	char path[64];
+
+	snprintf(path, sizeof path, "/proc/self/fd/%d", src);
+	if (mount(path, dst, NULL, MS_BIND, NULL) != 0)
+		child_fail(out, "cannot bind on", dst);
+	if (mount(NULL, dst, NULL, MS_BIND | MS_REMOUNT | NS_FLAGS, NULL) != 0)
+		child_fail(out, "cannot make nosuid,nodev", dst);
+}
+
+static void set_up(int out, const char *tmpdir, const char *shm_bytes, const char *vartmp)
+{
+	char options[64];
+	int tmp, var;
+
+	if (unshare(CLONE_NEWNS) != 0)
+		child_fail(out, "cannot unshare the mount namespace for", tmpdir);
+	if (mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) != 0)
+		child_fail(out, "cannot make the mounts slaves under", "/");
+	/* in the new namespace (a bind takes only its own mounts), before any bind */
+	tmp = open_dir(out, tmpdir);
+	var = vartmp != NULL ? open_dir(out, vartmp) : -1;
+	bind_private(out, tmp, "/tmp");
+	if (var >= 0)
+		bind_private(out, var, "/var/tmp");
+	snprintf(options, sizeof options, "size=%s,mode=1777", shm_bytes);
+	if (mount("geco-shm", "/dev/shm", "tmpfs", NS_FLAGS, options) != 0)
+		child_fail(out, "cannot mount a tmpfs on", "/dev/shm");
+}
+
+static int make(const char *pin, const char *tmpdir, const char *shm_bytes,
+		const char *vartmp)
+{
+	int ready[2], go[2], fd, status = 0;
+	char text[512], nsfile[64];
+	ssize_t n;
+	pid_t child;
+
+	if (shm_bytes[0] == '\0' || strspn(shm_bytes, "0123456789") != strlen(shm_bytes))
+		return fail("SHM_BYTES must be a whole number, got '%s'", shm_bytes);
+	if (tmpdir[0] != '/' || (vartmp != NULL && vartmp[0] != '/'))
+		return fail("the directories must be absolute paths");
+	if (private_dir(pin) != 0)
+		return 1;
+	fd = open(pin, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return fail("cannot make the pin %s: %s", pin, strerror(errno));
+	close(fd);
+	if (pipe2(ready, O_CLOEXEC) != 0 || pipe2(go, O_CLOEXEC) != 0) {
+		unlink(pin);
+		return fail("pipe: %s", strerror(errno));
+	}
+	child = fork();
+	if (child < 0) {
+		unlink(pin);
+		return fail("fork: %s", strerror(errno));
+	}
+	if (child == 0) {
+		char byte;
+
+		close(ready[0]);
+		close(go[1]);
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		set_up(ready[1], tmpdir, shm_bytes, vartmp);
+		if (write(ready[1], "", 1) != 1)
+			_exit(3);
+		/* held until the parent has pinned the namespace (or gave up) */
+		if (read(go[0], &byte, 1) < 0)
+			_exit(3);
+		_exit(0);
+	}
+	close(ready[1]);
+	close(go[0]);
+	n = read(ready[0], text, sizeof text - 1);
+	if (n == 1 && text[0] == '\0') {
+		snprintf(nsfile, sizeof nsfile, "/proc/%d/ns/mnt", (int)child);
+		if (mount(nsfile, pin, NULL, MS_BIND, NULL) != 0)
+			status = fail("cannot pin the namespace on %s: %s", pin, strerror(errno));
+	} else {
+		text[n > 0 ? n : 0] = '\0';
+		status = fail("%s", n > 0 ? text : "the namespace's maker died");
+	}
+	close(go[1]);
+	waitpid(child, NULL, 0);
+	if (status != 0)
+		unlink(pin);
+	return status;
+}
+
+static int drop(const char *pin)
+{
+	int out[2], fd;
+	unsigned long long used = 0;
+	pid_t child;
+
+	if (pipe2(out, O_CLOEXEC) != 0)
+		return fail("pipe: %s", strerror(errno));
+	child = fork();
+	if (child < 0)
+		return fail("fork: %s", strerror(errno));
+	if (child == 0) {
+		struct statvfs st;
+
+		close(out[0]);
+		fd = open(pin, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+		if (fd < 0 || setns(fd, CLONE_NEWNS) != 0 || statvfs("/dev/shm", &st) != 0)
+			_exit(1);
+		used = (unsigned long long)(st.f_blocks - st.f_bfree) * st.f_frsize;
+		if (write(out[1], &used, sizeof used) != (ssize_t)sizeof used)
+			_exit(1);
+		_exit(0);
+	}
+	close(out[1]);
+	/* nothing to read: the pin was never made whole (a maker interrupted), used stays 0 */
+	if (read(out[0], &used, sizeof used) != (ssize_t)sizeof used)
+		used = 0;
+	close(out[0]);
+	waitpid(child, NULL, 0);
+	if (umount2(pin, MNT_DETACH | UMOUNT_NOFOLLOW) != 0 && errno != EINVAL && errno != ENOENT)
+		return fail("cannot unmount the pin %s: %s", pin, strerror(errno));
+	if (unlink(pin) != 0 && errno != ENOENT)
+		return fail("cannot remove the pin %s: %s", pin, strerror(errno));
+	printf("shm_used %llu\n", used);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc >= 5 && argc <= 6 && strcmp(argv[1], "make") == 0)
+		return make(argv[2], argv[3], argv[4], argc == 6 ? argv[5] : NULL);
+	if (argc == 3 && strcmp(argv[1], "drop") == 0)
+		return drop(argv[2]);
+	fprintf(stderr, "usage: geco-mntns make PIN TMPDIR SHM_BYTES [VARTMPDIR] | drop PIN\n");
+	return 2;
+}

@@ -1,0 +1,181 @@
+"""A private /tmp, /var/tmp and /dev/shm for every Grid Engine job ([tmp] private = true).
+
+This machine's Grid Engine with geco's hooks, the exec() preload in sge_execd and gecod,
+the site's geco.toml switched to private /tmp for the module (gecod restarted: the
+preload always knows where namespaces are pinned). Jobs of two users run at once; what
+each sees is what it prints, what the node keeps is looked at from outside.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from geco.config import Config
+from geco.job import privatetmp
+from geco.job.jobkey import JobKey
+from tests.integration.livekit import job_cgroups, no_queue_in_error, site_settings
+from tests.integration.samekit import CLIENT_ENV, GECO, QUEUES, Same, same_queues
+from tests.servicekit import ensure_user
+
+pytestmark = pytest.mark.sge
+
+OTHER_USER = "gecotest2"
+SITE_STATE = Path("/var/lib/geco")
+WAIT = 180.0
+M = 1 << 20
+# Writes /tmp/x, /var/tmp/v, 20M in /dev/shm/y and a file in $TMPDIR, says what it sees
+# there (JSON), then holds on until the test touches "go" in its directory.
+LOOK_AND_HOLD = """#!/bin/sh
+echo "$JOB_ID" > /tmp/x && echo "$JOB_ID" > /var/tmp/v
+head -c 20971520 /dev/zero > /dev/shm/y
+touch "$TMPDIR/t"
+printf '{"tmp": "%s", "var_tmp": "%s", "shm": "%s", "tmpdir": "%s", "x": "%s"}\\n' \\
+  "$(ls -A /tmp | tr '\\n' ' ')" "$(ls -A /var/tmp | tr '\\n' ' ')" \\
+  "$(ls -A /dev/shm | tr '\\n' ' ')" "$TMPDIR" "$(cat /tmp/x)"
+touch up
+while [ ! -e go ]; do sleep 0.2; done
+"""
+# Past the cap of a job granted 64M (/dev/shm: 32M): the second write fails.
+PAST_THE_CAP = """#!/bin/sh
+head -c 25165824 /dev/zero > /dev/shm/a && echo first-ok
+head -c 16777216 /dev/zero > /dev/shm/b || echo second-failed
+"""
+
+
+@pytest.fixture(scope="module")
+def private_tmp(sge: Any, gecod: Any) -> Iterator[None]:
+    with site_settings({("tmp", "private"): True}, gecod):
+        yield
+
+
+def _until(condition: Any, what: str) -> None:
+    deadline = time.monotonic() + WAIT
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {WAIT:g} s: {what}"
+        time.sleep(0.2)
+
+
+def _places(job: int) -> privatetmp.Places:
+    return privatetmp.places(Config(state_dir=SITE_STATE), JobKey(job, 1))
+
+
+def test_two_users_jobs_see_only_their_own_tmp_and_shm_and_leave_nothing_behind(
+        sge: Any, gecod: Any, journal: Any, private_tmp: None, job_dir: Any,
+        job_owner: Any) -> None:
+    """Given jobs of two users running at once, each writing /tmp/x, /var/tmp/v, 20M of
+    /dev/shm/y and a file in Grid Engine's $TMPDIR, then each sees only its own files
+    (and its $TMPDIR), the node's /dev/shm has neither's, each job's memory cgroup holds
+    its 20M; once they end, nothing of them is left on the node, their job-end records
+    say what was freed, and no queue instance went into error."""
+    other = ensure_user(OTHER_USER)
+    theirs_dir = other.make_dir("private-tmp")
+    (theirs_dir / "look.sh").write_text(LOOK_AND_HOLD)
+    os.chown(theirs_dir / "look.sh", other.uid, other.gid)
+    mine = job_dir.submit("look", "-l", "m_mem_free=256M", script=LOOK_AND_HOLD.split("\n", 1)[1])
+    theirs = sge.submit("-cwd", "-N", "look", "-l", "m_mem_free=256M", "look.sh",
+                        cwd=theirs_dir, user=other.name)
+    try:
+        _until(lambda: (job_dir.path / "up").exists() and (theirs_dir / "up").exists(),
+               "both jobs writing and holding")
+        for job in (mine, theirs):
+            places = _places(job)
+            assert (places.tmp / "x").read_text() == f"{job}\n"
+            memory = job_cgroups(f"{job}.1")["memory"]
+            usage = int((memory / "memory.usage_in_bytes").read_text())
+            assert usage >= 20 * M, usage  # its /dev/shm pages are the job's
+        assert not Path("/dev/shm/y").exists()
+    finally:
+        (job_dir.path / "go").touch()
+        (theirs_dir / "go").touch()
+    [record] = sge.wait_finished(mine, timeout=WAIT)
+    [other_record] = sge.wait_finished(theirs, timeout=WAIT)
+    assert record["exit_status"] == other_record["exit_status"] == "0"
+
+    for job, out in ((mine, job_dir.output("look", mine)),
+                     (theirs, (theirs_dir / f"look.o{theirs}").read_text())):
+        seen = json.loads(out)
+        tmpdir = Path(seen["tmpdir"])
+        assert seen["x"] == str(job)
+        assert sorted(seen["tmp"].split()) == sorted(["x", tmpdir.name]), seen
+        assert seen["var_tmp"].split() == ["v"], seen
+        assert seen["shm"].split() == ["y"], seen
+        [end] = journal.wait_for(JOB_ID=job, GECO_EVENT="job-end")
+        assert int(end["SHM_FREED"]) >= 20 * M, end
+        assert int(end["TMP_FREED"]) > 0, end
+        places = _places(job)
+        assert not places.job_dir.exists() and not os.path.lexists(places.pin)
+    assert no_queue_in_error(sge) == {}
+
+
+def test_a_job_writing_past_its_shm_cap_gets_enospc(
+        sge: Any, gecod: Any, private_tmp: None, job_dir: Any) -> None:
+    """Given a job granted 64M (its /dev/shm: 32M), when it writes 24M and then 16M more
+    there, then the second write fails (no space left on the device), and the job goes
+    on and ends as it would."""
+    job = job_dir.submit("cap", "-l", "m_mem_free=64M", script=PAST_THE_CAP.split("\n", 1)[1])
+    [record] = sge.wait_finished(job, timeout=WAIT)
+    out, err = job_dir.output("cap", job), job_dir.output("cap", job, stream="e")
+    assert out == "first-ok\nsecond-failed\n", (out, err)
+    assert "No space left on device" in err
+    assert record["exit_status"] == "0"
+
+
+# A 2-slot job: the master writes /tmp/master, a `qrsh -inherit` task on the same host
+# reads it, looks at its $TMPDIR and writes /tmp/task, which the master then reads.
+SHARED_BY_TASKS = """#!/bin/sh
+echo from-master > /tmp/master
+printf '%s\n' 'cat /tmp/master; test -d "$TMPDIR" && echo task-tmpdir-ok' \
+  'echo from-task > /tmp/task' > task.sh
+qrsh -inherit "$(hostname)" /bin/sh "$PWD/task.sh"
+cat /tmp/task
+ls -A /tmp | grep -v "^$JOB_ID\\\\." | tr '\\n' ' '; echo
+"""
+
+
+def test_the_tasks_of_a_parallel_job_on_one_host_share_its_tmp(
+        sge: Any, gecod: Any, private_tmp: None, job_dir: Any) -> None:
+    """Given a 2-slot -pe smp job whose master starts a `qrsh -inherit` task on the same
+    host, then the task reads the master's /tmp file and finds its own $TMPDIR, the master
+    reads the task's, and /tmp holds only their files (and Grid Engine's $TMPDIR)."""
+    job = job_dir.submit("tasks", "-pe", "smp", "2", "-l", "m_mem_free=128M",
+                         script=SHARED_BY_TASKS.split("\n", 1)[1])
+    [record] = sge.wait_finished(job, timeout=WAIT)
+    out, err = job_dir.output("tasks", job), job_dir.output("tasks", job, stream="e")
+    assert out.splitlines() == ["from-master", "task-tmpdir-ok", "from-task", "master task "],\
+        (out, err)
+    assert record["exit_status"] == "0"
+
+
+@pytest.fixture(scope="module")
+def same(sge: Any, gecod: Any, private_tmp: None, job_owner: Any) -> Iterator[Same]:
+    """The interactive jobs' queue (geco's starter and the preload, as the differential
+    suite has it)."""
+    with same_queues(sge, job_owner, "private-tmp") as kit:
+        yield kit
+
+
+def test_an_interactive_qrsh_sees_its_own_tmp(same: Same) -> None:
+    """Given `qrsh <command>` as the test user, then the command's /tmp holds only what
+    it wrote there (and Grid Engine's $TMPDIR where it set one), and it exits as it
+    would."""
+    same.enable()
+    same.wait_idle()
+    command = ("echo q > /tmp/q; ls -A /tmp | tr '\\n' ' '; echo; "
+               "echo ${TMPDIR-unset}; exit 3")
+    done = subprocess.run(
+        same.client_argv("qrsh", "-q", QUEUES[GECO], "-N", "ptmp", "-l", "m_mem_free=128M",
+                         command),
+        cwd=same.path, env=CLIENT_ENV, stdin=subprocess.DEVNULL, capture_output=True,
+        text=True, timeout=WAIT)
+    assert done.returncode == 3, done
+    listing, tmpdir = done.stdout.splitlines()[-2:]
+    expected = {"q"} | ({Path(tmpdir).name} if tmpdir.startswith("/tmp/") else set())
+    assert set(listing.split()) == expected, done.stdout
