@@ -75,6 +75,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests import figurekit
 from tests.cleanslate import TEST_USER, clean_slate, report_line
@@ -105,6 +106,13 @@ from tests.servicekit import (
 # The session's own children too (a test's subprocess.run(["qdel", ...])) run Grid
 # Engine's clients as CLEAN_ENV gives every other child.
 os.environ.update(sge_env(os.environ.get("PATH", "")))
+
+# Property tests judge what is drawn, never how fast: beside a whole suite (or a busy
+# machine) one draw may take seconds, which Hypothesis' deadline and its too_slow health
+# check would call a failure.
+settings.register_profile("geco", deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("geco")
 
 # ---------------------------------------------------------------------------
 # figures: what the tests measured, one table at the end of the run

@@ -21,9 +21,16 @@ import pytest
 from geco.config import Config
 from geco.job import privatetmp
 from geco.job.jobkey import JobKey
-from tests.integration.livekit import job_cgroups, no_queue_in_error, site_settings
+from tests.integration.livekit import (
+    job_cgroups,
+    job_of,
+    no_queue_in_error,
+    running_job,
+    site_settings,
+)
 from tests.integration.samekit import CLIENT_ENV, GECO, QUEUES, Same, same_queues
 from tests.servicekit import ensure_user
+from tests.sshkit import GECO_PAM_STACK, Sshd, running_sshd
 
 pytestmark = pytest.mark.sge
 
@@ -179,3 +186,28 @@ def test_an_interactive_qrsh_sees_its_own_tmp(same: Same) -> None:
     listing, tmpdir = done.stdout.splitlines()[-2:]
     expected = {"q"} | ({Path(tmpdir).name} if tmpdir.startswith("/tmp/") else set())
     assert set(listing.split()) == expected, done.stdout
+
+
+@pytest.fixture(scope="module")
+def sshd(sge: Any, gecod: Any, private_tmp: None) -> Iterator[Sshd]:
+    """A real sshd on 127.0.0.1 with geco's PAM lines (tests/sshkit.py)."""
+    with running_sshd("geco-test-sshd-tmp", GECO_PAM_STACK, ("root", sge.owner.name)) as server:
+        yield server
+
+
+def test_an_ssh_session_adopted_into_a_job_sees_the_jobs_tmp(
+        sshd: Sshd, sge: Any, job_dir: Any) -> None:
+    """Given a running job that wrote /tmp/mark, when its owner ssh-es in, then the
+    session (adopted into the job, as pam_slurm_adopt's join_container) reads the job's
+    /tmp/mark; root's session, in no job, sees the node's /tmp without it."""
+    script = "#!/bin/sh\necho job-wrote > /tmp/mark\nexec sleep 600\n"
+    with running_job(sge, "-l", "m_mem_free=128M", script=script, cwd=job_dir.path) as key:
+        mark = _places(int(key.split(".")[0])).tmp / "mark"
+        _until(mark.exists, "the job's /tmp/mark")
+        out = sshd.ssh(sge.owner.name, "cat /tmp/mark; cat /proc/self/cgroup")
+        assert out.returncode == 0, out.stderr
+        mark_seen, cgroups = out.stdout.split("\n", 1)
+        assert mark_seen == "job-wrote", out.stdout
+        assert job_of(cgroups) == key
+        mine = sshd.ssh("root", "cat /tmp/mark")
+        assert mine.returncode != 0 and "No such file" in mine.stderr, mine
