@@ -10,6 +10,7 @@
 #include <limits.h>
 #include <sched.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* geco_join_mntns() as root: sge_execd forks its shepherds with the admin user's
@@ -21,6 +22,7 @@ int geco_join_mntns(const char *dir, uint64_t job, uint64_t task, char *path, si
                     const char **step)
 {
     uid_t euid = geteuid();
+    struct stat st;
     int rc, err;
 
     *step = "open";
@@ -31,6 +33,10 @@ int geco_join_mntns(const char *dir, uint64_t job, uint64_t task, char *path, si
         errno = ENAMETOOLONG;
         return -1;
     }
+    /* none pinned (the node's default, [tmp] private off: no pins directory): nothing to
+       do, and no privilege taken back for it (the directory is 0711, so any uid sees) */
+    if (stat(path, &st) != 0 && errno == ENOENT)
+        return 0;
     if (euid != 0 && seteuid(0) != 0) {
         *step = "seteuid";
         return -1;

@@ -47,6 +47,7 @@ _log = log.get("privatetmp")
 
 HELPER = Path("/usr/libexec/geco/geco-mntns")
 _BASE_MODE = 0o700
+_PINS_MODE = 0o711
 _JOB_MODE = 0o755
 _TMP_MODE = 0o1777
 # Seconds the helper may take (it makes a few mounts: milliseconds).
@@ -135,7 +136,10 @@ def make(cfg: Config, key: JobKey, memory_limit: int, jobs_memory: int, *,
         os.close(base)
     if sge_tmpdir is not None and owner_uid is not None:
         add_sge_tmpdir(cfg, key, sge_tmpdir, owner_uid)
-    where.pin.parent.mkdir(mode=_BASE_MODE, parents=True, exist_ok=True)
+    # 0711: a shepherd's exec (sge_execd's child, the admin user's euid) sees whether its
+    # job has a pin before it becomes root again to enter it; the pins are root's 0600
+    where.pin.parent.mkdir(mode=_PINS_MODE, parents=True, exist_ok=True)
+    where.pin.parent.chmod(_PINS_MODE)
     argv = [str(HELPER), "make", str(where.pin), str(where.tmp),
             str(shm_bytes(cfg, memory_limit, jobs_memory))]
     if where.var_tmp is not None:
