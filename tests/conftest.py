@@ -75,7 +75,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, settings
 
 from tests import figurekit
 from tests.cleanslate import TEST_USER, clean_slate, report_line
@@ -109,10 +108,13 @@ os.environ.update(sge_env(os.environ.get("PATH", "")))
 
 # Property tests judge what is drawn, never how fast: beside a whole suite (or a busy
 # machine) one draw may take seconds, which Hypothesis' deadline and its too_slow health
-# check would call a failure.
-settings.register_profile("geco", deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile("geco")
+# check would call a failure. (The QEMU guests run their tests without Hypothesis.)
+with contextlib.suppress(ImportError):
+    from hypothesis import HealthCheck, settings
+
+    settings.register_profile("geco", deadline=None,
+                              suppress_health_check=[HealthCheck.too_slow])
+    settings.load_profile("geco")
 
 # ---------------------------------------------------------------------------
 # figures: what the tests measured, one table at the end of the run
