@@ -128,6 +128,9 @@ class Config(NamedTuple):
     tmp_base: str = ""
     tmp_var_tmp: bool = True
     tmp_shm_size: str = "50%"
+    tmp_min_free: int = 0
+    tmp_on_failure: str = "requeue"
+    tmp_node_namespace: str = "/proc/1/ns/mnt"
 
     @property
     def resources_dir(self) -> Path:
@@ -161,7 +164,8 @@ _SECTIONS: dict[str, tuple[str, ...]] = {
                 "cluster_slaves", "cluster_timeout"),
     "usage": ("usage_interval", "usage_keep_days", "usage_max_samples", "usage_readers"),
     "metrics": ("metrics_listen",),
-    "tmp": ("tmp_private", "tmp_base", "tmp_var_tmp", "tmp_shm_size"),
+    "tmp": ("tmp_private", "tmp_base", "tmp_var_tmp", "tmp_shm_size", "tmp_min_free",
+            "tmp_on_failure", "tmp_node_namespace"),
     "gecod": ("gecod_socket", "gecod_privileged_socket", "gecod_privileged_group",
               "gecod_key_file", "gecod_request_timeout",
               "gecod_unreachable_policy", "gecod_exec_filter", "gecod_max_skew",
@@ -185,7 +189,8 @@ _TOML_NAME = {"cgroup_mount": "mount", "cgroup_name": "name", "cgroup_version": 
                                              "slaves", "timeout")},
               **{f"usage_{n}": n for n in ("interval", "keep_days", "max_samples", "readers")},
               "metrics_listen": "listen",
-              **{f"tmp_{n}": n for n in ("private", "base", "var_tmp", "shm_size")},
+              **{f"tmp_{n}": n for n in ("private", "base", "var_tmp", "shm_size", "min_free",
+                                         "on_failure", "node_namespace")},
               **{f"gecod_{n}": n for n in (
                   "socket", "privileged_socket", "privileged_group", "key_file",
                   "request_timeout", "unreachable_policy", "exec_filter",
@@ -201,13 +206,15 @@ _CHOICES = {"cgroup_version": ("auto", "1", "2"),
             "ssh_adopt_failure": ("refuse", "allow"),
             "ssh_gecod_unreachable": ("decide-here", "refuse", "allow"),
             "cluster_slaves": ("strict", "lenient"),
+            "tmp_on_failure": ("requeue", "shared"),
             "gpu_consumable": ("slot", "job")}
 # Whole-number settings whose smallest sensible value is above 0.
 _MINIMUM = {"gecod_workers": 1, "usage_max_samples": 4}
 # Byte counts given as Grid Engine memory values ("2G", "512M", 1073741824); 0 = none.
-_MEMORY = ("memory_per_slot", "vmem_per_slot", "memory_reserve")
+_MEMORY = ("memory_per_slot", "vmem_per_slot", "memory_reserve", "tmp_min_free")
 # Path settings where "" means "the built-in choice" (not a path).
-_OPTIONAL_PATHS = ("cgroup_v2_base", "cgroup_v1_systemd_base", "sge_root", "tmp_base")
+_OPTIONAL_PATHS = ("cgroup_v2_base", "cgroup_v1_systemd_base", "sge_root", "tmp_base",
+                   "tmp_node_namespace")
 # String settings where "" means "find it out" (geco.sge.siteenv) or "beside the public
 # socket" / "none" (the privileged socket and its group).
 _OPTIONAL_STRINGS = ("sge_cell", "sge_cluster_name", "gecod_privileged_socket",

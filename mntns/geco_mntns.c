@@ -2,16 +2,21 @@
  * geco-mntns -- a job's private /tmp and /dev/shm: its mount namespace made, pinned and
  * dropped (gecod runs it, as root, with paths it chose; geco/job/privatetmp.py).
  *
- *   geco-mntns make PIN TMPDIR SHM_BYTES [VARTMPDIR]
+ *   geco-mntns [-n NODE_NS] make PIN TMPDIR SHM_BYTES [VARTMPDIR]
  *       a new mount namespace, a slave of this one (the node's mounts reach it, none of
  *       its own come back), with TMPDIR bound on /tmp (VARTMPDIR on /var/tmp) and a new
  *       tmpfs of SHM_BYTES on /dev/shm, all nosuid and nodev; kept alive by a bind
  *       mount of its nsfs file on PIN (a new file, in a directory made a private mount
  *       here, so the pin never propagates into the namespace it pins)
- *   geco-mntns drop PIN
+ *   geco-mntns [-n NODE_NS] drop PIN
  *       prints "shm_used BYTES" (what the namespace's /dev/shm holds), then unmounts
  *       and removes PIN: the namespace goes with its last process
  *
+ * Both first enter NODE_NS (a mount namespace's file, e.g. /proc/1/ns/mnt), the node's,
+ * where sge_execd and sshd run and join the pins: gecod under systemd runs in a namespace
+ * of its unit's (PrivateTmp=, ProtectSystem=), whose mounts the node never sees. One
+ * that cannot be opened (an init this root may not look at: a container's) leaves this
+ * process in its own; one that is this process's already is nothing to do.
  * A process joins with setns(open(PIN), CLONE_NEWNS) (the exec() preload, nsenter -m).
  * Exit 0 when done, 1 with one line on stderr naming what failed, 2 on bad usage.
  */
@@ -125,32 +130,52 @@ static void set_up(int out, const char *tmpdir, const char *shm_bytes, const cha
 		child_fail(out, "cannot mount a tmpfs on", "/dev/shm");
 }
 
-static int make(const char *pin, const char *tmpdir, const char *shm_bytes,
-		const char *vartmp)
+/* The calling process onto the n-th CPU it may use (counting round its set). */
+static void onto_cpu(unsigned n)
 {
-	int ready[2], go[2], fd, status = 0;
+	cpu_set_t allowed, one;
+	unsigned count, cpu;
+
+	if (sched_getaffinity(0, sizeof allowed, &allowed) != 0)
+		return;
+	count = (unsigned)CPU_COUNT(&allowed);
+	if (count == 0)
+		return;
+	n %= count;
+	for (cpu = 0; cpu < CPU_SETSIZE; cpu++) {
+		if (CPU_ISSET(cpu, &allowed) && n-- == 0) {
+			CPU_ZERO(&one);
+			CPU_SET(cpu, &one);
+			sched_setaffinity(0, sizeof one, &one);
+			return;
+		}
+	}
+}
+
+/* One namespace made by a child (on the try-th CPU after the first try) and pinned on
+ * PIN; -1 with *again set when the kernel refused the pin as a loop (EINVAL). */
+static int make_once(const char *pin, const char *tmpdir, const char *shm_bytes,
+		     const char *vartmp, unsigned try, int *again)
+{
+	int ready[2], go[2], status = 0;
 	char text[512], nsfile[64];
 	ssize_t n;
 	pid_t child;
 
-	if (shm_bytes[0] == '\0' || strspn(shm_bytes, "0123456789") != strlen(shm_bytes))
-		return fail("SHM_BYTES must be a whole number, got '%s'", shm_bytes);
-	if (tmpdir[0] != '/' || (vartmp != NULL && vartmp[0] != '/'))
-		return fail("the directories must be absolute paths");
-	if (private_dir(pin) != 0)
-		return 1;
-	fd = open(pin, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-	if (fd < 0)
-		return fail("cannot make the pin %s: %s", pin, strerror(errno));
-	close(fd);
-	if (pipe2(ready, O_CLOEXEC) != 0 || pipe2(go, O_CLOEXEC) != 0) {
-		unlink(pin);
+	*again = 0;
+	if (pipe2(ready, O_CLOEXEC) != 0)
+		return fail("pipe: %s", strerror(errno));
+	if (pipe2(go, O_CLOEXEC) != 0) {
+		close(ready[0]);
+		close(ready[1]);
 		return fail("pipe: %s", strerror(errno));
 	}
 	child = fork();
 	if (child < 0) {
-		unlink(pin);
-		return fail("fork: %s", strerror(errno));
+		status = fail("fork: %s", strerror(errno));
+		close(go[0]);
+		close(ready[1]);
+		goto out;
 	}
 	if (child == 0) {
 		char byte;
@@ -158,6 +183,8 @@ static int make(const char *pin, const char *tmpdir, const char *shm_bytes,
 		close(ready[0]);
 		close(go[1]);
 		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (try > 0)
+			onto_cpu(try);
 		set_up(ready[1], tmpdir, shm_bytes, vartmp);
 		if (write(ready[1], "", 1) != 1)
 			_exit(3);
@@ -171,14 +198,51 @@ static int make(const char *pin, const char *tmpdir, const char *shm_bytes,
 	n = read(ready[0], text, sizeof text - 1);
 	if (n == 1 && text[0] == '\0') {
 		snprintf(nsfile, sizeof nsfile, "/proc/%d/ns/mnt", (int)child);
-		if (mount(nsfile, pin, NULL, MS_BIND, NULL) != 0)
-			status = fail("cannot pin the namespace on %s: %s", pin, strerror(errno));
+		if (mount(nsfile, pin, NULL, MS_BIND, NULL) != 0) {
+			*again = errno == EINVAL;
+			status = *again ? -1 : fail("cannot pin the namespace on %s: %s", pin,
+						    strerror(errno));
+		}
 	} else {
 		text[n > 0 ? n : 0] = '\0';
 		status = fail("%s", n > 0 ? text : "the namespace's maker died");
 	}
 	close(go[1]);
+	go[1] = -1;
 	waitpid(child, NULL, 0);
+out:
+	close(ready[0]);
+	if (go[1] >= 0)
+		close(go[1]);
+	return status;
+}
+
+/* Linux 6.18 numbers namespaces from per-CPU batches, and refuses to pin a namespace
+ * numbered below the pinning process's own (a loop, it takes it for): one made on
+ * another CPU can be. Each try makes a new one on the next CPU. */
+#define PIN_TRIES 32
+
+static int make(const char *pin, const char *tmpdir, const char *shm_bytes,
+		const char *vartmp)
+{
+	int fd, status = 0, again = 1;
+	unsigned try;
+
+	if (shm_bytes[0] == '\0' || strspn(shm_bytes, "0123456789") != strlen(shm_bytes))
+		return fail("SHM_BYTES must be a whole number, got '%s'", shm_bytes);
+	if (tmpdir[0] != '/' || (vartmp != NULL && vartmp[0] != '/'))
+		return fail("the directories must be absolute paths");
+	if (private_dir(pin) != 0)
+		return 1;
+	fd = open(pin, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return fail("cannot make the pin %s: %s", pin, strerror(errno));
+	close(fd);
+	for (try = 0; try < PIN_TRIES && again; try++)
+		status = make_once(pin, tmpdir, shm_bytes, vartmp, try, &again);
+	if (again)
+		status = fail("cannot pin the namespace on %s: %s (%d tries)", pin,
+			      strerror(EINVAL), PIN_TRIES);
 	if (status != 0)
 		unlink(pin);
 	return status;
@@ -221,12 +285,45 @@ static int drop(const char *pin)
 	return 0;
 }
 
+static int enter_node_namespace(const char *node_ns)
+{
+	struct stat mine, node;
+	int fd = open(node_ns, O_RDONLY | O_CLOEXEC), error;
+
+	if (fd < 0)
+		return 0;
+	if (fstat(fd, &node) != 0 || stat("/proc/self/ns/mnt", &mine) != 0) {
+		close(fd);
+		return fail("cannot stat the mount namespaces: %s", strerror(errno));
+	}
+	if (node.st_dev == mine.st_dev && node.st_ino == mine.st_ino) {
+		close(fd);
+		return 0;
+	}
+	error = setns(fd, CLONE_NEWNS) != 0 ? errno : 0;
+	close(fd);
+	if (error != 0)
+		return fail("cannot enter the node's mount namespace %s: %s (gecod needs "
+			    "CAP_SYS_ADMIN and CAP_SYS_CHROOT, and mount namespaces allowed)",
+			    node_ns, strerror(error));
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
+	if (argc >= 3 && strcmp(argv[1], "-n") == 0) {
+		if (argv[2][0] != '/')
+			return fail("NODE_NS must be an absolute path, got '%s'", argv[2]);
+		if (enter_node_namespace(argv[2]) != 0)
+			return 1;
+		argc -= 2;
+		argv += 2;
+	}
 	if (argc >= 5 && argc <= 6 && strcmp(argv[1], "make") == 0)
 		return make(argv[2], argv[3], argv[4], argc == 6 ? argv[5] : NULL);
 	if (argc == 3 && strcmp(argv[1], "drop") == 0)
 		return drop(argv[2]);
-	fprintf(stderr, "usage: geco-mntns make PIN TMPDIR SHM_BYTES [VARTMPDIR] | drop PIN\n");
+	fprintf(stderr, "usage: geco-mntns [-n NODE_NS] make PIN TMPDIR SHM_BYTES [VARTMPDIR] | "
+		"drop PIN\n");
 	return 2;
 }

@@ -182,9 +182,9 @@ def _real_path(path: Path) -> Path:
 # -- the rules -------------------------------------------------------------------
 
 
-def _check_job_started(req: Request, key: JobKey, ctx: GecodContext) -> tuple[str, bool]:
-    """Steps 1 and 2 for JOB_STARTED; return the job's spool dir, and whether the pid works
-    in it (the job's master shepherd) rather than in a PE task dir below it."""
+def _check_job_started(req: Request, key: JobKey, ctx: GecodContext) -> tuple[str, str]:
+    """Steps 1 and 2 for JOB_STARTED; return the job's spool dir and the dir the pid works
+    in: the same for the job's master shepherd, a PE task's dir below it for a task."""
     cfg = ctx.config
     allowed = (0, *cfg.gecod_execd_uids)
     if req.peer is not None:
@@ -207,7 +207,7 @@ def _check_job_started(req: Request, key: JobKey, ctx: GecodContext) -> tuple[st
         raise _refuse(f"process {req.pid} works in {cwd}, not in the spool dir of job "
                       f"{key} ({cfg.execd_spool_dir}/<host>/active_jobs/{key})")
     _check_environment(cwd, key)
-    return job_dir, cwd == job_dir
+    return job_dir, cwd
 
 
 def _owner_uid(job_dir: Path) -> int:
@@ -279,37 +279,53 @@ def _shepherd_job_dir(req: Request, key: JobKey, ctx: GecodContext) -> Path:
 
 
 def _contain(key: JobKey, req: Request, job_dir: str | Path, ctx: GecodContext,
-             wait: bool, master: bool) -> tuple[Limits, bool, bool, Found | None]:
+             wait: bool, task_dir: str | None) -> tuple[Limits, bool, bool, Found | None]:
     """Steps 3 and 4 under the job's lock: the job's cgroups, reused or built, and the pid
     moved in; return their limits, whether we built them, whether they are new to
     this gecod, and the resources read for them. ``wait=False``: raise
     :class:`WouldWait` unless that takes no waiting (the lock is free, and the cgroups are
-    ones this gecod has seen).
+    ones this gecod has seen). ``task_dir``: where a shepherd works (JOB_STARTED: its
+    spooled environment names its $TMPDIR); None for QUARANTINE_SELF (a starter, which
+    cannot enter a namespace: none is made for it).
 
     Holding the lock until the pid is in keeps gecod's end of the job's previous
     run (:mod:`geco.daemon.shepherdwatch`) from removing the cgroups in between.
     """
+    cfg = ctx.config
+    master = task_dir == str(job_dir)
+    # a job with a private /tmp: each task's $TMPDIR is made in it (reading the task's
+    # spooled environment: a worker's work), and the lane, which cannot, serves none
+    private_tmp = cfg.tmp_private and containment.has_private_tmp(cfg, key)
     with ctx.job_lock(key, wait=wait, moves=True):
         known = ctx.ready.get(key)
         if known is not None and known[0] == ctx.backend.identity(key):
             # a later task of a job whose cgroups this gecod has seen: the same
             # cgroups (same identity), so their limits still hold
+            if private_tmp and not wait:
+                raise WouldWait(f"job {key}'s task needs its $TMPDIR in its private /tmp")
+            if private_tmp and task_dir is not None:
+                containment.task_tmpdir(cfg, key, Path(task_dir), None)
             ctx.backend.add_pid(key, req.pid)
-            if ctx.lane is not None:  # the next ones are the lane's
+            if ctx.lane is not None and not private_tmp:  # the next ones are the lane's
                 ctx.lane.publish(key, known[0], known[1], ctx.backend)
             return known[1], False, False, None
         if not wait:
             raise WouldWait(f"job {key}'s cgroups are new to gecod")
         done = containment.contain_job(
-            execd.JobRef(req.job_id, req.task_id, Path(job_dir)), ctx.config, ctx.backend,
+            execd.JobRef(req.job_id, req.task_id, Path(job_dir)), cfg, ctx.backend,
             pid=req.pid, hostname=ctx.hostname, topology=ctx.topology, reclaim=ctx.reclaim,
             # a PE task of a job whose master did not prepare it here ([cluster] slaves)
-            prepared_only=(req.type is MsgType.JOB_STARTED and not master
-                           and ctx.config.cluster_slaves == "strict"))
+            prepared_only=(task_dir is not None and not master
+                           and cfg.cluster_slaves == "strict"),
+            private_tmp=task_dir is not None)
+        private_tmp = cfg.tmp_private and containment.has_private_tmp(cfg, key)
+        if private_tmp and task_dir is not None:
+            containment.task_tmpdir(cfg, key, Path(task_dir),
+                                    done.found.resources.owner if done.found else None)
         identity = ctx.backend.identity(key)
         if identity is not None:
             ctx.ready[key] = (identity, done.limits)
-            if ctx.lane is not None:
+            if ctx.lane is not None and not private_tmp:
                 ctx.lane.publish(key, identity, done.limits, ctx.backend)
     return done.limits, done.created, True, done.found
 
@@ -351,15 +367,16 @@ def quarantine(req: Request, ctx: GecodContext, *, wait: bool = True) -> Outcome
             raise _refuse(f"gecod could not pin process {req.pid} (pidfd_open failed "
                           "when it connected), so it cannot tell it from a process that "
                           "reuses its pid; refused")
-        master = False
+        task_dir: str | None = None
         job_dir: str | Path
         if req.type is MsgType.QUARANTINE_SELF:
             job_dir = _check_quarantine_self(req, key, ctx)
         else:
-            job_dir, master = _check_job_started(req, key, ctx)
+            job_dir, task_dir = _check_job_started(req, key, ctx)
         if req.pidfd >= 0 and not _alive(req.pidfd):
             raise _refuse(f"process {req.pid} exited before it could be quarantined")
-        limits, created, first, found = _contain(key, req, job_dir, ctx, wait, master)
+        limits, created, first, found = _contain(key, req, job_dir, ctx, wait, task_dir)
+        master = task_dir == str(job_dir)
         # the pidfd pins the peer: alive now means the pid we wrote was still the peer's
         if req.pidfd >= 0 and not _alive(req.pidfd):
             return pid_reused(req)

@@ -162,7 +162,7 @@ def contain(job: execd.JobRef, shepherd: int, hook: int, cfg: Config, logger: lo
     # RCU grace period (milliseconds), even for a process already in place
     inside = backend.contains(job.key, shepherd)
     done = containment.contain_job(job, cfg, backend, pid=None if inside else shepherd,
-                                   found=found, logger=logger)
+                                   found=found, logger=logger, private_tmp=False)
     limits = done.limits
     logger.debug("job %s: %s cgroups in %.3f s: %s", job.key,
                  "made" if done.created else "reused the existing", time.monotonic() - started,

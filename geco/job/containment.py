@@ -43,8 +43,8 @@ if TYPE_CHECKING:
     from geco.node.topology import Topology
 
 __all__ = ["Contained", "GpuShare", "MemoryDefault", "PidsLimit", "Release", "contain",
-           "contain_job", "jobs_memory", "join", "kill_and_remove", "last_changed",
-           "pids_unenforced", "read_usage", "release"]
+           "contain_job", "has_private_tmp", "jobs_memory", "join", "kill_and_remove",
+           "last_changed", "pids_unenforced", "read_usage", "release", "task_tmpdir"]
 
 _log = log.get("containment")
 # The most tasks a Linux pid namespace can ever hold (PID_MAX_LIMIT on 64-bit); the
@@ -519,7 +519,8 @@ class Contained(NamedTuple):
 def contain_job(job: JobRef, cfg: Config, backend: Backend, *, pid: int | None,
                 found: Found | None = None, hostname: str | None = None,
                 topology: Topology | None = None, reclaim: Callable[[], None] | None = None,
-                logger: log.Logger | None = None, prepared_only: bool = False) -> Contained:
+                logger: log.Logger | None = None, prepared_only: bool = False,
+                private_tmp: bool = True) -> Contained:
     """Put ``pid`` into its job's cgroups on this node, making them first when needed.
 
     The one way in, for the prolog and for gecod: the job's cgroups exist ->
@@ -542,6 +543,9 @@ def contain_job(job: JobRef, cfg: Config, backend: Backend, *, pid: int | None,
     prepared_only: a parallel job's task on a slave host, where ``[cluster] slaves =
         "strict"``: only the resource file the job's master sent (its PREPARE) will do;
         without it the task is refused, never looked up.
+    private_tmp: make the job's private /tmp with its cgroups (``[tmp] private``); False
+        for the prolog: when it makes the cgroups, the shepherd runs already, where no
+        namespace can take it (no preload here), and one nobody joins is not made.
 
     Raises
     ------
@@ -552,8 +556,6 @@ def contain_job(job: JobRef, cfg: Config, backend: Backend, *, pid: int | None,
     """
     limits = join(job.key, backend, pid, state_dir=cfg.state_dir)
     if limits is not None:
-        if cfg.tmp_private:
-            _task_tmpdir(cfg, job, found)
         return Contained(limits, False, found)
     if found is None:
         found = lookup.find(job, cfg, logger, prepared_only=prepared_only)
@@ -569,14 +571,24 @@ def contain_job(job: JobRef, cfg: Config, backend: Backend, *, pid: int | None,
         backend.set_parent_memory(jobs_memory(cfg.memory_reserve))
     node = MemoryDefault.for_job(cfg, found, node).applied(node)
     namespace = None
-    if cfg.tmp_private:
+    if cfg.tmp_private and private_tmp:
         from geco.job import privatetmp  # nodes with private /tmp only
 
-        limit, tmpdir, uid = node.memory_limit, *_sge_tmpdir(job, found.resources.owner)
+        limit, tmpdir, uid = node.memory_limit, *_sge_tmpdir(job.spool_dir,
+                                                               found.resources.owner)
 
-        def namespace() -> privatetmp.Places:
-            return privatetmp.make(cfg, job.key, limit, jobs_memory(cfg.memory_reserve),
-                                   sge_tmpdir=tmpdir, owner_uid=uid)
+        def namespace() -> privatetmp.Places | None:
+            try:
+                return privatetmp.make(cfg, job.key, limit, jobs_memory(cfg.memory_reserve),
+                                       sge_tmpdir=tmpdir, owner_uid=uid)
+            except GecoError as exc:
+                if cfg.tmp_on_failure != "shared":
+                    raise
+                _log.warning("job %s runs with the node's /tmp and /dev/shm ([tmp] "
+                             "on_failure = \"shared\"): %s", job.key, exc,
+                             extra=log.job_fields(job.job_id, job.task_id, "tmp-shared",
+                                                  REASON=str(exc)))
+                return None
     limits, created, gpu_ids = _contain(
         job.key, node, backend, state_dir=cfg.state_dir, pids=PidsLimit.from_config(cfg),
         pid=pid, hardware_threads=cfg.hardware_threads, reserved_cpus=cfg.cpus_reserve,
@@ -586,31 +598,47 @@ def contain_job(job: JobRef, cfg: Config, backend: Backend, *, pid: int | None,
     return Contained(limits, created, found, gpu_ids)
 
 
-def _task_tmpdir(cfg: Config, job: JobRef, found: Found | None) -> None:
-    """A task joining its job here (a ``qrsh -inherit`` task): its ``$TMPDIR`` in the
-    job's private /tmp, when the job has one."""
+def has_private_tmp(cfg: Config, key: JobKey) -> bool:
+    """True when job ``key`` has a private /tmp here."""
+    from geco.job import privatetmp  # nodes with private /tmp only
+
+    return privatetmp.exists(cfg, key)
+
+
+def task_tmpdir(cfg: Config, key: JobKey, task_dir: Path, owner: str | None) -> None:
+    """A shepherd of job ``key`` joining it here (its master's, a ``qrsh -inherit``
+    task's), working in ``task_dir``: the ``$TMPDIR`` sge_execd made for it in the node's
+    /tmp (its spooled environment names it) made again in the job's private /tmp, when
+    the job has one here: on a slave host sge_execd makes it for the first task, after
+    the master's PREPARE made the namespace. ``owner``: the job's, None to read it from
+    its resource file.
+
+    Raises
+    ------
+    GecoError
+        when it cannot be made.
+    """
     from geco.job import privatetmp
 
-    if not privatetmp.exists(cfg, job.key):
+    if not privatetmp.exists(cfg, key):
         return
-    owner = found.resources.owner if found is not None else None
     if owner is None:
         with contextlib.suppress(GecoError):
-            rs = resourcefile.read(cfg.resources_dir, job.key)
+            rs = resourcefile.read(cfg.resources_dir, key)
             owner = rs.owner if rs is not None else None
-    tmpdir, uid = _sge_tmpdir(job, owner) if owner else (None, None)
+    tmpdir, uid = _sge_tmpdir(task_dir, owner) if owner else (None, None)
     if tmpdir is not None and uid is not None:
-        privatetmp.add_sge_tmpdir(cfg, job.key, tmpdir, uid)
+        privatetmp.add_sge_tmpdir(cfg, key, tmpdir, uid)
 
 
-def _sge_tmpdir(job: JobRef, owner: str) -> tuple[Path | None, int | None]:
-    """The ``$TMPDIR`` sge_execd made for the job (its spooled environment's) and its
-    owner's uid; None for what is not known."""
+def _sge_tmpdir(spool_dir: Path | None, owner: str) -> tuple[Path | None, int | None]:
+    """The ``$TMPDIR`` sge_execd made for the shepherd working in ``spool_dir`` (its
+    spooled environment's) and the job owner's uid; None for what is not known."""
     import pwd
 
     try:
-        env = execd.parse_key_values((job.spool_dir / "environment").read_bytes()) \
-            if job.spool_dir else {}
+        env = execd.parse_key_values((spool_dir / "environment").read_bytes()) \
+            if spool_dir else {}
         uid = pwd.getpwnam(owner).pw_uid
     except (OSError, KeyError, UnicodeError):
         return None, None

@@ -29,6 +29,7 @@ deletion in it is done by file descriptor, never following a link the job made i
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 from pathlib import Path
@@ -103,8 +104,12 @@ def describe(cfg: Config) -> str:
     paths = "/tmp, /var/tmp" if cfg.tmp_var_tmp else "/tmp"
     shm = cfg.tmp_shm_size + (" of its memory limit" if cfg.tmp_shm_size.endswith("%") else "")
     base = places(cfg, JobKey(1, 1)).job_dir.parent
-    line = (f"each job gets a private {paths} (under {base}) and /dev/shm ({shm}), gone "
-            f"when it ends; nodes without the exec() preload: none")
+    free = f", while {format_memory(cfg.tmp_min_free)} are free there" if cfg.tmp_min_free else ""
+    failure = {"requeue": "not run (re-queued)",
+               "shared": "run with the node's"}[cfg.tmp_on_failure]
+    line = (f"each job gets a private {paths} (under {base}{free}) and /dev/shm ({shm}), "
+            f"gone when it ends; a job that cannot get them: {failure}; nodes without the "
+            f"exec() preload: none")
     if not HELPER.exists():
         line += f"; but {HELPER} is missing: reinstall the geco package"
     return line
@@ -131,6 +136,7 @@ def make(cfg: Config, key: JobKey, memory_limit: int, jobs_memory: int, *,
     remove(cfg, key)
     base = _open_base(where.job_dir.parent)
     try:
+        _check_free(base, where.job_dir.parent, cfg.tmp_min_free)
         _make_dirs(base, where)
     finally:
         os.close(base)
@@ -140,7 +146,7 @@ def make(cfg: Config, key: JobKey, memory_limit: int, jobs_memory: int, *,
     # job has a pin before it becomes root again to enter it; the pins are root's 0600
     where.pin.parent.mkdir(mode=_PINS_MODE, parents=True, exist_ok=True)
     where.pin.parent.chmod(_PINS_MODE)
-    argv = [str(HELPER), "make", str(where.pin), str(where.tmp),
+    argv = [*_helper(cfg), "make", str(where.pin), str(where.tmp),
             str(shm_bytes(cfg, memory_limit, jobs_memory))]
     if where.var_tmp is not None:
         argv.append(str(where.var_tmp))
@@ -165,7 +171,7 @@ def remove(cfg: Config, key: JobKey) -> Freed:
     where = places(cfg, key)
     shm = 0
     if os.path.lexists(where.pin):
-        out = _run([str(HELPER), "drop", str(where.pin)])
+        out = _run([*_helper(cfg), "drop", str(where.pin)])
         shm = int(out.split()[1]) if out.startswith("shm_used ") else 0
     tmp = 0
     if os.path.lexists(where.job_dir):
@@ -173,9 +179,16 @@ def remove(cfg: Config, key: JobKey) -> Freed:
     return Freed(tmp, shm)
 
 
+def _helper(cfg: Config) -> list[str]:
+    """The helper, entering ``[tmp] node_namespace`` first (gecod's own: none)."""
+    node = cfg.tmp_node_namespace
+    return [str(HELPER), "-n", node] if node else [str(HELPER)]
+
+
 def _run(argv: list[str]) -> str:
     import subprocess  # a job with a private /tmp only: the epilog of others loads none
 
+    verb = next(word for word in argv if word in ("make", "drop"))
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=_HELPER_TIMEOUT,
                               env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, cwd="/",
@@ -183,11 +196,10 @@ def _run(argv: list[str]) -> str:
     except FileNotFoundError:
         raise GecoError(f"{HELPER} is missing: reinstall the geco package") from None
     except subprocess.TimeoutExpired:
-        raise GecoError(f"{HELPER} {argv[1]} took over {_HELPER_TIMEOUT:g} s") from None
+        raise GecoError(f"{HELPER} {verb} took over {_HELPER_TIMEOUT:g} s") from None
     if done.returncode != 0:
         words = done.stderr.strip().splitlines()
-        raise GecoError(words[-1] if words else f"{HELPER} {argv[1]} exited "
-                                                f"{done.returncode}")
+        raise GecoError(words[-1] if words else f"{HELPER} {verb} exited {done.returncode}")
     return done.stdout
 
 
@@ -208,6 +220,17 @@ def _open_base(base: Path) -> int:
                         f"0700), got uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}: "
                         f"no job gets a private /tmp until it is", path=base)
     return fd
+
+
+def _check_free(base: int, path: Path, min_free: int) -> None:
+    """``[tmp] min_free``: the base has that much free, or no job starts a private /tmp."""
+    if not min_free:
+        return
+    st = os.fstatvfs(base)
+    free = st.f_bavail * st.f_frsize
+    if free < min_free:
+        raise GecoError(f"[tmp] base {path} has {format_memory(free)} free, under [tmp] "
+                        f"min_free ({format_memory(min_free)})", path=path)
 
 
 def _make_dirs(base: int, where: Places) -> None:
@@ -233,11 +256,13 @@ def _make_dirs(base: int, where: Places) -> None:
 def add_sge_tmpdir(cfg: Config, key: JobKey, tmpdir: Path, uid: int) -> None:
     """Grid Engine's ``$TMPDIR`` for a task of job ``key``, made again inside its private
     /tmp or /var/tmp (sge_execd made it in the node's before the shepherd ran; each
-    ``qrsh -inherit`` task gets one): only a directory right under /tmp or /var/tmp that
-    the job's owner ``uid`` owns (the path comes from the task's environment file, where
-    a user's ``qsub -v TMPDIR=`` could put another); elsewhere (a queue's tmpdir on
-    scratch) the job sees the node's own, as without geco. One there already (an earlier
-    task's, or the job's own making) is left as it is, never followed.
+    ``qrsh -inherit`` task gets one): a directory under /tmp or /var/tmp (a queue's
+    ``tmpdir`` may be /tmp itself or a directory in it) that the job's owner ``uid``
+    owns, with the directories on the way as the node has them (the path comes from the
+    task's environment file, where a user's ``qsub -v TMPDIR=`` could put another: each
+    step must be a real directory on the node, never a link). Elsewhere (a queue's tmpdir
+    on scratch) the job sees the node's own, as without geco. What is there already (an
+    earlier task's, or the job's own making) is left as it is, never followed.
 
     Raises
     ------
@@ -245,34 +270,60 @@ def add_sge_tmpdir(cfg: Config, key: JobKey, tmpdir: Path, uid: int) -> None:
         when it cannot be made.
     """
     where = places(cfg, key)
-    inside = {"/tmp": where.tmp, "/var/tmp": where.var_tmp}.get(str(tmpdir.parent))
-    if inside is None or tmpdir.name in ("", ".", ".."):
+    top = next((Path(node) for node in ("/tmp", "/var/tmp") if tmpdir.is_relative_to(node)),
+               None)
+    if top is None:
         return
-    try:
-        st = os.lstat(tmpdir)
-    except OSError:
+    inside = {"/tmp": where.tmp, "/var/tmp": where.var_tmp}[str(top)]
+    steps = tmpdir.relative_to(top).parts
+    if inside is None or not steps or any(p in (".", "..") for p in steps):
         return
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
-        return
-    try:
-        parent = os.open(inside, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    node = []
+    for depth in range(1, len(steps) + 1):
         try:
-            try:
-                os.mkdir(tmpdir.name, 0o700, dir_fd=parent)
-            except FileExistsError:
-                return
-            made = os.open(tmpdir.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
-                           | os.O_CLOEXEC, dir_fd=parent)
-            try:
-                os.fchown(made, st.st_uid, st.st_gid)
-                os.fchmod(made, stat.S_IMODE(st.st_mode))
-            finally:
-                os.close(made)
-        finally:
-            os.close(parent)
+            st = os.lstat(top.joinpath(*steps[:depth]))
+        except OSError:
+            return
+        if not stat.S_ISDIR(st.st_mode):
+            return
+        node.append(st)
+    if node[-1].st_uid != uid:
+        return
+    try:
+        fd = os.open(inside, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        for name, st in zip(steps, node, strict=True):
+            fd = _step_into(fd, name, st)
+        os.close(fd)
     except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            return  # the job put something else there: its own /tmp, its own doing
         raise GecoError.from_oserror("cannot make the job's $TMPDIR in its private /tmp",
-                                     exc, path=inside / tmpdir.name) from exc
+                                     exc, path=inside.joinpath(*steps)) from exc
+
+
+def _step_into(parent: int, name: str, node: os.stat_result) -> int:
+    """``name`` in the directory open as ``parent`` (closed, whatever happens), made as
+    the node's ``node`` when missing (its owner and mode, set-id bits dropped); opened
+    without following a link."""
+    try:
+        try:
+            os.mkdir(name, 0o700, dir_fd=parent)
+            made = True
+        except FileExistsError:
+            made = False
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     dir_fd=parent)
+    finally:
+        os.close(parent)
+    if made:
+        try:
+            # the mode while root owns it: gecod's unit has no CAP_FOWNER
+            os.fchmod(fd, stat.S_IMODE(node.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
+            os.fchown(fd, node.st_uid, node.st_gid)
+        except OSError:
+            os.close(fd)
+            raise
+    return fd
 
 
 def _remove_dir(job_dir: Path) -> int:

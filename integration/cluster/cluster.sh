@@ -18,6 +18,9 @@
 #              geco-node<k> in the machine's /etc/hosts for the qmaster (that line
 #              outlives `down`: see there)
 #   hostname   geco-node<k> (a UTS namespace per daemon, all named so)
+#   mounts     a mount namespace of its own (kept on /run/geco-test-cluster/mnt/node<k>),
+#              all its daemons in it: its /etc/geco and /etc/hosts bound there, and the
+#              pins of its jobs' private /tmp ([tmp] node_namespace = "": gecod's)
 #   execd      Grid Engine's, spool /var/spool/gridengine/execd/geco-node<k>, with geco's
 #              exec() preload, additional group ids of its own (gid_range 30<k>00-30<k>99)
 #   geco       /etc/netns/<ns>/geco/ (mounted on /etc/geco for its daemons): geco.toml with
@@ -64,14 +67,26 @@ ip_of() { echo "10.77.$1.11"; }
 run_dir() { echo "/run/geco-test-node$1"; }
 nodes_up() { [ -d "$STATE" ] && ls "$STATE" 2>/dev/null | sed -n 's/^node//p' | sort -n; }
 pid_alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
-in_node() { # k command... : run in host k's network namespace, with its /etc/geco, its
-  # /etc/hosts and its hostname (mount and UTS namespaces of the command's own; not `ip
-  # netns exec`, which mounts a sysfs of the namespace over /sys and so hides the cgroups);
-  # EXEC=exec: in place of the calling shell
+mnt_of() { echo "$STATE/mnt/node$1"; }
+in_node() { # k command... : run in host k's network namespace and its mount namespace
+  # (its /etc/geco and /etc/hosts; one for all its daemons, as a host has: a job's private
+  # /tmp that its gecod pins there is where its execd's shepherds enter it), with its
+  # hostname (a UTS namespace of the command's own; not `ip netns exec`, which mounts a
+  # sysfs of the namespace over /sys and so hides the cgroups); EXEC=exec: in place of
+  # the calling shell
   local k=$1; shift
-  ${EXEC:-} nsenter --net="/run/netns/$(ns "$k")" unshare --mount --uts --propagation private \
-    sh -c 'mount --bind "$0/geco" /etc/geco && mount --bind "$0/hosts" /etc/hosts &&
-           hostname "$1" && shift && exec "$@"' "/etc/netns/$(ns "$k")" "$(host "$k")" "$@"
+  ${EXEC:-} nsenter --net="/run/netns/$(ns "$k")" --mount="$(mnt_of "$k")" unshare --uts \
+    sh -c 'hostname "$0" && exec "$@"' "$(host "$k")" "$@"
+}
+node_mounts() { # k: host k's mount namespace, kept on a file (its daemons enter it)
+  local k=$1 etc; etc=/etc/netns/$(ns "$k")
+  # the namespace files need a private mount to live on
+  install -d -m 0700 "$STATE/mnt"
+  mountpoint -q "$STATE/mnt" || mount --bind "$STATE/mnt" "$STATE/mnt"
+  mount --make-private "$STATE/mnt"
+  touch "$(mnt_of "$k")" "$etc/hosts"
+  unshare --mount="$(mnt_of "$k")" --propagation private \
+    sh -c 'mount --bind "$0/geco" /etc/geco && mount --bind "$0/hosts" /etc/hosts' "$etc"
 }
 close_fds() { # in a subshell about to start a daemon: no descriptor of ours beyond stdio
   # (a lock the caller holds, e.g. flock(1) around `up`, would be held for the daemon's life)
@@ -104,6 +119,11 @@ trace_dir = "/var/log/geco-test-node$k/trace"
 [strays]
 kill = false
 
+[tmp]
+# jobs' namespaces are made from this host's (gecod's, shared with its execd), not
+# from PID 1's: the machine's
+node_namespace = ""
+
 [gecod]
 socket = "path:$run/gecod.sock"
 privileged_socket = "path:$run/gecod-root.sock"
@@ -132,6 +152,7 @@ net_node() { # k: its network, names, directories and geco config
   node_config "$k" > "$etc/geco/geco.toml"
   install -m 0600 /etc/geco/quarantine.key "$etc/geco/quarantine.key"
   install -m 0600 "$STATE/cluster.key" "$etc/geco/cluster.key"
+  node_mounts "$k"
 }
 
 cluster_files() { # the cluster key all hosts share, and the counting qstat
@@ -316,6 +337,7 @@ down_node() { # k
   stop_execd "$k"
   stop_pid "$(run_dir "$k")/gecod.pid"
   remove_cgroups "$k"
+  umount "$(mnt_of "$k")" 2>/dev/null || true  # its mounts (and its jobs' pins) go with it
   qconf -de "$h" >/dev/null 2>&1 || true
   qconf -dconf "$h" >/dev/null 2>&1 || true
   qconf -dh "$h" >/dev/null 2>&1 || true
@@ -335,6 +357,7 @@ down() {
   # that stops resolving, and until that entry expires it refuses the host when it comes
   # back and mixes up the connections of the hosts it still hears from
   if [ -s "$STATE/ip_forward" ]; then cat "$STATE/ip_forward" > /proc/sys/net/ipv4/ip_forward; fi
+  umount "$STATE/mnt" 2>/dev/null || true
   rm -rf "$STATE"
   log "down"
 }

@@ -272,6 +272,14 @@ def queue_instance(sge: Any) -> str:
     return f"{sge.queue}@{sge.host}"
 
 
+def rescheduled(job: int) -> bool:
+    """Grid Engine put the job back in the queue: qacct has the start its shepherd's exec
+    was refused ("failed 1 : assumedly before job")."""
+    out = subprocess.run(["qacct", "-j", str(job)], capture_output=True, text=True,
+                         env=CLEAN_ENV, timeout=60).stdout
+    return re.search(r"^failed\s+1\s*:\s*assumedly before job", out, re.MULTILINE) is not None
+
+
 def no_queue_in_error(sge: Any) -> dict[str, str]:
     return {q: s for q, s in sge.queue_states().items() if "E" in s}
 

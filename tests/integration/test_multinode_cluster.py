@@ -23,7 +23,8 @@ QUEUE = "geco-test-cluster.q"
 
 
 def leftovers() -> list[str]:
-    """What the cluster may leave behind: namespaces, links, cgroups, daemons, exec hosts.
+    """What the cluster may leave behind: namespaces (network, mount), links, cgroups,
+    daemons, exec hosts.
     (Its lines in /etc/hosts stay on purpose: see `down` in cluster.sh.)"""
     found = []
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
@@ -37,6 +38,8 @@ def leftovers() -> list[str]:
                                                     capture_output=True, text=True).stdout.split()
               if subprocess.run(["nsenter", "-t", p, "-u", "hostname"], capture_output=True,
                                 text=True).stdout.strip() in HOSTS]
+    found += [f"mount {line.split()[4]}" for line in Path("/proc/self/mountinfo").read_text()
+              .splitlines() if "/geco-test-cluster/" in line.split()[4]]
     qhost = subprocess.run(["qhost"], capture_output=True, text=True).stdout
     found += [f"exec host {h}" for h in HOSTS if h in qhost]
     return found

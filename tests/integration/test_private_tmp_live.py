@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,10 +27,19 @@ from tests.integration.livekit import (
     job_cgroups,
     job_of,
     no_queue_in_error,
+    rescheduled,
     running_job,
     site_settings,
 )
-from tests.integration.samekit import CLIENT_ENV, GECO, QUEUES, Same, same_queues
+from tests.integration.samekit import (
+    CLIENT_ENV,
+    GECO,
+    QUEUES,
+    Same,
+    on_terminal,
+    same_queues,
+    screen_text,
+)
 from tests.servicekit import ensure_user
 from tests.sshkit import GECO_PAM_STACK, Sshd, running_sshd
 
@@ -188,6 +199,26 @@ def test_an_interactive_qrsh_sees_its_own_tmp(same: Same) -> None:
     assert set(listing.split()) == expected, done.stdout
 
 
+def test_a_qlogin_session_sees_its_own_tmp(same: Same) -> None:
+    """Given `qlogin` as the test user on a terminal, when the session writes a file in
+    /tmp and lists it, then /tmp holds only that file (and Grid Engine's $TMPDIR for the
+    job), the node's /tmp never had it, and the session exits as it would."""
+    same.enable()
+    same.wait_idle()
+    mark = f"ql-{uuid.uuid4().hex[:8]}"
+    term = on_terminal(
+        same.client_argv("qlogin", "-q", QUEUES[GECO], "-N", mark, "-l", "m_mem_free=128M"),
+        cwd=same.path, say=f'echo q > /tmp/{mark}; echo "BEG""IN $(ls -A /tmp | tr "\\n" " ")'
+                           f'E""ND"\n', until="END", then="exit 4\n", timeout=WAIT)
+    text = screen_text(term.transcript)
+    found = re.search(r"^BEGIN (.*)END$", text, re.MULTILINE)
+    assert term.code == 4 and found, text
+    seen = set(found.group(1).split())
+    assert mark in seen, text
+    assert all(re.fullmatch(r"\d+\.1\..+", name) for name in seen - {mark}), seen
+    assert not Path("/tmp", mark).exists()
+
+
 @pytest.fixture(scope="module")
 def sshd(sge: Any, gecod: Any, private_tmp: None) -> Iterator[Sshd]:
     """A real sshd on 127.0.0.1 with geco's PAM lines (tests/sshkit.py)."""
@@ -211,3 +242,49 @@ def test_an_ssh_session_adopted_into_a_job_sees_the_jobs_tmp(
         assert job_of(cgroups) == key
         mine = sshd.ssh("root", "cat /tmp/mark")
         assert mine.returncode != 0 and "No such file" in mine.stderr, mine
+
+
+FULL = {("tmp", "min_free"): "1000000T"}  # more than any base has free: "full"
+
+
+def test_a_job_that_cannot_get_its_tmp_is_requeued_never_run_with_the_nodes(
+        sge: Any, gecod: Any, journal: Any, private_tmp: None, job_dir: Any) -> None:
+    """Given [tmp] min_free above what the base has free (on_failure = "requeue", the
+    default), when a job is submitted, then it never runs: its shepherd is refused, Grid
+    Engine reschedules it (no queue instance in error state), and the journal says why
+    under its JOB_ID, naming min_free."""
+    with site_settings(FULL, gecod):
+        job = job_dir.submit("noplace", "-l", "m_mem_free=128M",
+                             script="echo ran > /tmp/should-not-run\n")
+        try:
+            _until(lambda: rescheduled(job), "the start refused and rescheduled")
+            ran = (job_dir.path / f"noplace.o{job}").exists()
+            why = [e["MESSAGE"] for e in journal.entries(JOB_ID=str(job))
+                   if "min_free" in e.get("MESSAGE", "")]
+            states = no_queue_in_error(sge)
+        finally:
+            subprocess.run(["qdel", "-f", str(job)], capture_output=True, env=CLIENT_ENV,
+                           timeout=60)
+    assert not ran
+    assert why, [e.get("MESSAGE") for e in journal.entries(JOB_ID=str(job))]
+    assert states == {}
+
+
+def test_with_on_failure_shared_such_a_job_runs_with_the_nodes_tmp_and_says_so(
+        sge: Any, gecod: Any, journal: Any, private_tmp: None, job_dir: Any) -> None:
+    """Given the same full base and [tmp] on_failure = "shared", when a job writes a file in
+    /tmp, then it runs and ends as it would, contained, the file is in the node's /tmp, and
+    the journal has a warning (tmp-shared) naming min_free under its JOB_ID."""
+    mark = Path("/tmp", f"shared-{uuid.uuid4().hex[:8]}")
+    try:
+        with site_settings({**FULL, ("tmp", "on_failure"): "shared"}, gecod):
+            job = job_dir.submit("shared", "-l", "m_mem_free=128M",
+                                 script=f"echo $JOB_ID > {mark}\n")
+            [record] = sge.wait_finished(job, timeout=WAIT)
+            [warning] = journal.wait_for(JOB_ID=job, GECO_EVENT="tmp-shared")
+        assert record["exit_status"] == "0"
+        assert mark.read_text() == f"{job}\n"
+        assert "min_free" in warning["REASON"] and warning["PRIORITY"] == "4", warning
+        assert not os.path.lexists(_places(job).pin)
+    finally:
+        mark.unlink(missing_ok=True)

@@ -14,7 +14,6 @@ alone: tests/conftest.py's ``execd_as_asked``); gecod is stopped after the modul
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import time
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.livekit import processes_of
+from tests.integration.livekit import processes_of, rescheduled
 
 pytestmark = pytest.mark.sge
 
@@ -140,7 +139,7 @@ def test_while_gecod_is_down_a_job_is_requeued_never_run_uncontained_and_no_queu
     try:
         job = job_dir.submit("waiting")
         deadline = time.monotonic() + 60
-        while not _rescheduled(job) and time.monotonic() < deadline:
+        while not rescheduled(job) and time.monotonic() < deadline:
             time.sleep(0.5)
         ran = (job_dir.path / f"waiting.o{job}").exists()
         states = sge.queue_states()
@@ -153,14 +152,7 @@ def test_while_gecod_is_down_a_job_is_requeued_never_run_uncontained_and_no_queu
 
     assert not ran
     assert {q: s for q, s in states.items() if "E" in s} == {}
-    assert _rescheduled(job)
+    assert rescheduled(job)
     assert f"rescheduling job {job}.1" in qmaster_log
     assert refusals and refusals[0].endswith("exec refused (policy=refuse, errno EAGAIN)")
     assert "cannot connect" in refusals[0]
-
-
-def _rescheduled(job: int) -> bool:
-    """qacct has the failed start: 'failed 1 : assumedly before job'."""
-    out = subprocess.run(["qacct", "-j", str(job)], capture_output=True, text=True,
-                         env=CLEAN_ENV, timeout=60).stdout
-    return re.search(r"^failed\s+1\s*:\s*assumedly before job", out, re.MULTILINE) is not None

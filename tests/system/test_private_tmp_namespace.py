@@ -209,6 +209,7 @@ def test_the_helper_refuses_what_gecod_would_never_ask_in_one_line_each(
              "cannot make the pin"),
             ([helper, "make", f"{pins}/a", str(tmp_path), "4096"], NOBODY,
              "cannot make"),  # not root: the pin's directory cannot be made private
+            ([helper, "-n", "proc/1/ns/mnt", "drop", f"{pins}/a"], 0, "absolute path"),
             ([helper], 0, "usage: geco-mntns")):
         done = subprocess.run(argv, capture_output=True, text=True, timeout=WAIT, cwd="/",
                               user=uid)
@@ -216,3 +217,135 @@ def test_the_helper_refuses_what_gecod_would_never_ask_in_one_line_each(
         assert done.stdout == "" and done.stderr.count("\n") == 1, done.stderr
         assert words in done.stderr, done.stderr
     assert sorted(p.name for p in pins.iterdir()) == ["taken"]
+
+
+# A gecod with a mount namespace of its own, as systemd gives gecod.service
+# (ProtectSystem=; here also a /tmp of its own): it makes a job's namespace with
+# `node_namespace`, the namespace sge_execd and sshd run in (here, this test's), and
+# drops it again.
+IN_UNIT = """
+import sys
+from pathlib import Path
+from geco.config import Config
+from geco.job import privatetmp
+from geco.job.jobkey import JobKey
+cfg = Config(state_dir=Path(sys.argv[1]), tmp_node_namespace=sys.argv[2])
+key = JobKey(906, 1)
+if sys.argv[3] == "make":
+    privatetmp.make(cfg, key, 64 << 20, 0)
+else:
+    print(privatetmp.remove(cfg, key).shm)
+"""
+
+
+def _in_unit(cfg: Config, node_ns: str, verb: str) -> subprocess.CompletedProcess[str]:
+    """``IN_UNIT`` in a mount namespace of its own with a tmpfs on /tmp."""
+    import sys
+
+    return subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+         'mount -t tmpfs unit-tmp /tmp && exec "$@"', "sh", sys.executable, "-c", IN_UNIT,
+         str(cfg.state_dir), node_ns, verb],
+        capture_output=True, text=True, timeout=WAIT, cwd=Path(__file__).parents[2])
+
+
+@pytest.fixture
+def unit_cfg(cfg: Config) -> Iterator[Config]:
+    """``cfg`` with its state dir where a unit with a /tmp of its own sees it too."""
+    import shutil
+    import uuid
+
+    state = Path(f"/var/lib/geco-test-privatetmp-{uuid.uuid4().hex[:8]}")
+    try:
+        yield cfg._replace(state_dir=state)
+    finally:
+        for pin in (state / "mntns").glob("*"):
+            subprocess.run([str(privatetmp.HELPER), "drop", str(pin)], check=False,
+                           capture_output=True)
+        subprocess.run(["umount", "-l", str(state / "mntns")], check=False,
+                       capture_output=True)
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def test_a_gecod_in_a_namespace_of_its_own_pins_jobs_where_the_node_joins_them(
+        unit_cfg: Config, job_owner: Any) -> None:
+    """Given gecod in a mount namespace of its unit's with a /tmp of its own, when it makes
+    a job's namespace with [tmp] node_namespace naming the node's, then the node (this
+    test, where sge_execd's shepherds and sshd are) joins it by its pin and finds the
+    job's /tmp there, neither the node's nor gecod's; gecod's drop undoes it on the node.
+    With node_namespace = "" the pin is gecod's alone: the node cannot join it."""
+    cfg = unit_cfg
+    node_ns = f"/proc/{os.getpid()}/ns/mnt"
+    made = _in_unit(cfg, node_ns, "make")
+    assert made.returncode == 0, made.stderr
+    where = privatetmp.places(cfg, JobKey(906, 1))
+    try:
+        seen = _in(where, job_owner.uid, job_owner.gid,
+                   "echo job > /tmp/mark && ls -A /tmp && grep -c ' /tmp ' /proc/self/mounts")
+        assert seen.returncode == 0, seen.stderr
+        assert seen.stdout.split() == ["mark", "1"], seen.stdout
+        assert (where.tmp / "mark").read_text() == "job\n"
+    finally:
+        dropped = _in_unit(cfg, node_ns, "drop")
+    assert dropped.returncode == 0, dropped.stderr
+    assert not os.path.lexists(where.pin) and not where.job_dir.exists()
+
+    alone = _in_unit(cfg, "", "make")
+    assert alone.returncode == 0, alone.stderr
+    try:
+        joined = _in(where, job_owner.uid, job_owner.gid, "true")
+        assert joined.returncode != 0, "the node joined a namespace pinned in gecod's"
+    finally:
+        _in_unit(cfg, "", "drop")
+        where.pin.unlink(missing_ok=True)
+
+
+def test_a_base_with_less_free_than_min_free_gets_no_namespace_in_one_line(
+        cfg: Config) -> None:
+    """Given [tmp] min_free above what the base's file system has free, then a job gets no
+    namespace, in one error naming the base and min_free, and nothing is made."""
+    key = JobKey(907, 1)
+    with pytest.raises(GecoError, match=r"has .* free, under \[tmp\] min_free \(1048576T\)") \
+            as info:
+        privatetmp.make(cfg._replace(tmp_min_free=1 << 60), key, 64 * M, 0)
+    assert "\n" not in str(info.value)
+    where = privatetmp.places(cfg, key)
+    assert not os.path.lexists(where.pin) and not where.job_dir.exists()
+    made = privatetmp.make(cfg._replace(tmp_min_free=1 << 20), key, 64 * M, 0)
+    privatetmp.remove(cfg, key)
+    assert made.tmp.parent == where.job_dir
+
+
+def test_grid_engines_tmpdir_deeper_in_tmp_is_made_again_inside_as_the_node_has_it(
+        cfg: Config, job_owner: Any) -> None:
+    """Given a queue whose tmpdir is a directory in /tmp (sge_execd made the task's $TMPDIR
+    in it, the owner's), then the job's private /tmp has the same path, each directory
+    with the node's owner and mode; a path through a link, or one another user owns,
+    gets nothing made."""
+    import shutil
+    import uuid
+
+    queue_tmp = Path("/tmp", f"geco-test-qtmp-{uuid.uuid4().hex[:8]}")
+    queue_tmp.mkdir(mode=0o755)
+    queue_tmp.chmod(0o1777)
+    task = queue_tmp / "908.1.all.q"
+    task.mkdir(mode=0o700)
+    os.chown(task, job_owner.uid, job_owner.gid)
+    link = Path(f"{queue_tmp}-link")
+    link.symlink_to(queue_tmp)
+    key = JobKey(908, 1)
+    where = privatetmp.make(cfg, key, 64 * M, 0, sge_tmpdir=task, owner_uid=job_owner.uid)
+    try:
+        privatetmp.add_sge_tmpdir(cfg, key, link / task.name, job_owner.uid)
+        privatetmp.add_sge_tmpdir(cfg, key, task, NOBODY)
+        made = where.tmp / queue_tmp.name
+        assert sorted(p.name for p in where.tmp.iterdir()) == [queue_tmp.name]
+        assert (made.stat().st_uid, made.stat().st_mode & 0o7777) == (0, 0o1777)
+        inner = made / task.name
+        assert (inner.stat().st_uid, inner.stat().st_mode & 0o7777) == (job_owner.uid, 0o700)
+        seen = _in(where, job_owner.uid, job_owner.gid, f"touch {task}/t && ls {task}")
+        assert seen.stdout.split() == ["t"], seen.stderr
+    finally:
+        privatetmp.remove(cfg, key)
+        link.unlink()
+        shutil.rmtree(queue_tmp)

@@ -41,7 +41,7 @@ BENCH = "bench.bench_hooks"  # run as a module from the checkout, as bench/run d
 SSH_LIVE = "tests/integration/test_ssh_live.py"
 GUEST_TESTS = " ".join((
     "tests/vm_sge/test_sge_systemd.py", "tests/vm_sge/test_ssh_systemd.py",
-    "tests/vm_sge/test_strays_systemd.py",
+    "tests/vm_sge/test_strays_systemd.py", "tests/vm_sge/test_private_tmp_v2.py",
     f"{SSH_LIVE}::test_a_job_owners_session_runs_inside_their_job",
     f"{SSH_LIVE}::test_a_session_ends_with_its_job_counts_in_its_accounting_and_the_next_"
     "login_is_refused",

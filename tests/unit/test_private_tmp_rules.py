@@ -51,3 +51,25 @@ def test_the_tmp_section_is_read_and_a_bad_value_is_one_line_and_the_default(
         [shm, base] = caplog.messages
         assert "tmp.shm_size must be a share of the job's memory limit such as \"50%\"" in shm
         assert "tmp.base must be an absolute path" in base
+
+
+def test_what_a_job_that_cannot_get_its_tmp_meets_is_read_and_shown_by_geco_check(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "geco.toml"
+    path.write_text('[tmp]\nprivate = true\nmin_free = "10G"\non_failure = "shared"\n'
+                    'node_namespace = ""\n')
+    cfg = config.load(path)
+    assert (cfg.tmp_min_free, cfg.tmp_on_failure, cfg.tmp_node_namespace) == (
+        10 * G, "shared", "")
+    line = privatetmp.describe(cfg)
+    assert "while 10G are free there" in line and "run with the node's" in line, line
+    assert "nodes without the exec() preload: none" in line
+    assert "not run (re-queued)" in privatetmp.describe(Config(tmp_private=True))
+    path.write_text('[tmp]\non_failure = "ignore"\nnode_namespace = "proc/1"\n'
+                    'min_free = "lots"\n')
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="geco.config"):
+        cfg = config.load(path)
+    assert (cfg.tmp_on_failure, cfg.tmp_node_namespace, cfg.tmp_min_free) == (
+        "requeue", "/proc/1/ns/mnt", 0)
+    assert len(caplog.messages) == 3, caplog.messages

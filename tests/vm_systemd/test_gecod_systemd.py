@@ -56,7 +56,7 @@ VENV = Path("/root/geco-venv")
 CONFIG = Path("/etc/geco/geco.toml")
 KEY = Path("/etc/geco/quarantine.key")
 SOCKET = "path:/run/geco/gecod.sock"
-# not below /tmp: gecod has PrivateTmp=yes and would not see it
+# not below /tmp, which systemd-tmpfiles cleans by age
 SPOOL = Path("/var/spool/geco-vmtest")
 RESOURCES = config.Config().resources_dir  # /var/lib/geco: gecod's StateDirectory=
 HOST = short_hostname()
