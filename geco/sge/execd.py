@@ -184,15 +184,19 @@ def job_start_dir(key: JobKey, pid: int, spool_root: Path, *,
 def find_spool_dir(execd_spool_dir: Path, key: JobKey, node: str) -> Path | None:
     """Return ``<execd_spool_dir>/<node>/active_jobs/<key>``, or None while there is none.
 
-    ``<node>`` (this host's short name) is tried first, then any host name:
-    Grid Engine may spell the host another way (a domain, host_aliases).
-    ``key`` must be a checked ``<job>.<task>`` (no path separators).
+    ``<node>`` (this host's short name) is tried first, then this host under another
+    spelling Grid Engine may use (with its domain, in other letter case); never another
+    host's: hosts that share a spool file system (NFS, the emulated cluster) each have a
+    job of the same number there, and theirs is not this host's. ``key`` must be a
+    checked ``<job>.<task>`` (no path separators).
     """
     first = execd_spool_dir / node / "active_jobs" / key
     if first.is_dir():
         return first
+    me = node.split(".", 1)[0].lower()
     try:
-        found = sorted(execd_spool_dir.glob(f"*/active_jobs/{key}"))
+        found = sorted(d for d in execd_spool_dir.glob(f"*/active_jobs/{key}")
+                       if d.parent.parent.name.split(".", 1)[0].lower() == me)
     except OSError:
         return None
     return found[0] if found else None
