@@ -7,12 +7,14 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CLUSTER", "PE", "PORT", "QUEUE", "WAIT_ON_EVERY_HOST", "cluster", "exchange_from",
-           "submit_pe"]
+__all__ = ["CLUSTER", "ON_CLUSTER", "PE", "PORT", "QUEUE", "WAIT_ON_EVERY_HOST", "cluster",
+           "exchange_from", "submit_pe"]
 
 CLUSTER = Path(__file__).resolve().parents[1] / "integration" / "cluster" / "cluster.sh"
 QUEUE = "geco-test-cluster.q"
 PE = "geco-test-cluster"
+# what a job must request to run in QUEUE (cluster.sh's FORCED complex)
+ON_CLUSTER = ("-l", "geco_test_cluster=TRUE")
 PORT = 6446
 # A job script of a -pe job: a task on every host of the job (qrsh -inherit) and the master
 # itself each touch up.<host> in the job's dir and wait until the test touches "go" there.
@@ -54,8 +56,9 @@ def submit_pe(sge: Any, owner: Any, name: str, script: str, *extra: str,
     path = out / "pe.sh"
     path.write_text(script)
     os.chown(path, owner.uid, owner.gid)
-    job = sge.submit("-q", QUEUE, "-pe", PE, "3", "-masterq", f"{QUEUE}@geco-node1", "-cwd",
-                     "-o", output, "-j", "y", *extra, str(path), cwd=out)
+    job = sge.submit("-q", QUEUE, *ON_CLUSTER, "-pe", PE, "3", "-masterq",
+                     f"{QUEUE}@geco-node1", "-cwd", "-o", output, "-j", "y", *extra,
+                     str(path), cwd=out)
     return job, out
 
 

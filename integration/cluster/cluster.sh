@@ -37,7 +37,9 @@
 #              machine with fewer cores than hosts, hosts share a core (to geco they are
 #              separate machines)
 # and the queue geco-test-cluster.q (1 slot and 1 gpu per host, geco's prolog, epilog and
-# starter, each host's tmpdir /tmp/geco-test-node<k>: jobs see separate /tmp dirs)
+# starter, each host's tmpdir /tmp/geco-test-node<k>: jobs see separate /tmp dirs), which
+# runs only jobs that request -l geco_test_cluster=TRUE (a FORCED complex: never a job
+# that names no queue, the demo's or another test's)
 # with the PE geco-test-cluster ($round_robin: a job of N slots gets one on each host).
 # `down` undoes all of it, also after an interrupted `up`; it ends only the processes
 # `up` started (by their pid files).
@@ -53,6 +55,7 @@ PRELOAD=/usr/lib/geco/libgeco_preload.so
 GECO=/usr/bin/geco
 QUEUE=geco-test-cluster.q
 PE=geco-test-cluster
+COMPLEX=geco_test_cluster  # FORCED: the queue runs only jobs that request it
 STATE=/run/geco-test-cluster  # nodes up, one file each: what `down` undoes
 MARK="# geco-test-cluster"
 HOOKS_PROLOG='root@/usr/libexec/geco/prolog $job_id $ja_task_id'
@@ -228,8 +231,28 @@ write_hosts_files() { # every namespace resolves the qmaster and every host
   done
 }
 
+complex_up() { # the queue's own FORCED complex: it takes only jobs that ask for it (-l
+  # geco_test_cluster=TRUE), never one that names no queue (the demo's, other tests')
+  local f
+  qconf -sc | grep -q "^$COMPLEX " && return 0
+  f=$(mktemp)
+  { qconf -sc; echo "$COMPLEX gtc BOOL == FORCED NO FALSE 0"; } > "$f"
+  qconf -Mc "$f" >/dev/null
+  rm -f "$f"
+}
+
+complex_down() { # after the queue that used it is gone
+  local f
+  qconf -sc 2>/dev/null | grep -q "^$COMPLEX " || return 0
+  f=$(mktemp)
+  qconf -sc | grep -v "^$COMPLEX " > "$f"
+  qconf -Mc "$f" >/dev/null 2>&1 || log "cannot remove the complex $COMPLEX (a queue still uses it?)"
+  rm -f "$f"
+}
+
 queue_up() { # the hosts of the cluster, a queue (m_mem_free to book per host) and a PE over them
   local k hosts=() tmpdirs="/tmp" f; f=$(mktemp)
+  complex_up
   # each host its own tmpdir, as real hosts have their own /tmp: a job's TMPDIR is
   # <tmpdir>/<job>.<task>.<queue> on every host of it, and the execd of the host whose task
   # ends first removes it (with the qrsh exit code files the master's qrsh reads)
@@ -239,7 +262,7 @@ queue_up() { # the hosts of the cluster, a queue (m_mem_free to book per host) a
   qconf -Ap "$f" >/dev/null 2>&1 || qconf -Mp "$f" >/dev/null
   qconf -sq all.q | sed -e "s/^qname .*/qname $QUEUE/" -e "s/^hostlist .*/hostlist ${hosts[*]}/" \
     -e 's/^slots .*/slots 1/' -e "s/^pe_list .*/pe_list $PE/" -e "s|^tmpdir .*|tmpdir $tmpdirs|" \
-    -e 's/^complex_values .*/complex_values m_mem_free=4G,gpu=1/' \
+    -e "s/^complex_values .*/complex_values m_mem_free=4G,gpu=1,$COMPLEX=TRUE/" \
     -e "s|^prolog .*|prolog $HOOKS_PROLOG|" -e "s|^epilog .*|epilog $HOOKS_EPILOG|" \
     -e "s|^starter_method .*|starter_method $HOOKS_STARTER|" > "$f"
   qconf -Aq "$f" >/dev/null 2>&1 || qconf -Mq "$f" >/dev/null
@@ -352,6 +375,7 @@ down() {
   local k
   qconf -dq "$QUEUE" >/dev/null 2>&1 || true
   qconf -dp "$PE" >/dev/null 2>&1 || true
+  complex_down
   for k in $(nodes_up); do down_node "$k"; done
   # the geco-node<k> lines of /etc/hosts stay (marked): the qmaster caches a host name
   # that stops resolving, and until that entry expires it refuses the host when it comes

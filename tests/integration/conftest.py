@@ -148,9 +148,10 @@ _CLUSTER_UP: list[bool] = []  # the emulated cluster is up (brought up by three_
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The tests on the emulated cluster one after the other, where the first of them is
-    (test_multinode*, test_stall_cluster): its queue takes jobs that name no queue, so no
-    other module's plain jobs may run while it is up (:func:`three_hosts` brings it down
-    after the last test that needs it). Then this directory's modules in the order that
+    (test_multinode*, test_stall_cluster, ...): it is brought up once for them and down
+    after the last (:func:`three_hosts`), and its hosts' cores are the machine's, which
+    the other modules' jobs would share meanwhile (its queue runs only jobs that ask for
+    it: cluster.sh's FORCED complex). Then this directory's modules in the order that
     restarts sge_execd the fewest times (:func:`_fewest_execd_restarts`)."""
     on_cluster = [item for item in items if "three_hosts" in getattr(item, "fixturenames", ())]
     if on_cluster:
@@ -201,8 +202,8 @@ def three_hosts(request: pytest.FixtureRequest, sge: Any, _cluster_session: None
                 ) -> Iterator[None]:
     """Three emulated execution hosts, shared by the multinode modules that run one after
     the other (each up and down costs the qmaster host-name look-ups it caches), and down
-    as soon as no later test of the session needs them: their queue takes jobs that name
-    no queue, so the other modules' jobs must not find it."""
+    as soon as no later test of the session needs them (their daemons hold cores and
+    memory the other modules' jobs want)."""
     if not _CLUSTER_UP:
         cluster("down")
         up = cluster("up", "3")

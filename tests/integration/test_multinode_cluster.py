@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.clusterkit import cluster
+from tests.clusterkit import ON_CLUSTER, cluster
 
 pytestmark = pytest.mark.sge
 
@@ -66,8 +66,8 @@ def test_a_job_sent_to_a_host_runs_there_contained_by_that_hosts_gecod(
     script = out / "where.sh"
     script.write_text("hostname\nhostname -I\ncat /proc/self/cgroup\n")
     subprocess.run(["chown", f"{job_owner.uid}:{job_owner.gid}", str(script)], check=True)
-    job = sge.submit("-q", QUEUE, "-l", f"h={host}", "-cwd", "-o", "where.out", "-j", "y",
-                     str(script), cwd=out)
+    job = sge.submit("-q", QUEUE, *ON_CLUSTER, "-l", f"h={host}", "-cwd", "-o", "where.out",
+                     "-j", "y", str(script), cwd=out)
     [record] = sge.wait_finished(job, timeout=120)
     lines = (out / "where.out").read_text().splitlines()
     k = host.removeprefix("geco-node")

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.clusterkit import CLUSTER, PE, QUEUE
+from tests.clusterkit import CLUSTER, ON_CLUSTER, PE, QUEUE
 from tests.sshkit import GECO_PAM_STACK, running_sshd
 
 pytestmark = pytest.mark.sge
@@ -51,8 +51,9 @@ touch sshed
 wait
 """)
         os.chown(script, job_owner.uid, job_owner.gid)
-        job = sge.submit("-q", QUEUE, "-pe", PE, "3", "-masterq", f"{QUEUE}@geco-node1",
-                         "-cwd", "-o", "/dev/null", "-j", "y", str(script), cwd=out)
+        job = sge.submit("-q", QUEUE, *ON_CLUSTER, "-pe", PE, "3", "-masterq",
+                         f"{QUEUE}@geco-node1", "-cwd", "-o", "/dev/null", "-j", "y",
+                         str(script), cwd=out)
         try:
             [caller] = journal.wait_for(180, JOB_ID=job, GECO_EVENT="ssh-adopted")
             deadline = time.monotonic() + 60

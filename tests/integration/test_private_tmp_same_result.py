@@ -1,7 +1,7 @@
 """The differential suite with private /tmp on: the same job gives the same result.
 
 Grid Engine alone is the oracle. Each case of the differential suite's batch jobs
-(tests/integration/test_same_result.py: shells, directives, -v/-V, the environment,
+(tests/integration/samecases.py: shells, directives, -v/-V, the environment,
 arrays, -now y, a -pe job's `qrsh -inherit` tasks) first runs in ``geco-test-plain.q``
 (no hook of geco's) while the node has no private /tmp; then [tmp] private is switched
 on and the same case runs in ``geco-test-same.q`` (geco's starter, the preload, gecod):
@@ -17,14 +17,14 @@ from typing import Any
 
 import pytest
 
-from tests.integration import test_same_result as cases
 from tests.integration.livekit import site_settings
+from tests.integration.samecases import BATCH, FILES
 from tests.integration.samekit import GECO, PLAIN, Batch, Outcome, Same, assert_same, same_queues
 
 pytestmark = pytest.mark.sge
 
 CASES: dict[str, Batch] = {
-    **cases.BATCH,
+    **BATCH,
     "pe-qrsh-inherit": Batch(("-cwd", "-N", "mpi", "-pe", "mpi", "2", "mpi.sh")),
 }
 
@@ -33,7 +33,7 @@ CASES: dict[str, Batch] = {
 def same(sge: Any, gecod: Any, job_owner: Any) -> Iterator[Same]:
     """Both queues, gecod serving and sge_execd with the preload, the suite's scripts."""
     with same_queues(sge, job_owner, "private-tmp-same") as kit:
-        for name, text in cases.FILES.items():
+        for name, text in FILES.items():
             kit.write(name, text)
         yield kit
 

@@ -39,7 +39,15 @@ import pytest
 
 from geco.wire.frame import decode, encode
 from geco.wire.messages import CLUSTER_MAX_PAYLOAD, MsgType, NodeRequest
-from tests.clusterkit import PE, QUEUE, WAIT_ON_EVERY_HOST, cluster, exchange_from, submit_pe
+from tests.clusterkit import (
+    ON_CLUSTER,
+    PE,
+    QUEUE,
+    WAIT_ON_EVERY_HOST,
+    cluster,
+    exchange_from,
+    submit_pe,
+)
 from tests.integration.livekit import no_queue_in_error, processes_of, wait_until
 from tests.servicekit import JobOwner, Journal, ensure_user
 from tests.stallkit import (
@@ -77,8 +85,8 @@ def _ms(records: list[dict[str, Any]]) -> list[float]:
 def _node1_job(sge: Any, cwd: Path) -> int:
     """A one-slot job of the test user's on geco-node1 (it starts, and ends); its id once
     it ended."""
-    job = sge.submit("-q", f"{QUEUE}@geco-node1", "-b", "y", "-o", "/dev/null", "-e",
-                     "/dev/null", "true", cwd=cwd)
+    job = sge.submit("-q", f"{QUEUE}@geco-node1", *ON_CLUSTER, "-b", "y", "-o", "/dev/null",
+                     "-e", "/dev/null", "true", cwd=cwd)
     sge.wait_finished(job, timeout=120)
     return job
 
@@ -243,7 +251,7 @@ def test_a_masters_gecod_answers_while_a_slaves_oom_words_for_a_fifo_flood_it(
     script.write_text(RELAY_JOB.format(dir=hog_dir))
     (hog_dir / "alloc.py").write_text(ALLOCATE)
     os.chown(script, attacker.uid, attacker.gid)
-    hog = sge.submit("-q", f"{QUEUE}@geco-node2,{QUEUE}@geco-node3", "-pe", PE, "2",
+    hog = sge.submit("-q", f"{QUEUE}@geco-node2,{QUEUE}@geco-node3", *ON_CLUSTER, "-pe", PE, "2",
                      "-masterq", f"{QUEUE}@geco-node2", "-cwd", "-o", "/dev/null",
                      "-l", "m_mem_free=200M", str(script), cwd=hog_dir, user=attacker.name)
     jobs: list[int] = []
