@@ -5,9 +5,13 @@ private /tmp on)."""
 
 from __future__ import annotations
 
-from tests.integration.samekit import Batch
+import contextlib
+from collections.abc import Iterator
+from typing import Any
 
-__all__ = ["BATCH", "FILES"]
+from tests.integration.samekit import Batch, Same, same_queues
+
+__all__ = ["BATCH", "FILES", "queues_with_scripts"]
 
 
 # ---------------------------------------------------------------------------
@@ -151,3 +155,12 @@ BATCH = {
     "array-t-tc": Batch(("-cwd", "-N", "arr", "-t", "1-2", "-tc", "1", "task.sh"), tasks=(1, 2)),
     "now-y": Batch(("-cwd", "-N", "now", "-now", "y", "show.sh", "now")),
 }
+
+
+@contextlib.contextmanager
+def queues_with_scripts(sge: Any, owner: Any, prefix: str) -> Iterator[Same]:
+    """:func:`samekit.same_queues`, with :data:`FILES` written into its job directory."""
+    with same_queues(sge, owner, prefix) as kit:
+        for name, text in FILES.items():
+            kit.write(name, text)
+        yield kit

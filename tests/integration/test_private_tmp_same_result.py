@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from tests.integration.livekit import site_settings
-from tests.integration.samecases import BATCH, FILES
-from tests.integration.samekit import GECO, PLAIN, Batch, Outcome, Same, assert_same, same_queues
+from tests.integration.samecases import BATCH, queues_with_scripts
+from tests.integration.samekit import GECO, PLAIN, Batch, Outcome, Same, assert_same
 
 pytestmark = pytest.mark.sge
 
@@ -32,9 +32,7 @@ CASES: dict[str, Batch] = {
 @pytest.fixture(scope="module")
 def same(sge: Any, gecod: Any, job_owner: Any) -> Iterator[Same]:
     """Both queues, gecod serving and sge_execd with the preload, the suite's scripts."""
-    with same_queues(sge, job_owner, "private-tmp-same") as kit:
-        for name, text in FILES.items():
-            kit.write(name, text)
+    with queues_with_scripts(sge, job_owner, "private-tmp-same") as kit:
         yield kit
 
 

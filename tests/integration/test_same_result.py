@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.samecases import BATCH, FILES
+from tests.integration.samecases import BATCH, queues_with_scripts
 from tests.integration.samekit import (
     CLIENT_RACES,
     QUEUES,
@@ -37,7 +37,6 @@ from tests.integration.samekit import (
     job_processes,
     on_terminal,
     run,
-    same_queues,
     wait_for_text,
     wait_until,
 )
@@ -50,9 +49,7 @@ TOKEN = uuid.uuid4().hex[:6]  # makes qrsh/qlogin job names unique in qacct
 @pytest.fixture(scope="module")
 def same(sge: Any, gecod: Any, job_owner: Any) -> Iterator[Same]:
     """Both queues, gecod serving and sge_execd with the preload, a job directory."""
-    with same_queues(sge, job_owner, "same") as kit:
-        for name, text in FILES.items():
-            kit.write(name, text)
+    with queues_with_scripts(sge, job_owner, "same") as kit:
         yield kit
 
 
