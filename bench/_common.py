@@ -17,6 +17,7 @@ import contextlib
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -31,11 +32,21 @@ from geco.cgroup import V1Backend, find_hierarchies, parse_mountinfo  # noqa: E4
 from geco.errors import GecoError  # noqa: E402
 from tests.cgroup_testkit import raw_cleanup, usable_v1_hierarchies  # noqa: E402
 
-__all__ = ["REPO", "gecod", "journald", "percentile", "remove_test_cgroups", "run_in_cgroups",
-           "sigterm_exits", "v1_backend"]
+__all__ = ["REPO", "gecod", "journald", "median_time", "percentile", "remove_test_cgroups",
+           "run_in_cgroups", "sigterm_exits", "v1_backend"]
 
 CGROUP_MOUNT = Path("/sys/fs/cgroup")
 B = TypeVar("B", bound=V1Backend)
+
+
+def median_time(runs: int, work: Callable[[], object]) -> float:
+    """The median of ``runs`` timings of ``work()``, in seconds."""
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
 
 
 def percentile(values: list[float], p: float) -> float:

@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import argparse
 import socket
-import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable
 
+from bench._common import median_time
 from bench._table import Row, add_json_option, write_rows
 from geco.daemon import metrics
 from geco.daemon.sampler import JobFigures, NodeFigures, Snapshot
@@ -55,15 +54,6 @@ def _get(port: int) -> int:
         while chunk := s.recv(1 << 20):
             size += len(chunk)
     return size
-
-
-def _median(runs: int, work: Callable[[], object]) -> float:
-    times = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        work()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
 
 
 def _bare_server(reply: bytes) -> tuple[socket.socket, threading.Thread]:
@@ -108,7 +98,7 @@ def main() -> int:
         renderer._made = None  # every run renders the round afresh
         renderer.prepare()
 
-    render_s = min(_median(1, prepare) for _ in range(max(3, args.runs // 5)))
+    render_s = min(median_time(1, prepare) for _ in range(max(3, args.runs // 5)))
     renderer.prepare()
     endpoint = metrics.Endpoint(metrics.listener(metrics.Listen("127.0.0.1", 0)), renderer,
                                 "bench")
@@ -116,7 +106,7 @@ def main() -> int:
     try:
         port = endpoint.listener.getsockname()[1]
         size = _get(port)  # warm
-        scrape_s = _median(args.runs, lambda: _get(port))
+        scrape_s = median_time(args.runs, lambda: _get(port))
         body = renderer.render()
     finally:
         endpoint.close()
@@ -125,7 +115,7 @@ def main() -> int:
     try:
         bare_port = bare.getsockname()[1]
         _get(bare_port)
-        floor_s = _median(args.runs, lambda: _get(bare_port))
+        floor_s = median_time(args.runs, lambda: _get(bare_port))
     finally:
         bare.close()
         thread.join(timeout=10)

@@ -18,28 +18,18 @@ Run from the repo root as root, after scripts/install.sh (it runs the installed
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
+from bench._common import median_time
 from bench._table import Row, add_json_option, write_rows
 from geco.config import Config
 from geco.job import privatetmp
 from geco.job.jobkey import JobKey
 
 M = 1 << 20
-
-
-def _median_ms(runs: int, work: object) -> float:
-    times = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        work()  # type: ignore[operator]
-        times.append(time.perf_counter() - started)
-    return statistics.median(times) * 1000
 
 
 def main() -> int:
@@ -59,10 +49,10 @@ def main() -> int:
         made.append(key)
 
     try:
-        make_ms = _median_ms(args.runs, make)
+        make_ms = 1000 * median_time(args.runs, make)
         gone = iter(list(made))
-        remove_ms = _median_ms(args.runs, lambda: privatetmp.remove(cfg, next(gone)))
-        floor_ms = _median_ms(args.runs, lambda: subprocess.run(
+        remove_ms = 1000 * median_time(args.runs, lambda: privatetmp.remove(cfg, next(gone)))
+        floor_ms = 1000 * median_time(args.runs, lambda: subprocess.run(
             ["unshare", "--mount", "mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs",
              "/dev/shm"], check=True))
     finally:
