@@ -62,7 +62,7 @@ from geco.cgroup import Limits
 from geco.config import Config
 from geco.daemon.context import GecodContext, Outcome, Peer, Shepherd, WouldWait
 from geco.errors import GecoError, JobKeyError, JobNotFound, TaskNotRunning
-from geco.job import containment
+from geco.job import containment, privatetmp
 from geco.job.jobkey import JobKey
 from geco.job.resourceset import short_hostname
 from geco.sge import execd
@@ -295,7 +295,7 @@ def _contain(key: JobKey, req: Request, job_dir: str | Path, ctx: GecodContext,
     master = task_dir == str(job_dir)
     # a job with a private /tmp: each task's $TMPDIR is made in it (reading the task's
     # spooled environment: a worker's work), and the lane, which cannot, serves none
-    private_tmp = cfg.tmp_private and containment.has_private_tmp(cfg, key)
+    private_tmp = cfg.tmp_private and privatetmp.exists(cfg, key)
     with ctx.job_lock(key, wait=wait, moves=True):
         known = ctx.ready.get(key)
         if known is not None and known[0] == ctx.backend.identity(key):
@@ -318,7 +318,7 @@ def _contain(key: JobKey, req: Request, job_dir: str | Path, ctx: GecodContext,
             prepared_only=(task_dir is not None and not master
                            and cfg.cluster_slaves == "strict"),
             private_tmp=task_dir is not None)
-        private_tmp = cfg.tmp_private and containment.has_private_tmp(cfg, key)
+        private_tmp = cfg.tmp_private and privatetmp.exists(cfg, key)
         if private_tmp and task_dir is not None:
             containment.task_tmpdir(cfg, key, Path(task_dir),
                                     done.found.resources.owner if done.found else None)

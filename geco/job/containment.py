@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from geco.node.topology import Topology
 
 __all__ = ["Contained", "GpuShare", "MemoryDefault", "PidsLimit", "Release", "contain",
-           "contain_job", "has_private_tmp", "jobs_memory", "join", "kill_and_remove",
+           "contain_job", "jobs_memory", "join", "kill_and_remove",
            "last_changed", "pids_unenforced", "read_usage", "release", "task_tmpdir"]
 
 _log = log.get("containment")
@@ -574,13 +574,11 @@ def contain_job(job: JobRef, cfg: Config, backend: Backend, *, pid: int | None,
     if cfg.tmp_private and private_tmp:
         from geco.job import privatetmp  # nodes with private /tmp only
 
-        limit, tmpdir, uid = node.memory_limit, *_sge_tmpdir(job.spool_dir,
-                                                               found.resources.owner)
+        limit = node.memory_limit
 
         def namespace() -> privatetmp.Places | None:
             try:
-                return privatetmp.make(cfg, job.key, limit, jobs_memory(cfg.memory_reserve),
-                                       sge_tmpdir=tmpdir, owner_uid=uid)
+                return privatetmp.make(cfg, job.key, limit, jobs_memory(cfg.memory_reserve))
             except GecoError as exc:
                 if cfg.tmp_on_failure != "shared":
                     raise
@@ -598,20 +596,13 @@ def contain_job(job: JobRef, cfg: Config, backend: Backend, *, pid: int | None,
     return Contained(limits, created, found, gpu_ids)
 
 
-def has_private_tmp(cfg: Config, key: JobKey) -> bool:
-    """True when job ``key`` has a private /tmp here."""
-    from geco.job import privatetmp  # nodes with private /tmp only
-
-    return privatetmp.exists(cfg, key)
-
-
 def task_tmpdir(cfg: Config, key: JobKey, task_dir: Path, owner: str | None) -> None:
-    """A shepherd of job ``key`` joining it here (its master's, a ``qrsh -inherit``
-    task's), working in ``task_dir``: the ``$TMPDIR`` sge_execd made for it in the node's
-    /tmp (its spooled environment names it) made again in the job's private /tmp, when
-    the job has one here: on a slave host sge_execd makes it for the first task, after
-    the master's PREPARE made the namespace. ``owner``: the job's, None to read it from
-    its resource file.
+    """A shepherd of job ``key``, which has a private /tmp here, joining it (its master's,
+    a ``qrsh -inherit`` task's), working in ``task_dir``: the ``$TMPDIR`` sge_execd made
+    for it in the node's /tmp (its spooled environment names it) made again in the job's
+    private /tmp (on a slave host sge_execd makes it for the first task, after the
+    master's PREPARE made the namespace). ``owner``: the job's, None to read it from its
+    resource file.
 
     Raises
     ------
@@ -620,8 +611,6 @@ def task_tmpdir(cfg: Config, key: JobKey, task_dir: Path, owner: str | None) -> 
     """
     from geco.job import privatetmp
 
-    if not privatetmp.exists(cfg, key):
-        return
     if owner is None:
         with contextlib.suppress(GecoError):
             rs = resourcefile.read(cfg.resources_dir, key)
@@ -631,14 +620,13 @@ def task_tmpdir(cfg: Config, key: JobKey, task_dir: Path, owner: str | None) -> 
         privatetmp.add_sge_tmpdir(cfg, key, tmpdir, uid)
 
 
-def _sge_tmpdir(spool_dir: Path | None, owner: str) -> tuple[Path | None, int | None]:
+def _sge_tmpdir(spool_dir: Path, owner: str) -> tuple[Path | None, int | None]:
     """The ``$TMPDIR`` sge_execd made for the shepherd working in ``spool_dir`` (its
     spooled environment's) and the job owner's uid; None for what is not known."""
     import pwd
 
     try:
-        env = execd.parse_key_values((spool_dir / "environment").read_bytes()) \
-            if spool_dir else {}
+        env = execd.parse_key_values((spool_dir / "environment").read_bytes())
         uid = pwd.getpwnam(owner).pw_uid
     except (OSError, KeyError, UnicodeError):
         return None, None

@@ -120,12 +120,10 @@ def exists(cfg: Config, key: JobKey) -> bool:
     return os.path.lexists(places(cfg, key).pin)
 
 
-def make(cfg: Config, key: JobKey, memory_limit: int, jobs_memory: int, *,
-         sge_tmpdir: Path | None = None, owner_uid: int | None = None) -> Places:
+def make(cfg: Config, key: JobKey, memory_limit: int, jobs_memory: int) -> Places:
     """Make job ``key``'s namespace and directories (an earlier job's of the same number
-    are removed first: Grid Engine reuses numbers). ``sge_tmpdir``: the ``$TMPDIR``
-    sge_execd made for the job in the node's /tmp (or /var/tmp), owned by ``owner_uid``:
-    made again, same name, owner and mode, in the job's own, where the job looks for it.
+    are removed first: Grid Engine reuses numbers). Grid Engine's ``$TMPDIR`` of each of
+    its shepherds goes in with :func:`add_sge_tmpdir`.
 
     Raises
     ------
@@ -140,8 +138,6 @@ def make(cfg: Config, key: JobKey, memory_limit: int, jobs_memory: int, *,
         _make_dirs(base, where)
     finally:
         os.close(base)
-    if sge_tmpdir is not None and owner_uid is not None:
-        add_sge_tmpdir(cfg, key, sge_tmpdir, owner_uid)
     # 0711: a shepherd's exec (sge_execd's child, the admin user's euid) sees whether its
     # job has a pin before it becomes root again to enter it; the pins are root's 0600
     where.pin.parent.mkdir(mode=_PINS_MODE, parents=True, exist_ok=True)

@@ -334,7 +334,8 @@ def test_grid_engines_tmpdir_deeper_in_tmp_is_made_again_inside_as_the_node_has_
     link = Path(f"{queue_tmp}-link")
     link.symlink_to(queue_tmp)
     key = JobKey(908, 1)
-    where = privatetmp.make(cfg, key, 64 * M, 0, sge_tmpdir=task, owner_uid=job_owner.uid)
+    where = privatetmp.make(cfg, key, 64 * M, 0)
+    privatetmp.add_sge_tmpdir(cfg, key, task, job_owner.uid)
     try:
         privatetmp.add_sge_tmpdir(cfg, key, link / task.name, job_owner.uid)
         privatetmp.add_sge_tmpdir(cfg, key, task, NOBODY)
