@@ -427,10 +427,11 @@ def signal_pid(pid: int, sig: int, still_member: Callable[[int], bool]) -> bool:
     except ProcessLookupError:
         return False
     except OSError as exc:
-        if exc.errno != errno.ENOSYS:
+        if exc.errno not in (errno.ENOSYS, errno.EINVAL, errno.ENOENT):
             raise cgroup_error(f"cannot open process {pid}", exc, pid=pid) from exc
-        # Linux < 5.3 has no pidfd: check, then signal by number; the race is
-        # as narrow as it can be without one
+        # Linux < 5.3 has no pidfd; EINVAL (ENOENT on Linux 6.9 and later) is a process half
+        # gone (its pid still listed, its thread group released) or a thread's id: check,
+        # then signal by number; the race is as narrow as it can be without a pidfd
         if not still_member(pid):
             return False
         try:

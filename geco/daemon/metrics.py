@@ -225,6 +225,7 @@ class Endpoint:
         sock.setblocking(False)
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._closing = threading.Event()
+        self._finishing = False  # closing for a handover: the client taken gets its reply
         self._thread = threading.Thread(target=self._serve, name="gecod-metrics",
                                         daemon=True)
 
@@ -235,6 +236,7 @@ class Endpoint:
         """Stop the thread and close the socket. A client being served is dropped (a slow
         one does not hold gecod's stop up) unless ``finish`` (a handover: the successor
         takes the next client, this one gets its reply, within the deadlines)."""
+        self._finishing = finish
         self._closing.set()
         with contextlib.suppress(OSError):
             os.write(self._wake_w, b"x")
@@ -296,7 +298,8 @@ class Endpoint:
             if len(data) > _MAX_REQUEST:
                 return None
             left = deadline - time.monotonic()
-            if left <= 0 or self._closing.is_set():
+            # closed mid-request with its bytes unread, the client would see a reset
+            if left <= 0 or (self._closing.is_set() and not self._finishing):
                 raise TimeoutError("the request did not come in time")
             conn.settimeout(left)
             chunk = conn.recv(_MAX_REQUEST + 1 - len(data))

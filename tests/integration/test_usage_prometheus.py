@@ -103,6 +103,17 @@ class Prometheus:
         assert len(found) <= 1, found
         return (found[0]["metric"], float(found[0]["value"][1])) if found else None
 
+    def ready(self) -> bool:
+        """Whether Prometheus serves queries: it answers 503 while its database opens."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready", timeout=10):
+                return True
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 503, f"/-/ready: {exc.code} {exc.read().decode(errors='replace')}"
+        except OSError:
+            assert self.proc.poll() is None, f"Prometheus exited: {self.log.read_text()}"
+        return False
+
     def stop(self) -> None:
         self.proc.terminate()  # SIGTERM to its pid: Prometheus closes its database
         try:
@@ -116,6 +127,7 @@ class Prometheus:
 def prometheus(base: Path, target: str) -> Iterator[Prometheus]:
     server = Prometheus(base, target)
     try:
+        _until(server.ready, "Prometheus ready")
         yield server
     finally:
         server.stop()

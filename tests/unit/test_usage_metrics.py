@@ -407,6 +407,37 @@ def test_close_ends_the_thread_at_once_even_with_a_silent_client_connected() -> 
     assert e.listener.fileno() == -1
 
 
+def test_a_client_half_way_through_its_request_at_a_handover_gets_its_reply(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A handover closes the endpoint with ``finish``: the client already taken, its
+    request still coming in, is answered, not reset (the successor takes the next)."""
+    monkeypatch.setattr(metrics, "_READ_DEADLINE", WAIT)  # the machine's speed plays no part
+    e = metrics.Endpoint(metrics.listener(Listen("127.0.0.1", 0)), _Body(b"up 1\n"), "test")
+    e.start()
+    with socket.create_connection(("127.0.0.1", _port(e)), timeout=WAIT) as client:
+        client.sendall(b"GET /metrics HTTP/1.1\r\n")
+        _wait_for(lambda: e._conn is not None, "the endpoint taking the client")
+        closer = threading.Thread(target=e.close, kwargs={"finish": True})
+        closer.start()
+        _wait_for(e._closing.is_set, "the handover's close")
+        client.sendall(b"Host: x\r\n")  # a head in pieces: read on after the close
+        time.sleep(0.2)  # room for the piece to be read alone (the pass needs no timing)
+        client.sendall(b"\r\n")
+        reply = b""
+        while chunk := client.recv(65536):
+            reply += chunk
+        closer.join(timeout=WAIT)
+    assert reply.startswith(b"HTTP/1.1 200 OK\r\n") and reply.endswith(b"up 1\n"), reply
+    assert not closer.is_alive() and e.listener.fileno() == -1
+
+
+def _wait_for(condition: Any, what: str) -> None:
+    deadline = time.monotonic() + WAIT
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {WAIT} s: {what}"
+        time.sleep(0.01)
+
+
 def test_many_connections_at_once_cost_one_thread(endpoint: metrics.Endpoint) -> None:
     before = threading.active_count()
     held = []
