@@ -655,8 +655,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.xml is None and (args.placement or args.pe_hostfile):
                 raise _Usage("geco rsrcinfo: --placement and --pe-hostfile go with --xml")
             rs = _rsrcinfo(args)
-            if args.serialize:
-                resourcefile.write_to(Path(args.serialize), rs)
+            if args.serialize:  # into the job's own file: the GPUs geco picked are kept
+                into = Path(args.serialize).absolute()
+                if into == resourcefile.path_for(_config.load().resources_dir, rs.key):
+                    rs = resourcefile.rewrite(into.parent, rs, contained=True)
+                else:
+                    resourcefile.write_to(into, rs)
             sys.stdout.buffer.write(rsrcinfo.render(rs, args.format))
             sys.stdout.flush()
         return EXIT_OK

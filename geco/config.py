@@ -131,6 +131,10 @@ class Config(NamedTuple):
     tmp_min_free: int = 0
     tmp_on_failure: str = "requeue"
     tmp_node_namespace: str = "/proc/1/ns/mnt"
+    # [health]
+    health_sick_after: int = 3
+    health_on_sick: str = "disable"
+    health_requeue_limit: int = 3
 
     @property
     def resources_dir(self) -> Path:
@@ -166,6 +170,7 @@ _SECTIONS: dict[str, tuple[str, ...]] = {
     "metrics": ("metrics_listen",),
     "tmp": ("tmp_private", "tmp_base", "tmp_var_tmp", "tmp_shm_size", "tmp_min_free",
             "tmp_on_failure", "tmp_node_namespace"),
+    "health": ("health_sick_after", "health_on_sick", "health_requeue_limit"),
     "gecod": ("gecod_socket", "gecod_privileged_socket", "gecod_privileged_group",
               "gecod_key_file", "gecod_request_timeout",
               "gecod_unreachable_policy", "gecod_exec_filter", "gecod_max_skew",
@@ -191,6 +196,7 @@ _TOML_NAME = {"cgroup_mount": "mount", "cgroup_name": "name", "cgroup_version": 
               "metrics_listen": "listen",
               **{f"tmp_{n}": n for n in ("private", "base", "var_tmp", "shm_size", "min_free",
                                          "on_failure", "node_namespace")},
+              **{f"health_{n}": n for n in ("sick_after", "on_sick", "requeue_limit")},
               **{f"gecod_{n}": n for n in (
                   "socket", "privileged_socket", "privileged_group", "key_file",
                   "request_timeout", "unreachable_policy", "exec_filter",
@@ -207,6 +213,7 @@ _CHOICES = {"cgroup_version": ("auto", "1", "2"),
             "ssh_gecod_unreachable": ("decide-here", "refuse", "allow"),
             "cluster_slaves": ("strict", "lenient"),
             "tmp_on_failure": ("requeue", "shared"),
+            "health_on_sick": ("disable", "journal"),
             "gpu_consumable": ("slot", "job")}
 # Whole-number settings whose smallest sensible value is above 0.
 _MINIMUM = {"gecod_workers": 1, "usage_max_samples": 4}

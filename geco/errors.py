@@ -46,6 +46,10 @@ class GecoError(Exception):
         ``None`` values are dropped.
     """
 
+    #: the node's own failure, not the job's nor the cluster's: counted towards the node
+    #: taking itself out (:mod:`geco.node.health`)
+    node_side = False
+
     def __init__(self, msg: str, **fields: object) -> None:
         self.msg = msg
         self.fields = {k: v for k, v in fields.items() if v is not None}
@@ -130,6 +134,8 @@ class JobKeyError(GecoError, ValueError):
 class CgroupError(GecoError):
     """A cgroup could not be created, written, emptied or removed."""
 
+    node_side = True
+
 
 class CoresUnavailable(GecoError):
     """Not enough free whole cores on this node; geco never over-commits."""
@@ -137,6 +143,8 @@ class CoresUnavailable(GecoError):
 
 class TopologyError(GecoError):
     """hwloc could not load the node's (or a synthetic) topology."""
+
+    node_side = True
 
 
 class NotContained(GecoError):

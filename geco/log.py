@@ -578,8 +578,9 @@ def in_background(logger: logging.Logger | None = None) -> None:
     log_handlers.in_background(logger)
 
 
-def stop_background() -> None:
-    """gecod's exit: write out what the logging thread holds and stop it."""
+def stop_background(wait: float | None = None) -> None:
+    """gecod's exit: write out what the logging thread holds and stop it (waiting at most
+    ``wait`` s; None: until it is done)."""
     from geco import log_handlers
 
-    log_handlers.stop_background()
+    log_handlers.stop_background(wait)

@@ -168,11 +168,26 @@ def in_background(logger: logging.Logger | None = None) -> None:
     _listener.start()
 
 
-def stop_background() -> None:
-    """Write out what the logging thread holds and stop it (gecod's exit)."""
+def stop_background(wait: float | None = None) -> None:
+    """Write out what the logging thread holds and stop it (gecod's exit).
+
+    ``wait``: the most seconds to wait for it (None: until it is done). A thread still
+    writing then (a stalled stderr or trace file) is left to die with the process, its
+    handlers open: at the node's shutdown gecod does not wait for a journal going down.
+    """
     global _listener
-    if _listener is not None:
-        _listener.stop()
-        for handler in _listener.handlers:
-            handler.close()
-        _listener = None
+    listener, _listener = _listener, None
+    if listener is None:
+        return
+    if wait is None:
+        listener.stop()
+    else:
+        listener.enqueue_sentinel()
+        thread = listener._thread  # the standard library offers no bounded stop()
+        if thread is not None:
+            thread.join(wait)
+            if thread.is_alive():
+                return
+        listener._thread = None
+    for handler in listener.handlers:
+        handler.close()

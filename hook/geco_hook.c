@@ -53,8 +53,8 @@ static const struct {
              {"starter", LIBEXEC "/geco-starter", 0}};
 #define NHOOKS (sizeof HOOKS / sizeof HOOKS[0])
 
-/* gecod did the hook's work for this process: the hook's exit status (0, or 99 when gecod
-   says the job must be re-queued), or -1 when the Python hook must do it */
+/* gecod did the hook's work for this process: the hook's exit status (0; 99 when gecod
+   says the job must be re-queued, 100 held), or -1 when the Python hook must do it */
 static int done_by_gecod(int argc, char **argv, uint32_t hook)
 {
     static geco_config_t cfg; /* one page for the key (see geco_config.h) */
@@ -74,11 +74,11 @@ static int done_by_gecod(int argc, char **argv, uint32_t hook)
                          task, (uint32_t)getpid(), hook, &out) == GECO_CLIENT_OK)
         return 0;
     /* a prolog gecod ran to the end, which found the job cannot start now (a host of a
-       parallel job did not prepare it; journaled): re-queued, not done a second time */
-    return hook == GECO_HOOK_PROLOG && out.result == GECO_CLIENT_E_STATUS
-                   && out.status == GECO_REQUEUE
-               ? 99
-               : -1;
+       parallel job did not prepare it; journaled): re-queued, or held in error when that
+       happened too often, not done a second time */
+    if (hook != GECO_HOOK_PROLOG || out.result != GECO_CLIENT_E_STATUS)
+        return -1;
+    return out.status == GECO_REQUEUE ? 99 : out.status == GECO_HOLD ? 100 : -1;
 }
 
 /* Apply gecod's STARTER_REPLY strings (program, argument count, arguments, environment

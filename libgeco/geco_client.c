@@ -522,7 +522,7 @@ const char *geco_status_name(uint32_t status)
     static const char *const names[] = {
         [GECO_OK] = "OK", [GECO_REFUSED] = "REFUSED", [GECO_NO_SUCH_JOB] = "NO_SUCH_JOB",
         [GECO_FAILED] = "FAILED", [GECO_BAD_REQUEST] = "BAD_REQUEST", [GECO_VERSION] = "VERSION",
-        [GECO_BUSY] = "BUSY", [GECO_REQUEUE] = "REQUEUE",
+        [GECO_BUSY] = "BUSY", [GECO_REQUEUE] = "REQUEUE", [GECO_HOLD] = "HOLD",
     };
     return status < WORDS_COUNT(names) ? names[status] : "UNKNOWN";
 }

@@ -279,7 +279,7 @@ static int decode_reply(const uint8_t *buf, size_t len, const uint8_t key[GECO_K
     const uint8_t *p = buf + GECO_HEADER_BYTES;
     uint32_t extra = n >= ACK_BYTES ? n - ACK_BYTES : 0;
     if (n < ACK_BYTES || (want == GECO_ACK && extra != 0) || load32(p + 20) != 0
-        || load32(p + 16) > GECO_REQUEUE)
+        || load32(p + 16) > GECO_HOLD)
         return GECO_E_PAYLOAD;
     if (want == GECO_STARTER_REPLY) {
         /* NUL-terminated strings, only in an OK reply, never cut short here */

@@ -48,7 +48,8 @@ enum geco_adopt_stage { GECO_ADOPT_ACCOUNT = 1, GECO_ADOPT_SESSION = 2, GECO_ADO
 #define GECO_REPLY_MAX_TEXT 2048
 enum geco_status { GECO_OK = 0, GECO_REFUSED = 1, GECO_NO_SUCH_JOB = 2, GECO_FAILED = 3,
                    GECO_BAD_REQUEST = 4, GECO_VERSION = 5, GECO_BUSY = 6,
-                   GECO_REQUEUE = 7 /* HOOK: done by gecod, the job is re-queued (exit 99) */ };
+                   GECO_REQUEUE = 7, /* HOOK: done by gecod, the job is re-queued (exit 99) */
+                   GECO_HOLD = 8 /* HOOK: done by gecod, the job is held in error (exit 100) */ };
 /* errors returned (negative) by the decoders */
 enum geco_err { GECO_E_SHORT = -1, GECO_E_MAGIC = -2, GECO_E_VERSION = -3, GECO_E_FLAGS = -4,
                 GECO_E_LENGTH = -5, GECO_E_MAC = -6, GECO_E_TYPE = -7, GECO_E_PAYLOAD = -8,

@@ -34,7 +34,11 @@ at ``<systemd base>/<job>.<task>``, a subtree of a unit systemd delegates
 execd's service, an ssh session's scope), they would be moved out of their job by
 systemd: re-realizing a unit whose controllers changed (a daemon-reload can do it)
 migrates every process it tracks there, in each v1 controller it manages, to the unit's
-own cgroups. systemd never does that in a delegated unit.
+own cgroups. systemd never does that in a delegated unit, so :meth:`V1Backend.ensure_root`
+refuses a base in a unit that is not running, or that systemd (251 and later mark their
+units' cgroups with ``user.invocation_id``, and delegated ones with ``user.delegate``)
+does not delegate, naming the fix; a base in no unit at all is left to the caller to
+warn about (systemd tracks no process there).
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ from geco.cgroup._fs import (
     proc_cgroups,
     read_int,
     read_str,
+    read_xattr,
     rmdir_quietly,
     set_value,
     unique,
@@ -272,6 +277,7 @@ class V1Backend(Backend):
     # -- the GECO parent ------------------------------------------------------
 
     def ensure_root(self) -> None:
+        self._check_systemd_unit()
         parents = self.parent_paths()
         for d in unique(parents.values()):
             created = self._make_parent(d)
@@ -285,6 +291,42 @@ class V1Backend(Backend):
                         # an empty GECO cpuset would later look like an admin's broken one
                         rmdir_quietly(d)
                     raise
+
+    @property
+    def systemd_units(self) -> dict[str, Path | None]:
+        """Per systemd hierarchy (``name=systemd``, ``""``): the cgroup directory of the
+        unit (service or scope) the job cgroups' base lies in, or None when in none."""
+        from geco.cgroup._v2 import unit_cgroup
+
+        return {k: unit_cgroup(h.mount_point, self._parents[k][0])
+                for k, h in self._systemd.items()}
+
+    def _check_systemd_unit(self) -> None:
+        """Refuse ``[cgroup] v1_systemd_base`` in a unit that is not running or that systemd
+        does not delegate: a daemon-reload would move job processes out of their cgroups.
+
+        Raises
+        ------
+        CgroupError
+            naming the unit and the fix (start it; ``Delegate=yes``).
+        """
+        for key, unit in self.systemd_units.items():
+            if unit is None:
+                continue
+            base = self._parents[key][1]
+            where = f"[cgroup] v1_systemd_base {base} lies in the cgroup of {unit.name}"
+            if not unit.is_dir():
+                raise CgroupError(f"{where}, which is not running: v1_systemd_base must lie "
+                                  f"in a running unit systemd delegates (systemctl start "
+                                  f"{unit.name})", path=unit)
+            # systemd marks the hierarchy it tracks units in: name=systemd (legacy) or the
+            # cgroup2 (hybrid); the other one carries no marks, and tells nothing
+            if read_xattr(unit, "user.invocation_id") is not None \
+                    and read_xattr(unit, "user.delegate") != b"1":
+                raise CgroupError(f"{where}, which systemd does not delegate: a daemon-reload "
+                                  f"would move job processes out of their cgroups there; set "
+                                  f"Delegate=yes in {unit.name} (conf/geco-jobs.service has it)",
+                                  path=unit)
 
     def _make_parent(self, d: Path) -> bool:
         try:

@@ -57,6 +57,8 @@ __all__ = ["refusal", "serve", "serve_starter"]
 
 _log = log.get("gecod.hook")
 
+_STATUS = {Exit.OK: AckStatus.OK, Exit.REQUEUE: AckStatus.REQUEUE, Exit.JOB_ERROR: AckStatus.HOLD}
+
 # the log levels at which a Python hook writes lines to the job's output files
 _VERBOSE = ("info", "debug")
 
@@ -102,12 +104,11 @@ def serve(msg: Hook, ctx: GecodContext) -> tuple[AckStatus, str]:
                               resources=rs)
     except (GecoError, OSError) as exc:
         return _not_here(msg, str(exc), AckStatus.FAILED)
-    if code not in (Exit.OK, Exit.REQUEUE):
-        return _not_here(msg, f"exit {int(code)}", AckStatus.FAILED)
     journal_done(logger, name, code, time.monotonic() - started,
                  procfs.seconds_since_start(msg.pid), msg.job_id, msg.task_id)
-    # a re-queue was decided and journaled here: the hook exits 99 without a second try
-    return (AckStatus.OK if code == Exit.OK else AckStatus.REQUEUE), ""
+    # a re-queue or a hold was decided and journaled here: the hook exits 99 or 100
+    # without a second try
+    return _STATUS[code], ""
 
 
 def serve_starter(msg: Starter, nonce: bytes, peer: Peer, ctx: GecodContext) -> StarterReply:

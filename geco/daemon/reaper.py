@@ -68,6 +68,7 @@ from geco.errors import GecoError, JobNotFound, TaskNotRunning
 from geco.job import containment, ending, samples, teardown
 from geco.job.jobkey import JobKey
 from geco.job.resourceset import ResourceSet, short_hostname
+from geco.node import gpupicks
 from geco.sge import execd, qstat, resourcefile
 
 __all__ = ["FIRST_ROUND_DELAY", "Reaper", "RoundReport", "Verdict", "min_age", "prune_old",
@@ -524,15 +525,16 @@ class Reaper:
     def _resources(self, cfg: Config, key: JobKey) -> ResourceSet | None:
         """The job's resource file, or None (missing; unusable and qstat cannot help:
         warned once per version). An unusable one is read again from qstat and written
-        anew (a job runs on, and its later tasks and OOM reports need it)."""
+        anew (a job runs on, and its later tasks and OOM reports need it), with the GPUs geco
+        picked for it here put back (:func:`geco.sge.resourcefile.rewrite`)."""
         job, task = key.job, key.task
         path = resourcefile.path_for(cfg.resources_dir, key)
         try:
             return resourcefile.read(cfg.resources_dir, key)
         except GecoError as exc:
             with contextlib.suppress(GecoError):
-                rs = self.fetch(job, task, cfg, None)
-                resourcefile.write(cfg.resources_dir, rs)
+                rs = resourcefile.rewrite(cfg.resources_dir, self.fetch(job, task, cfg, None),
+                                          self.node, contained=True)
                 _log.warning("job %s: its resource file %s was unusable (%s); read again "
                              "from qstat and written anew", key, path, exc,
                              extra=log.job_fields(job, task, "resource-file-rewritten",
@@ -572,7 +574,20 @@ class Reaper:
             _log.info("reaper: job %s has no cgroups and no spool dir here; removed its "
                       "resource file", key,
                       extra=log.job_fields(key.job, key.task, "resource-file-pruned"))
+        self._forget_orphan_picks(cfg, keys, old)
         self._remove_orphan_namespaces(cfg, keys)
+
+    def _forget_orphan_picks(self, cfg: Config, keys: set[JobKey], old: float) -> None:
+        """Remove the records of GPU picks left without their resource file and cgroups (the
+        file removed by hand, or by a geco that did not know them); they go with it else."""
+        for key in gpupicks.keys(cfg.resources_dir):
+            try:
+                if key in keys or resourcefile.path_for(cfg.resources_dir, key).exists() \
+                        or os.stat(gpupicks.path_for(cfg.resources_dir, key)).st_mtime > old:
+                    continue
+                gpupicks.remove(cfg.resources_dir, key)
+            except (GecoError, OSError) as exc:  # gone meanwhile, or tried next round
+                _log.debug("reaper: job %s: its GPU picks are kept: %s", key, exc)
 
     def _remove_orphan_namespaces(self, cfg: Config, keys: set[JobKey]) -> None:
         """Remove the private /tmp of jobs without cgroups here (a job's end that could not

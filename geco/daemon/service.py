@@ -12,7 +12,8 @@ On cgroup v2 under systemd, job cgroups live in a delegated unit of their own
 (``[cgroup] v2_base`` in ``geco-jobs.service``): start-up checks that systemd
 delegates it and passes the controllers down (:meth:`geco.cgroup.V2Backend.ensure_root`
 says which unit setting to fix when not); a base outside any unit is only
-warned about, since systemd owns that part of the tree.
+warned about, since systemd owns that part of the tree. On cgroup v1 the same holds
+for ``[cgroup] v1_systemd_base`` (:meth:`geco.cgroup.V1Backend.ensure_root`).
 
 Then it rebuilds its view of the node from the cgroup tree (nothing lives only
 in its memory), watches the running jobs' shepherds again (before it listens: a
@@ -38,6 +39,13 @@ teardown cut short could leave a job frozen), ``STOPPING=1``, exit 0. Job
 cgroups are never touched on the way out: running jobs stay contained, and a
 restart neither kills nor releases them (they are not in gecod's cgroup, so
 no ``KillMode=`` reaches them; ``conf/gecod.service`` says why they cannot be).
+When the SIGTERM is the node's own shutdown (systemd says ``stopping``: poweroff,
+reboot, halt), nothing of that is worth waiting for: the jobs die with the node, and
+what a worker waits on (a qstat or qmod to a Grid Engine that is going down too, a
+cluster peer, a teardown's ``kill_timeout``) could hold the poweroff up until
+systemd's stop timeout. gecod then answers only what is done within
+``_SHUTDOWN_GRACE`` s and exits 0 without waiting for its threads (systemd SIGKILLs
+what they started: ``KillMode=mixed``).
 """
 
 from __future__ import annotations
@@ -50,6 +58,7 @@ import os
 import selectors
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -83,6 +92,11 @@ EXIT_OK, EXIT_FAILED = 0, 1
 _GIL_SWITCH = 0.001
 # Seconds SIGTERM waits for requests already in a worker to be answered.
 _DRAIN_GRACE = 10.0
+# At the node's shutdown: seconds for requests nearly answered, then for the log thread.
+_SHUTDOWN_GRACE = 1.0
+# The longest gecod asks systemd whether the node is going down (a wedged PID 1 is no
+# reason to stop slowly).
+_SYSTEMCTL_WAIT = 2.0
 # Seconds between two reports of log records dropped (journald stopped or too slow).
 _LOG_DROP_REPORT = 10.0
 # A job start short of cores waits this much beyond kill_timeout for ended jobs' teardowns.
@@ -238,6 +252,7 @@ class Daemon:
             on_prepared=lambda key: self.loop.call_soon_threadsafe(lambda: self._watch_job(key)),
             before_release=self._check_oom_now)
         self._stopping = False
+        self._node_going_down = False  # SIGTERM came with the node's shutdown
         self._log_drops = 0
         self._status_due = False
         self.predecessor: handover.Predecessor | None = None  # this gecod handing over
@@ -271,7 +286,8 @@ class Daemon:
         return endpoint
 
     def _warn_outside_units(self) -> None:
-        """Warn when systemd runs this node but the v2 job cgroups are in no delegated unit."""
+        """Warn when systemd runs this node but the job cgroups (v2) or their systemd base
+        (v1) are in no unit it delegates."""
         backend = self.backend
         if isinstance(backend, cgroup.V2Backend) and backend.delegated_root is None \
                 and cgroup.SYSTEMD_RUN.is_dir():
@@ -282,6 +298,12 @@ class Daemon:
                          backend.base, backend.mount_point,
                          extra=log.job_fields(None, None, "cgroup-base-not-delegated",
                                               CGROUP=backend.base))
+        if isinstance(backend, cgroup.V1Backend) and cgroup.SYSTEMD_RUN.is_dir() \
+                and None in backend.systemd_units.values():
+            _log.warning("[cgroup] v1_systemd_base lies in no systemd unit: systemd does not "
+                         "delegate it to geco; install conf/geco-jobs.service and set "
+                         "[cgroup] v1_systemd_base = \"/system.slice/geco-jobs.service/jobs\"",
+                         extra=log.job_fields(None, None, "cgroup-base-not-delegated"))
 
     def _refuse_second_gecod(self) -> None:
         """Fail when something already answers on our socket (a running gecod), or when
@@ -395,8 +417,14 @@ class Daemon:
                   extra=log.job_fields(None, None, "gecod-stopping",
                                        SIGNAL=signal.Signals(signum).name))
         notify("STOPPING=1")
+        self._node_going_down = node_going_down()
+        if self._node_going_down:
+            _log.info("the node is shutting down: gecod exits without waiting for the work "
+                      "in progress (its jobs end with the node)",
+                      extra=log.job_fields(None, None, "gecod-stopping-with-node"))
         self.server.shutdown(on_idle=self.loop.stop)
-        self.loop.add_timer(_DRAIN_GRACE, self.loop.stop)
+        self.loop.add_timer(_SHUTDOWN_GRACE if self._node_going_down else _DRAIN_GRACE,
+                            self.loop.stop)
 
     def _on_handover_signal(self, signum: int) -> None:
         if self._stopping or self.predecessor is not None:
@@ -537,6 +565,10 @@ class Daemon:
             code = self._handed_over(self.predecessor)
         else:
             _log.info("gecod stopped", extra=log.job_fields(None, None, "gecod-stopped"))
+        if self._node_going_down:
+            # the interpreter's exit would join every executor thread still at its work
+            log.stop_background(wait=_SHUTDOWN_GRACE)
+            _exit_now(code)
         log.stop_background()
         return code
 
@@ -580,11 +612,35 @@ class Daemon:
         # on the way out already: a second SIGTERM (an impatient admin, kill -TERM
         # twice) must not turn a clean exit into a kill while workers finish
         self.loop.close(signals_to=signal.SIG_IGN)
-        self.pools.shutdown(wait=True, cancel_futures=True)
+        # at the node's shutdown nothing is waited for: what a worker waits on may be
+        # going down too, and the jobs end with the node
+        wait = not self._node_going_down
+        self.pools.shutdown(wait=wait, cancel_futures=True)
         # waits for a round's teardown in progress: one cut short could leave a job frozen
-        self.reaper_executor.shutdown(wait=True, cancel_futures=True)
-        if self.lane is not None:  # nothing publishes or withdraws jobs any more
+        self.reaper_executor.shutdown(wait=wait, cancel_futures=True)
+        # nothing publishes or withdraws jobs any more (at the node's shutdown, workers
+        # may still: the lane goes with the process)
+        if self.lane is not None and wait:
             self.lane.close()
+
+
+def node_going_down() -> bool:
+    """True when systemd is taking the whole node down (``systemctl is-system-running``
+    says ``stopping``: a poweroff, reboot or halt is under way); False without systemd
+    (``offline``, or no systemctl), or when it does not answer within ``_SYSTEMCTL_WAIT`` s."""
+    try:
+        state = subprocess.run(["systemctl", "is-system-running"], capture_output=True,
+                               text=True, timeout=_SYSTEMCTL_WAIT, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return state.strip() == "stopping"
+
+
+def _exit_now(code: int) -> None:
+    """Exit with ``code`` at once: threads still at their work are not joined, and
+    nothing is flushed (stderr, a journal stream, may be stalled; the log thread wrote
+    what it could)."""
+    os._exit(code)
 
 
 def _group(name: str) -> int:

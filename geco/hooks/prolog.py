@@ -46,8 +46,8 @@ from geco.config import Config
 from geco.errors import GecoError
 from geco.hooks import Exit, attach_trace, run
 from geco.job import containment
-from geco.job.resourceset import NodeResources, ResourceSet
-from geco.node import gpus
+from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.node import gpus, health
 from geco.sge import execd, lookup, resourcefile, v1format
 from geco.units import format_memory
 
@@ -191,26 +191,51 @@ def contain(job: execd.JobRef, shepherd: int, hook: int, cfg: Config, logger: lo
                              MEMORY_DEFAULT="yes" if default else "no",
                              GPUS=granted, SHEPHERD_PID=shepherd,
                              SLOTS=slots, OWNER=rs.owner))
-    if len(rs.nodes) > 1 and not _other_hosts_ready(job, rs, cfg, logger):
-        _undo(job, shepherd, hook, cfg, backend)
-        return Exit.REQUEUE
+    if len(rs.nodes) > 1:
+        why = _other_hosts_failure(job, rs, cfg, logger)
+        if why:
+            _undo(job, shepherd, hook, cfg, backend)
+            return _requeue_or_hold(job, cfg, why, logger)
+        health.forget_requeues(cfg, job.key)
     return Exit.OK
 
 
-def _other_hosts_ready(job: execd.JobRef, rs: ResourceSet, cfg: Config,
-                       logger: log.Logger) -> bool:
-    """Step 5: every other host of the job prepared it (else they undid it, and it is
-    journaled which did not and why)."""
+def _other_hosts_failure(job: execd.JobRef, rs: ResourceSet, cfg: Config,
+                         logger: log.Logger) -> str:
+    """Step 5: "" when every other host of the job prepared it; else why not (they undid
+    it, and it is journaled which did not and why)."""
     from geco.wire import cluster  # a parallel job's prolog only
 
     try:
-        return not cluster.prepare(rs, cfg, logger)
+        failed = cluster.prepare(rs, cfg, logger)
     except GecoError as exc:  # the cluster key or address: nothing was sent
         logger.error("job %s cannot start on its %d hosts: %s; the job is re-queued",
                      job.key, len(rs.nodes), exc,
                      extra=log.job_fields(job.job_id, job.task_id, "barrier-failed",
                                           REASON=str(exc)))
-        return False
+        # this host's own setting: the node is what is sick, not the job
+        spooled = execd.queue_instance(job.spool_dir) if job.spool_dir is not None else None
+        health.failed(cfg, job.key, exc, spooled or f"*@{short_hostname()}", node_side=True)
+        return str(exc)
+    return "; ".join(f"host {a.host} did not prepare it: {a.reason or a.status}"
+                     for a in failed)
+
+
+def _requeue_or_hold(job: execd.JobRef, cfg: Config, why: str, logger: log.Logger) -> Exit:
+    """Re-queue a job whose other hosts did not prepare it, up to ``[health]
+    requeue_limit`` times; the failure after that holds it in error (exit 100) with the
+    reason."""
+    count = health.requeued(cfg, job.key)  # 0: it cannot be counted; re-queued as before
+    limit = cfg.health_requeue_limit
+    if count <= limit:
+        return Exit.REQUEUE
+    health.forget_requeues(cfg, job.key)  # cleared by qmod -cj, it starts counting anew
+    logger.error("job %s is held in error: re-queued %d times because its other hosts "
+                 "could not prepare it, the last time: %s ([health] requeue_limit = %d); "
+                 "clear it with qmod -cj %d once they can", job.key, count - 1, why, limit,
+                 job.job_id, extra=log.job_fields(job.job_id, job.task_id, "job-held",
+                                                  REASON=why, REQUEUES=count - 1))
+    return Exit.JOB_ERROR
 
 
 def _undo(job: execd.JobRef, shepherd: int, hook: int, cfg: Config,

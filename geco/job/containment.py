@@ -32,7 +32,7 @@ from geco.config import Config
 from geco.errors import CgroupError, CoresUnavailable, GecoError
 from geco.job.jobkey import JobKey
 from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
-from geco.node import gpus
+from geco.node import gpupicks, gpus, health
 from geco.sge import execd, lookup, resourcefile
 from geco.sge.execd import JobRef
 from geco.sge.lookup import Found
@@ -212,10 +212,12 @@ class GpuShare(NamedTuple):
         return gpus.denied(self.table, ids or (), self.caps)
 
     def save(self, ids: tuple[int, ...] | None) -> None:
-        """Record picked or mapped ids in this node's resource file (once the job's cgroups
-        deny the other GPUs: ids that never took effect are never on record); nothing to
-        record for the ids Grid Engine granted as ids, nor on a node without GPUs or for a
-        grant that could not be mapped (``ids`` None: Grid Engine's words stay on record).
+        """Record picked or mapped ids in this node's resource file, picked ones also in
+        their record beside it (:mod:`geco.node.gpupicks`: a file written anew from qstat
+        gets them back), once the job's cgroups deny the other GPUs (ids that never took
+        effect are never on record); nothing to record for the ids Grid Engine granted as
+        ids, nor on a node without GPUs or for a grant that could not be mapped (``ids``
+        None: Grid Engine's words stay on record).
 
         Raises
         ------
@@ -228,6 +230,8 @@ class GpuShare(NamedTuple):
             return
         given = gpus.parse_share(node.gpus)
         done = gpus.Share(given.amount, ids, given.counted)
+        if done.counted and done.ids:  # beside the file: a rewrite from qstat keeps them
+            gpupicks.save(self.resources_dir, self.resources, node.name, done)
         if done == given:
             return
         picked = node._replace(gpus=str(done))
@@ -239,13 +243,27 @@ class GpuShare(NamedTuple):
         return gpus.parse_share(node.gpus) if node is not None else gpus.Share()
 
     def _held_by(self, key: JobKey) -> tuple[int, ...]:
+        """The ids job ``key`` holds here: its resource file's, else (a file unusable or
+        missing, or a count without ids) those recorded when they were picked."""
         try:
             rs = resourcefile.read(self.resources_dir, key)
             node = rs.node(self.hostname) if rs is not None else None
-            return gpus.parse_share(node.gpus).ids if node is not None else ()
-        except GecoError as exc:  # unreadable: its GPUs look free, and it says so
-            _log.warning("job %s: cannot tell which GPUs it holds: %s", key, exc)
-            return ()
+            share = gpus.parse_share(node.gpus) if node is not None else gpus.Share()
+            if share.ids or (rs is not None and not share.counted):
+                return share.ids
+            why = ""
+        except GecoError as exc:
+            why = str(exc)
+        try:
+            picks = gpupicks.load(self.resources_dir, key)
+        except GecoError as exc:
+            why = f"{why}; {exc}" if why else str(exc)
+            picks = None
+        if picks is not None and short_hostname(picks.host) == short_hostname(self.hostname):
+            return picks.share.ids
+        if why:  # its GPUs look free, and it says so
+            _log.warning("job %s: cannot tell which GPUs it holds: %s", key, why)
+        return ()
 
 
 def pids_unenforced(backend: Backend, rule: PidsLimit) -> str:
@@ -564,6 +582,22 @@ def contain_job(job: JobRef, cfg: Config, backend: Backend, *, pid: int | None,
         host = hostname or short_hostname()
         raise GecoError(f"job {job.key} has no slots on this host ({host}); its hosts: "
                         f"{', '.join(n.name for n in found.resources.nodes) or 'none'}")
+    try:
+        done = _make(job, cfg, backend, pid, found, node, hostname, topology, reclaim,
+                     private_tmp)
+    except GecoError as exc:  # the node's own failure counts towards taking it out
+        spooled = execd.queue_instance(job.spool_dir) if job.spool_dir is not None else None
+        health.failed(cfg, job.key, exc, spooled or f"*@{hostname or short_hostname()}")
+        raise
+    if done.created:
+        health.contained(cfg)
+    return done
+
+
+def _make(job: JobRef, cfg: Config, backend: Backend, pid: int | None, found: Found,
+          node: NodeResources, hostname: str | None, topology: Topology | None,
+          reclaim: Callable[[], None] | None, private_tmp: bool) -> Contained:
+    """:func:`contain_job`'s making of the cgroups: the node's share of ``found``."""
     # the GECO parents may be gone (an admin's cleanup script, a hierarchy remounted):
     # make them again, as every job start does
     backend.ensure_root()

@@ -28,8 +28,10 @@ A job's share on a node travels in its resource set's per-node GPU list (the see
   :func:`pick` chooses the ids under the node lock, among the GPUs no other running job
   holds, nearest the job's cores first, and they are saved beside the count in this
   node's resource file (``"count:2=1,3"``), so the picture is rebuilt from the running
-  jobs' files after any restart. A new containment of the job (its cgroups were gone)
-  picks again: ids it held before may be another job's by then.
+  jobs' files after any restart, and in a record beside that file, from which a file
+  written anew from Grid Engine gets them back (:mod:`geco.node.gpupicks`). A new
+  containment of the job (its cgroups were gone) picks again: ids it held before may be
+  another job's by then.
 
 The kernel keeps a job off every GPU of the node it was not granted (cgroup v1
 ``devices.deny``, a v2 device program): only those minors are denied, so ordinary
@@ -59,9 +61,9 @@ if TYPE_CHECKING:
     from geco.job.jobkey import JobKey
     from geco.job.resourceset import ResourceSet
 
-__all__ = ["COUNT_PREFIX", "Gpu", "GpuComplex", "GpuGrantError", "GpusUnavailable", "MigCaps",
-           "Share", "denied", "environment", "format_ids", "from_hgr", "held", "job_environment",
-           "map_share", "mig_caps", "node_table", "parse_share", "pick"]
+__all__ = ["COUNT_PREFIX", "Gpu", "GpuComplex", "GpuGrantError", "GpusMissing", "GpusUnavailable",
+           "MigCaps", "Share", "denied", "environment", "format_ids", "from_hgr", "held",
+           "job_environment", "map_share", "mig_caps", "node_table", "parse_share", "pick"]
 
 COUNT_PREFIX = "count:"
 # NVIDIA's character major for /dev/nvidia<N> and nvidiactl (fixed by the driver)
@@ -79,6 +81,14 @@ _AMOUNT = re.compile(r"[0-9]+\.[0-9]+")
 
 class GpusUnavailable(GecoError):
     """Fewer GPUs are free on this node than the job was granted here."""
+
+
+class GpusMissing(GpusUnavailable):
+    """Grid Engine granted more GPUs here than the node has at all: its complex_values
+    count GPUs that geco does not find (a driver not loaded, ``[gpu] devices`` short), the
+    node's own failure (:mod:`geco.node.health`)."""
+
+    node_side = True
 
 
 class GpuGrantError(GecoError, ValueError):
@@ -344,8 +354,12 @@ def pick(table: Sequence[Gpu], count: int, busy: Iterable[int],
     Raises
     ------
     GpusUnavailable
-        when fewer than ``count`` are free.
+        when fewer than ``count`` are free (:class:`GpusMissing` when the node has fewer).
     """
+    if count > len(table):
+        raise GpusMissing(f"the job was granted {count} GPU(s) here, but geco finds "
+                          f"{len(table)} on this node: its complex_values count GPUs that "
+                          "are not there (the driver, [gpu] devices)")
     taken, local = set(busy), set(near)
     free = [g for g in table if g.id not in taken]
     if len(free) < count:

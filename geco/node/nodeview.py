@@ -18,7 +18,7 @@ from geco.cgroup import Backend, favors_dynmods, parse_mountinfo
 from geco.config import Config
 from geco.errors import GecoError
 from geco.job.containment import MemoryDefault, jobs_memory
-from geco.node import gpus
+from geco.node import gpus, health
 from geco.node.topology import format_cpulist, parse_cpulist
 from geco.units import format_memory
 
@@ -27,13 +27,14 @@ __all__ = ["lines"]
 
 def lines(cfg: Config, backend: Backend, proc: Path = procfs.ROOT) -> list[tuple[str, str]]:
     """``(what, text)`` for cores, memory, the default, the GPUs, the kernel's moves, the
-    jobs' private /tmp and gecod's Prometheus endpoint."""
+    jobs' private /tmp, gecod's Prometheus endpoint and the node's health."""
     from geco.daemon import metrics  # its one line; prometheus_client only when listening
     from geco.job import privatetmp
 
     return [("cores", _cores(cfg, backend)), ("memory", _memory(cfg)),
             ("default", _default(cfg)), ("gpus", _gpus(cfg)), ("moves", _moves(proc)),
-            ("tmp", privatetmp.describe(cfg)), ("metrics", metrics.describe(cfg))]
+            ("tmp", privatetmp.describe(cfg)), ("metrics", metrics.describe(cfg)),
+            ("health", health.describe(cfg))]
 
 
 def _cores(cfg: Config, backend: Backend) -> str:

@@ -178,8 +178,8 @@ def find(job: execd.JobRef, cfg: Config, logger: log.Logger | None = None, *,
                      time.monotonic() - started)
     if instance is not None:
         rs = instance.stamp(rs)
-    try:
-        resourcefile.write(cfg.resources_dir, rs)
+    try:  # in place of a missing or unusable file: GPUs geco picked here are kept
+        rs = resourcefile.rewrite(cfg.resources_dir, rs)
     except GecoError as exc:  # a full disk must not stop the job; later hooks ask qstat again
         logger.warning("%s", exc, extra=fields)
     return Found(rs, "qstat", time.monotonic() - started)

@@ -10,6 +10,11 @@ reported by :func:`read` as a :class:`~geco.errors.ResourceFormatError`; the
 caller decides whether to ask qstat again, or goes on with what else it knows
 (:func:`read_usable`).
 
+A set Grid Engine gives anew in place of a file that is missing or unusable is written by
+:func:`rewrite`, the one way to do it: it keeps the GPU ids geco picked for the job on this
+node (:mod:`geco.node.gpupicks`), which Grid Engine does not know. :func:`remove` removes
+their record with the file.
+
 Every set read or written here also tells this process's later journal records of
 the job which job of its number it is (:func:`geco.log.job_instance`), for as long
 as the file is unchanged.
@@ -24,9 +29,10 @@ from geco.atomicfile import write_atomic
 from geco.errors import GecoError
 from geco.job.jobkey import JobKey
 from geco.job.resourceset import ResourceSet
+from geco.node import gpupicks
 from geco.sge import v1format
 
-__all__ = ["path_for", "read", "read_usable", "remove", "write", "write_to"]
+__all__ = ["path_for", "read", "read_usable", "remove", "rewrite", "write", "write_to"]
 
 _log = log.get("resourcefile")
 
@@ -90,6 +96,47 @@ def write(resources_dir: Path, rs: ResourceSet) -> Path:
     return path
 
 
+def rewrite(resources_dir: Path, rs: ResourceSet, hostname: str | None = None, *,
+            contained: bool = False) -> ResourceSet:
+    """Write ``rs``, read anew from Grid Engine (qstat, the spool) because the job's file is
+    missing or unusable, with the GPU ids geco picked for it on this node put back
+    (:func:`geco.node.gpupicks.kept`); return what was written.
+
+    Picks that cannot be put back are never made up: the count stays without ids, the job
+    keeps the GPUs its cgroup lets it open, and a warning says which job and why
+    (``gpu-picks-unknown``).
+
+    Parameters
+    ----------
+    hostname: this node's name as ``rs`` spells it (None: this host's).
+    contained: the job's cgroups exist here (it holds its GPUs already).
+
+    Raises
+    ------
+    GecoError
+        as :func:`write`.
+    """
+    kept, lost = gpupicks.kept(resources_dir, rs, hostname, contained=contained)
+    path = write(resources_dir, kept)
+    key = rs.key
+    if lost:
+        node = kept.node(hostname)
+        _log.warning("job %s: its resource file %s was written anew from Grid Engine, which "
+                     "counts its GPUs here (%s) but does not know which ones geco picked, and "
+                     "they cannot be put back: %s; the job keeps the GPUs its cgroup lets it "
+                     "open, but its later tasks, geco status and the next job's pick do not "
+                     "know them", key, path, node.gpus if node else "", lost,
+                     extra=log.job_fields(key.job, key.task, "gpu-picks-unknown", PATH=path,
+                                          GPUS=node.gpus if node else None, REASON=lost))
+    elif kept is not rs:
+        node = kept.node(hostname)
+        _log.info("job %s: its resource file %s was written anew from Grid Engine, with the "
+                  "GPUs geco picked here (%s) put back", key, path, node.gpus if node else "",
+                  extra=log.job_fields(key.job, key.task, "gpu-picks-kept", PATH=path,
+                                       GPUS=node.gpus if node else None))
+    return kept
+
+
 def write_to(path: Path, rs: ResourceSet, *, make_dir: bool = False) -> None:
     """Atomically write ``rs`` to ``path`` (temporary file, fsync, rename).
 
@@ -109,8 +156,16 @@ def _tell_the_log(path: Path, rs: ResourceSet) -> None:
 
 
 def remove(resources_dir: Path, key: JobKey) -> bool:
-    """Remove a job task's file; return False when there was none."""
+    """Remove a job task's file, and the record of the GPUs picked for it; return False
+    when there was no file.
+
+    Raises
+    ------
+    GecoError
+        when either exists and cannot be removed.
+    """
     path = path_for(resources_dir, key)
+    gpupicks.remove(resources_dir, key)
     try:
         path.unlink()
     except FileNotFoundError:

@@ -93,6 +93,7 @@ class AckStatus(enum.IntEnum):
     VERSION = 5  # the request's protocol version is not spoken here
     BUSY = 6
     REQUEUE = 7  # a HOOK: gecod did the prolog's work and the job must be re-queued (exit 99)
+    HOLD = 8  # a HOOK: gecod did the prolog's work and the job is held in error (exit 100)
 
 
 def _payload_error(msg: str, **fields: object) -> ProtocolError:

@@ -31,9 +31,10 @@ from tests import figurekit
 from tests.cleanslate import TEST_USER
 from tests.servicekit import HOOK_LINES
 
-__all__ = ["COPY_TO_GUEST", "EXTENSIONS", "GUEST_SGE", "INSTALL_PACKAGE", "MASK", "PREPARE",
-           "PRESEED", "REPO", "RUNNER", "SGE_MEM", "TIMEOUT", "Boot", "VmRun",
-           "assert_all_passed", "guest_pytest", "packages", "result", "start", "stop", "summary"]
+__all__ = ["COPY_TO_GUEST", "EXTENSIONS", "GUEST_SGE", "INSTALL_PACKAGE", "MASK",
+           "ORDERLY_POWEROFF", "PREPARE", "PRESEED", "REPO", "RUNNER", "SGE_MEM", "TIMEOUT",
+           "Boot", "VmRun", "assert_all_passed", "guest_pytest", "packages", "result", "start",
+           "stop", "summary", "unit_stopped"]
 
 REPO = Path(__file__).resolve().parents[2]
 RUNNER = REPO / "integration" / "vm" / "run-in-vm.sh"
@@ -88,6 +89,12 @@ INSTALL_PACKAGE = ("apt-get install -y -q --no-install-recommends ./build/deb/ge
 # the extensions alone, for a guest that runs geco from the checkout (no units installed)
 EXTENSIONS = ("dpkg-deb -x build/deb/geco_*.deb /tmp/geco-deb && "
               "cp /tmp/geco-deb/usr/lib/python3/dist-packages/geco/_*_cffi*.so geco/")
+# A guest command's last act instead of `exit $rc`: the node's own poweroff, every unit
+# stopped in order (run-in-vm's guest half powers off with --force --force, which stops
+# none). The guest half's result first, where and as it writes it (its control share,
+# /run/runinvm): its bash is stopped with the rest, and never gets to write it.
+ORDERLY_POWEROFF = ("echo $rc > /run/runinvm/rc.tmp && mv /run/runinvm/rc.tmp /run/runinvm/rc; "
+                    "sync; systemctl poweroff; sleep 900; exit $rc")
 # the VM's own time limit (run-in-vm's VM_TIMEOUT, from qemu's start): boot (~25 s, ~45 s
 # on a slower host) + the tests at ~8x emulation slowdown, with room. When it runs out,
 # run-in-vm stops qemu and prints the console's last lines; what the guest printed so far
@@ -305,6 +312,17 @@ def _on_the_clock(done: VmRun, started: float) -> None:
         figurekit.span("VM image build", started, started + float(built[1]), built[2])
     figurekit.span(f"VM {done.name}", started, started + done.seconds,
                    done.timings or f"exit {done.returncode}")
+
+
+def unit_stopped(result: VmRun, unit: str) -> dict[str, str]:
+    """What systemd said of ``unit``'s stop at the guest's poweroff: the ``systemctl show``
+    properties a witness wrote (``guest shutdown: <unit> Result=success ...``; see
+    tests/vm_sge/test_loose_ends_shutdown_vm.py); {} when no witness wrote any."""
+    for line in result.stdout.splitlines():
+        if line.startswith(f"guest shutdown: {unit} "):
+            return dict(word.partition("=")[::2]
+                        for word in line.removeprefix(f"guest shutdown: {unit} ").split())
+    return {}
 
 
 def assert_all_passed(result: VmRun) -> dict[str, int]:

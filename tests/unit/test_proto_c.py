@@ -76,7 +76,8 @@ enum geco_type { GECO_JOB_STARTED = 1, GECO_ACK = 2, GECO_STATUS = 3, GECO_STATU
                  GECO_OOM_REPORT = 16, GECO_CALLERID = 17 };
 enum geco_hook_name { GECO_HOOK_PROLOG = 1, GECO_HOOK_EPILOG = 2 };
 enum geco_status { GECO_OK = 0, GECO_REFUSED = 1, GECO_NO_SUCH_JOB = 2, GECO_FAILED = 3,
-                   GECO_BAD_REQUEST = 4, GECO_VERSION = 5, GECO_BUSY = 6, GECO_REQUEUE = 7 };
+                   GECO_BAD_REQUEST = 4, GECO_VERSION = 5, GECO_BUSY = 6, GECO_REQUEUE = 7,
+                   GECO_HOLD = 8 };
 enum geco_err { GECO_E_SHORT = -1, GECO_E_MAGIC = -2, GECO_E_VERSION = -3, GECO_E_FLAGS = -4,
                 GECO_E_LENGTH = -5, GECO_E_MAC = -6, GECO_E_TYPE = -7, GECO_E_PAYLOAD = -8,
                 GECO_E_STALE = -9, GECO_E_NONCE = -10 };

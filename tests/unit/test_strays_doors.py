@@ -129,7 +129,7 @@ def test_geco_check_prints_a_line_per_door_and_exits_1_when_one_is_open(
     doors = [ln for ln in out.splitlines() if not ln.startswith("node  ")]
     assert len(doors) == 6
     assert [ln.split()[1] for ln in out.splitlines() if ln.startswith("node  ")] == [
-        "cores", "memory", "default", "gpus", "moves", "tmp", "metrics"]
+        "cores", "memory", "default", "gpus", "moves", "tmp", "metrics", "health"]
     assert 'node  metrics  no Prometheus endpoint ([metrics] listen = "")' in out
     # atd or cron may run on this machine too: only the stray killing's line is known
     assert re.fullmatch(r"geco check: \d door\(s\) out of a job open on \S+: (.+, )?strays\n",

@@ -27,6 +27,7 @@ from geco.job.teardown import StuckProcess, Teardown, tear_down
 from geco.sge import execd
 from geco.sge.siteenv import discover
 from tests.logkit import RecordingHandler, handler_on
+from tests.qmodkit import recording_qmod
 
 # the site's fixed PATH of root's Grid Engine commands on this machine (geco.sge.siteenv)
 SAFE_PATH = discover(Config()).path
@@ -110,12 +111,7 @@ def records() -> Iterator[Records]:
 @pytest.fixture
 def qmod(tmp_path: Path) -> tuple[Path, Path]:
     """A qmod stand-in that records its arguments (one line per run) and succeeds."""
-    record = tmp_path / "qmod.args"
-    script = tmp_path / "bin" / "qmod"
-    script.parent.mkdir()
-    script.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$*\" >> {record}\necho changed\n")
-    script.chmod(0o755)
-    return script, record
+    return recording_qmod(tmp_path)
 
 
 def cfg(tmp_path: Path, **changes: Any) -> Config:
