@@ -1,7 +1,8 @@
 """Write a whole file atomically: a reader sees the old file or the new one, never half.
 
 geco's files that others read while geco may be writing them (resource files,
-OOM counts, the preload's config, the quarantine key) are all written here.
+OOM counts, the preload's config, the quarantine key) are all written here, and those
+that go with their job removed (:func:`remove`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from geco.errors import GecoError
 
-__all__ = ["write_atomic"]
+__all__ = ["remove", "write_atomic"]
 
 _DIR_MODE = 0o755
 
@@ -78,3 +79,19 @@ def write_atomic(path: Path, data: bytes, *, mode: int, make_dir: bool = False,
                 os.unlink(tmp)
     if taken:
         raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(path))
+
+
+def remove(path: Path, what: str) -> None:
+    """Remove ``path`` (none is fine).
+
+    Raises
+    ------
+    GecoError
+        when it exists and cannot be removed ("cannot remove the <what>").
+    """
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise GecoError.from_oserror(f"cannot remove the {what}", exc, path=path) from exc

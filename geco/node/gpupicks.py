@@ -26,7 +26,7 @@ import os
 import re
 from pathlib import Path
 
-from geco import log
+from geco import atomicfile, log
 from geco._tuple import NamedTuple
 from geco.atomicfile import write_atomic
 from geco.errors import GecoError
@@ -116,14 +116,7 @@ def remove(resources_dir: Path, key: JobKey) -> None:
     GecoError
         when it exists and cannot be removed.
     """
-    path = path_for(resources_dir, key)
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        raise GecoError.from_oserror("cannot remove the record of the GPUs picked", exc,
-                                     path=path) from exc
+    atomicfile.remove(path_for(resources_dir, key), "record of the GPUs picked")
 
 
 def keys(resources_dir: Path) -> list[JobKey]:

@@ -226,13 +226,7 @@ def remove_counts(state_dir: Path, key: JobKey) -> None:
     GecoError
         when it exists and cannot be removed.
     """
-    path = _counts_path(state_dir, key)
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        raise GecoError.from_oserror("cannot remove the OOM count file", exc, path=path) from exc
+    atomicfile.remove(_counts_path(state_dir, key), "OOM count file")
 
 
 @functools.cache

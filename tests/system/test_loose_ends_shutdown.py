@@ -100,6 +100,17 @@ def _start(node: Node, tag: str, qstat: str, said: str) -> Gecod:
     return g
 
 
+def _a_start_asking_qstat(node: Node, g: Any, pidfile: Path) -> Any:
+    """A job's shepherd asking gecod to contain it, with no resource file: gecod's worker
+    runs qstat (which writes ``pidfile``), and the shepherd waits for the answer."""
+    job = new_job()
+    node.make_job(job)
+    resourcefile.remove(node.state_dir / "resources", JobKey(job, 1))
+    p = node.job_process(job, sock=g.sock)
+    _wait_for("gecod never ran qstat", pidfile.exists)
+    return p
+
+
 def test_at_the_nodes_shutdown_gecod_exits_without_waiting_for_a_qstat_that_hangs(
         node: Node, journal: Any, hanging_qstat: tuple[str, Path]) -> None:
     """Given a job start whose qstat never answers (Grid Engine going down with the node),
@@ -107,11 +118,7 @@ def test_at_the_nodes_shutdown_gecod_exits_without_waiting_for_a_qstat_that_hang
     without waiting for that worker, and says why in its log and the journal."""
     qstat, pidfile = hanging_qstat
     g = _start(node, "poweroff", qstat, "stopping")
-    job = new_job()
-    node.make_job(job)
-    resourcefile.remove(node.state_dir / "resources", JobKey(job, 1))
-    p = node.job_process(job, sock=g.sock)
-    _wait_for("gecod never ran qstat", pidfile.exists)
+    p = _a_start_asking_qstat(node, g, pidfile)
 
     g.proc.send_signal(signal.SIGTERM)
     try:
@@ -140,11 +147,7 @@ def test_a_plain_stop_still_waits_for_the_answer_in_flight(
     qstat = _script(node.base / "qstat-slow",
                     f"echo $$ > {pidfile}\nsleep 1\necho '<unknown_jobs/>'")
     g = _start(node, "plainstop", qstat, "running")
-    job = new_job()
-    node.make_job(job)
-    resourcefile.remove(node.state_dir / "resources", JobKey(job, 1))
-    p = node.job_process(job, sock=g.sock)
-    _wait_for("gecod never ran qstat", pidfile.exists)
+    p = _a_start_asking_qstat(node, g, pidfile)
     g.proc.send_signal(signal.SIGTERM)
     assert p.answer() == "NO_SUCH_JOB"
     assert g.proc.wait(30) == 0, g.output()
