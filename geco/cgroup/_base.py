@@ -42,8 +42,9 @@ _LIST_RE = re.compile(r"[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*")
 # kill() repeats its sweep while new pids keep appearing (a forking job); a
 # SIGKILLed process cannot fork again, so this bound is never reached in practice.
 _KILL_ROUNDS = 100
-# identity()'s cache of job -> first cgroup dir: forgotten whole when this full
-_FIRST_DIRS_KEPT = 4096
+# identity()'s cache of job -> first cgroup dir: forgotten whole when this full (a node's
+# running jobs with room: ended ones pile up in it, and gecod must not grow with them)
+_FIRST_DIRS_KEPT = 256
 
 _warned: set[str] = set()
 

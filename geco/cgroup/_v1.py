@@ -77,9 +77,11 @@ __all__ = ["OPTIONAL", "REQUIRED", "SYSTEMD_HIERARCHIES", "Hierarchy", "V1Backen
 _log = log.get("cgroup")
 
 REQUIRED = ("cpuset", "memory")
-# Jobs whose directories a backend remembers (a bound, not a working set: gecod serves
-# a node's running jobs, far fewer).
-_PATHS_KEPT = 4096
+# Jobs whose directories a backend remembers (a bound, not a working set): a node's
+# running jobs, with room; ended ones pile up until it is full, then all go (2 KiB a job:
+# 4,096 kept gecod 8 MiB larger after a few thousand jobs than after the first; rebuilt,
+# a job's paths cost microseconds).
+_PATHS_KEPT = 256
 OPTIONAL = ("freezer", "pids", "cpuacct", "devices")
 # systemd's own hierarchies as /proc/<pid>/cgroup names them: its named v1 hierarchy,
 # and (hybrid layout) the cgroup2 it tracks units in

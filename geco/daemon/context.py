@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from geco import procfs
 from geco.cgroup import Backend, Limits
 from geco.config import Config
+from geco.errors import GecoError
 from geco.job.jobkey import JobKey
 from geco.job.resourceset import short_hostname
 from geco.node.topology import Topology
@@ -104,7 +105,9 @@ class GecodContext:
     # still hold (gecod waits for the teardowns of jobs whose shepherd just exited)
     reclaim: Callable[[], None] | None = None
     # job -> (identity of its cgroups, their limits), learnt when a process first went in:
-    # later tasks of the job join with one stat and the moves, nothing read again
+    # later tasks of the job join with one stat and the moves, nothing read again. A job
+    # leaves it when a holder of its lock leaves it without cgroups (:meth:`job_lock`):
+    # it holds the jobs running here, never every job the node ran
     ready: dict[JobKey, tuple[int, Limits]] = field(default_factory=dict)
     # the C lane that serves later tasks of the jobs in ``ready`` (None: Python serves all)
     lane: FastLane | None = None
@@ -122,7 +125,9 @@ class GecodContext:
         ``wait=False``: raise :class:`WouldWait` instead of waiting for it; ``timeout``:
         raise it after waiting that long. Unless the holder only ``moves`` processes in,
         the fast lane stops serving the job first (a teardown must not find a task moved
-        in behind it)."""
+        in behind it), and a job it leaves without cgroups (however it ended: the shepherd's
+        exit, the epilog, the reaper, the master's release) is forgotten before the lock
+        goes: nothing can make them again meanwhile."""
         with self._locks_guard:
             entry = self._locks.setdefault(key, _KeyLock())
             entry.users += 1
@@ -135,12 +140,26 @@ class GecodContext:
                     self.lane.withdraw(key)
                 yield
             finally:
+                if not moves:
+                    self._forget_if_gone(key)
                 entry.lock.release()
         finally:
             with self._locks_guard:
                 entry.users -= 1
                 if entry.users == 0:
                     del self._locks[key]
+
+    def _forget_if_gone(self, key: JobKey) -> None:
+        """Under the job's lock: forget a job whose cgroups are gone (what ``ready`` knew of
+        them no longer holds, and a node's months of jobs must not pile up in it)."""
+        if key not in self.ready:
+            return
+        try:
+            gone = not self.backend.exists(key)
+        except GecoError:  # cannot tell: kept (its identity is checked before any use)
+            return
+        if gone:
+            self.ready.pop(key, None)
 
 
 @dataclass(slots=True)

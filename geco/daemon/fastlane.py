@@ -61,9 +61,10 @@ _log = log.get("gecod.fastlane")
 _THREADS = max(1, min(4, len(os.sched_getaffinity(0))))
 # Nonces the lane's replay cache holds: 17,476 requests a second sustained over the default
 # 60 s window (max_skew 30 s), the quarantine goal's 10,000 with room; Python's 524,288 would
-# refuse everything after 52 s at that rate. 32 bytes a nonce, in zero pages that become
-# memory only as they are used: up to 4 MiB for the hash under load, the rest with the
-# rate (32 MiB at most).
+# refuse everything after 52 s at that rate. 28 bytes a nonce, in zero pages that become
+# memory only as they are used, and go back once the ring has moved past them: the
+# window's nonces (rate x 60 s, 28 MiB at most) and 1 MiB of hash, never every nonce
+# gecod ever saw (a ring that kept its pages held all 29 MiB after a million requests).
 REPLAY_CAPACITY = 1 << 20
 # Published jobs remembered on the Python side (withdrawn ones leave; the rest of a
 # node's ended jobs are forgotten in a batch past this).

@@ -21,6 +21,7 @@ from geco import log
 from geco.daemon.context import Outcome
 from geco.daemon.lanes import Connection, Lane, Who, pid_of
 from geco.daemon.ratelimit import (
+    OTHERS,
     REFUSAL_BURST,
     SUCCESS_BURST,
     JournalBudget,
@@ -41,7 +42,9 @@ class RequestLog:
 
     def __init__(self) -> None:
         self.refused = 0  # refusals, journaled or held back
-        self.refusals = JournalBudget[Who](REFUSAL_BURST, exempt=(0,))
+        # peers are anyone's to make (TCP addresses): past MAX_KEYS a window counts the rest
+        # as one (OTHERS); jobs only root's verified frames name
+        self.refusals = JournalBudget[Who](REFUSAL_BURST, exempt=(0,), others=OTHERS)
         self.successes = JournalBudget[JobKey](SUCCESS_BURST)
 
     @property
@@ -114,7 +117,7 @@ class RequestLog:
                                               PEER_UID=held.key if isinstance(held.key, int)
                                               else None,
                                               PEER=held.key if isinstance(held.key, str)
-                                              else None,
+                                              and held.key != OTHERS else None,
                                               REFUSED=held.count, WINDOW_S=window,
                                               REASONS=",".join(f"{r}:{n}" for r, n in
                                                                held.reasons.items())))

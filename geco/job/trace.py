@@ -273,7 +273,9 @@ class TraceRouter(logging.Handler):
     max_jobs: jobs remembered at most (the oldest are forgotten first).
     """
 
-    def __init__(self, cfg: Config, *, program: str = "gecod", max_jobs: int = 4096) -> None:
+    # max_jobs: a node's running jobs with room (ended ones stay until pushed out: gecod
+    # must not grow with the jobs it saw; a job pushed out is read again, one stat and read)
+    def __init__(self, cfg: Config, *, program: str = "gecod", max_jobs: int = 256) -> None:
         super().__init__(logging.DEBUG)
         self.cfg = cfg
         self.max_jobs = max_jobs
