@@ -46,7 +46,7 @@ from geco.config import Config
 from geco.errors import GecoError
 from geco.hooks import Exit, attach_trace, run
 from geco.job import containment
-from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.job.resourceset import NodeResources, ResourceSet
 from geco.node import gpus, health
 from geco.sge import execd, lookup, resourcefile, v1format
 from geco.units import format_memory
@@ -214,8 +214,7 @@ def _other_hosts_failure(job: execd.JobRef, rs: ResourceSet, cfg: Config,
                      extra=log.job_fields(job.job_id, job.task_id, "barrier-failed",
                                           REASON=str(exc)))
         # this host's own setting: the node is what is sick, not the job
-        spooled = execd.queue_instance(job.spool_dir) if job.spool_dir is not None else None
-        health.failed(cfg, job.key, exc, spooled or f"*@{short_hostname()}", node_side=True)
+        health.failed(cfg, job, exc, node_side=True)
         return str(exc)
     return "; ".join(f"host {a.host} did not prepare it: {a.reason or a.status}"
                      for a in failed)

@@ -586,8 +586,7 @@ def contain_job(job: JobRef, cfg: Config, backend: Backend, *, pid: int | None,
         done = _make(job, cfg, backend, pid, found, node, hostname, topology, reclaim,
                      private_tmp)
     except GecoError as exc:  # the node's own failure counts towards taking it out
-        spooled = execd.queue_instance(job.spool_dir) if job.spool_dir is not None else None
-        health.failed(cfg, job.key, exc, spooled or f"*@{hostname or short_hostname()}")
+        health.failed(cfg, job, exc, hostname)
         raise
     if done.created:
         health.contained(cfg)

@@ -28,7 +28,6 @@ from pathlib import Path
 
 from geco import atomicfile, log
 from geco._tuple import NamedTuple
-from geco.atomicfile import write_atomic
 from geco.errors import GecoError
 from geco.job.jobkey import JobKey
 from geco.job.resourceset import ResourceSet, short_hostname
@@ -75,8 +74,8 @@ def save(resources_dir: Path, rs: ResourceSet, host: str, share: gpus.Share) -> 
     if _LINE.fullmatch(line) is None:  # never written unreadable
         raise GecoError(f"cannot record the GPUs picked for job {rs.key} on {host!r}: "
                         f"{share} on a host so named is not a record geco can read back")
-    write_atomic(path_for(resources_dir, rs.key), line.encode(), mode=_MODE, make_dir=True,
-                 what="record of the GPUs picked")
+    atomicfile.write_atomic(path_for(resources_dir, rs.key), line.encode(), mode=_MODE,
+                            make_dir=True, what="record of the GPUs picked")
 
 
 def load(resources_dir: Path, key: JobKey) -> Picks | None:

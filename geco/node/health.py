@@ -36,6 +36,9 @@ from geco import log
 from geco.config import Config
 from geco.errors import GecoError
 from geco.job.jobkey import JobKey
+from geco.job.resourceset import short_hostname
+from geco.sge import execd
+from geco.sge.execd import JobRef
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -100,20 +103,24 @@ def contained(cfg: Config) -> None:
         _log.warning("cannot end this node's failure streak (%s): %s", _streak(cfg), exc)
 
 
-def failed(cfg: Config, key: JobKey, error: GecoError, instance: str,
+def failed(cfg: Config, job: JobRef, error: GecoError, hostname: str | None = None,
            qmod: str | None = None, *, node_side: bool | None = None) -> None:
-    """This node could not contain job ``key`` for ``error``: count it when the cause is
-    the node's, and take the node out when the streak reaches ``[health] sick_after``.
+    """This node could not contain ``job`` for ``error``: count it when the cause is the
+    node's, and take the node out when the streak reaches ``[health] sick_after``: the
+    queue instance the job came in by (its spool says which), else every queue of the host
+    (``*@<hostname>``: a slave's PREPARE, before any task of the job is spooled there).
 
     Parameters
     ----------
-    instance: the queue instance the job came in by (``<queue>@<host>``; ``*@<host>``,
-        every queue of the host, where its spool does not say: a slave's PREPARE).
+    hostname: this node's name as the job's resource set spells it (default: this host's).
     qmod: the qmod command to run instead of the one beside qstat (tests).
     node_side: the caller's word on the cause (default: ``error.node_side``).
     """
     if not (error.node_side if node_side is None else node_side) or cfg.health_sick_after <= 0:
         return
+    key = job.key
+    instance = (execd.queue_instance(job.spool_dir) if job.spool_dir is not None else None) \
+        or f"*@{hostname or short_hostname()}"
     try:
         with _locked(_streak(cfg)) as fd:
             rows = _read(fd)

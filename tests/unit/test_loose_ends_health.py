@@ -16,7 +16,6 @@ import pytest
 from geco.config import Config
 from geco.errors import CgroupError, CoresUnavailable, GecoError, QstatError, ResourceFormatError
 from geco.hooks import Exit, prolog
-from geco.job.jobkey import JobKey
 from geco.node import gpus, health
 from geco.sge.execd import JobRef
 from tests.logkit import RecordingHandler, handler_on
@@ -43,7 +42,12 @@ def _runs(record: Path) -> list[str]:
 
 def _fail(cfg: Config, qmod: tuple[Path, Path], job: int, error: GecoError = ROFS,
           task: int = 1) -> None:
-    health.failed(cfg, JobKey(job, task), error, INSTANCE, qmod=str(qmod[0]))
+    """Job ``<job>.<task>``, spooled here by Grid Engine for INSTANCE, not contained."""
+    spool = cfg.state_dir.parent / "spool" / f"{job}.{task}"
+    spool.mkdir(parents=True, exist_ok=True)
+    queue, host = INSTANCE.split("@")
+    (spool / "config").write_text(f"queue={queue}\nhost={host}\n")
+    health.failed(cfg, JobRef(job, task, spool), error, qmod=str(qmod[0]))
 
 
 def test_three_different_jobs_failing_for_the_node_disable_its_queue_once_with_why(
