@@ -7,7 +7,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <limits.h>
 #include <sched.h>
 #include <stdio.h>
 #include <sys/stat.h>
@@ -53,23 +52,29 @@ int geco_join_mntns(const char *dir, uint64_t job, uint64_t task, char *path, si
 
 static int join(const char *path, const char **step)
 {
-    char cwd[PATH_MAX];
-    int fd, err;
+    int fd, cwd, err;
 
     fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0)
         return errno == ENOENT ? 0 : -1;
-    *step = "getcwd";
-    if (getcwd(cwd, sizeof cwd) != NULL) {
+    /* the working directory held, not its path: in the namespace the same path may
+       lead into the job owner's private /tmp (execd's spool under /tmp), a tree root
+       must not enter */
+    *step = "open cwd";
+    cwd = open(".", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (cwd >= 0) {
         *step = "setns";
         if (setns(fd, CLONE_NEWNS) == 0) {
-            /* the node's mounts are the namespace's too: the same path is there */
-            *step = "chdir";
-            if (chdir(cwd) == 0) {
+            *step = "fchdir";
+            if (fchdir(cwd) == 0) {
+                close(cwd);
                 close(fd);
                 return 1;
             }
         }
+        err = errno;
+        close(cwd);
+        errno = err;
     }
     err = errno;
     close(fd);

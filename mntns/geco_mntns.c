@@ -9,7 +9,8 @@
  *       mount of its nsfs file on PIN (a new file, in a directory made a private mount
  *       here, so the pin never propagates into the namespace it pins)
  *   geco-mntns [-n NODE_NS] drop PIN
- *       prints "shm_used BYTES" (what the namespace's /dev/shm holds), then unmounts
+ *       prints "shm_used BYTES" (what the namespace's /dev/shm holds), empties that
+ *       /dev/shm (its pages freed even where a file of it is still open), then unmounts
  *       and removes PIN: the namespace goes with its last process
  *
  * Both first enter NODE_NS (a mount namespace's file, e.g. /proc/1/ns/mnt), the node's,
@@ -21,9 +22,11 @@
  * Exit 0 when done, 1 with one line on stderr naming what failed, 2 on bad usage.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <linux/magic.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -34,6 +37,7 @@
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/vfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -248,25 +252,102 @@ static int make(const char *pin, const char *tmpdir, const char *shm_bytes,
 	return status;
 }
 
+/* How much of a job's /dev/shm drop empties: directories deep, and entries in all (a
+ * job that made more keeps the rest's pages until their last holder lets go). */
+#define EMPTY_DEPTH 64
+#define EMPTY_ENTRIES (1UL << 18)
+
+/* Every regular file in the directory open as dir (closed here) truncated to nothing and
+ * removed, every directory emptied and removed, everything else removed; by descriptor,
+ * on the file system dev only, never following a link, *budget entries at most. A file
+ * truncated frees its pages though another process (the owner's, from outside the job,
+ * through /proc/PID/root) holds it open: unmounted, the tmpfs would keep them. */
+static void empty_dir(int dir, dev_t dev, unsigned depth, unsigned long *budget)
+{
+	DIR *d = fdopendir(dir);
+	struct dirent *e;
+	struct stat st;
+	int fd;
+
+	if (d == NULL) {
+		close(dir);
+		return;
+	}
+	while (*budget > 0 && (e = readdir(d)) != NULL) {
+		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+			continue;
+		(*budget)--;
+		if (fstatat(dir, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || st.st_dev != dev)
+			continue;
+		if (S_ISDIR(st.st_mode)) {
+			fd = depth < EMPTY_DEPTH ? openat(dir, e->d_name, O_RDONLY | O_DIRECTORY |
+							  O_NOFOLLOW | O_CLOEXEC) : -1;
+			if (fd >= 0)
+				empty_dir(fd, dev, depth + 1, budget);
+			unlinkat(dir, e->d_name, AT_REMOVEDIR);
+			continue;
+		}
+		if (S_ISREG(st.st_mode)) {
+			/* O_NONBLOCK: a FIFO put there since is not waited for, nor a lease */
+			fd = openat(dir, e->d_name, O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY |
+				    O_CLOEXEC);
+			if (fd >= 0) {
+				/* one that cannot be is removed all the same, as before */
+				if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_dev != dev ||
+				    ftruncate(fd, 0) != 0)
+					errno = 0;
+				close(fd);
+			}
+		}
+		unlinkat(dir, e->d_name, 0);
+	}
+	closedir(d);
+}
+
+/* The namespace's /dev/shm emptied, and what it held before in *used; only a tmpfs of its
+ * own (never the node's, node_shm, should a pin name the node's namespace). */
+static int empty_shm(dev_t node_shm, unsigned long long *used)
+{
+	unsigned long budget = EMPTY_ENTRIES;
+	struct statvfs vfs;
+	struct statfs fs;
+	struct stat st;
+	int fd = open("/dev/shm", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+
+	if (fd < 0)
+		return -1;
+	if (fstatvfs(fd, &vfs) != 0 || fstatfs(fd, &fs) != 0 || fstat(fd, &st) != 0) {
+		close(fd);
+		return -1;
+	}
+	/* what it held, before it is emptied */
+	*used = (unsigned long long)(vfs.f_blocks - vfs.f_bfree) * vfs.f_frsize;
+	if (fs.f_type == TMPFS_MAGIC && st.st_dev != node_shm)
+		empty_dir(fd, st.st_dev, 0, &budget);
+	else
+		close(fd);
+	return 0;
+}
+
 static int drop(const char *pin)
 {
 	int out[2], fd;
 	unsigned long long used = 0;
+	struct stat node_shm;
 	pid_t child;
 
+	if (stat("/dev/shm", &node_shm) != 0)
+		node_shm.st_dev = 0;
 	if (pipe2(out, O_CLOEXEC) != 0)
 		return fail("pipe: %s", strerror(errno));
 	child = fork();
 	if (child < 0)
 		return fail("fork: %s", strerror(errno));
 	if (child == 0) {
-		struct statvfs st;
-
 		close(out[0]);
 		fd = open(pin, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-		if (fd < 0 || setns(fd, CLONE_NEWNS) != 0 || statvfs("/dev/shm", &st) != 0)
+		if (fd < 0 || setns(fd, CLONE_NEWNS) != 0 || empty_shm(node_shm.st_dev, &used) != 0)
 			_exit(1);
-		used = (unsigned long long)(st.f_blocks - st.f_bfree) * st.f_frsize;
 		if (write(out[1], &used, sizeof used) != (ssize_t)sizeof used)
 			_exit(1);
 		_exit(0);

@@ -242,7 +242,7 @@ class Daemon:
         # what each job uses over time (geco usage): rounds in a thread of their own
         self.sampler = Sampler(self.loop, self.backend, cfg, topology=self.topology)
         # the sampler's last round and gecod's counters for Prometheus ([metrics] listen):
-        # a thread of its own, one client at a time
+        # a thread of its own, its clients served together within per-peer caps
         self.metrics = self._open_metrics(inherited.pop("metrics", None))
         # the masters of parallel jobs with this host among their slaves (geco.wire.cluster):
         # a lane of the server's, on the loop, with the budgets of the local sockets

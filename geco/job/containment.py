@@ -20,12 +20,11 @@ the running jobs' resource files) under the lock, so it survives any restart.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from geco import log
+from geco import log, rootlock
 from geco._tuple import NamedTuple
 from geco.cgroup import Backend, Limits
 from geco.config import Config
@@ -276,21 +275,20 @@ def pids_unenforced(backend: Backend, rule: PidsLimit) -> str:
             "is not enforced on this node")
 
 
-@contextlib.contextmanager
-def _node_lock(state_dir: Path) -> Iterator[None]:
-    """Hold the node-wide allocation lock (an flock, released even if we crash)."""
-    path = state_dir / "cores.lock"
+# Seconds a job start waits for the node's allocation lock (held by root alone, each time
+# for one job's allocation): past it the job is re-queued, saying why.
+_NODE_LOCK_WAIT = 60.0
+
+
+def _node_lock(state_dir: Path) -> contextlib.AbstractContextManager[None]:
+    """Hold the node-wide allocation lock (released even if we crash)."""
     try:
         state_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError as exc:  # a read-only or full state dir: the hooks re-queue, saying why
         raise GecoError.from_oserror("cannot open the node's core allocation lock", exc,
-                                     path=path) from exc
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+                                     path=state_dir / "cores.lock") from exc
+    return rootlock.held(state_dir / "cores.lock", wait=_NODE_LOCK_WAIT,
+                         what="node's core allocation")
 
 
 def last_changed(key: JobKey, backend: Backend) -> float | None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from geco._tuple import NamedTuple
 from geco.job.samples import Series
+from geco.terminal import printable
 from geco.units import format_memory
 
 __all__ = ["Report", "Whole", "render", "render_whole", "report", "whole"]
@@ -151,8 +152,9 @@ def _duration(seconds: float) -> str:
 def render(r: Report) -> str:
     """The report as a person reads it (one block per job task)."""
     state = "running" if r.running else "ended"
-    lines = [f"job {r.job} ({r.name or 'no name'}) of {r.owner or '?'} on {r.host}: {state}, "
-             f"{_duration(r.wall)} wall time"]
+    # the header's name, owner and host came from the job and its hosts: escaped
+    lines = [f"job {r.job} ({printable(r.name) or 'no name'}) of {printable(r.owner) or '?'} "
+             f"on {printable(r.host)}: {state}, {_duration(r.wall)} wall time"]
     if r.cpu_seconds is None:
         lines.append(f"  cores   {r.cores} requested; CPU time not counted on this node")
     else:

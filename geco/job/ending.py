@@ -22,8 +22,9 @@ The steps, in order:
    step that journals.
 4. A parallel job's master (the epilog) tells the job's other hosts to end it
    (:func:`geco.wire.cluster.release`); their figures join this host's in one record.
-5. :func:`geco.job.teardown.tear_down`: freeze, kill, remove the cgroups (or journal
-   ``cleanup-stuck``, and the queue disabled).
+5. :func:`geco.job.teardown.tear_down`: freeze, kill, remove the cgroups (a process held
+   by a FUSE daemon freed by aborting the owner's connection; or journal ``cleanup-stuck``,
+   and the queue disabled).
 6. Its cgroups gone: the :class:`Ended` record is journaled (``job-end``: who ended the
    job, its figures, its other hosts'); what of its owner's other jobs holds one of its
    GPUs open is killed (:func:`geco.job.gpufds.revoke`: the kernel checks a device at
@@ -177,7 +178,8 @@ def end_job(key: JobKey, backend: Backend, cfg: Config, *, cleaned_by: str,
         journal = log.JobFields(key.job, key.task)  # after the read, which names its instance
         answers = _release(rs, cfg, logger) if release_others else None
         done = teardown.tear_down(key, backend, cfg, queue_instance=queue_instance,
-                                  cleaned_by=cleaned_by, journal=journal, resources=rs)
+                                  cleaned_by=cleaned_by, journal=journal, resources=rs,
+                                  owner=owner)
         if rs is not None and answers:
             _gather(cfg, key, rs, answers, journal)
         ended = Ended(key, cleaned_by, done, owner, _gpus_held(cfg, key, rs),

@@ -39,6 +39,7 @@ from geco.job.jobkey import JobKey
 from geco.job.resourceset import ResourceSet, short_hostname
 from geco.node import gpus
 from geco.sge import execd, resourcefile
+from geco.terminal import printable
 from geco.units import format_memory
 
 __all__ = ["JobStatus", "Process", "format_duration", "format_table", "from_dict", "keys_of_job",
@@ -308,9 +309,9 @@ def format_table(st: JobStatus, *, verbose: bool = False) -> str:
         ``tasks`` counts processes and threads, as the kernel's task limit
         (``pids.max``) does.
     """
-    rows = [
-        ("owner", st.owner or "unknown"),
-        ("name", st.job_name or "unknown"),
+    rows = [  # the owner chose the job's name and its processes' names: escaped
+        ("owner", printable(st.owner) or "unknown"),
+        ("name", printable(st.job_name) or "unknown"),
         ("cores", st.cpus or "all"),
         ("NUMA nodes", st.mems or "all"),
         ("memory", f"{_memory(st.memory_current)} now, peak {_memory(st.memory_peak)}, "
@@ -331,7 +332,8 @@ def format_table(st: JobStatus, *, verbose: bool = False) -> str:
     lines += [f"  {label.ljust(width)}  {value}" for label, value in rows]
     if verbose:
         pid_width = max((len(str(p.pid)) for p in st.processes), default=0)
-        lines += [f"  {'':{width}}    {str(p.pid).rjust(pid_width)}  {p.command or '?'}"
+        lines += [f"  {'':{width}}    {str(p.pid).rjust(pid_width)}  "
+                  f"{printable(p.command) or '?'}"
                   for p in st.processes]
     lines.append(f"  {'running for'.ljust(width)}  {_running(st)}")
     lines += [f"  note: {note}" for note in st.notes]

@@ -24,6 +24,15 @@ several jobs. Entries say which job they are about with ``SGE_CLUSTER`` and
 into jobs, and the story shows the newest unless asked for an earlier one or all
 (:func:`format_stories`), with a line saying what else the journal holds.
 
+Any local process may send journald an entry with any field it likes (``logger
+--journald``): ``SYSLOG_IDENTIFIER=gecod``, ``GECO_EVENT=job-end``, a ``JOB_ID`` of
+another user's job. Only the fields journald adds itself, which start with ``_`` and
+which no client can send, are the kernel's word on who wrote an entry. So an entry is
+geco's (:attr:`Entry.by_root`) only when its ``_UID`` is root's: hooks and gecod run as
+root. Another's (the starter runs as the job's owner; any user may name any job) is
+shown with the uid that wrote it and never decides how the story ends or which job of a
+number it tells. Everything printed is escaped for the terminal (:mod:`geco.terminal`).
+
 Reading the system journal needs root or the ``systemd-journal`` group; a
 ``Reader`` that may not open a file silently skips it, so
 :func:`check_access` looks at the files first and says so instead of showing
@@ -42,6 +51,7 @@ from pathlib import Path
 from geco import log
 from geco.errors import GecoError
 from geco.job.accounting import Accounting
+from geco.terminal import printable
 
 __all__ = ["JOURNAL_DIRS", "Entry", "Instance", "accounting_from_fields", "check_access",
            "format_entry", "format_stories", "format_story", "instances", "others_note",
@@ -55,6 +65,8 @@ _CANNOT_READ = "cannot read the journal: add yourself to the systemd-journal gro
 # unless --all-fields (journald's own trusted fields start with "_").
 _PLUMBING = frozenset({"CODE_FILE", "CODE_LINE", "CODE_FUNC", "SYSLOG_PID", "SYSLOG_FACILITY",
                        "SYSLOG_TIMESTAMP", "SYSLOG_RAW"})
+# journald's own field naming the writer's uid: --json keeps it, it says whose word it is
+_WRITER = "_UID"
 # The entries that end a job task's story, the last one wins.
 _END_EVENTS = ("job-end", "cleanup-stuck")
 # How long before a job's first entry one that names no job may be that job's (its records
@@ -87,14 +99,26 @@ class Entry:
         return value if isinstance(value, str) else (value[0] if value else default)
 
     @property
+    def by_root(self) -> bool:
+        """Written by a process of root's, by journald's word (``_UID``): geco's."""
+        return self.get(_WRITER) == "0"
+
+    @property
     def identifier(self) -> str:
-        """``SYSLOG_IDENTIFIER``: who wrote it (``geco-prolog``, ``gecod``, ...)."""
-        return self.get("SYSLOG_IDENTIFIER", "?")
+        """``SYSLOG_IDENTIFIER``: who wrote it (``geco-prolog``, ``gecod``, ...), followed
+        by the uid that wrote it when that is not root (the writer chose the name)."""
+        name = self.get("SYSLOG_IDENTIFIER", "?")
+        return name if self.by_root else f"{name}[uid {self.get(_WRITER, '?')}]"
 
     @property
     def event(self) -> str:
         """``GECO_EVENT``, "" when the entry has none."""
         return self.get("GECO_EVENT")
+
+    @property
+    def ends(self) -> bool:
+        """One of root's entries that end a job task's story."""
+        return self.by_root and self.event in _END_EVENTS
 
     @property
     def key(self) -> str:
@@ -105,9 +129,10 @@ class Entry:
     @property
     def instance(self) -> tuple[str, str] | None:
         """Which job of its number: ``(SGE_CLUSTER, JOB_SUBMITTED)``, None when it names
-        neither (an older geco's entry, or one written when geco did not know)."""
+        neither (an older geco's entry, or one written when geco did not know) or is not
+        root's (its writer chose them)."""
         cluster, submitted = self.get(log.CLUSTER_FIELD), self.get(log.SUBMITTED_FIELD)
-        return (cluster, submitted) if cluster or submitted else None
+        return (cluster, submitted) if (cluster or submitted) and self.by_root else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,15 +384,15 @@ def summary(entries: Sequence[Entry], job: int | str, task: int | None = None) -
         tasks = [f"{job}.{task}" if task is not None else str(job)]
     lines = []
     for key in tasks:
-        ends = [e for e in entries if e.key == key and e.event in _END_EVENTS]
+        ends = [e for e in entries if e.key == key and e.ends]
         if not ends:
             lines.append(f"job {key}: no job-end entry yet (still running?)")
         elif ends[-1].event == "job-end":
-            ooms = sum(1 for e in entries if e.key == key and e.event == "oom")
+            ooms = sum(1 for e in entries if e.key == key and e.by_root and e.event == "oom")
             lines.append(_end_line(ends[-1], ooms))
         else:
             lines.append(_stuck_line(ends[-1]))
-    return lines
+    return [printable(line) for line in lines]
 
 
 def format_entry(entry: Entry, widths: Sequence[int] = (0, 0), *, show_key: bool = False,
@@ -389,10 +414,11 @@ def format_entry(entry: Entry, widths: Sequence[int] = (0, 0), *, show_key: bool
     """
     cols = [_when(entry.usec)]
     if show_key:
-        cols.append(entry.key)
-    cols += [entry.identifier.ljust(widths[0]), (entry.event or "-").ljust(widths[1])]
+        cols.append(printable(entry.key))
+    cols += [printable(entry.identifier).ljust(widths[0]),
+             printable(entry.event or "-").ljust(widths[1])]
     head = "  ".join(cols) + "  "
-    message = entry.get("MESSAGE").rstrip("\n").split("\n")
+    message = printable(entry.get("MESSAGE").rstrip("\n"), lines=True).split("\n")
     lines = [(head + message[0]).rstrip()]
     lines += [(" " * len(head) + more).rstrip() for more in message[1:]]
     if all_fields:
@@ -401,15 +427,15 @@ def format_entry(entry: Entry, widths: Sequence[int] = (0, 0), *, show_key: bool
                 continue
             value = entry.fields[name]
             shown = value if isinstance(value, str) else " | ".join(value)
-            lines.append(f"    {name}={shown}".replace("\n", "\\n"))
+            lines.append(printable(f"    {name}={shown}"))
     return "\n".join(lines)
 
 
 def format_story(entries: Sequence[Entry], job: int | str, task: int | None = None, *,
                  all_fields: bool = False) -> str:
     """Return the job's entries (:func:`format_entry`) then its :func:`summary`, ``\\n``-ended."""
-    widths = (max((len(e.identifier) for e in entries), default=0),
-              max((len(e.event or "-") for e in entries), default=0))
+    widths = (max((len(printable(e.identifier)) for e in entries), default=0),
+              max((len(printable(e.event or "-")) for e in entries), default=0))
     show_key = len({e.key for e in entries}) > 1
     lines = [format_entry(e, widths, show_key=show_key, all_fields=all_fields) for e in entries]
     lines += summary(entries, job, task)
@@ -421,12 +447,13 @@ def to_json(entry: Entry, *, all_fields: bool = False) -> str:
 
     Values are strings (a repeated field a list), ``__REALTIME_TIMESTAMP`` in
     microseconds. Without ``all_fields`` only the timestamp, ``MESSAGE``,
-    ``PRIORITY``, ``SYSLOG_IDENTIFIER`` and geco's own fields are kept: the
-    journal's trusted ``_*`` fields, the cursor and the ``CODE_*`` location go.
+    ``PRIORITY``, ``SYSLOG_IDENTIFIER``, geco's own fields and ``_UID`` (whose word it
+    is) are kept: the journal's other trusted ``_*`` fields, the cursor and the
+    ``CODE_*`` location go.
     """
     doc: dict[str, object] = {"__REALTIME_TIMESTAMP": str(entry.usec)}
     for name, value in entry.fields.items():
-        if all_fields or not (name.startswith("_") or name in _PLUMBING):
+        if all_fields or name == _WRITER or not (name.startswith("_") or name in _PLUMBING):
             doc[name] = value if isinstance(value, str) else list(value)
     return json.dumps(doc, sort_keys=True)
 
@@ -536,7 +563,7 @@ def format_stories(found: Sequence[Instance], job: int | str, task: int | None =
     shown = list(found) if earlier is None else [pick(found, earlier, job)]
     if len(found) == 1:
         return format_story(found[0].entries, job, task, all_fields=all_fields)
-    stories = [f"-- {i.title(job)} --\n"
+    stories = [f"-- {printable(i.title(job))} --\n"
                + format_story(i.entries, job, task, all_fields=all_fields) for i in shown]
     note = others_note(found, shown[0], job) if earlier is not None else ""
     return "\n".join(stories) + (note + "\n" if note else "")

@@ -15,15 +15,18 @@ records the file is thinned to every other one (the first and the last always): 
 job keeps its whole span at half the resolution, and no file ever holds more than
 ``max_samples`` records.
 
-Writers (gecod's sampler, the teardown of gecod or the epilog) take an exclusive
-``flock`` on the file, readers a shared one, so a reader never sees a file being thinned.
+Writers (gecod's sampler, the teardown of gecod or the epilog) serialize on a lock only
+root can take (:mod:`geco.rootlock`, ``.lock`` in the directory), never on the file: its
+owner can open the file, and an ``flock`` they held on it would stall root. Readers take
+no lock: a file is only appended to, or replaced whole (renamed into place) when it is
+thinned or begun again, so a reader sees an older file or a newer one, never half of one
+(a record cut short at its end is dropped).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
 import os
 import re
@@ -31,8 +34,9 @@ import struct
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
-from geco import log
+from geco import log, rootlock
 from geco._tuple import NamedTuple
 from geco.config import Config
 from geco.errors import GecoError
@@ -53,13 +57,16 @@ _MAX_HEADER = 4096
 _MAX_NAME = 256  # characters of the job's name kept in the header
 _OPEN_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NONBLOCK  # a FIFO planted fails, never hangs
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-# Seconds between two tries for the file's lock.
-_LOCK_STEP = 0.01
+# The writers' lock in the directory (root's, 0600: no file name of a job's).
+_LOCK_NAME = ".lock"
+# The name a file's replacement is written under before it is renamed into place.
+_NEW = ".{}.new"
 # What a full or read-only file system says (errno names).
 _DISK_TROUBLE = frozenset({"ENOSPC", "EDQUOT", "EROFS"})
 # Seconds a file's time may lag the job's start and still be the job's own.
 _CLOCK_SLACK = 1.0
-# Seconds a job's last sample waits for the sampler's write to that file to end.
+# Seconds a writer waits for another's write to end (only root's writers hold the lock,
+# each for one file's write).
 _LAST_WAIT = 1.0
 # Samples a slave host sends its master at the job's end (80 bytes each: 20 KiB).
 GATHERED = 256
@@ -135,40 +142,56 @@ def _parse(data: bytes, display: Path) -> Series:
         raise GecoError(f"{display} is not a geco usage file")
     try:
         fields = json.loads(line[len(MAGIC):])
-        header = Header(**{k: v for k, v in fields.items() if k in Header._fields})
-    except (ValueError, TypeError) as exc:
+        if not isinstance(fields, dict):
+            raise ValueError("not a JSON object")
+        header = Header(**{k: _checked(k, v) for k, v in fields.items() if k in Header._fields})
+    except (ValueError, TypeError, RecursionError) as exc:
         raise GecoError(f"{display}: its header cannot be read: {exc}") from None
     whole = len(body) - len(body) % RECORD.size  # a record cut short by a crash is dropped
     samples = tuple(Sample(*RECORD.unpack_from(body, i)) for i in range(0, whole, RECORD.size))
     return Series(header, samples)
 
 
-def _open(directory: Path, name: str, owner: str, readers: tuple[str, ...]) -> int:
+def _checked(name: str, value: object) -> Any:
+    """A header field's value, of its field's type (a slave host's file is read here)."""
+    kind = type(Header._field_defaults.get(name, 0))
+    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else kind):
+        raise ValueError(f"{name} is not a {kind.__name__}")
+    return value
+
+
+def _open(directory: Path, name: str, owner: str, readers: tuple[str, ...],
+          flags: int = _OPEN_FLAGS) -> int:
     """The file ``name`` in ``directory``, opened for writing: root's, readable by
     ``owner``'s private group and the groups ``readers`` (``[usage] readers``); refused when
     it is no such file."""
     dfd = ownerfile.open_dir(directory)
     try:
         return ownerfile.open_in(dfd, name, ownerfile.readers_of(owner, readers),
-                                 directory / name, _OPEN_FLAGS)
+                                 directory / name, flags)
     finally:
         os.close(dfd)
 
 
-def _lock(fd: int, display: Path, wait: float) -> None:
-    """Lock the file for writing, trying for ``wait`` seconds at most: a reader (the job's
-    owner may read the file) holding a shared lock forever costs that job its samples,
-    never the writer more than ``wait``."""
-    deadline = time.monotonic() + wait
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                raise GecoError(f"{display} is locked by another process; this sample is "
-                                f"dropped") from None
-            time.sleep(_LOCK_STEP)
+def _writing(directory: Path, wait: float) -> contextlib.AbstractContextManager[None]:
+    """The writers' lock of ``directory`` (raises GecoError when not had within ``wait``)."""
+    return rootlock.held(directory / _LOCK_NAME, wait=wait, what="usage samples' writers")
+
+
+def _replace(directory: Path, name: str, owner: str, readers: tuple[str, ...],
+             data: bytes) -> int:
+    """``name`` replaced whole by ``data`` (written beside it, then renamed into place: a
+    reader opens the old file or the new one); return the new file, open for writing.
+    Called with the writers' lock held."""
+    new = _NEW.format(name)
+    fd = _open(directory, new, owner, readers, _OPEN_FLAGS | os.O_TRUNC)
+    try:
+        os.pwrite(fd, data, 0)
+        os.rename(directory / new, directory / name)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 @contextlib.contextmanager
@@ -200,6 +223,8 @@ class Writer:
                  ) -> None:
         self.header = header
         self._key = JobKey(header.job_id, header.task_id)
+        self._directory = directory
+        self._readers = readers
         self._display = path_of(directory, self._key)
         self._start = 0  # where the records begin; 0: the header is not checked yet
         with _failures(self._key, self._display):
@@ -207,39 +232,62 @@ class Writer:
 
     def add(self, sample: Sample, *, max_samples: int, wait: float = 0.0) -> None:
         """Add ``sample``, the file thinned to half first when it holds ``max_samples``
-        records; ``wait``: how long to try for the file's lock (gecod's sampler: not at
+        records; ``wait``: how long to try for the writers' lock (gecod's sampler: not at
         all; a job's last sample: a little, for the sampler's write to end).
 
         Raises
         ------
         GecoError
-            when the file is locked past ``wait`` or cannot be written.
+            when the lock is not had within ``wait`` or the file cannot be written.
         """
-        fd = self._fd
-        with _failures(self._key, self._display):
-            _lock(fd, self._display, wait)
-            try:
-                if not self._start:
-                    self._start = self._begin()
-                count = (os.fstat(fd).st_size - self._start) // RECORD.size
-                if count >= max_samples:
-                    count = _thin(fd, self._display, self._start)
-                os.pwrite(fd, RECORD.pack(*sample), self._start + count * RECORD.size)
-            finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
+        with _failures(self._key, self._display), _writing(self._directory, wait):
+            self._follow()
+            if not self._start:
+                self._start = self._begin()
+            count = (os.fstat(self._fd).st_size - self._start) // RECORD.size
+            if count >= max_samples:
+                count = self._thin()
+            os.pwrite(self._fd, RECORD.pack(*sample), self._start + count * RECORD.size)
+
+    def _follow(self) -> None:
+        """Open the file anew when another writer replaced it since (a job's last sample
+        written by the epilog while gecod samples it): never add to a file gone."""
+        try:
+            now = os.stat(self._display, follow_symlinks=False)
+        except FileNotFoundError:
+            now = None
+        held = os.fstat(self._fd)
+        if now is None or (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
+            fd = _open(self._directory, str(self._key), self.header.owner, self._readers)
+            os.close(self._fd)
+            self._fd, self._start = fd, 0
 
     def _begin(self) -> int:
         """Check the file's header (under the lock): a new file, not ours, or an earlier
         job's of the same number (Grid Engine reuses them: last written before this job
         started) is begun again with this job's; return where its records begin."""
-        fd = self._fd
-        head = os.pread(fd, _MAX_HEADER + 1, 0)
+        head = os.pread(self._fd, _MAX_HEADER + 1, 0)
         if not head.startswith(MAGIC) or b"\n" not in head \
-                or os.fstat(fd).st_mtime < self.header.started - _CLOCK_SLACK:
-            os.ftruncate(fd, 0)
+                or os.fstat(self._fd).st_mtime < self.header.started - _CLOCK_SLACK:
             head = _header_bytes(self.header)
-            os.pwrite(fd, head, 0)
+            self._swap(head)
         return head.index(b"\n") + 1
+
+    def _thin(self) -> int:
+        """Keep every other record (the first and the last always: the job's whole span);
+        return how many are left."""
+        series = _parse(os.pread(self._fd, os.fstat(self._fd).st_size, 0), self._display)
+        kept = series.samples[::2]
+        if len(series.samples) % 2 == 0:
+            kept += series.samples[-1:]
+        head = os.pread(self._fd, self._start, 0)
+        self._swap(head + b"".join(RECORD.pack(*s) for s in kept))
+        return len(kept)
+
+    def _swap(self, data: bytes) -> None:
+        fd = _replace(self._directory, str(self._key), self.header.owner, self._readers, data)
+        os.close(self._fd)
+        self._fd = fd
 
     def close(self) -> None:
         os.close(self._fd)
@@ -292,34 +340,18 @@ def keep_copy(directory: Path, series: Series, readers: tuple[str, ...] = ()) ->
         raise GecoError(f"job {key}: {h.host!r} is not a host name to keep samples under")
     data = _header_bytes(h) + b"".join(RECORD.pack(*s) for s in series.samples)
     display = directory / f"{key}@{h.host}"
-    with _failures(key, display):
-        fd = _open(directory, display.name, h.owner, readers)
-        try:
-            _lock(fd, display, _LAST_WAIT)
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, data, 0)
-        finally:
-            os.close(fd)
+    with _failures(key, display), _writing(directory, _LAST_WAIT):
+        os.close(_replace(directory, display.name, h.owner, readers, data))
 
 
 def is_file_name(name: str) -> bool:
     """True for a usage file's name: ``<job>.<task>``, or ``<job>.<task>@<host>`` (a copy
-    of another host's)."""
+    of another host's); and for a replacement of one a crash left half made (pruned with
+    them)."""
+    if name.startswith(".") and name.endswith(".new"):
+        name = name[1:-4]
     key, at, host = name.partition("@")
     return JobKey.is_key_text(key) and (not at or _HOST_RE.fullmatch(host) is not None)
-
-
-def _thin(fd: int, display: Path, start: int) -> int:
-    """Keep every other record (the first and the last always: the job's whole span), in
-    place under the lock; return how many are left."""
-    size = os.fstat(fd).st_size
-    series = _parse(os.pread(fd, size, 0), display)
-    kept = series.samples[::2]
-    if len(series.samples) % 2 == 0:
-        kept += series.samples[-1:]
-    os.pwrite(fd, b"".join(RECORD.pack(*s) for s in kept), start)
-    os.ftruncate(fd, start + len(kept) * RECORD.size)
-    return len(kept)
 
 
 def read(directory: Path, key: JobKey, host: str | None = None) -> Series | None:
@@ -341,8 +373,7 @@ def read(directory: Path, key: JobKey, host: str | None = None) -> Series | None
     except OSError as exc:
         raise GecoError.from_oserror("cannot read the usage samples", exc,
                                      path=display) from exc
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH)  # a thinning writer is done first
+    try:  # no lock: a thinning writer replaces the file whole (a user may hold its flock)
         data = b""
         while chunk := os.read(fd, 1 << 16):
             data += chunk

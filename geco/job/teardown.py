@@ -11,7 +11,16 @@ job's cgroups and processes (OAR's Leon: normal, then exterminate):
    ``cfg.kill_timeout`` seconds for the cgroups to empty, remove them deepest
    first (:func:`geco.job.containment.kill_and_remove`).
 3. Clean: return the figures; the job's end journals them (``job-end``).
-4. Stuck: journal ``GECO_EVENT=cleanup-stuck`` (PRIORITY 3) with every process
+4. Held by FUSE: a process that outlived the kill waiting for a FUSE daemon's answer
+   (a request the daemon has read is waited out through SIGKILL: fs/fuse/dev.c) is
+   freed by aborting its owner's FUSE connections that have requests waiting, through
+   fusectl (mounted on :data:`FUSECTL` when it is not), never root's or another user's
+   (fusectl's files are the uid's that mounted it), at most
+   :data:`FUSE_CONNECTIONS_MAX` looked at; each is journaled (``fuse-aborted``), then the
+   cgroups are waited for again, ``kill_timeout`` more. Else a user's daemon that never
+   answers (run outside the job, or stopped) would get the node's queue disabled at each
+   end of their jobs.
+5. Stuck: journal ``GECO_EVENT=cleanup-stuck`` (PRIORITY 3) with every process
    left, its state and the kernel function it sleeps in, and keep the cgroups
    for the reaper. When ``cfg.disable_queue_on_stuck``, disable the queue
    instance with ``qmod -d`` so that no new job lands on a node that cannot
@@ -36,7 +45,11 @@ result says what happened.
 
 from __future__ import annotations
 
+import errno
+import itertools
 import os
+import pwd
+import re
 from pathlib import Path
 
 from geco import log, procfs
@@ -53,6 +66,13 @@ from geco.sge import qmod as qmod_command
 __all__ = ["StuckProcess", "Teardown", "found_stuck", "stuck_marker", "tear_down"]
 
 _log = log.get("teardown")
+
+# The kernel's list of FUSE connections (fusectl), one directory per connection.
+FUSECTL = Path("/sys/fs/fuse/connections")
+# The connections looked at per teardown: a user can make many (one per mount).
+FUSE_CONNECTIONS_MAX = 1000
+# Where /proc/<pid>/wchan or stack shows a task waiting for a FUSE daemon
+_FUSE_WAIT = re.compile(rb"request_wait_answer|fuse_")
 
 class StuckProcess(NamedTuple):
     """A process of the job still alive after SIGKILL and ``kill_timeout``.
@@ -128,7 +148,7 @@ class Teardown(NamedTuple):
 def tear_down(key: JobKey, backend: Backend, cfg: Config, *, queue_instance: str | None,
               cleaned_by: str, qmod: str | None = None,
               journal: log.JobFields | None = None,
-              resources: ResourceSet | None = None) -> Teardown:
+              resources: ResourceSet | None = None, owner: str | None = None) -> Teardown:
     """Kill what is left of a job and remove its cgroups; journal and escalate what will not die.
 
     Parameters
@@ -149,6 +169,8 @@ def tear_down(key: JobKey, backend: Backend, cfg: Config, *, queue_instance: str
         (:func:`geco.job.ending.end_job`); default: found here.
     resources: the job's resource set, read once by its end (the grant its last usage
         sample's file names, when that file is new); None: it has none.
+    owner: the job owner's user name, whose FUSE connections may be aborted to free a
+        process that waits on one (step 4); None (or root): none is.
 
     Returns
     -------
@@ -169,6 +191,15 @@ def tear_down(key: JobKey, backend: Backend, cfg: Config, *, queue_instance: str
     killed, error = 0, ""
     try:
         killed, left = containment.kill_and_remove(key, backend, timeout=cfg.kill_timeout)
+        if left and owner:
+            if journal is None:
+                journal = log.JobFields(key.job, key.task)
+            if _abort_fuse(key, backend.proc, left, owner, journal, cleaned_by):
+                if backend.wait_empty(key, cfg.kill_timeout, kill_late=True):
+                    backend.destroy(key)
+                    left = ()
+                else:
+                    left = tuple(backend.pids(key))
     except GecoError as exc:
         # removed meanwhile by someone else (an admin, a second teardown): nothing is stuck
         error = str(exc) if backend.exists(key) else ""
@@ -184,6 +215,81 @@ def tear_down(key: JobKey, backend: Backend, cfg: Config, *, queue_instance: str
         disabled = _disable_queue(key, journal, queue_instance or f"*@{short_hostname()}",
                                   stuck_marker(cfg, key), cfg, qmod, cleaned_by)
     return Teardown(key, killed, stuck, accounting, disabled, error)
+
+
+def _abort_fuse(key: JobKey, proc: Path, left: tuple[int, ...], owner: str,
+                journal: log.JobFields, cleaned_by: str) -> bool:
+    """Step 4: abort ``owner``'s FUSE connections with requests waiting when a process
+    ``left`` waits for a FUSE daemon's answer; True when one was (journaled)."""
+    waiting = [pid for pid in left if _FUSE_WAIT.search(
+        procfs.wchan(pid, proc).encode() + b" " + (procfs.read(pid, "stack", proc) or b""))]
+    try:
+        uid = pwd.getpwnam(owner).pw_uid
+    except KeyError:
+        uid = 0
+    if not waiting or uid == 0 or not _fusectl():
+        return False
+    try:
+        with os.scandir(FUSECTL) as entries:
+            aborted = [(entry, n) for entry in itertools.islice(entries, FUSE_CONNECTIONS_MAX)
+                       if (n := _abort_connection(entry, uid))]
+    except OSError as exc:
+        _log.warning("job %s: cannot list the FUSE connections: %s", key, exc)
+        return False
+    pids = " ".join(map(str, waiting))
+    for entry, requests in aborted:
+        _log.warning("job %s: aborted the FUSE connection %s of %s (%d request(s) waiting): "
+                     "process(es) %s of the job outlived SIGKILL waiting for its FUSE "
+                     "daemon's answer", key, entry.path, owner, requests, pids,
+                     extra=journal.event("fuse-aborted", FUSE_CONNECTION=entry.name,
+                                         USER=owner, WAITING=requests, PIDS=pids,
+                                         CLEANED_BY=cleaned_by))
+    return bool(aborted)
+
+
+def _abort_connection(entry: os.DirEntry[str], uid: int) -> int:
+    """Abort the fusectl connection ``entry`` when ``uid`` mounted it (its files are that
+    uid's) and requests wait on it; how many waited (0: not aborted)."""
+    try:
+        if entry.stat(follow_symlinks=False).st_uid != uid:
+            return 0
+        requests = int((Path(entry.path) / "waiting").read_bytes())
+        if requests <= 0:
+            return 0
+        fd = os.open(Path(entry.path) / "abort", os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            if os.fstat(fd).st_uid != uid:  # the number went to another's connection meanwhile
+                return 0
+            os.write(fd, b"1")
+        finally:
+            os.close(fd)
+    except (OSError, ValueError) as exc:  # gone meanwhile
+        _log.debug("FUSE connection %s not aborted: %s", entry.path, exc)
+        return 0
+    return requests
+
+
+def _fusectl() -> bool:
+    """fusectl is mounted on :data:`FUSECTL` (mounted here when it is not); False when it
+    cannot be (journaled)."""
+    try:
+        if os.stat(FUSECTL).st_dev != os.stat(FUSECTL.parent).st_dev:
+            return True
+    except OSError as exc:  # no FUSE in this kernel
+        _log.warning("cannot abort a FUSE connection: %s", exc)
+        return False
+    import ctypes  # a FUSE-held teardown only: the epilog imports this module
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mount(b"fusectl", bytes(FUSECTL), b"fusectl", 0x0E, None) == 0:  # nosuid,nodev,noexec
+        _log.info("mounted fusectl on %s", FUSECTL)
+        return True
+    code = ctypes.get_errno()
+    if code == errno.EBUSY:  # mounted meanwhile
+        return True
+    _log.warning("cannot mount fusectl on %s to abort a FUSE connection: %s", FUSECTL,
+                 os.strerror(code))
+    return False
 
 
 def _pids_left(key: JobKey, backend: Backend) -> tuple[int, ...]:

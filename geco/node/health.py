@@ -2,7 +2,9 @@
 NodeChangeState), and a parallel job whose other hosts keep failing is held, not bounced.
 
 Both ledgers are small files under ``<state_dir>/health``, shared by the hooks and gecod
-on the node and changed under an ``flock``:
+on the node, changed under a lock only root can take (:mod:`geco.rootlock`: users may
+read the ledgers, and a lock on them would be theirs to hold) and replaced whole, so a
+reader (``geco check``) takes none:
 
 * ``streak``: the times this node failed to contain a job for a cause of its own
   (:attr:`geco.errors.GecoError.node_side`: a cgroup the kernel refused, a topology hwloc
@@ -27,12 +29,11 @@ the job goes on as it would without it.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import time
 from pathlib import Path
 
-from geco import log
+from geco import atomicfile, log, rootlock
 from geco.config import Config
 from geco.errors import GecoError
 from geco.job.jobkey import JobKey
@@ -51,6 +52,7 @@ _log = log.get("health")
 _DISABLED = "disabled"  # a streak line naming a queue instance qmod -d took out
 _REASON_MAX = 300  # a reason's characters kept in the ledger (the journal has it whole)
 _REQUEUES_KEPT = 7 * 86400  # a count this old is of a job that ran elsewhere long since
+_LOCK_WAIT = 2.0  # seconds a change waits for another's (root's alone, each a small file)
 
 
 def _dir(cfg: Config) -> Path:
@@ -62,31 +64,36 @@ def _streak(cfg: Config) -> Path:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[int]:
-    """``path`` opened read-write (made when missing), under its exclusive flock."""
-    path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+def _changed(cfg: Config, path: Path) -> Iterator[list[list[str]]]:
+    """The rows of the ledger ``path``, for the with-block to change in place; written
+    back whole after it, all under the health writers' lock.
+
+    Raises
+    ------
+    GecoError
+        when the lock is not had or the ledger not written (OSError: not read).
+    """
+    _dir(cfg).mkdir(mode=0o755, parents=True, exist_ok=True)
+    with rootlock.held(_dir(cfg) / ".lock", wait=_LOCK_WAIT, what="node's health ledgers"):
+        rows = _read(path)
+        yield rows
+        data = "".join("\t".join(row) + "\n" for row in rows).encode()
+        atomicfile.write_atomic(path, data, mode=0o644, make_dir=True, what="health ledger")
+
+
+def _read(path: Path) -> list[list[str]]:
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield fd
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return []
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
     finally:
         os.close(fd)
-
-
-def _read(fd: int) -> list[list[str]]:
-    os.lseek(fd, 0, os.SEEK_SET)
-    chunks = []
-    while chunk := os.read(fd, 65536):
-        chunks.append(chunk)
     text = b"".join(chunks).decode("utf-8", "replace")
     return [line.split("\t", 2) for line in text.splitlines() if line.count("\t") == 2]
-
-
-def _write(fd: int, rows: list[list[str]]) -> None:
-    data = "".join("\t".join(row) + "\n" for row in rows).encode()
-    os.lseek(fd, 0, os.SEEK_SET)
-    os.ftruncate(fd, 0)
-    os.write(fd, data)
 
 
 def _one_line(text: str) -> str:
@@ -122,8 +129,7 @@ def failed(cfg: Config, job: JobRef, error: GecoError, hostname: str | None = No
     instance = (execd.queue_instance(job.spool_dir) if job.spool_dir is not None else None) \
         or f"*@{hostname or short_hostname()}"
     try:
-        with _locked(_streak(cfg)) as fd:
-            rows = _read(fd)
+        with _changed(cfg, _streak(cfg)) as rows:
             jobs = [row for row in rows if row[0] != _DISABLED]
             jobs.append([str(key.job), str(int(time.time())), _one_line(str(error))])
             jobs = jobs[-cfg.health_sick_after:]  # the streak's length is all that counts
@@ -132,8 +138,8 @@ def failed(cfg: Config, job: JobRef, error: GecoError, hostname: str | None = No
             if len(jobs) >= cfg.health_sick_after and len({row[0] for row in jobs}) > 1 \
                     and _sick(cfg, key, jobs, instance, instance in disabled, qmod):
                 disabled.add(instance)
-            _write(fd, jobs + [[_DISABLED, w, ""] for w in sorted(disabled)])
-    except OSError as exc:
+            rows[:] = jobs + [[_DISABLED, w, ""] for w in sorted(disabled)]
+    except (OSError, GecoError) as exc:
         _log.warning("job %s: cannot count this node's failure in %s: %s", key,
                      _streak(cfg), exc)
 
@@ -173,17 +179,9 @@ def _sick(cfg: Config, key: JobKey, jobs: list[list[str]], instance: str, done: 
 def describe(cfg: Config) -> str:
     """``geco check``'s line: the node's failure streak, or that there is none."""
     try:
-        fd = os.open(_streak(cfg), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        rows = []
+        rows = _read(_streak(cfg))  # no lock: the ledger is replaced whole
     except OSError as exc:
         return f"cannot read {_streak(cfg)}: {exc.strerror or exc}"
-    else:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH)  # not half written
-            rows = _read(fd)
-        finally:
-            os.close(fd)
     jobs = [row for row in rows if row[0] != _DISABLED]
     disabled = [row[1] for row in rows if row[0] == _DISABLED]
     if not jobs:
@@ -207,12 +205,11 @@ def requeued(cfg: Config, key: JobKey) -> int:
     (0 when the count cannot be kept: the job is re-queued as before)."""
     _forget_old_requeues(cfg)
     try:
-        with _locked(_requeues(cfg, key)) as fd:
-            rows = _read(fd)
+        with _changed(cfg, _requeues(cfg, key)) as rows:
             count = int(rows[0][1]) + 1 if rows and rows[0][1].isdigit() else 1
-            _write(fd, [[str(key), str(count), str(int(time.time()))]])
-            return count
-    except OSError as exc:
+            rows[:] = [[str(key), str(count), str(int(time.time()))]]
+        return count
+    except (OSError, GecoError) as exc:
         _log.warning("job %s: cannot count its re-queues in %s: %s", key,
                      _requeues(cfg, key), exc)
         return 0

@@ -41,6 +41,7 @@ from geco.errors import (
     ResourceFormatError,
     TaskNotRunning,
 )
+from geco.job import journalview, samples
 from geco.job.resourceset import NodeResources, ResourceSet
 from geco.oom import owner_file
 from geco.sge import execd, lookup, qstat, v1format
@@ -626,6 +627,70 @@ def test_a_hostile_spool_gives_a_storable_resource_set_or_one_geco_error(
     assert isinstance(only((GecoError,), lambda: execd.read_config(spool)), dict | GecoError)
     target = only((GecoError,), lambda: owner_file.stderr_target(spool))
     assert target is None or isinstance(target, owner_file.StderrTarget | GecoError)
+
+
+# -- what a user's job leaves for root to read and print (issue 48) -------------------
+
+_SAMPLE_HEAD = samples.MAGIC + b'{"job_id":42,"task_id":1,"owner":"alice"}\n'
+_RECORD = samples.RECORD.pack(1000.0, *([7] * 9))
+
+
+@fuzzkit.fuzz_settings(800)
+@given(data=st.binary(max_size=600)
+       | st.binary(max_size=600).map(lambda b: samples.MAGIC + b)
+       | st.binary(max_size=300).map(lambda b: _SAMPLE_HEAD + b)
+       | st.binary(max_size=300).map(lambda b: b"\n".join(
+           [samples.MAGIC + b, _RECORD])))
+@example(data=_SAMPLE_HEAD + _RECORD[:-1])
+@example(data=samples.MAGIC + b'{"job_id": "x", "cores": []}\n' + _RECORD)
+@example(data=samples.MAGIC + b"[]\n")
+@example(data=samples.MAGIC + b"{" * 5000 + b"\n")
+def test_any_usage_file_reads_back_or_gives_one_geco_error(data: bytes) -> None:
+    """Given any bytes as a usage samples file (a slave's answer, a file left by a crash),
+    when read back, then it is a series whose report and chart are made, or one
+    GecoError: a job's end, a RELEASE and `geco usage` never meet another exception."""
+    from geco.job import efficiency
+    from geco.job.usagechart import chart
+
+    def use() -> object:
+        series = samples.load(data, "a slave's samples")
+        efficiency.render(efficiency.report(series, running=False))
+        return chart(series)
+
+    only((GecoError,), use)
+
+
+_FIELD = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"])
+                 | st.sampled_from("\x1b\x07\r\n\x9b\u202e\udcff"), max_size=40)
+_ENTRY = st.builds(
+    lambda usec, uid, fields: journalview.Entry(usec, {**fields, "_UID": uid}),
+    st.integers(0, 2**53), st.sampled_from(["0", "1001", ""]),
+    st.dictionaries(st.sampled_from(["MESSAGE", "SYSLOG_IDENTIFIER", "GECO_EVENT", "JOB_ID",
+                                     "SGE_TASK_ID", "MEMORY_PEAK", "KILLED", "CLEANED_BY",
+                                     "SGE_CLUSTER", "JOB_SUBMITTED", "OOM_KILLS", "PIDS"]),
+                    _FIELD | st.sampled_from(["job-end", "cleanup-stuck", "oom", "1"]))
+    .map(lambda f: {**f, "JOB_ID": "42"}))
+
+
+@fuzzkit.fuzz_settings(600)
+@given(entries=st.lists(_ENTRY, max_size=8))
+def test_any_journal_entries_make_a_story_whose_end_is_roots_alone_in_plain_text(
+        entries: list[journalview.Entry]) -> None:
+    """Given any entries of job 42 (any fields, any writer), when `geco journal 42`
+    formats them, then it never raises, prints no control character but newlines, and an
+    entry not written by root never ends a task's story."""
+    def story() -> str:
+        found = journalview.instances(entries)
+        return "".join(journalview.format_stories(found, 42, all_fields=True, earlier=None)
+                       for _ in [0] if found)
+
+    text = only((), story)
+    assert isinstance(text, str)
+    assert not [c for c in text if (ord(c) < 32 and c not in "\n\t") or 0x7F <= ord(c) <= 0x9F
+                or 0xDC80 <= ord(c) <= 0xDCFF or c == "\u202e"]
+    if not any(e.by_root for e in entries):
+        assert " ended " not in "".join(journalview.summary(entries, 42)) or \
+            all(e.event not in ("job-end", "cleanup-stuck") for e in entries)
 
 
 def test_zz_the_parser_fuzz_figures_are_reported() -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -98,7 +97,8 @@ def test_shm_past_its_cap_is_enospc_its_pages_are_the_jobs_and_come_back_at_its_
     """Given a job's /dev/shm capped at 16M (50% of 32M), when a process of the job in a
     memory cgroup writes 12M there and then past the cap, then the write past the cap
     fails with ENOSPC, the cgroup is charged the 12M while the namespace lives, and once
-    the job is removed and its last process gone the charge is released."""
+    the job is removed the charge is released at once, though its last process still
+    holds the namespace (the job's /dev/shm is emptied at its end)."""
     cgroup = MEMORY_V1 / f"geco-test-ptmp-{os.getpid()}"
     if not (MEMORY_V1 / "cgroup.procs").exists():
         pytest.skip("no cgroup v1 memory hierarchy on this machine (the QEMU machine "
@@ -120,14 +120,11 @@ def test_shm_past_its_cap_is_enospc_its_pages_are_the_jobs_and_come_back_at_its_
         assert charged >= 12 * M, charged
         freed = privatetmp.remove(cfg, key)
         assert freed.shm == 16 * M  # full: 12M + the 4M of b that fit
-        # the job's last process still holds the namespace: its pages stay until it goes
-        assert int((cgroup / "memory.usage_in_bytes").read_text()) >= 12 * M
+        # the job's last process still holds the namespace: its /dev/shm is emptied all
+        # the same (issue 48: a file held open kept the pages, charged to the ended job)
+        assert int((cgroup / "memory.usage_in_bytes").read_text()) < 4 * M
         _, err = holder.communicate(timeout=WAIT)
         assert "No space left on device" in err, err
-        deadline = time.monotonic() + WAIT
-        while int((cgroup / "memory.usage_in_bytes").read_text()) >= 4 * M:
-            assert time.monotonic() < deadline, "the job's /dev/shm pages were not released"
-            time.sleep(0.05)
     finally:
         privatetmp.remove(cfg, key)
         cgroup.rmdir()

@@ -50,7 +50,7 @@ def utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def entry(at: int, ident: str, event: str | None, message: str, job: str = "42",
           task: str | None = "1", **fields: str) -> Entry:
     base = {"SYSLOG_IDENTIFIER": ident, "MESSAGE": message, "JOB_ID": job, "PRIORITY": "6",
-            "_PID": "4242", "CODE_FILE": "/x.py", **fields}
+            "_PID": "4242", "_UID": "0", "CODE_FILE": "/x.py", **fields}
     if event is not None:
         base["GECO_EVENT"] = event
     if task is not None:
@@ -106,7 +106,8 @@ def test_all_fields_adds_every_field_but_the_message_sorted() -> None:
         "    PRIORITY=6",
         "    SGE_TASK_ID=1",
         "    SYSLOG_IDENTIFIER=gecod",
-        "    _PID=4242"]
+        "    _PID=4242",
+        "    _UID=0"]
 
 
 # -- the whole story ---------------------------------------------------------
@@ -256,14 +257,16 @@ def test_journal_fields_read_back_to_the_same_accounting(peak: int, kills: int,
 
 def test_json_keeps_geco_fields_and_drops_the_journals_own_unless_all_fields() -> None:
     """Given an entry with _PID and CODE_FILE, then --json's line has the timestamp, message,
-    priority, identifier and geco's fields; with all_fields also _PID and CODE_FILE."""
+    priority, identifier, geco's fields and _UID (whose word it is); with all_fields also
+    _PID and CODE_FILE."""
     assert json.loads(to_json(CONTAINED)) == {
         "__REALTIME_TIMESTAMP": str(T0), "SYSLOG_IDENTIFIER": "geco-prolog",
         "MESSAGE": "job 42.1 contained on n001: cores 0-1, NUMA nodes 0", "JOB_ID": "42",
-        "SGE_TASK_ID": "1", "GECO_EVENT": "job-contained", "PRIORITY": "6", "CPUS": "0-1"}
+        "SGE_TASK_ID": "1", "GECO_EVENT": "job-contained", "PRIORITY": "6", "CPUS": "0-1",
+        "_UID": "0"}
     assert set(json.loads(to_json(CONTAINED, all_fields=True))) == {
         "__REALTIME_TIMESTAMP", "SYSLOG_IDENTIFIER", "MESSAGE", "JOB_ID", "SGE_TASK_ID",
-        "GECO_EVENT", "PRIORITY", "CPUS", "_PID", "CODE_FILE"}
+        "GECO_EVENT", "PRIORITY", "CPUS", "_PID", "_UID", "CODE_FILE"}
 
 
 def test_json_keeps_a_repeated_field_as_a_list() -> None:
@@ -438,3 +441,36 @@ def test_a_title_says_what_is_not_known() -> None:
     assert Instance("", "", ()).title(7) == (
         "job 7: entries that name no cluster or submission time (an older geco's; one job or "
         "several)")
+
+
+# -- whose word an entry is (issue 48, 2) ---------------------------------------------
+
+
+def test_an_entry_another_user_wrote_is_shown_under_their_uid_and_never_ends_the_story(
+        ) -> None:
+    """Given a job-end entry with gecod's identifier and accounting written by uid 1001
+    (any user may send journald any field), then the story shows it under that uid, the
+    summary still says the job has no job-end entry, and its instance fields are not the
+    job's; root's job-end entry after it ends the story with root's figures."""
+    forged = entry(300 * SEC, "gecod", "job-end", "job 42.1 ended: peak memory 999G",
+                   MEMORY_PEAK=str(999 << 30), KILLED="42", _UID="1001",
+                   SGE_CLUSTER="evil", JOB_SUBMITTED="1")
+    assert forged.identifier == "gecod[uid 1001]" and forged.instance is None
+    assert summary([CONTAINED, forged], 42) == ["job 42.1: no job-end entry yet (still running?)"]
+    story = format_story([CONTAINED, forged, END], 42).split("\n")
+    assert "gecod[uid 1001]  job-end" in story[1]
+    assert story[3].startswith("job 42.1 ended 2026-11-22 02:51:20: peak memory 1.5G"), story
+    assert [i.cluster for i in instances([CONTAINED, forged, END])] == [""]
+
+
+def test_what_a_user_wrote_reaches_the_terminal_as_text_never_as_an_escape() -> None:
+    """Given an entry whose message, identifier and fields hold escape sequences, a bidi
+    override and an undecodable byte, then the story prints each as a visible escape and
+    no control character but the newlines between lines."""
+    e = entry(0, "x\x1b]0;owned\x07", "oom", "a\x1b[2Jb\u202ec\udcff\nnext\rline",
+              _UID="1001", JOB_NAME="\x1b[31mred")
+    shown = format_story([e], 42, all_fields=True)
+    assert "\\x1b[2J" in shown and "\\u202e" in shown and "\\xff" in shown
+    assert "x\\x1b]0;owned\\x07[uid 1001]" in shown and "JOB_NAME=\\x1b[31mred" in shown
+    assert not [c for c in shown if (ord(c) < 32 and c != "\n") or 0x7f <= ord(c) <= 0x9f
+                or 0xdc80 <= ord(c) <= 0xdcff or c == "\u202e"]

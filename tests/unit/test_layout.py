@@ -99,7 +99,7 @@ def test_the_cycle_finder_sees_a_cycle() -> None:
 
 
 SHARED = {"atomicfile", "cli", "config", "configcache", "errors", "log", "log_handlers",
-          "preload_config", "procfs", "units"}
+          "preload_config", "procfs", "rootlock", "terminal", "units"}
 WINGS = {"cgroup", "daemon", "hooks", "job", "node", "oom", "sge", "ssh", "wire"}
 
 

@@ -110,17 +110,37 @@ def test_a_symlinked_directory_or_a_planted_fifo_is_refused_and_nothing_written_
 
 
 @root_only
-def test_a_reader_holding_the_lock_costs_its_job_the_sample_not_the_writer_its_time(
+def test_a_lock_its_owner_holds_on_the_file_stalls_no_writer_and_no_reader(
         tmp_path: Path) -> None:
-    """Given the job's file locked shared by a reader that never lets go, when the sampler
-    appends (wait 0), then it fails at once with one line naming the file; once the reader
-    is gone it appends again."""
+    """Given the job's file locked exclusively by a reader that never lets go (its owner
+    may open it, and flock grants LOCK_EX on a read-only descriptor), when the sampler
+    appends (wait 0) and root reads the file, then both are done at once: root's writers
+    lock a file of their own that no user can open (root's, 0600)."""
     d = _usage_dir(tmp_path)
     samples.append(d, HEADER, _sample(1000.0), max_samples=10)
     with samples.path_of(d, KEY).open("rb") as reader:
-        fcntl.flock(reader, fcntl.LOCK_SH)
-        with pytest.raises(GecoError, match="locked by another process"):
+        fcntl.flock(reader, fcntl.LOCK_EX)
+        started = time.monotonic()
+        samples.append(d, HEADER, _sample(1001.0), max_samples=2)  # a thinning, too
+        series = samples.read(d, KEY)
+        took = time.monotonic() - started
+    assert series is not None and [s.time for s in series.samples] == [1000.0, 1001.0]
+    print(f"append and read with the owner's lock held: {took * 1000:.1f} ms")
+    lock = os.stat(d / ".lock")
+    assert (lock.st_uid, stat.S_IMODE(lock.st_mode)) == (0, 0o600)
+
+
+@root_only
+def test_a_writer_waits_for_another_within_its_bound_and_says_so(tmp_path: Path) -> None:
+    """Given another writer holding the writers' lock, when the sampler appends (wait 0),
+    then it fails at once with one line naming the lock, and appends again once free."""
+    d = _usage_dir(tmp_path)
+    samples.append(d, HEADER, _sample(1000.0), max_samples=10)
+    with open(d / ".lock", "rb") as other:
+        fcntl.flock(other, fcntl.LOCK_EX)
+        with pytest.raises(GecoError, match="usage samples' writers is busy"):
             samples.append(d, HEADER, _sample(1001.0), max_samples=10)
+        assert samples.read(d, KEY) is not None  # readers never wait for writers
     samples.append(d, HEADER, _sample(1002.0), max_samples=10)
     series = samples.read(d, KEY)
     assert series is not None and [s.time for s in series.samples] == [1000.0, 1002.0]
@@ -196,7 +216,8 @@ def test_another_hosts_samples_travel_bounded_and_are_kept_beside_this_hosts(
     samples.append(other / "usage", HEADER, _sample(999.0), max_samples=10)
     samples.keep_copy(other / "usage", samples.Series(sent.header._replace(host="node2"),
                                                       sent.samples))
-    assert sorted(os.listdir(other / "usage")) == ["42.1", "42.1@node2"]
+    assert sorted(n for n in os.listdir(other / "usage") if samples.is_file_name(n)) == \
+        ["42.1", "42.1@node2"]
     got = samples.read_job(other / "usage", KEY)
     assert [s.header.host for s in got] == ["node1", "node2"]
     assert got[1].samples == sent.samples
