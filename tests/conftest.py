@@ -10,6 +10,15 @@ A clean slate first
     ``geco tests: stopped gecod pid 1234 left serving /run/geco/gecod.sock (by demo.sh
     or an interrupted run); restored /etc/geco/geco.toml``.
 
+The node as it was, at the end
+    Before the clean slate, :func:`nodestate.record` notes what the session will change:
+    all.q's configuration, the LD_PRELOAD sge_execd runs with, the gecod serving the site
+    socket and how it was started (``/run/geco-test-node.json``). At session end (after
+    Ctrl-C too), when no other geco test session runs, :func:`nodestate.restore` puts
+    back what differs -- on a node where ``demo.sh`` ran: its starter-only queue, execd
+    with the preload, its gecod -- and says so in one line. A session killed outright
+    leaves the file; the next session keeps it and restores it at its end.
+
 ``journal``
     A running journald. An existing one (``/run/systemd/journal/socket`` that
     accepts a datagram) is used as it is; otherwise ``/lib/systemd/systemd-journald``
@@ -73,10 +82,11 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import pytest
 
-from tests import figurekit
+from tests import figurekit, nodestate
 from tests.cleanslate import TEST_USER, clean_slate, report_line
 from tests.jobdirkit import PROBE, JobDir
 from tests.logkit import handler_on, restored_logger
@@ -154,6 +164,10 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
 # a clean slate at session start
 # ---------------------------------------------------------------------------
 
+# the session lock, held shared for the whole session (pytest_sessionstart)
+_SESSION_LOCK = pytest.StashKey[IO[bytes]]()
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Run the clean slate when this is the only geco test session (see the docstring),
@@ -164,10 +178,25 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     session.config.add_cleanup(lock.close)
     done: list[str] = []
     if os.geteuid() == 0:
-        done = clean_slate() if sole_user(lock) else [
+        session.config.stash[_SESSION_LOCK] = lock
+        # recorded first: the clean slate stops the gecod demo.sh left
+        done = nodestate.record() + clean_slate() if sole_user(lock) else [
             "no clean slate: another geco test session runs on this machine"]
     # shared from here on; a session that starts while we hold it exclusively waits here
     fcntl.flock(lock, fcntl.LOCK_SH)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if done and reporter is not None:
+        reporter.write_line(report_line(done))
+
+
+@pytest.hookimpl(trylast=True)  # after the session fixtures' teardown (runner's own hook)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Put the node back as the session found it (see the docstring), when no other geco
+    test session runs: the last one to end restores what the first one recorded."""
+    lock = session.config.stash.get(_SESSION_LOCK, None)
+    if lock is None or lock.closed or not sole_user(lock):
+        return
+    done = nodestate.restore()
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if done and reporter is not None:
         reporter.write_line(report_line(done))

@@ -48,7 +48,7 @@ from geco.daemon.context import GecodContext
 from geco.daemon.lanes import CLUSTER_BUDGET, Lane
 from geco.daemon.pools import Keys, Pool, Pools
 from geco.errors import GecoError, JobKeyError, ProtocolError
-from geco.job import containment, ending, jobstatus, samples
+from geco.job import containment, ending, jobstatus, privatetmp, samples
 from geco.job.jobkey import JobKey
 from geco.job.resourceset import short_hostname
 from geco.oom.owner_file import stderr_target, tell_owner
@@ -318,7 +318,7 @@ class ClusterChannel:
         spool = execd.find_spool_dir(cfg.execd_spool_dir, key, host)
         if spool is None:
             return {"status": "refused", "reason": f"job {key} is not running on {host}"}
-        target = stderr_target(spool)
+        target = stderr_target(spool, privatetmp.namespace(cfg, key))
         if target is not None:  # else the job's stderr goes to /dev/null
             tell_owner(target, req.body.decode("utf-8", "replace"), timeout=_REPORT_TIMEOUT)
         return {"status": "reported"}

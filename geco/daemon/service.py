@@ -78,7 +78,7 @@ from geco.daemon.sampler import Sampler
 from geco.daemon.server import Server
 from geco.daemon.shepherdwatch import ShepherdWatch
 from geco.errors import GecoError
-from geco.job import trace
+from geco.job import privatetmp, trace
 from geco.job.jobkey import JobKey
 from geco.node.topology import Topology
 from geco.wire import address, cluster, keys
@@ -203,7 +203,7 @@ class Daemon:
         self.oom = oom.OomMonitor(self.loop, self.backend, state_dir=cfg.state_dir,
                                   policy=cfg.gecod_oom, execd_spool_dir=cfg.execd_spool_dir,
                                   resources_dir=cfg.resources_dir, executor=self.pools.reports,
-                                  relay=self._relay_oom)
+                                  relay=self._relay_oom, namespace_of=self._job_namespace)
         # a job ends when its master shepherd exits: torn down at once, in the pool of
         # job ends (an allocation short of cores waits for them in a worker)
         self.shepherds = ShepherdWatch(self.loop, self.ctx, self.pools.ends,
@@ -333,6 +333,10 @@ class Daemon:
     def _relay_oom(self, master: str, key: JobKey, text: str) -> None:
         # a worker: a slave's OOM words go to the owner's file on the job's master host
         cluster.report_oom(master, key, text, self.cfg)
+
+    def _job_namespace(self, key: JobKey) -> oom.JobNamespace:
+        # a job's stderr path is the job's in its private /tmp's namespace, if it has one
+        return privatetmp.namespace(self.cfg, key)
 
     def _check_oom_now(self, key: JobKey) -> None:
         """From a worker: read the job's OOM counter in the loop, then wait (briefly) for

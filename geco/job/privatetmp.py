@@ -41,6 +41,10 @@ from geco.errors import GecoError
 from geco.job.jobkey import JobKey
 from geco.units import format_memory, parse_memory
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from geco.oom.owner_file import JobNamespace
+
 __all__ = ["HELPER", "Freed", "Places", "add_sge_tmpdir", "describe", "exists", "make",
            "pins_dir", "places", "remove", "shm_bytes"]
 
@@ -82,6 +86,15 @@ def places(cfg: Config, key: JobKey) -> Places:
     job_dir = base / str(key)
     return Places(pins_dir(cfg) / str(key), job_dir, job_dir / "tmp",
                   job_dir / "var-tmp" if cfg.tmp_var_tmp else None)
+
+
+def namespace(cfg: Config, key: JobKey) -> JobNamespace:
+    """Job ``key``'s mount namespace here, where its paths are the job's (an OOM report for
+    its ``-e /tmp/...`` file is written there), noting whether it is pinned now."""
+    from geco.oom.owner_file import JobNamespace  # gecod's OOM reports only
+
+    pin = places(cfg, key).pin
+    return JobNamespace(pin, cfg.tmp_node_namespace, os.path.lexists(pin))
 
 
 def shm_bytes(cfg: Config, memory_limit: int, jobs_memory: int) -> int:

@@ -17,7 +17,8 @@ module each (every public name is also here, as ``geco.oom.<name>``):
   its limit, or one the kernel log puts outside the job's cgroup, is a
   node-wide shortage and says so instead of blaming the job.
 * :mod:`geco.oom.owner_file`: :func:`append_to_owner_file`, that text
-  appended to the job's stderr file as the owner.
+  appended to the job's stderr file as the owner (in the job's mount namespace:
+  its private /tmp).
 * :mod:`geco.oom.monitor`: :class:`OomMonitor`, every job cgroup watched in
   gecod's runloop, and :func:`handle`, the journal record (``GECO_EVENT=oom``)
   and the policy (``[gecod] oom``): ``kernel`` reports only; ``kill-job`` also
@@ -40,12 +41,18 @@ from __future__ import annotations
 from geco.oom.kmsg import KMSG, KernelLog, KillRecord, parse_oom_kill
 from geco.oom.message import RequestHint, owner_message, request_hint, suggest_request
 from geco.oom.monitor import POLICIES, Loop, OomMonitor, check_policy, handle
-from geco.oom.owner_file import StderrTarget, append_to_owner_file, stderr_target
+from geco.oom.owner_file import (
+    JobNamespace,
+    StderrTarget,
+    append_to_owner_file,
+    stderr_target,
+)
 from geco.oom.watch import OomEvent, OomWatch, open_inotify, parse_keyed, remove_counts
 
 __all__ = [
     "KMSG",
     "POLICIES",
+    "JobNamespace",
     "KernelLog",
     "KillRecord",
     "Loop",

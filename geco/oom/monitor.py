@@ -36,7 +36,7 @@ from geco.job.jobkey import JobKey
 from geco.job.resourceset import short_hostname
 from geco.oom.kmsg import KMSG, KernelLog
 from geco.oom.message import RequestHint, owner_message, request_hint
-from geco.oom.owner_file import StderrTarget, stderr_target, tell_owner
+from geco.oom.owner_file import JobNamespace, StderrTarget, stderr_target, tell_owner
 from geco.oom.watch import OomEvent, OomWatch, remove_counts
 from geco.sge import execd, resourcefile
 from geco.wire import cluster
@@ -231,6 +231,8 @@ class OomMonitor:
         for tests and the bench.
     relay: sends a slave job's report to its master host (``relay(master, key, text)``,
         raises GecoError; :func:`geco.wire.cluster.report_oom`); None = journal only there.
+    namespace_of: the job's mount namespace, where its stderr path is the job's
+        (:func:`geco.job.privatetmp.namespace`); None = the paths are gecod's.
 
     Raises
     ------
@@ -243,7 +245,8 @@ class OomMonitor:
                  executor: Pool | None = None, node: str | None = None,
                  kmsg: Path | None = KMSG, sweep_interval: float = 60.0,
                  on_events: Callable[[list[OomEvent]], None] | None = None,
-                 relay: Callable[[str, JobKey, str], None] | None = None) -> None:
+                 relay: Callable[[str, JobKey, str], None] | None = None,
+                 namespace_of: Callable[[JobKey], JobNamespace] | None = None) -> None:
         self.loop = loop
         self.backend = backend
         self.state_dir = state_dir
@@ -256,6 +259,7 @@ class OomMonitor:
         self.sweep_interval = sweep_interval
         self.on_events = on_events
         self.relay = relay
+        self.namespace_of = namespace_of
         self.kmsg: KernelLog | None = None
         self._jobs: dict[JobKey, _Job] = {}
         self._sweep: _Cancellable | None = None
@@ -510,7 +514,8 @@ class OomMonitor:
             spool = job.spool_dir or execd.find_spool_dir(self.execd_spool_dir, key, self.node)
             if spool is not None:
                 try:
-                    job.target = stderr_target(spool)
+                    ns = self.namespace_of(key) if self.namespace_of is not None else None
+                    job.target = stderr_target(spool, ns)
                 except GecoError as exc:
                     _log.debug("job %s: no stderr file for OOM reports: %s", key, exc)
 

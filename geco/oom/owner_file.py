@@ -2,9 +2,13 @@
 
 :func:`stderr_target` finds the file from the job's execd spool dir;
 :func:`append_to_owner_file` writes it from a child process that has dropped
-to the owner, so a path the user chose cannot make root write elsewhere. It
-blocks (a fork per call, a hung file system costs up to its timeout): run it
-in a worker. gecod needs CAP_SETUID and CAP_SETGID for it, and the owners'
+to the owner, so a path the user chose cannot make root write elsewhere. A
+job with a private /tmp ([tmp] private) has a mount namespace of its own: the
+child enters it first (:class:`JobNamespace`), so the path is the job's file,
+never one another user made at that path in the node's /tmp. It blocks (a
+fork per call, a hung file system costs up to its timeout): run it in a
+worker. gecod needs CAP_SETUID and CAP_SETGID for it (CAP_SYS_ADMIN and
+CAP_SYS_CHROOT to enter a job's namespace), and the owners'
 output files writable in its mount namespace (no
 ``ProtectHome=``/``ProtectSystem=strict`` over them).
 """
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import pwd
 import select
@@ -20,18 +25,39 @@ import signal
 import stat
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from geco.errors import GecoError
 from geco.sge import execd
 
-__all__ = ["StderrTarget", "append_to_owner_file", "stderr_target", "tell_owner"]
+__all__ = ["JobNamespace", "StderrTarget", "append_to_owner_file", "stderr_target",
+           "tell_owner"]
 
 
 # ---------------------------------------------------------------------------
 # the job's stderr file, written as its owner
 # ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class JobNamespace:
+    """The job's mount namespace here (its private /tmp), in which its paths are opened.
+
+    Attributes
+    ----------
+    pin: where it is pinned (:func:`geco.job.privatetmp.namespace`); no file there: the
+        job has none (private /tmp off, or ``on_failure = "shared"``).
+    node_ns: the node's mount namespace (``[tmp] node_namespace``), entered first
+        to see the pin (gecod under systemd runs in its unit's); "" = gecod's own.
+    pinned: the pin was there when the job was looked up: when it is gone, so is
+        the job's /tmp (the job ended), and nothing is written.
+    """
+
+    pin: Path
+    node_ns: str = ""
+    pinned: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,11 +72,14 @@ class StderrTarget:
         (``<job_name>.e<job_id>[.<task>]``, as sge_shepherd names it); ""
         when ``path`` is known to be the file.
     owner: the job owner's user name (``job_owner`` in the spooled config).
+    namespace: the job's mount namespace, where ``path`` is the job's; None =
+        the node's (gecod's).
     """
 
     path: Path
     name_in_dir: str
     owner: str
+    namespace: JobNamespace | None = None
 
 
 def _read_env(path: Path) -> dict[bytes, bytes]:
@@ -64,7 +93,8 @@ def _read_env(path: Path) -> dict[bytes, bytes]:
     return execd.parse_key_values(data)
 
 
-def stderr_target(spool_dir: Path) -> StderrTarget | None:
+def stderr_target(spool_dir: Path, namespace: JobNamespace | None = None
+                  ) -> StderrTarget | None:
     """Return where the job's stderr goes, from its execd spool dir (``active_jobs/<job>.<task>``).
 
     ``SGE_STDERR_PATH`` (``SGE_STDOUT_PATH`` when ``merge_stderr`` is 1, i.e.
@@ -74,7 +104,8 @@ def stderr_target(spool_dir: Path) -> StderrTarget | None:
     ``config``: a file, or a directory in which sge_shepherd names the file
     ``<job_name>.e<job_id>`` (``.<task>`` for array tasks). Whether it is a
     directory is decided when writing, as the owner: root may not even see
-    into an NFS home (root_squash).
+    into an NFS home (root_squash). ``namespace``: the job's mount namespace,
+    where the path is opened.
 
     Returns
     -------
@@ -95,7 +126,7 @@ def stderr_target(spool_dir: Path) -> StderrTarget | None:
     from_env = env.get(b"SGE_STDOUT_PATH" if merged else b"SGE_STDERR_PATH", b"")
     if from_env:
         path = Path(os.fsdecode(from_env))
-        return None if path == Path("/dev/null") else StderrTarget(path, "", owner)
+        return None if path == Path("/dev/null") else StderrTarget(path, "", owner, namespace)
     raw = config.get("stdout_path" if merged else "stderr_path", "")
     if not raw or Path(raw) == Path("/dev/null"):
         return None
@@ -106,7 +137,7 @@ def stderr_target(spool_dir: Path) -> StderrTarget | None:
     name = f"{config.get('job_name', '')}.{'o' if merged else 'e'}{config.get('job_id', '')}"
     if task not in ("", "0"):
         name += f".{task}"
-    return StderrTarget(path, name, owner)
+    return StderrTarget(path, name, owner, namespace)
 
 
 # O_NONBLOCK: a FIFO the owner put in the file's place opens at once (ENXIO without a
@@ -122,9 +153,76 @@ _WHY = {errno.ENOENT: "the file is gone, and geco never creates one",
         errno.ENXIO: "it is a FIFO or a device, which geco does not write to"}
 
 
+_CLONE_NEWNS = 0x00020000  # os.CLONE_NEWNS is Python 3.12's
+
+
+@dataclass(frozen=True, slots=True)
+class _Join:
+    """A :class:`JobNamespace` as the forked child uses it (prepared before the fork)."""
+
+    node_ns: bytes
+    pin: bytes
+    pinned: bool
+    setns: Callable[[int, int], None]
+
+
+@functools.cache
+def _libc_setns() -> Callable[[int, int], None]:
+    """libc's setns(2), raising OSError (os.setns is Python 3.12's; Debian 12 has 3.11);
+    made before a fork: the child only makes system calls."""
+    import ctypes  # a job with a private /tmp only
+
+    func = ctypes.CDLL(None, use_errno=True).setns
+    func.argtypes = (ctypes.c_int, ctypes.c_int)
+    func.restype = ctypes.c_int
+
+    def setns(fd: int, nstype: int) -> None:
+        if func(fd, nstype) != 0:
+            code = ctypes.get_errno()
+            raise OSError(code, os.strerror(code))
+
+    return setns
+
+
+def _setns(join: _Join, fd: int) -> None:
+    join.setns(fd, _CLONE_NEWNS)
+
+
+def _enter_node_namespace(join: _Join) -> None:
+    """The node's mount namespace, where the pin is (as geco-mntns enters it)."""
+    if not join.node_ns:
+        return
+    try:
+        fd = os.open(join.node_ns, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return  # an init this root may not look at (a container's): gecod's is the node's
+    try:
+        node, mine = os.fstat(fd), os.stat("/proc/self/ns/mnt")
+        if (node.st_dev, node.st_ino) != (mine.st_dev, mine.st_ino):
+            _setns(join, fd)
+    finally:
+        os.close(fd)
+
+
+def _enter_job_namespace(join: _Join) -> None:
+    """The job's pinned namespace; none pinned, and none seen before: the node's is the
+    job's. A pin that is no namespace (a plain file) is refused by setns: nothing written."""
+    try:
+        fd = os.open(join.pin, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        if join.pinned:
+            raise  # the job's /tmp is gone with it: its path here is someone else's
+        return
+    try:
+        _setns(join, fd)
+    finally:
+        os.close(fd)
+
+
 def _append_child(result: int, path: bytes, alternative: bytes, data: bytes, uid: int,
-                  gid: int) -> None:
-    """The forked child: become the owner, append; report ``ok <n>`` or ``<errno> <step> <n>``.
+                  gid: int, join: _Join | None) -> None:
+    """The forked child: enter the job's mount namespace (``join``) while root, become
+    the owner, append; report ``ok <n>`` or ``<errno> <step> <n>``.
 
     ``<n>`` says which path it was at: 0 = ``path``, 1 = ``alternative``.
     """
@@ -133,6 +231,12 @@ def _append_child(result: int, path: bytes, alternative: bytes, data: bytes, uid
     # runs as the user, who may signal it) must not look like one to gecod
     signal.pthread_sigmask(signal.SIG_SETMASK, signal.valid_signals())
     try:
+        if join is not None:
+            step = "node-ns"
+            _enter_node_namespace(join)
+            step = "join"
+            _enter_job_namespace(join)
+            step = "setgroups"
         os.setgroups([])
         step = "setgid"
         os.setgid(gid)
@@ -161,7 +265,7 @@ def _append_child(result: int, path: bytes, alternative: bytes, data: bytes, uid
 
 
 def append_to_owner_file(path: Path, text: str, uid: int, gid: int, *, name_in_dir: str = "",
-                         timeout: float = 10.0) -> Path:
+                         timeout: float = 10.0, namespace: JobNamespace | None = None) -> Path:
     """Append ``text`` to the owner's file ``path``, with the owner's rights only.
 
     A child process drops to the owner (no supplementary groups, ``gid``,
@@ -169,7 +273,10 @@ def append_to_owner_file(path: Path, text: str, uid: int, gid: int, *, name_in_d
     ``O_CREAT``: geco never creates a file, never follows a symbolic link the
     user put in the file's place, and cannot write anything the owner could
     not -- a path the user chose cannot make root write elsewhere. A hung file
-    system (NFS) costs at most ``timeout``.
+    system (NFS) costs at most ``timeout``. With ``namespace`` the child first
+    enters the job's mount namespace (as root: setns), so that ``path`` is the
+    file the job has there; when the job's pin is there but cannot be entered,
+    or is gone since it was seen, nothing is written (never the node's file).
 
     Parameters
     ----------
@@ -179,6 +286,7 @@ def append_to_owner_file(path: Path, text: str, uid: int, gid: int, *, name_in_d
     name_in_dir: when ``path`` turns out to be a directory, append to
         ``path/name_in_dir`` instead.
     timeout: seconds to wait for the child; it is then killed.
+    namespace: the job's mount namespace; None = gecod's.
 
     Returns
     -------
@@ -188,13 +296,17 @@ def append_to_owner_file(path: Path, text: str, uid: int, gid: int, *, name_in_d
     ------
     GecoError
         naming the path and the reason (gone, a symbolic link, not writable
-        by the owner, a directory, timed out); never an ``OSError``.
+        by the owner, a directory, timed out, the job's namespace not entered);
+        never an ``OSError``.
     """
     alternative = path / name_in_dir if name_in_dir else None
     data = text.encode("utf-8", "surrogateescape")
     # everything the child needs is prepared here: it only makes system calls
     raw_path = os.fsencode(path)
     raw_alternative = os.fsencode(alternative) if alternative is not None else b""
+    join = None if namespace is None else _Join(
+        os.fsencode(namespace.node_ns), os.fsencode(namespace.pin), namespace.pinned,
+        _libc_setns())
     read_end, write_end = os.pipe2(os.O_CLOEXEC)
     try:
         pid = os.fork()
@@ -207,7 +319,7 @@ def append_to_owner_file(path: Path, text: str, uid: int, gid: int, *, name_in_d
         code = 1
         try:
             os.close(read_end)
-            _append_child(write_end, raw_path, raw_alternative, data, uid, gid)
+            _append_child(write_end, raw_path, raw_alternative, data, uid, gid, join)
             code = 0
         finally:
             os._exit(code)
@@ -237,12 +349,32 @@ def append_to_owner_file(path: Path, text: str, uid: int, gid: int, *, name_in_d
                         "FIFO, a device or a socket), which geco does not write to",
                         path=where, uid=uid)
     cause = OSError(code, os.strerror(code) if code else "the writer died")
+    if step in ("node-ns", "join") and namespace is not None:
+        raise _not_joined(path, uid, namespace, step, cause) from cause
     err = GecoError.from_oserror(f"cannot append to {where} as uid {uid} ({step})", cause,
                                  path=where, uid=uid)
     why = _WHY.get(code, "") if step in ("open", "write") else ""
     if why:
         err = GecoError(f"{err.msg}; {why}", **err.fields)
     raise err from cause
+
+
+_NOT_WRITTEN = "; nothing is written: at that path the node may have another user's file"
+
+
+def _not_joined(path: Path, uid: int, namespace: JobNamespace, step: str,
+                cause: OSError) -> GecoError:
+    """The error of a writer that could not enter the job's mount namespace."""
+    fields = {"path": path, "uid": uid, "pin": namespace.pin}
+    if step == "join" and cause.errno == errno.ENOENT:
+        return GecoError(f"cannot append to {path} as uid {uid}: the job's private /tmp "
+                         f"is gone (its namespace, pinned at {namespace.pin}, was dropped: "
+                         f"the job ended){_NOT_WRITTEN}", **fields)
+    where = f"the node's ({namespace.node_ns})" if step == "node-ns" else \
+        f"the job's (its private /tmp, pinned at {namespace.pin})"
+    err = GecoError.from_oserror(f"cannot append to {path} as uid {uid}: cannot enter "
+                                 f"{where} mount namespace", cause, **fields)
+    return GecoError(f"{err.msg}{_NOT_WRITTEN}", **err.fields)
 
 
 def _reap(pid: int) -> None:
@@ -277,7 +409,7 @@ def tell_owner(target: StderrTarget, text: str, *, timeout: float = 10.0) -> Non
     """
     uid, gid = _owner_ids(target.owner)
     append_to_owner_file(target.path, text, uid, gid, name_in_dir=target.name_in_dir,
-                         timeout=timeout)
+                         timeout=timeout, namespace=target.namespace)
 
 
 def _owner_ids(user: str) -> tuple[int, int]:
