@@ -7,12 +7,14 @@ held: an owner holding the files of two of their ended jobs (from a third job) t
 both of gecod's end workers, and another user's job that ended meanwhile got no
 ``job-end`` record and kept its cgroups until the holder let go.
 
-Real Grid Engine with geco's preload in sge_execd and a real gecod sampling every
-second. The attacker (:data:`stallkit.ATTACKER`, an ordinary account) runs a holder job
-that takes ``LOCK_EX`` on every samples file it can open and keeps it, and ends two jobs
-whose files it holds; then the test user's job ends. Its ``job-end`` record comes while
-the attacker still holds every lock, within twice its quiet time (a quiet job end first,
-same node, same user), and the attacker's own ended jobs get theirs too.
+Real Grid Engine with geco's preload in sge_execd, a queue with geco's starter only (as
+``demo.sh`` sets a node up: gecod ends every job when its shepherd exits, in its two end
+workers) and a real gecod sampling every second. The attacker
+(:data:`stallkit.ATTACKER`, an ordinary account) runs a holder job that takes
+``LOCK_EX`` on every samples file it can open and keeps it, and ends two jobs whose files
+it holds; then the test user's job ends. Its ``job-end`` record comes while the attacker
+still holds every lock, within twice its quiet time (a quiet job end first, same node,
+same user), and the attacker's own ended jobs get theirs too.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from tests.stallkit import ATTACKER
 pytestmark = pytest.mark.sge
 
 USAGE_DIR = Path("/var/lib/geco/usage")
+STARTER = "/usr/libexec/geco/starter"
 WAIT = 120.0
 # The attacker's holder job: LOCK_EX on every samples file it can open (its own jobs'),
 # kept until the test makes "stop"; "held.<job>" says which it holds.
@@ -80,6 +83,14 @@ def sampled_every_second(sge: Any, gecod: Any) -> Iterator[None]:
         yield
 
 
+@pytest.fixture
+def starter_only_queue(sge: Any) -> Iterator[str]:
+    """The queue of a node with the preload: geco's starter only, no prolog or epilog."""
+    with sge.temporary_queue("geco-test-stall-end.q", prolog="NONE", epilog="NONE",
+                             starter_method=STARTER, slots="2") as queue:
+        yield queue
+
+
 def _script(owner: JobOwner, name: str, text: str) -> Path:
     path = owner.make_dir(f"stall-{name}") / f"{name}.sh"
     path.write_text(text)
@@ -88,13 +99,15 @@ def _script(owner: JobOwner, name: str, text: str) -> Path:
     return path
 
 
-def _submit(sge: Any, script: Path, owner: JobOwner) -> int:
-    return int(sge.submit("-cwd", "-b", "y", "-o", "/dev/null", "-e", "/dev/null", "-l",
-                      "m_mem_free=64M", str(script), cwd=script.parent, user=owner.name))
+def _submit(sge: Any, queue: str, script: Path, owner: JobOwner) -> int:
+    return int(sge.submit("-cwd", "-q", queue, "-b", "y", "-o", "/dev/null", "-e",
+                          "/dev/null", "-l", "m_mem_free=64M", str(script), cwd=script.parent,
+                          user=owner.name))
 
 
 def _end_record(journal: Any, job: int) -> dict[str, Any]:
-    found: list[dict[str, Any]] = journal.wait_for(WAIT, JOB_ID=str(job), GECO_EVENT="job-end")
+    found: list[dict[str, Any]] = journal.wait_for(WAIT, JOB_ID=str(job), GECO_EVENT="job-end",
+                                                   _UID="0")
     [record] = found
     return record
 
@@ -108,8 +121,8 @@ def _end_seconds(sge: Any, journal: Any, script: Path, job: int) -> float:
 
 
 def test_an_owner_holding_their_ended_jobs_files_delays_no_other_users_job_end(
-        sge: Any, gecod: Any, sampled_every_second: None, attacker: JobOwner,
-        journal: Any, figures: list[str]) -> None:
+        sge: Any, gecod: Any, sampled_every_second: None, starter_only_queue: str,
+        attacker: JobOwner, journal: Any, figures: list[str]) -> None:
     """Given the attacker holding LOCK_EX on the samples files of two of their jobs as
     those end (from a third job of theirs), when the test user's job ends, then its
     job-end record comes while every lock is still held, within twice its quiet time
@@ -118,25 +131,26 @@ def test_an_owner_holding_their_ended_jobs_files_delays_no_other_users_job_end(
     error."""
     victim = sge.owner
     victim_script = _script(victim, "victim", VICTIM)
-    quiet = _end_seconds(sge, journal, victim_script, _submit(sge, victim_script, victim))
+    queue = starter_only_queue
+    quiet = _end_seconds(sge, journal, victim_script, _submit(sge, queue, victim_script, victim))
 
     holder_script = _script(attacker, "holder", HOLDER)
     held_script = holder_script.parent / "ends.sh"
     held_script.write_text(HELD)
     held_script.chmod(0o755)
     os.chown(held_script, attacker.uid, attacker.gid)
-    holder = _submit(sge, holder_script, attacker)
+    holder = _submit(sge, queue, holder_script, attacker)
     stop = holder_script.parent / "stop"
     try:
         theirs = []
         for _ in range(2):  # one after the other: the holder takes a core of two
-            job = _submit(sge, held_script, attacker)
+            job = _submit(sge, queue, held_script, attacker)
             theirs.append(job)
             sge.wait_finished(job, timeout=WAIT)
         held = {p.name for p in holder_script.parent.glob("held.*")}
         assert {f"held.{job}" for job in theirs} <= held, held
 
-        job = _submit(sge, victim_script, victim)
+        job = _submit(sge, queue, victim_script, victim)
         under_attack = _end_seconds(sge, journal, victim_script, job)
         wait_until(lambda: not job_cgroups(f"{job}.1"), WAIT, f"job {job}'s cgroups to go")
         for theirs_job in theirs:

@@ -195,13 +195,15 @@ def held_by(g: Gecod, port: int) -> Counter[str]:
             target = os.readlink(fd)
             if target.startswith("socket:["):
                 inodes.add(target[8:-1])
-    found: Counter[str] = Counter()
+    # one entry per socket: the kernel's table, read in pages while it changes, may list
+    # one twice (seq_file resumes by position), and fd numbers are reused meanwhile
+    peers: dict[str, str] = {}
     for line in Path(f"/proc/{g.pid}/net/tcp").read_text().splitlines()[1:]:
         fields = line.split()
         local, remote, state, inode = fields[1], fields[2], fields[3], fields[9]
         if state == "01" and int(local.split(":")[1], 16) == port and inode in inodes:
-            found[_ipv4(remote.split(":")[0])] += 1
-    return found
+            peers[inode] = _ipv4(remote.split(":")[0])
+    return Counter(peers.values())
 
 
 def _ipv4(hex_le: str) -> str:
@@ -271,11 +273,15 @@ def test_one_peer_holds_at_most_its_share_and_another_is_served_meanwhile(
     g, port = gecod
     most = [0]
 
+    # one more for a moment: a connection is accepted before its peer is known, then the
+    # peer's oldest is closed for it
+    most_at_once = PER_PEER_CONNECTIONS + 1
+
     def at_share() -> bool:
         now = held_by(g, port)["127.0.0.1"]
         most[0] = max(most[0], now)
-        assert now <= PER_PEER_CONNECTIONS, (now, held_by(g, port))
-        return now == PER_PEER_CONNECTIONS
+        assert now <= most_at_once, (now, held_by(g, port))
+        return now >= PER_PEER_CONNECTIONS
 
     with holder(attacker, port, 40, 0) as counts:
         _until(lambda: counts["connected"] >= 40, "the attacker's connections")
@@ -292,4 +298,4 @@ def test_one_peer_holds_at_most_its_share_and_another_is_served_meanwhile(
             f"{max(other):.3f} s")
     print(line)
     figures.append(line)
-    assert most[0] == PER_PEER_CONNECTIONS
+    assert PER_PEER_CONNECTIONS <= most[0] <= most_at_once
