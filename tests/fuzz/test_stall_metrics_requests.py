@@ -17,7 +17,6 @@ the next client. Two levels:
 from __future__ import annotations
 
 import itertools
-import logging
 import re
 import socket
 import time
@@ -30,6 +29,7 @@ from hypothesis import strategies as st
 from geco.daemon import metrics
 from geco.daemon.metrics import Listen, reply_to
 from tests.fuzz import fuzzkit
+from tests.logkit import RecordingHandler, handler_on
 
 WAIT = 10.0
 GOOD = b"GET /metrics HTTP/1.1\r\nHost: node1:9477\r\nAccept: text/plain\r\n\r\n"
@@ -92,34 +92,17 @@ def test_any_request_head_gets_one_reply_or_waits_for_more(data: bytes) -> None:
     _check(data)
 
 
-class _Kept(logging.Handler):
+@pytest.fixture(scope="module")
+def logged() -> Iterator[RecordingHandler]:
     """Every record of geco's loggers (a module-long caplog: hypothesis runs many examples
     in one test)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
-@pytest.fixture(scope="module")
-def logged() -> Iterator[_Kept]:
-    kept = _Kept()
-    logger = logging.getLogger("geco")
-    level = logger.level
-    logger.addHandler(kept)
-    logger.setLevel(logging.DEBUG)
-    try:
+    kept = RecordingHandler()
+    with handler_on("geco", kept):
         yield kept
-    finally:
-        logger.removeHandler(kept)
-        logger.setLevel(level)
 
 
 @pytest.fixture(scope="module")
-def endpoint(logged: _Kept) -> Iterator[metrics.Endpoint]:
+def endpoint(logged: RecordingHandler) -> Iterator[metrics.Endpoint]:
     e = metrics.Endpoint(metrics.listener(Listen("127.0.0.1", 0)), _Body(), "fuzz")
     e.start()
     try:
@@ -148,7 +131,7 @@ def _exchange(e: metrics.Endpoint, pieces: list[bytes]) -> bytes:
 @given(data=heads, cuts=st.lists(st.integers(0, 700), max_size=4))
 @example(data=GOOD, cuts=[1, 5, 20])
 def test_the_endpoint_answers_any_head_in_any_pieces_and_serves_on(
-        endpoint: metrics.Endpoint, logged: _Kept, data: bytes, cuts: list[int]) -> None:
+        endpoint: metrics.Endpoint, logged: RecordingHandler, data: bytes, cuts: list[int]) -> None:
     """Given a head sent in pieces, then the reply is the parser's (the endpoint answers
     what it read: at most one byte over the limit), or none when the head is not whole,
     and the next client is served."""

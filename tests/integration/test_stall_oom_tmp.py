@@ -16,14 +16,13 @@ memory, and prints what its own /tmp/<name> holds once the report is somewhere.
 
 from __future__ import annotations
 
-import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests import privatetmpkit
 from tests.integration.livekit import site_settings, wait_until
 from tests.servicekit import ensure_user
 from tests.stallkit import ALLOCATE, ATTACKER
@@ -54,15 +53,8 @@ def private_tmp(sge: Any, gecod: Any) -> Iterator[None]:
 def planted(private_tmp: None) -> Iterator[Path]:
     """/tmp/<name> in the node's /tmp, the attacker's, empty, mode 0666."""
     attacker = ensure_user(ATTACKER)
-    path = Path("/tmp", f"oom-tmp-{uuid.uuid4().hex[:8]}")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
-    os.fchown(fd, attacker.uid, attacker.gid)
-    os.fchmod(fd, 0o666)
-    os.close(fd)
-    try:
+    with privatetmpkit.planted("oom-tmp", attacker.uid, attacker.gid) as path:
         yield path
-    finally:
-        path.unlink(missing_ok=True)
 
 
 def test_the_oom_report_goes_to_the_jobs_own_tmp_file_not_one_planted_in_the_nodes(

@@ -21,6 +21,7 @@ from geco.config import Config
 from geco.errors import GecoError
 from geco.job import privatetmp
 from geco.job.jobkey import JobKey
+from tests import privatetmpkit
 
 pytestmark = [pytest.mark.root,
               pytest.mark.skipif(os.geteuid() != 0, reason="mount namespaces need root")]
@@ -33,14 +34,8 @@ WAIT = 60.0
 
 @pytest.fixture
 def cfg(tmp_path: Path) -> Iterator[Config]:
-    tmp_path.chmod(0o755)
-    cfg = Config(state_dir=tmp_path / "state", tmp_shm_size="50%")
-    yield cfg
-    for pin in (cfg.state_dir / "mntns").glob("*"):  # a test that failed halfway
-        subprocess.run([str(privatetmp.HELPER), "drop", str(pin)], check=False,
-                       capture_output=True)
-    subprocess.run(["umount", "-l", str(cfg.state_dir / "mntns")], check=False,
-                   capture_output=True)
+    with privatetmpkit.config(tmp_path) as made:
+        yield made
 
 
 def _in(where: privatetmp.Places, uid: int, gid: int, script: str,

@@ -24,6 +24,7 @@ from geco.config import Config
 from geco.errors import GecoError
 from geco.job import privatetmp
 from geco.job.jobkey import JobKey
+from tests import privatetmpkit
 
 pytestmark = [pytest.mark.root,
               pytest.mark.skipif(os.geteuid() != 0, reason="mount namespaces need root")]
@@ -35,28 +36,15 @@ KEY = JobKey(931, 1)
 
 @pytest.fixture
 def cfg(tmp_path: Path) -> Iterator[Config]:
-    tmp_path.chmod(0o755)
-    cfg = Config(state_dir=tmp_path / "state", tmp_shm_size="50%")
-    yield cfg
-    for pin in (cfg.state_dir / "mntns").glob("*"):  # a test that failed halfway
-        subprocess.run([str(privatetmp.HELPER), "drop", str(pin)], check=False,
-                       capture_output=True)
-    subprocess.run(["umount", "-l", str(cfg.state_dir / "mntns")], check=False,
-                   capture_output=True)
+    with privatetmpkit.config(tmp_path) as made:
+        yield made
 
 
 @pytest.fixture
 def planted() -> Iterator[Path]:
     """/tmp/<name> in the node's /tmp: nobody's, empty, mode 0666."""
-    path = Path("/tmp", f"oom-ns-{uuid.uuid4().hex[:8]}")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
-    os.fchown(fd, NOBODY, NOBODY)
-    os.fchmod(fd, 0o666)
-    os.close(fd)
-    try:
+    with privatetmpkit.planted("oom-ns", NOBODY, NOBODY) as path:
         yield path
-    finally:
-        path.unlink(missing_ok=True)
 
 
 def _owners_file(where: privatetmp.Places, name: str, owner: Any) -> Path:
