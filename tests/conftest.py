@@ -13,9 +13,9 @@ A clean slate first
 The node as it was, at the end
     Before the clean slate, :func:`nodestate.record` notes what the session will change:
     all.q's configuration, the LD_PRELOAD sge_execd runs with, the gecod serving the site
-    socket and how it was started (``/run/geco-test-node.json``). At session end (after
-    Ctrl-C too), when no other geco test session runs, :func:`nodestate.restore` puts
-    back what differs -- on a node where ``demo.sh`` ran: its starter-only queue, execd
+    socket and how it was started (``/run/geco-tests-node-state.json``). At session end
+    (after Ctrl-C too), when no other geco test session runs, :func:`nodestate.restore`
+    puts back what differs -- on a node where ``demo.sh`` ran: its starter-only queue, execd
     with the preload, its gecod -- and says so in one line. A session killed outright
     leaves the file; the next session keeps it and restores it at its end.
 

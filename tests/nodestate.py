@@ -10,8 +10,9 @@ preload, and the tests' own gecods come and go.
 tests/conftest.py, when it is the only geco test session on the machine:
 
 - at session start, before the clean slate, :func:`record` writes what it finds to
-  ``/run/geco-test-node.json``: all.q's configuration (``qconf -sq``) and its instances'
-  disabled and error states, setup.sh's settings (the fingerprint it keeps in
+  ``/run/geco-tests-node-state.json`` (not ``geco-test-node*``: the emulated cluster's
+  hosts' run dirs): all.q's configuration (``qconf -sq``) and its instances' disabled and
+  error states, setup.sh's settings (the fingerprint it keeps in
   ``geco-setup.state``), the LD_PRELOAD of the running sge_execd, and the gecod serving
   the site socket, started by hand as demo.sh does (its command line, environment,
   directory and log). A file already there is one an interrupted session left: it says
@@ -45,7 +46,7 @@ from typing import Any
 from tests.cleanslate import is_geco_daemon, listener_pid
 from tests.servicekit import CLEAN_ENV, SGE_SETUP, SGE_SPOOL
 
-NODE_STATE = Path("/run/geco-test-node.json")
+NODE_STATE = Path("/run/geco-tests-node-state.json")
 QUEUE = "all.q"
 SETUP_STATE = SGE_SPOOL / "geco-setup.state"
 # setup.sh's fingerprint keys and the settings that give them (integration/sge/setup.sh)
@@ -256,7 +257,7 @@ def restore_grid_engine(saved: dict[str, Any]) -> tuple[list[str], bool]:
         return [f"could not put Grid Engine back: setup.sh failed ({' '.join(tail)})"], False
     # what setup.sh does not write (an attribute set by hand) from the record
     if queue_config() != saved["queue"]:
-        with tempfile.NamedTemporaryFile("w", prefix="geco-test-node.", suffix=".q") as f:
+        with tempfile.NamedTemporaryFile("w", prefix="geco-tests-queue.", suffix=".q") as f:
             f.write("".join(f"{k} {v}\n" for k, v in saved["queue"].items()))
             f.flush()
             _run(["qconf", "-Mq", f.name])
