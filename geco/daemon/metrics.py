@@ -292,13 +292,6 @@ class Endpoint:
         self._thread = threading.Thread(target=self._serve, name="gecod-metrics",
                                         daemon=True)
 
-    @property
-    def _conn(self) -> socket.socket | None:
-        """The connection taken last, while it is open (what a test waits on to know
-        its client was taken)."""
-        clients = list(self._clients)  # one copy: the thread changes the dict meanwhile
-        return clients[-1].sock if clients else None
-
     def start(self) -> None:
         self._thread.start()
 

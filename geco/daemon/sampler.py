@@ -5,12 +5,14 @@ still running is skipped, never queued), reads each job cgroup's counters and ap
 them to the job's samples file (:mod:`geco.job.samples`). Both are opened at a job's
 first round and held (:class:`geco.cgroup._counters.Held`,
 :class:`~geco.job.samples.Writer`): a round is then a ``pread`` per counter and a
-``pwrite`` per job, within a quarter of gecod's open-file limit (beyond it a job's files
-are opened each round). What a job was granted here and whose it is (the file's
-header) is read once per job from its resource file and spool dir. The cost of a round
+``pwrite`` per job (under the writers' lock, taken for each), within a quarter of
+gecod's open-file limit (beyond it a job's files are opened each round). What a job was
+granted here and whose it is (the file's header) is read once per job from its resource
+file and spool dir. The cost of a round
 grows with the jobs on the node (at most one per core), not with anything a job does:
-a job's processes, files or a reader holding its file's lock cost it its own samples,
-never another job's or gecod's time (the lock is not waited for).
+a job's processes or files cost it its own samples, never another job's or gecod's
+time, and a lock its owner takes on its file costs nothing (the writers' lock is root's
+own, :mod:`geco.rootlock`, and not waited for).
 
 The job's end appends the last sample (:func:`geco.job.samples.keep_last`, from the
 teardown); the reaper deletes ended jobs' files after ``[usage] keep_days``.

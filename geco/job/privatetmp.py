@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from geco.oom.owner_file import JobNamespace
 
 __all__ = ["HELPER", "Freed", "Places", "add_sge_tmpdir", "describe", "exists", "make",
-           "pins_dir", "places", "remove", "shm_bytes"]
+           "namespace", "pins_dir", "places", "remove", "shm_bytes"]
 
 _log = log.get("privatetmp")
 

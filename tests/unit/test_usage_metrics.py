@@ -416,7 +416,7 @@ def test_a_client_half_way_through_its_request_at_a_handover_gets_its_reply(
     e.start()
     with socket.create_connection(("127.0.0.1", _port(e)), timeout=WAIT) as client:
         client.sendall(b"GET /metrics HTTP/1.1\r\n")
-        _wait_for(lambda: e._conn is not None, "the endpoint taking the client")
+        _wait_for(lambda: bool(e._clients), "the endpoint taking the client")
         closer = threading.Thread(target=e.close, kwargs={"finish": True})
         closer.start()
         _wait_for(e._closing.is_set, "the handover's close")
