@@ -157,7 +157,7 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
     start = time.monotonic()
     yield
     if item.get_closest_marker("vm") is None:
-        figurekit.host_test_ran(start, time.monotonic())
+        figurekit.host_test_ran(start, time.monotonic(), item.location[0])
 
 
 # ---------------------------------------------------------------------------

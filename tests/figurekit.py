@@ -10,7 +10,9 @@ on the session's clock, and which of them ended last, the one the run waited for
 
 from __future__ import annotations
 
+import os
 import time
+from collections import defaultdict
 from dataclasses import dataclass
 
 FIGURES: list[str] = []
@@ -34,11 +36,24 @@ class Span:
 SPANS: list[Span] = []
 _session_start = [time.monotonic()]
 _host_tests: list[float] = []  # the first test's start, the latest one's end, how many ran
+# seconds of the host's tests, by test file
+_host_files: defaultdict[str, float] = defaultdict(float)
+_cpu_start: list[tuple[int, int]] = []  # the machine's busy and all jiffies at session start
+LONGEST_FILES = 8
+
+
+def _cpu() -> tuple[int, int]:
+    """The machine's CPU time so far, busy and all (/proc/stat's cpu line, jiffies)."""
+    with open("/proc/stat") as stat:
+        ticks = [int(t) for t in stat.readline().split()[1:]]
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle, iowait
+    return sum(ticks) - idle, sum(ticks)
 
 
 def session_started() -> None:
     """Start the session's clock (conftest's pytest_sessionstart)."""
     _session_start[0] = time.monotonic()
+    _cpu_start[:] = [_cpu()]
 
 
 def span(what: str, start: float, end: float, detail: str = "") -> None:
@@ -46,8 +61,9 @@ def span(what: str, start: float, end: float, detail: str = "") -> None:
     SPANS.append(Span(what, start, end, detail))
 
 
-def host_test_ran(start: float, end: float) -> None:
-    """Widen the span of the tests run on this host by one test's run."""
+def host_test_ran(start: float, end: float, where: str = "") -> None:
+    """Widen the span of the tests run on this host by one test's run (of file ``where``)."""
+    _host_files[where] += end - start
     if _host_tests:
         _host_tests[1:] = [end, _host_tests[2] + 1]
     else:
@@ -72,4 +88,22 @@ def critical_path() -> list[str]:
     line = f"critical path: {last.what}, done at {last.end - t0:.0f} s"
     if len(parts) > 1:
         line += f" ({last.end - parts[-2].end:.0f} s after {parts[-2].what})"
-    return [*lines, line]
+    return [*lines, line, *_where_the_time_went()]
+
+
+def _where_the_time_went() -> list[str]:
+    """How busy the machine was over the run (CPU-bound, or waiting), and the host's
+    longest test files: where a shorter run has to come from."""
+    lines = []
+    if _cpu_start:
+        (busy0, all0), (busy1, all1) = _cpu_start[0], _cpu()
+        if all1 > all0:
+            lines.append(f"CPUs busy {100 * (busy1 - busy0) / (all1 - all0):.0f}% of the run "
+                         f"({os.cpu_count()} CPUs; the VM boots niced: they take what the "
+                         "host's tests leave)")
+    longest = ", ".join(f"{where} {seconds:.0f} s"
+                        for where, seconds in sorted(_host_files.items(), key=lambda kv: -kv[1])
+                        [:LONGEST_FILES])
+    if longest:
+        lines.append(f"the host's longest test files: {longest}")
+    return lines

@@ -38,6 +38,8 @@
 #   SGE_TEST_USER      create this user (uid >= 1000, home dir) for submitting jobs
 #   SGE_START_TIMEOUT  seconds to wait for each daemon (default 90)
 #   SGE_GPUS           the host's count of the gpu consumable (default 2)
+#   SGE_UNIT_FILES     yes: write sgemaster.service and sgeexecd.service also without
+#                      systemd running (a VM image prepared in a chroot: its boots start them)
 #
 # What it configures: admin/submit/exec host = this host; complexes h_vmem (consumable,
 # default SGE_H_VMEM_DEFAULT), m_mem_free (consumable per slot), geco_trace_level (INT,
@@ -148,8 +150,8 @@ start_daemon() {
 unit_of() { case "$1" in */sge_qmaster) echo sgemaster.service ;; *) echo sgeexecd.service ;; esac; }
 # The daemons as systemd units (only with systemd as PID 1). KillMode=process for
 # execd: stopping or restarting it leaves the running jobs' shepherds alone, as Grid
-# Engine expects of an execd restart.
-write_units() {
+# Engine expects of an execd restart. write_unit_files says whether one changed.
+write_unit_files() {
   local changed=no
   printf '%s\n' "# written by geco's integration/sge/setup.sh" "[Unit]" \
     "Description=Grid Engine qmaster" "After=network-online.target remote-fs.target" "" \
@@ -167,6 +169,11 @@ write_units() {
     install -m 0644 "$TMPD/$unit" /etc/systemd/system/
     changed=yes
   done
+  [ "$changed" = yes ]
+}
+write_units() {
+  local changed=no
+  write_unit_files && changed=yes
   for unit in gridengine-master.service gridengine-exec.service; do
     [ -e "/etc/init.d/${unit%.service}" ] || continue
     if [ -n "$(unit_pids "$unit")" ]; then
@@ -287,6 +294,22 @@ if have_sge; then
     ready
     exit 0
   fi
+  # a prepared node (the VM tests' image, where this script ran at the build) or one
+  # rebooted: configured with these settings, execd down (the qmaster may be starting:
+  # a VM boot starts it while geco's package installs). The spool holds the
+  # configuration; only the daemons are started (each qconf check of steps 2-6 is a ~3 s
+  # round trip on an emulated machine, ~90 s in all beside the suite)
+  if [ -e "$STATE" ] && same_but_preload && ! execd_up; then
+    log "== configured with these settings (host $SGEH): starting the daemons"
+    if [ "$SYSTEMD" = yes ]; then write_units; EXECD_PRELOAD=$(unit_preload); fi
+    pid_alive "$SPOOL/qmaster/qmaster.pid" sge_qmaster || start_daemon /usr/sbin/sge_qmaster
+    wait_for "$TIMEOUT" "sge_qmaster to answer qconf" qmaster_up
+    log "   sge_qmaster running (pid $(cat "$SPOOL/qmaster/qmaster.pid"))"
+    execd_as_configured no
+    ensure_user
+    ready
+    exit 0
+  fi
 fi
 rm -f "$STATE"
 
@@ -377,6 +400,8 @@ log "   SGE host name: $SGEH"
 if [ "$SYSTEMD" = yes ]; then
   write_units
   EXECD_PRELOAD=$(unit_preload)
+elif [ "${SGE_UNIT_FILES:-}" = yes ]; then
+  write_unit_files || true
 fi
 
 # ---------------------------------------------------------------------------

@@ -56,7 +56,7 @@
 #                host-side changes made while the VM runs may not be seen) [mmap]
 #   VM_APPEND    extra guest kernel command line words
 #   VM_QEMU_ARGS extra qemu arguments (word-split)
-#   VM_CPU_MODEL qemu -cpu model                  [host with kvm, max with tcg]
+#   VM_CPU_MODEL qemu -cpu model                  [host with kvm, qemu64 with tcg]
 #
 # Needs root on the host (debootstrap, chroot, 9p passthrough).
 set -euo pipefail
@@ -412,8 +412,11 @@ boot_vm() {
     accel=$(pick_accel)
     local -a q=(qemu-system-x86_64 -name run-in-vm -machine pc -nodefaults -no-user-config
         -display none -no-reboot -smp "$VM_CPUS" -m "$VM_MEM")
+    # TCG: qemu64 (x86-64's baseline), not max: with AVX2 and the rest advertised, glibc's
+    # string and memory functions take paths TCG emulates slowly. Measured on a 2-core
+    # host: boot 30 s against 34-36 s, Python-heavy commands ~20% shorter.
     if [[ $accel == kvm ]]; then q+=(-accel kvm -cpu "${VM_CPU_MODEL:-host}")
-    else q+=(-accel "tcg,thread=multi" -cpu "${VM_CPU_MODEL:-max}"); fi
+    else q+=(-accel "tcg,thread=multi" -cpu "${VM_CPU_MODEL:-qemu64}"); fi
     append="root=/dev/vda rw console=ttyS0 systemd.unified_cgroup_hierarchy=1 panic=-1 runvm_mode=$mode"
     # TCG: the TSC is fine and much cheaper than the HPET the kernel would pick
     [[ $accel == tcg ]] && append+=" tsc=reliable"

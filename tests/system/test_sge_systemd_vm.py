@@ -6,14 +6,14 @@ onto its own disk and installs geco as an admin would, the package the host buil
 image, no compiler, no PyPI), whose postinst enables and starts gecod.service (with
 geco-jobs.service) and whose drop-in gives sge_execd the preload.
 Then pytest runs ``tests/vm_sge`` there, whose fixtures bring up Grid Engine as
-systemd units and submit real jobs, and those tests of the PAM half of the ssh matrix
-(``test_ssh_live``, which the host runs whole) whose outcome pam_systemd and logind act
-on, with them in the stack and gecod as a unit; its preload half, ``test_ssh_preload``,
-runs in the legacy v1 boot of test_ssh_v1_systemd_vm. Then the package's own story
-(tests/vm_sge/test_package_lifecycle.py: upgrade, downgrade, removal and purge with jobs
-running). Last, the guest prints its prolog and
-epilog times from its journal; this test prints them beside this host's (the
-hooks the integration tests of this run journaled) under "figures".
+systemd units and submit real jobs, and the test of the PAM half of the ssh matrix
+(``test_ssh_live``, which the host runs whole) whose outcome logind acts on (a session
+ends with its job), with pam_systemd in the stack and gecod as a unit; its preload
+half, ``test_ssh_preload``, runs in the legacy v1 boot of test_ssh_v1_systemd_vm. Then
+the package's own story (tests/vm_sge/test_package_lifecycle.py: upgrade, downgrade,
+removal and purge with jobs running). Last, the guest prints its prolog and epilog
+times from its journal; this test prints them beside this host's (the hooks the
+integration tests of this run journaled) under "figures".
 
 Cost: the image (shared with the other VM tests, ~3 min once, cached in
 /var/cache/geco-vm), a boot (~25 s), the install and the jobs.
@@ -31,11 +31,14 @@ import pytest
 from tests.system import vmrun
 
 BENCH = "bench.bench_hooks"  # run as a module from the checkout, as bench/run does
-# the story, then those of the PAM half of the ssh matrix (the host runs it all) whose
-# outcome pam_systemd and logind act on: where a session runs and that it ends with its
-# job (here with the README's stack and gecod as a unit). Who is let in is decided before
-# pam_systemd runs: that the host shows once. The preload half runs in the legacy v1 boot
-# (test_ssh_v1_systemd_vm), the shorter of the two that run side by side.
+# the story, then the one of the PAM half of the ssh matrix (the host runs it all) whose
+# outcome logind acts on: that a session ends with its job though logind holds it in a
+# session scope (here with the README's stack and gecod as a unit). Where a session lands
+# with pam_systemd in the stack, test_ssh_systemd shows; what a session inside its job
+# sees (cores, memory, scp, sftp, ~/.ssh/rc) does not depend on it, and the host shows
+# it; who is let in is decided before pam_systemd runs: that the host shows once. The
+# preload half runs in the legacy v1 boot (test_ssh_v1_systemd_vm), the shorter of the two
+# that run side by side.
 # Then the package's own story (upgrade, downgrade, removal and purge with jobs running),
 # which leaves the node without geco and then installs it afresh. Last, the node's
 # poweroff with gecod and a job running (issue 37): systemd's account of gecod's stop.
@@ -43,7 +46,6 @@ SSH_LIVE = "tests/integration/test_ssh_live.py"
 GUEST_TESTS = " ".join((
     "tests/vm_sge/test_sge_systemd.py", "tests/vm_sge/test_ssh_systemd.py",
     "tests/vm_sge/test_strays_systemd.py", "tests/vm_sge/test_private_tmp_v2.py",
-    f"{SSH_LIVE}::test_a_job_owners_session_runs_inside_their_job",
     f"{SSH_LIVE}::test_a_session_ends_with_its_job_counts_in_its_accounting_and_the_next_"
     "login_is_refused",
     "tests/vm_sge/test_package_lifecycle.py",
@@ -51,7 +53,7 @@ GUEST_TESTS = " ".join((
     "tests/vm_sge/test_loose_ends_shutdown_vm.py"))
 GUEST_COMMAND = (
     f"set -e; {vmrun.COPY_TO_GUEST}; cd /root/geco; since=$(date +%s); "
-    f"t0=$(date +%s%N); {vmrun.INSTALL_PACKAGE}; "
+    f"t0=$(date +%s%N); {vmrun.QMASTER_EARLY}; {vmrun.INSTALL_PACKAGE}; "
     "echo \"guest: package: apt-get install ./build/deb/geco_*.deb on the fresh guest (Depends "
     "in the image): $(( ($(date +%s%N) - t0) / 1000000 )) ms\"; rc=0; "
     f"{vmrun.GUEST_SGE} "

@@ -35,7 +35,7 @@ GUEST_TESTS = (FILES[0], *(f"{FILES[1]}::{test}" for test in (
 GUEST_COMMAND = (
     f"set -e; {vmrun.COPY_TO_GUEST}; cd /root/geco; "
     "test -d /sys/fs/cgroup/memory && ! test -e /sys/fs/cgroup/cgroup.controllers; "
-    f"{vmrun.INSTALL_PACKAGE}; "
+    f"{vmrun.QMASTER_EARLY}; {vmrun.INSTALL_PACKAGE}; "
     f"{vmrun.GUEST_SGE} "
     f"{vmrun.guest_pytest(' '.join(GUEST_TESTS), 'python3', '-v')}")
 BOOT = vmrun.Boot("tests/vm_sge/test_ssh_systemd.py and test_ssh_preload.py on systemd's "

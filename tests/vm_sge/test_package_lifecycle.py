@@ -7,9 +7,10 @@ test_sge_systemd_vm.py), whose guest installed the suite's package with
 
 * **upgrade** to the same package as the next version (tests/packagekit.py: every
   file replaced, every maintainer script run) with a ``-pe`` job whose ``qrsh
-  -inherit`` task runs beside its master and an ssh session adopted into it: each stays
-  in the job's cgroup with the same limits and ends normally, accounted once and torn
-  down once; gecod is handed over, not restarted, and no request meanwhile fails;
+  -inherit`` task runs beside its master and an ssh session adopted into it: master and
+  task in the job's one cgroup on both its cores (the story's only ``-pe`` job), each
+  stays there with the same limits and ends normally, accounted once and torn down once;
+  gecod is handed over, not restarted, and no request meanwhile fails;
   sge_execd still maps the old preload (deleted on disk), and the jobs
   started after the upgrade are contained by the new gecod through it;
 * **downgrade** by one version with a batch job and an array job's task running, both
@@ -42,6 +43,7 @@ from typing import Any
 import pytest
 
 from geco import config as geco_config
+from geco.node.topology import parse_cpulist
 from geco.wire import client
 from tests import packagekit
 from tests.integration import livekit as kit
@@ -50,6 +52,7 @@ from tests.sshkit import GECO_PAM_STACK, running_sshd
 from tests.unitkit import SLOW, main_pid, systemctl
 
 JOBS = kit.V2_JOBS
+CGROUP = Path("/sys/fs/cgroup")
 PRELOAD = "/usr/lib/geco/libgeco_preload.so"
 FIGURES = Path("/root/geco-figures.txt")
 UNITS = Path("/lib/systemd/system")
@@ -58,6 +61,8 @@ DROP_INS = [UNITS / f"{unit}.d" / "geco-preload.conf"
 RELEASE = "while [ ! -e release ]; do sleep 0.5; done\n"
 # the shell's own /proc/self/cgroup into a file that appears whole (a test waits for it)
 SAVE_CGROUP = "cat /proc/self/cgroup > cgroup.tmp && mv cgroup.tmp"
+# between two asks of gecod during an upgrade (gecod_answers)
+PACE = 0.2
 
 
 def _why_not() -> str:
@@ -136,8 +141,8 @@ class Contained:
 
 @contextlib.contextmanager
 def gecod_answers() -> Iterator[list[tuple[float, int]]]:
-    """Ask gecod for its status without pause while the block runs; yield the answers'
-    (time, gecod's pid), failures (refused, or no answer within the preload's own
+    """Ask gecod for its status every ``PACE`` seconds while the block runs; yield the
+    answers' (time, gecod's pid), failures (refused, or no answer within the preload's own
     request_timeout) as pid 0."""
     cfg = geco_config.load()
     answers: list[tuple[float, int]] = []
@@ -149,8 +154,10 @@ def gecod_answers() -> Iterator[list[tuple[float, int]]]:
                 pid = int(client.status(cfg, timeout=cfg.gecod_request_timeout)["pid"])
             except Exception:  # what a job start would have met: that is what is measured
                 pid = 0
-                time.sleep(0.05)
             answers.append((time.monotonic(), pid))
+            # a few asks a second see the handover's gap (seconds on this emulated CPU);
+            # asking without pause took a core from the apt it measured
+            stop.wait(PACE)
 
     asker = threading.Thread(target=ask, daemon=True)
     asker.start()
@@ -251,6 +258,11 @@ def test_an_upgrade_leaves_a_parallel_job_its_task_and_an_adopted_session_contai
     reports = cgroup_reports(job_dir, "mpi", job)
     assert len(reports) == 4 and len({r["pid"] for r in reports}) == 4, reports
     assert all(r["cgroups"] == reports[0]["cgroups"] for r in reports), reports
+    # master and task, before and after, on both of the job's cores (-pe mpi 2)
+    assert all(r["cgroups"] == {"unified": f"/{JOBS.relative_to(CGROUP)}/{job}.1"}
+               and len(r["cpus"]) == 2
+               and parse_cpulist(r["v2"]["cpuset.cpus.effective"]) == set(r["cpus"])
+               for r in reports), reports
 
 
 def test_jobs_started_after_it_are_contained_and_a_downgrade_leaves_them_contained(
