@@ -11,6 +11,7 @@ on the session's clock, and which of them ended last, the one the run waited for
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -98,9 +99,12 @@ def _where_the_time_went() -> list[str]:
     if _cpu_start:
         (busy0, all0), (busy1, all1) = _cpu_start[0], _cpu()
         if all1 > all0:
+            busy = (busy1 - busy0) / os.sysconf("SC_CLK_TCK")
+            qemu = sum(int(found[1]) for part in SPANS
+                       if (found := re.search(r"qemu_cpu=(\d+)s", part.detail)))
             lines.append(f"CPUs busy {100 * (busy1 - busy0) / (all1 - all0):.0f}% of the run "
-                         f"({os.cpu_count()} CPUs; the VM boots niced: they take what the "
-                         "host's tests leave)")
+                         f"({os.cpu_count()} CPUs): {busy:,.0f} CPU-seconds, {qemu:,} of them "
+                         "the VM boots' qemu (niced: they take what the host's tests leave)")
     longest = ", ".join(f"{where} {seconds:.0f} s"
                         for where, seconds in sorted(_host_files.items(), key=lambda kv: -kv[1])
                         [:LONGEST_FILES])

@@ -29,8 +29,8 @@
 #   VM_ACCEL     auto | kvm | tcg                 [auto]
 #   VM_NET       user | none (user = slirp NAT, guest gets DHCP)  [user]
 #   VM_SSH_PORT  if set, forward 127.0.0.1:PORT on the host to guest :22
-#   VM_VERBOSE   1 = print accel and timings to stderr, 2 = also copy the
-#                serial console to stderr                           [0]
+#   VM_VERBOSE   1 = print accel and timings (boot, command, poweroff, qemu's CPU
+#                seconds) to stderr, 2 = also copy the serial console  [0]
 #   VM_KEEP      1 = keep the per-run work dir (console log, overlay)  [0]
 #   VM_EXTRA_PACKAGES  extra Debian packages baked into the image
 #   VM_PRESEED   debconf selections (debconf-set-selections lines) applied in
@@ -461,6 +461,13 @@ boot_vm() {
 }
 
 mtime() { stat -c %.9Y "$1" 2>/dev/null || echo ""; }
+# CHILDREN_CPU = CPU seconds (user + system) of the children this shell has waited for
+# (bash's times, its second line). Not through $(...): a subshell starts from zero.
+children_cpu() {
+    times > "$WORK/times"
+    CHILDREN_CPU=$(awk 'NR == 2 { s = 0; for (i = 1; i <= 2; i++) { split($i, a, "m")
+                                   s += a[1] * 60 + a[2] }; printf "%.0f", s }' "$WORK/times")
+}
 
 # the image, and a work dir with its control dir; SHARE = DIR's real path ("" for none)
 prepare() {
@@ -486,6 +493,7 @@ run_cmd() {
         printf '%q ' "$@" > "$WORK/ctl/cmd.sh"; echo >> "$WORK/ctl/cmd.sh"
     fi
     : > "$WORK/ctl/stdout"; : > "$WORK/ctl/stderr"
+    children_cpu; local cpu0=$CHILDREN_CPU
     boot_vm run "$share"
     tail -n +1 -F --pid="$QEMU_PID" "$WORK/ctl/stdout" 2>/dev/null & TAIL_PIDS+=($!)
     tail -n +1 -F --pid="$QEMU_PID" "$WORK/ctl/stderr" >&2 2>/dev/null & TAIL_PIDS+=($!)
@@ -510,10 +518,12 @@ run_cmd() {
     TAIL_PIDS=()
     local t_boot t_rc
     t_boot=$(mtime "$WORK/ctl/boot-state"); t_rc=$(mtime "$WORK/ctl/rc")
+    children_cpu
     if ((VM_VERBOSE >= 1)) || [[ ! -f $WORK/ctl/rc ]]; then
         log "timings: boot(qemu start -> systemd '$(cat "$WORK/ctl/boot-state" 2>/dev/null || echo '?')')=$( [[ -n $t_boot ]] && dt "$T_START" "$t_boot" || echo '?')s" \
             "command=$( [[ -n $t_boot && -n $t_rc ]] && dt "$t_boot" "$t_rc" || echo '?')s" \
-            "poweroff=$( [[ -n $t_rc ]] && dt "$t_rc" "$t_end" || echo '?')s total=$(dt "$T_START" "$t_end")s"
+            "poweroff=$( [[ -n $t_rc ]] && dt "$t_rc" "$t_end" || echo '?')s total=$(dt "$T_START" "$t_end")s" \
+            "qemu_cpu=$((CHILDREN_CPU - cpu0))s"
     fi
     if [[ -f $WORK/ctl/rc ]]; then
         return "$(cat "$WORK/ctl/rc")"

@@ -12,10 +12,12 @@ each job at its shepherd's exec and ends it when the shepherd exits.
 
 Jobs are submitted by an unprivileged user and report from inside (probe.py)
 what the kernel says; the tests read the same from the cgroup files, systemd and
-the real journal. They form one story in file order (one boot): the install,
-a batch job, an OOM kill, then gecod restarted, SIGKILLed and systemd reloaded while a
-job runs. A ``-pe`` job and its ``qrsh -inherit`` task are contained through the package's
-upgrade (tests/vm_sge/test_package_lifecycle.py): one job there shows both.
+the real journal. They form one story in file order (one boot): the install, a batch
+job, an OOM kill. A ``-pe`` job and its ``qrsh -inherit`` task are contained through the
+package's upgrade (tests/vm_sge/test_package_lifecycle.py): one job there shows both.
+gecod restarted, SIGKILLed and stopped and systemd reloaded while a job runs are the v2
+boot's (tests/vm_systemd), where what systemd does is shown; the same with Grid Engine's
+jobs, the host's (tests/integration/test_faults.py).
 """
 
 from __future__ import annotations
@@ -52,13 +54,6 @@ pytestmark = [pytest.mark.vm, pytest.mark.skipif(bool(_why_not()), reason=_why_n
 
 def cgroup_of(pid: int) -> str:
     return Path(f"/proc/{pid}/cgroup").read_text().strip().removeprefix("0::")
-
-
-def limits(key: str) -> dict[str, str]:
-    """What the kernel enforces on the job's cgroup."""
-    d = JOBS / key
-    return {name: (d / name).read_text().strip()
-            for name in ("cpuset.cpus.effective", "memory.max", "memory.swap.max")}
 
 
 def finished(sge: Any, job_dir: JobDir, name: str, job: int) -> dict[str, str]:
@@ -123,58 +118,3 @@ def test_a_job_over_its_memory_is_oom_killed_and_told_in_its_e_file_and_the_jour
     assert oom["LIMIT"] == str(100 * M)
     [end] = journal.wait_for(60, JOB_ID=str(job), GECO_EVENT="job-end")
     assert end["OOM_KILLS"] == "1"
-
-
-def test_gecod_restarted_killed_and_systemd_reloaded_leave_a_running_job_contained(
-        sge: Any, job_dir: JobDir, journal: Any) -> None:
-    """Given a running job, when `systemctl restart gecod`, then `systemctl kill -s KILL
-    gecod` (systemd restarts it), then `systemctl daemon-reload`: the job keeps running in
-    its cgroup with its limits untouched, a job started meanwhile gets the other core (the
-    restarted gecod knows what is taken), and at its end the job is cleaned up."""
-    job = job_dir.submit("long", "-l", "m_mem_free=300M", script=(
-        "/usr/bin/python3 probe.py\n"
-        "while [ ! -e release ]; do sleep 0.5; done\n"
-        "/usr/bin/python3 probe.py\n"))
-    key = f"{job}.1"
-    output = job_dir.path / f"long.o{job}"
-    kit.wait_until(lambda: output.exists() and output.read_text(), SLOW, "the job's first report")
-    first = job_dir.reports("long", job)[0]
-    before = limits(key)
-    assert before["memory.max"] == str(300 * M)
-    members = set((JOBS / key / "cgroup.procs").read_text().split())
-
-    def still_contained(after: str) -> None:
-        assert limits(key) == before, after
-        now = set((JOBS / key / "cgroup.procs").read_text().split())
-        assert members & now, f"after {after}: the job's processes left its cgroup"
-        assert sge.is_known(job), f"after {after}: the job ended"
-
-    old = main_pid("gecod.service")
-    systemctl("restart", "gecod.service")
-    assert main_pid("gecod.service") not in (0, old)
-    still_contained("systemctl restart gecod")
-
-    old = main_pid("gecod.service")
-    systemctl("kill", "-s", "KILL", "gecod.service")
-    kit.wait_until(lambda: main_pid("gecod.service") not in (0, old)
-                   and systemctl("is-active", "gecod.service", check=False) == "active",
-                   SLOW, "gecod restarted by systemd")
-    still_contained("systemctl kill -s KILL gecod")
-
-    other = job_dir.submit("other", "-l", "m_mem_free=100M")
-    finished(sge, job_dir, "other", other)
-    [report] = [r for r in job_dir.reports("other", other) if "cgroups" in r]
-    assert not set(report["cpus"]) & set(first["cpus"]), (report["cpus"], first["cpus"])
-
-    systemctl("daemon-reload")
-    still_contained("systemctl daemon-reload")
-    assert {"cpuset", "memory"} <= set((JOBS / "cgroup.subtree_control").read_text().split())
-
-    (job_dir.path / "release").touch()
-    finished(sge, job_dir, "long", job)
-    last = [r for r in job_dir.reports("long", job) if "cgroups" in r][-1]
-    assert last["cgroups"] == first["cgroups"] and last["cpus"] == first["cpus"]
-    kit.wait_until(lambda: not (JOBS / key).exists(), 60, "the job's cgroup removed")
-    # the restarted gecod found the job's shepherd again and ended the job itself
-    [end] = journal.wait_for(60, JOB_ID=str(job), GECO_EVENT="job-end")
-    assert end["CLEANED_BY"] == "gecod"

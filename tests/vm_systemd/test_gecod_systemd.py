@@ -12,9 +12,9 @@ cgroup files) and from journald.
 
 The tests form one story, in file order: gecod starts (active only after
 READY=1), contains a job process, survives past its watchdog period, lets the
-OOM killer take one job without the rest, is restarted and stopped while a
-job runs (the job stays, in its cgroup), and refuses two wrong layouts with
-one line each. A job here is a Python process working in a fake execd spool
+OOM killer take one job without the rest, is restarted, killed (systemd starts it
+again) and stopped while a job runs (the job stays, in its cgroup), and refuses two
+wrong layouts with one line each. A job here is a Python process working in a fake execd spool
 dir ``<spool>/<host>/active_jobs/<job>.1`` (``environment`` file, and a
 resource file written with :mod:`geco.sge.resourcefile`, so no qstat is needed) that
 sends JOB_STARTED for itself with the key, as the preload does.
@@ -393,6 +393,32 @@ def test_given_a_running_job_when_gecod_restarts_then_the_job_stays_and_gecod_li
     jobs = {j["key"]: j for j in status()["jobs"]}
     assert jobs["4201.1"]["cpus"] == limits[0]
     assert jobs["4201.1"]["pids"] == 1
+
+
+def test_given_a_running_job_when_gecod_is_killed_then_systemd_starts_it_again_and_it_lists_it(
+        story: Story) -> None:
+    """Given job 4201 contained, when gecod dies of SIGKILL (`systemctl kill -s KILL
+    gecod`), then systemd starts it again (Restart=on-failure), geco-jobs.service is
+    untouched, and the job lives on in the same cgroup with the same limits, listed by the
+    new gecod with its cpus."""
+    job = story.jobs["4201.1"]
+    d = V2_BASE / job.key
+    limits = (read(d / "cpuset.cpus"), read(d / "memory.max"))
+    holder = show(JOBS_UNIT, "MainPID", "ActiveEnterTimestampMonotonic")
+    old = show("gecod", "MainPID")["MainPID"]
+
+    sh("systemctl", "kill", "-s", "KILL", "gecod")
+
+    deadline = time.monotonic() + SLOW
+    while not ((now := show("gecod", "MainPID", "ActiveState"))["MainPID"] not in ("0", old)
+               and now["ActiveState"] == "active"):
+        assert time.monotonic() < deadline, (now, journal_tail())
+        time.sleep(0.2)
+    assert show(JOBS_UNIT, "MainPID", "ActiveEnterTimestampMonotonic") == holder
+    assert job.alive() and job.cgroup() == f"/system.slice/{JOBS_UNIT}/jobs/4201.1"
+    assert (read(d / "cpuset.cpus"), read(d / "memory.max")) == limits
+    jobs = {j["key"]: j for j in status()["jobs"]}
+    assert jobs["4201.1"]["cpus"] == limits[0]
 
 
 def test_given_a_running_job_when_gecod_stops_then_the_job_stays_and_a_new_gecod_lists_it(
