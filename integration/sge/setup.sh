@@ -255,6 +255,23 @@ execd_as_configured() {
   fix_queue
   queue_usable || die "$QUEUE@$SGEH not usable: states '$(queue_states)'"
 }
+# sge_qmaster answering qconf, started if none runs. One that runs but does not answer
+# yet (starting, busy, or timing out on host names that no longer resolve) is waited for:
+# a second one would fight the first for its endpoint and cut every execd off ("endpoint
+# is not unique")
+qmaster_answering() {
+  if pid_alive "$SPOOL/qmaster/qmaster.pid" sge_qmaster && ! qmaster_up; then
+    log "   running (pid $(cat "$SPOOL/qmaster/qmaster.pid")) but silent: waiting for it"
+    wait_for "$TIMEOUT" "the running sge_qmaster to answer qconf" qmaster_up
+  fi
+  if qmaster_up; then
+    log "   running (pid $(cat "$SPOOL/qmaster/qmaster.pid"))"
+  else
+    start_daemon /usr/sbin/sge_qmaster
+    wait_for "$TIMEOUT" "sge_qmaster to answer qconf" qmaster_up
+    log "   started (pid $(cat "$SPOOL/qmaster/qmaster.pid"))"
+  fi
+}
 ready() {
   fingerprint > "$STATE"
   log "ready: host $SGEH, qmaster pid $(cat "$SPOOL/qmaster/qmaster.pid"), execd pid $(execd_pid)"
@@ -302,9 +319,7 @@ if have_sge; then
   if [ -e "$STATE" ] && same_but_preload && ! execd_up; then
     log "== configured with these settings (host $SGEH): starting the daemons"
     if [ "$SYSTEMD" = yes ]; then write_units; EXECD_PRELOAD=$(unit_preload); fi
-    pid_alive "$SPOOL/qmaster/qmaster.pid" sge_qmaster || start_daemon /usr/sbin/sge_qmaster
-    wait_for "$TIMEOUT" "sge_qmaster to answer qconf" qmaster_up
-    log "   sge_qmaster running (pid $(cat "$SPOOL/qmaster/qmaster.pid"))"
+    qmaster_answering
     execd_as_configured no
     ensure_user
     ready
@@ -408,20 +423,7 @@ fi
 # 5. qmaster
 # ---------------------------------------------------------------------------
 log "== sge_qmaster"
-# a qmaster that runs but does not answer yet (busy, or timing out on host names that no
-# longer resolve) is waited for: a second one would fight the first for its endpoint and
-# cut every execd off ("endpoint is not unique")
-if pid_alive "$SPOOL/qmaster/qmaster.pid" sge_qmaster && ! qmaster_up; then
-  log "   running (pid $(cat "$SPOOL/qmaster/qmaster.pid")) but silent: waiting for it"
-  wait_for "$TIMEOUT" "the running sge_qmaster to answer qconf" qmaster_up
-fi
-if qmaster_up; then
-  log "   running (pid $(cat "$SPOOL/qmaster/qmaster.pid"))"
-else
-  start_daemon /usr/sbin/sge_qmaster
-  wait_for "$TIMEOUT" "sge_qmaster to answer qconf" qmaster_up
-  log "   started (pid $(cat "$SPOOL/qmaster/qmaster.pid"))"
-fi
+qmaster_answering
 
 # ---------------------------------------------------------------------------
 # 6. configuration: every object from a file (qconf -A*/-M*), only written when it differs

@@ -52,7 +52,6 @@ from tests.sshkit import GECO_PAM_STACK, running_sshd
 from tests.unitkit import SLOW, main_pid, systemctl
 
 JOBS = kit.V2_JOBS
-CGROUP = Path("/sys/fs/cgroup")
 PRELOAD = "/usr/lib/geco/libgeco_preload.so"
 FIGURES = Path("/root/geco-figures.txt")
 UNITS = Path("/lib/systemd/system")
@@ -259,7 +258,7 @@ def test_an_upgrade_leaves_a_parallel_job_its_task_and_an_adopted_session_contai
     assert len(reports) == 4 and len({r["pid"] for r in reports}) == 4, reports
     assert all(r["cgroups"] == reports[0]["cgroups"] for r in reports), reports
     # master and task, before and after, on both of the job's cores (-pe mpi 2)
-    assert all(r["cgroups"] == {"unified": f"/{JOBS.relative_to(CGROUP)}/{job}.1"}
+    assert all(r["cgroups"] == {"unified": f"/{JOBS.relative_to(kit.CGROUP_ROOT)}/{job}.1"}
                and len(r["cpus"]) == 2
                and parse_cpulist(r["v2"]["cpuset.cpus.effective"]) == set(r["cpus"])
                for r in reports), reports
