@@ -50,7 +50,7 @@ from geco.errors import (
 from geco.job import rsrcinfo
 from geco.job.jobkey import JobKey
 from geco.job.resourceset import ResourceSet
-from geco.sge import qstat, resourcefile, v1format
+from geco.sge import resourcefile, v1format
 from geco.sge.pe_hostfile import parse_pe_hostfile
 
 if TYPE_CHECKING:
@@ -97,6 +97,10 @@ def _read_input(name: str) -> bytes:
 
 
 def _rsrcinfo(args: argparse.Namespace) -> ResourceSet:
+    # here, not at the top: lxml and the qstat client are most of what a `geco` start
+    # would import, and only rsrcinfo's live and saved qstat paths use them
+    from geco.sge import qstat
+
     cfg = _config.load()
     if args.job is not None:
         job, task = args.job

@@ -110,4 +110,11 @@ def _where_the_time_went() -> list[str]:
                         [:LONGEST_FILES])
     if longest:
         lines.append(f"the host's longest test files: {longest}")
+    by_dir: defaultdict[str, float] = defaultdict(float)
+    for where, seconds in _host_files.items():
+        by_dir[os.path.dirname(where)] += seconds
+    if by_dir:
+        lines.append("the host's tests by directory: " + ", ".join(
+            f"{where} {seconds:.0f} s" for where, seconds in
+            sorted(by_dir.items(), key=lambda kv: -kv[1])))
     return lines

@@ -49,6 +49,10 @@
 #   VM_MIRROR / VM_SECURITY_MIRROR / VM_SUITE  Debian mirror & suite
 #   VM_DISK_SIZE size of the (sparse) guest root disk          [4G]
 #   VM_AUTO_INSTALL 1 = apt-get install missing host tools     [1]
+#   VM_APT_CACHE the host's directory of downloaded packages, which the image build
+#                takes every package it holds from (debootstrap checks each one's
+#                checksum, apt in the chroot too) and adds what it downloads to
+#                ("" = download everything)               [/var/cache/apt/archives]
 #   VM_CA_DIR    extra CA certs (*.crt) to trust in the guest, e.g. for a
 #                TLS-intercepting egress proxy  [/usr/local/share/ca-certificates]
 #   VM_9P_CACHE  9p cache mode of the shared DIR: mmap (coherent, slow for
@@ -85,6 +89,7 @@ VM_MIRROR=${VM_MIRROR:-http://deb.debian.org/debian}
 VM_SECURITY_MIRROR=${VM_SECURITY_MIRROR:-http://deb.debian.org/debian-security}
 VM_DISK_SIZE=${VM_DISK_SIZE:-4G}
 VM_AUTO_INSTALL=${VM_AUTO_INSTALL:-1}
+VM_APT_CACHE=${VM_APT_CACHE-/var/cache/apt/archives}
 VM_CA_DIR=${VM_CA_DIR-/usr/local/share/ca-certificates}
 VM_9P_CACHE=${VM_9P_CACHE:-mmap}
 VM_APPEND=${VM_APPEND:-}
@@ -154,7 +159,7 @@ mount_chroot() {
 umount_chroot() {
     [[ -n $BUILD_ROOT ]] || return 0
     local m
-    for m in dev/pts dev sys proc; do
+    for m in var/cache/apt/archives dev/pts dev sys proc; do
         if mountpoint -q "$BUILD_ROOT/$m" 2>/dev/null; then umount "$BUILD_ROOT/$m" || umount -l "$BUILD_ROOT/$m"; fi
     done
 }
@@ -302,7 +307,13 @@ build_image() {
     trap 'umount_chroot; rm -rf "$bdir"' EXIT
     log "building image $key in $bdir (debootstrap $VM_SUITE from $VM_MIRROR)"
     t0=$(now)
-    debootstrap --variant=minbase --include="$BASE_PACKAGES" "$VM_SUITE" "$BUILD_ROOT" "$VM_MIRROR" \
+    # the host's packages: most of the guest's are the same versions as the execution
+    # host's that scripts/install.sh installed (a fresh machine's image build downloaded
+    # them all again: ~100 MB)
+    local cache=()
+    [[ -n $VM_APT_CACHE && -d $VM_APT_CACHE && -w $VM_APT_CACHE ]] || VM_APT_CACHE=""
+    [[ -z $VM_APT_CACHE ]] || cache=(--cache-dir="$VM_APT_CACHE")
+    debootstrap --variant=minbase "${cache[@]}" --include="$BASE_PACKAGES" "$VM_SUITE" "$BUILD_ROOT" "$VM_MIRROR" \
         > "$bdir/debootstrap.log" 2>&1 || { tail -30 "$bdir/debootstrap.log" >&2; die "debootstrap failed"; }
     t1=$(now)
     cat > "$BUILD_ROOT/etc/apt/sources.list" <<EOF
@@ -316,6 +327,8 @@ EOF
     printf '%s\n' virtio_pci virtio_blk ext4 crc32c_generic >> "$BUILD_ROOT/etc/initramfs-tools/modules"
     printf '#!/bin/sh\nexit 101\n' > "$BUILD_ROOT/usr/sbin/policy-rc.d"; chmod 755 "$BUILD_ROOT/usr/sbin/policy-rc.d"
     mount_chroot
+    # apt in the chroot takes the host's packages too (and leaves them: no apt-get clean)
+    [[ -z $VM_APT_CACHE ]] || mount --bind "$VM_APT_CACHE" "$BUILD_ROOT/var/cache/apt/archives"
     # answers for packages that would otherwise ask (or configure themselves for the
     # build host, whose name the guest does not have)
     printf '%s\n' "$VM_PRESEED" > "$BUILD_ROOT/tmp/preseed"
@@ -326,7 +339,7 @@ EOF
         apt-get update -qq
         apt-get -y -qq -o Dpkg::Options::=--force-confold --no-install-recommends upgrade
         apt-get -y -qq -o Dpkg::Options::=--force-confold --no-install-recommends install linux-image-amd64 $VM_EXTRA_PACKAGES
-        apt-get clean" > "$bdir/apt.log" 2>&1 || { umount_chroot; tail -30 "$bdir/apt.log" >&2; die "kernel/package install failed"; }
+        " > "$bdir/apt.log" 2>&1 || { umount_chroot; tail -30 "$bdir/apt.log" >&2; die "kernel/package install failed"; }
     umount_chroot
     rm -f "$BUILD_ROOT/usr/sbin/policy-rc.d"
     t2=$(now)

@@ -1,13 +1,15 @@
-"""An interactive job across a package upgrade: `qrsh <command>` runs on, contained.
+"""An interactive job across a package upgrade and downgrade: `qrsh <command>` runs on.
 
 Issue 34's upgrade story with an interactive job, on this machine's Grid Engine (the
 QEMU guest's runs the batch, ``-pe``, ``qrsh -inherit`` and ssh parts: in that emulated
 machine ``qrsh`` loses its session now and then with plain Grid Engine too, so it cannot
 judge geco there). A node without systemd upgrades as an admin would there: the package
-is installed again over itself (every file replaced: sge_execd keeps mapping the old
-preload, deleted on disk) and ``geco handover`` moves gecod's sockets to the gecod now
-installed (what the postinst runs under systemd). The job started before goes on in its
-cgroups, ends with its own exit code, is accounted once, and the new gecod tears it down.
+is upgraded to the same package as the next version and downgraded back to it, by dpkg
+(tests/packagekit.py: every file replaced, every maintainer script run with the other
+version; sge_execd keeps mapping the old preload, deleted on disk), and ``geco handover``
+moves gecod's sockets to the gecod now installed (what the postinst runs under systemd).
+The job started before goes on in its cgroups, ends with its own exit code, is accounted
+once, and the new gecod tears it down.
 """
 
 from __future__ import annotations
@@ -60,11 +62,11 @@ def _maps_deleted_preload(pid: int) -> bool:
                for line in Path(f"/proc/{pid}/maps").read_text().splitlines())
 
 
-def test_an_interactive_qrsh_runs_on_contained_across_an_upgrade_and_a_handover(
-        same: Same, gecod: Any, sge: Any, journal: Any) -> None:
-    """Given `qrsh <command>` running in the geco queue, when the package is installed
-    again over itself (sge_execd then maps the replaced preload) and root runs `geco
-    handover`, then the job is still in /GECO/<job>.1 with its memory limit, ends with
+def test_an_interactive_qrsh_runs_on_contained_across_an_upgrade_a_downgrade_and_a_handover(
+        same: Same, gecod: Any, sge: Any, journal: Any, tmp_path: Path) -> None:
+    """Given `qrsh <command>` running in the geco queue, when the package is upgraded by
+    one version and downgraded back (sge_execd then maps the replaced preload) and root
+    runs `geco handover`, then the job is still in /GECO/<job>.1 with its memory limit, ends with
     its own exit code (6) when released, has one accounting record saying so, and the
     new gecod tears it down: one job-end record, from the new gecod, cgroups gone; no
     queue instance in error."""
@@ -76,6 +78,9 @@ def test_an_interactive_qrsh_runs_on_contained_across_an_upgrade_and_a_handover(
     command = (f"cd {same.path}; {show(before.name)}; "
                f"while [ ! -e {release.name} ]; do sleep 0.2; done; "
                f"{show(after.name)}; exit 6")
+    built = packagekit.built()  # what this run installed; upgraded from, downgraded to
+    versions = (packagekit.with_version(built, packagekit.field(built, "Version") + "+next",
+                                        tmp_path), built)
     same.enable()
     same.wait_idle()
     client = subprocess.Popen(
@@ -90,10 +95,11 @@ def test_an_interactive_qrsh_runs_on_contained_across_an_upgrade_and_a_handover(
         assert seen["cpuset"] == seen["memory"] == f"/GECO/{job}.1", seen
         assert seen["limit"] == str(MEMORY), seen
 
-        deb = packagekit.built()
-        done = subprocess.run(["dpkg", "-i", str(deb)], capture_output=True, text=True,
-                              env=packagekit.APT_ENV, timeout=600)
-        assert done.returncode == 0, done.stdout + done.stderr
+        for deb in versions:
+            done = subprocess.run(["dpkg", "-i", str(deb)], capture_output=True, text=True,
+                                  env=packagekit.APT_ENV, timeout=600)
+            assert done.returncode == 0, done.stdout + done.stderr
+            assert packagekit.installed_version() == packagekit.field(deb, "Version")
         execd = int(sge.execd_pidfile.read_text().split()[0])
         assert _maps_deleted_preload(execd), "sge_execd should map the replaced preload"
         old = gecod.proc.pid
@@ -111,6 +117,9 @@ def test_an_interactive_qrsh_runs_on_contained_across_an_upgrade_and_a_handover(
         assert end["_PID"] == str(gecod.successor)
         assert "E" not in same.queue_state(QUEUES[GECO])
     finally:
+        if packagekit.installed_version() != packagekit.field(built, "Version"):
+            subprocess.run(["dpkg", "-i", str(built)], capture_output=True,
+                           env=packagekit.APT_ENV, timeout=600, check=False)
         if client.poll() is None:
             client.kill()
             client.wait()

@@ -3,8 +3,9 @@ needs nothing but Debian's packages at run time, and its files are where the REA
 
 The package is the suite's own (``scripts/install.sh`` builds it with
 ``scripts/build-deb.sh`` and installs it before the tests); its life on a node with jobs
-(install, upgrade, downgrade, removal, purge) runs in the QEMU machine
-(tests/vm_sge/test_package_lifecycle.py).
+(install, upgrade, removal, purge) runs in the QEMU machine
+(tests/vm_sge/test_package_lifecycle.py); an upgrade and a downgrade under a running job
+on this host too (tests/integration/test_package_upgrade_interactive.py).
 """
 
 from __future__ import annotations

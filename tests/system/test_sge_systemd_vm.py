@@ -10,8 +10,8 @@ systemd units and submit real jobs, and the test of the PAM half of the ssh matr
 (``test_ssh_live``, which the host runs whole) whose outcome logind acts on (a session
 ends with its job), with pam_systemd in the stack and gecod as a unit; its preload
 half, ``test_ssh_preload``, runs in the legacy v1 boot of test_ssh_v1_systemd_vm. Then
-the package's own story (tests/vm_sge/test_package_lifecycle.py: upgrade, downgrade,
-removal and purge with jobs running). Last, the guest prints its prolog and epilog
+the package's own story (tests/vm_sge/test_package_lifecycle.py: upgrade, removal
+and purge with jobs running). Last, the guest prints its prolog and epilog
 times from its journal; this test prints them beside this host's (the hooks the
 integration tests of this run journaled) under "figures".
 
@@ -39,7 +39,7 @@ BENCH = "bench.bench_hooks"  # run as a module from the checkout, as bench/run d
 # it; who is let in is decided before pam_systemd runs: that the host shows once. The
 # preload half runs in the legacy v1 boot (test_ssh_v1_systemd_vm), the shorter of the two
 # that run side by side.
-# Then the package's own story (upgrade, downgrade, removal and purge with jobs running),
+# Then the package's own story (upgrade, removal and purge with jobs running),
 # which leaves the node without geco and then installs it afresh. Last, the node's
 # poweroff with gecod and a job running (issue 37): systemd's account of gecod's stop.
 SSH_LIVE = "tests/integration/test_ssh_live.py"
