@@ -96,6 +96,7 @@ from tests.servicekit import (
     JOURNAL_SOCKET,
     LIBEXEC,
     LOCK_DIR,
+    POLL,
     SGE_CELL_COMMON,
     SGE_SETUP,
     SGE_SPOOL,
@@ -161,6 +162,35 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
 
 
 # ---------------------------------------------------------------------------
+# two sessions side by side (./test.sh with no arguments)
+# ---------------------------------------------------------------------------
+
+# GECO_TEST_LANE=side: only the tests of tests/unit and tests/fuzz that use none of the
+# node's services (their fixtures' closure names none of NODE_SERVICES): CPU-bound, and
+# beside the rest, which mostly waits on Grid Engine; =main: every other test. Unset: all.
+LANE = os.environ.get("GECO_TEST_LANE", "")
+SIDE_DIRS = tuple(Path(__file__).parent / name for name in ("unit", "fuzz"))
+NODE_SERVICES = frozenset({"journal", "sge", "job_owner"})
+
+
+def _on_the_side(item: pytest.Item) -> bool:
+    return (any(item.path.is_relative_to(where) for where in SIDE_DIRS)
+            and not NODE_SERVICES & set(getattr(item, "fixturenames", ())))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Keep this lane's tests (GECO_TEST_LANE), the others deselected."""
+    if LANE not in ("side", "main"):
+        return
+    keep, drop = [], []
+    for item in items:
+        (keep if _on_the_side(item) == (LANE == "side") else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+# ---------------------------------------------------------------------------
 # a clean slate at session start
 # ---------------------------------------------------------------------------
 
@@ -173,6 +203,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     """Run the clean slate when this is the only geco test session (see the docstring),
     after the terminal reporter printed its header (trylast: after its own hook)."""
     figurekit.session_started()
+    if LANE == "side":  # touches nothing of the node: no clean slate, and none kept from main
+        return
     LOCK_DIR.mkdir(parents=True, exist_ok=True)
     lock = open(LOCK_DIR / "geco-test-session.users", "ab")  # noqa: SIM115 -- session-long
     session.config.add_cleanup(lock.close)
@@ -268,6 +300,9 @@ def job_owner() -> JobOwner:
 # ---------------------------------------------------------------------------
 
 _SUBMITTED = re.compile(r"^Your job(?:-array)? (\d+)[ .]", re.MULTILINE)
+# wait_finished's look for a job that cannot end (two qstats more) once in this many
+# seconds: it only has a failing test fail sooner
+STUCK_EVERY = 2.0
 
 
 @dataclass
@@ -372,15 +407,19 @@ class GridEngine:
         TimeoutError: with qstat's view of the job (its scheduling info says why).
         """
         deadline = time.monotonic() + timeout
+        look_for_stuck = 0.0  # its two qstats every STUCK_EVERY s, not at every look
         while self.is_known(job_id):
-            stuck = self._stuck(job_id)
+            stuck = None
+            if time.monotonic() >= look_for_stuck:
+                stuck = self._stuck(job_id)
+                look_for_stuck = time.monotonic() + STUCK_EVERY
             if stuck or time.monotonic() > deadline:
                 detail = run(["qstat", "-j", str(job_id)], check=False).stdout
                 run(["qdel", "-f", str(job_id)], check=False)
                 if stuck:
                     raise RuntimeError(f"job {job_id} cannot finish: {stuck}\n{detail}")
                 raise TimeoutError(f"job {job_id} still in qstat after {timeout} s:\n{detail}")
-            time.sleep(0.2)
+            time.sleep(POLL)
         if not accounting:
             return []
         while True:
@@ -390,7 +429,7 @@ class GridEngine:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"job {job_id} left qstat but qacct has no record "
                                    f"after {timeout} s")
-            time.sleep(0.2)
+            time.sleep(POLL)
 
     def _stuck(self, job_id: int) -> str | None:
         """Why the job can never finish on its own, or None."""

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.cleanslate import site_config_rewritten
+from tests.servicekit import POLL
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 V2 = (CGROUP_ROOT / "cgroup.controllers").exists()  # one unified hierarchy, nothing else
@@ -225,7 +226,7 @@ def processes_of(uid: int) -> list[int]:
     return pids
 
 
-def wait_until(condition: Any, timeout: float, what: str, step: float = 0.2) -> None:
+def wait_until(condition: Any, timeout: float, what: str, step: float = POLL) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, f"{what} not within {timeout} s"

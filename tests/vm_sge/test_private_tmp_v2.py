@@ -36,7 +36,7 @@ printf '{"tmp": "%s", "var_tmp": "%s", "shm": "%s", "tmpdir": "%s"}\\n' \\
   "$(ls -A /tmp | tr '\\n' ' ')" "$(ls -A /var/tmp | tr '\\n' ' ')" \\
   "$(ls -A /dev/shm | tr '\\n' ' ')" "$TMPDIR"
 touch up
-while [ ! -e go ]; do sleep 0.2; done
+while [ ! -e go ]; do sleep 1; done
 """
 
 

@@ -20,7 +20,8 @@ from tests.jobdirkit import JobDir
 
 SLOW = 300.0  # the emulated machine is ~8x slower than the host
 GECO = "/usr/bin/geco"
-WAIT_FOR = "i=0; while [ ! -s {0} ] && [ $i -lt 600 ]; do sleep 0.5; i=$((i+1)); done\n"
+# up to 300 s; a sleep each 2 s (each is a fork and an exec: ~55 ms of the emulated CPU)
+WAIT_FOR = "i=0; while [ ! -s {0} ] && [ $i -lt 150 ]; do sleep 2; i=$((i+1)); done\n"
 
 
 def alive(pid: int) -> bool:
