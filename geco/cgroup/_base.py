@@ -559,9 +559,19 @@ class Backend(ABC):
             count = self._sigkill_all(key, spare)
         finally:
             if freezable:
-                self.thaw(key)
+                self._thaw_killed(key)
         _log.debug("sent SIGKILL to %d processes of job %s", count, key)
         return count
+
+    def _thaw_killed(self, key: JobKey) -> None:
+        """Thaw a job just SIGKILLed. Its members die at once, and whoever ends the job (its
+        epilog, gecod on its shepherd's exit) may remove its cgroups before the state is read
+        back: a freezer cgroup gone is thawed (one with a member cannot be removed)."""
+        try:
+            self.thaw(key)
+        except CgroupError:
+            if self._freezable(key):
+                raise
 
     def _sigkill_all(self, key: JobKey, spare: Callable[[int], bool] | None = None) -> int:
         """SIGKILL every member (but the spared) until a sweep finds no new pid; return how

@@ -22,6 +22,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -378,6 +379,38 @@ def test_given_a_frozen_job_when_killed_then_it_is_left_thawed_so_the_processes_
     assert child.wait() == -signal.SIGKILL
     assert backend.wait_empty("9.2", 10)
     assert read(backend.paths("9.2")["freezer"] / "freezer.state") == "THAWED"
+
+
+class EndedWhileThawing(V1Backend):
+    """The job's end (its epilog, or gecod on its shepherd's exit) removing its cgroups
+    between the thaw's write and its read of the state, the last step of a kill: here at
+    once after the write, once the killed member has been reaped."""
+
+    ended: Any = None  # the member whose death lets the job end
+
+    def _set_frozen(self, key: JobKey, frozen: bool, timeout: float) -> None:
+        if not frozen and self.ended is not None:
+            (self.paths(key)["freezer"] / "freezer.state").write_text("THAWED")
+            self.ended.wait()
+            assert self.wait_empty(key, 10)
+            self.destroy(key)
+        super()._set_frozen(key, frozen, timeout)
+
+
+def test_given_a_killed_job_whose_cgroups_go_while_it_thaws_then_the_kill_is_counted(
+        name: str, children: list[int]) -> None:
+    """Given a job whose end removes its cgroups while the kill thaws it (the race the
+    reaper's walltime kill met under load), when its processes are killed, then the kill is
+    counted, not an error: a freezer cgroup gone is thawed, and the caller journals it."""
+    backend = EndedWhileThawing(HIER, name)
+    backend.ensure_root()
+    backend.create("9.3", Limits())
+    child = start_in(backend, "9.3", exec_shell("exec sleep 300"), children)
+    assert eventually(lambda: backend.pids("9.3") == [child.pid])
+    backend.ended = child
+    assert backend.kill_except("9.3", spare=lambda pid: False) == 1
+    assert child.wait() == -signal.SIGKILL
+    assert not backend.exists("9.3")
 
 
 def test_given_a_forking_job_with_a_pids_limit_when_killed_then_nothing_is_left(
