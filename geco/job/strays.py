@@ -80,6 +80,10 @@ _KILL_WAIT = 5.0
 # never anyone's stray. Most of a node's pids are kernel threads (a few per CPU), and
 # knowing it from stat spares their /proc/<pid>/status, the scan's dearest read.
 _PF_KTHREAD = 0x00200000
+# PF_EXITING: the task is in do_exit(). The kernel takes it out of its cgroups (to the
+# root) before it is a zombie, so a job's process ending at the scan's moment (a shell
+# loop's `sleep`) would look, for that moment, like one outside every job.
+_PF_EXITING = 0x00000004
 
 
 class Outcome(enum.Enum):
@@ -217,14 +221,19 @@ class _Pinned(NamedTuple):
 
 
 def _status(pid: int, proc: Path) -> tuple[int, int, str] | None:
-    """(real uid, parent pid, state letter) of ``pid``; None when gone or a kernel thread."""
+    """(real uid, parent pid, state letter) of ``pid``; None when gone or a kernel thread.
+    A task in do_exit() has the state letter ``X`` here, as a dead one."""
     fields = procfs.stat_fields(pid, proc)
-    if fields is None or len(fields) < 7 or int(fields[6]) & _PF_KTHREAD:
+    if fields is None or len(fields) < 7:
+        return None
+    flags = int(fields[6])
+    if flags & _PF_KTHREAD:
         return None
     uid = procfs.real_uid(pid, proc)
     if uid is None:
         return None
-    return uid, int(fields[1]), fields[0].decode("ascii", "replace")
+    letter = "X" if flags & _PF_EXITING else fields[0].decode("ascii", "replace")
+    return uid, int(fields[1]), letter
 
 
 def _geco_parents(backend: Backend) -> dict[str, str]:
