@@ -45,8 +45,8 @@ from geco.daemon.context import GecodContext
 from geco.daemon.pools import Pools
 from geco.daemon.runloop import RunLoop
 from geco.daemon.server import Server
-from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.node.topology import Topology
+from geco.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.wire import cluster, keys
 from geco.wire.messages import MsgType
 

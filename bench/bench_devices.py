@@ -30,10 +30,11 @@ from pathlib import Path
 
 from bench._common import percentile, sigterm_exits
 from bench._table import Row, add_json_option, write_rows
+from geco import gpushare
 from geco.cgroup._bpfdev import deny_devices
 from geco.errors import GecoError
-from geco.job.resourceset import NodeResources, ResourceSet
 from geco.node import gpus
+from geco.resourceset import NodeResources, ResourceSet
 from geco.sge import resourcefile
 
 SIZES = (1, 7, 63)
@@ -65,7 +66,7 @@ def _picking(runs: int) -> list[Row]:
         for _ in range(runs):
             started = time.perf_counter_ns()
             held = {i for k in keys for rs in [resourcefile.read(where, k)] if rs
-                    for i in gpus.parse_share(rs.nodes[0].gpus)[1]}
+                    for i in gpushare.parse_share(rs.nodes[0].gpus)[1]}
             picture.append((time.perf_counter_ns() - started) / 1e3)
             started = time.perf_counter_ns()
             (where / keys[0]).read_bytes()

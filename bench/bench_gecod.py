@@ -63,7 +63,7 @@ from bench._common import REPO, journald
 from bench._table import Row, add_json_option, write_rows
 from geco.cgroup import favors_dynmods, parse_mountinfo
 from geco.daemon.ratelimit import WINDOW
-from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import resourcefile
 
 JOB, TASK = 77001, 1

@@ -6,7 +6,7 @@ Run from the repo root (needs python3-prometheus-client; no root, no cgroups):
 
 * ``--jobs`` jobs in the sampler's snapshot (every figure counted, as on a cgroup v2
   node), served by gecod's own endpoint (:class:`geco.daemon.metrics.Endpoint` and
-  :class:`geco.daemon.exposition.Renderer`) on a loopback port: the median time of a
+  :class:`geco.usage.exposition.Renderer`) on a loopback port: the median time of a
   whole scrape as Prometheus makes it (connect, ``GET /metrics``, read to the end; goal
   <= 50 ms), beside the floor of the same bytes from a bare socket server in the same
   process; and the response's size.
@@ -25,8 +25,8 @@ import time
 from bench._common import median_time
 from bench._table import Row, add_json_option, write_rows
 from geco.daemon import metrics
-from geco.daemon.sampler import JobFigures, NodeFigures, Snapshot
-from geco.job.samples import Header, Sample
+from geco.usage.sampler import Health, JobFigures, NodeFigures, Snapshot
+from geco.usage.samples import Header, Sample
 
 
 def _snapshot(jobs: int) -> Snapshot:
@@ -85,13 +85,13 @@ def main() -> int:
     add_json_option(parser)
     args = parser.parse_args()
     try:
-        from geco.daemon import exposition
+        from geco.usage import exposition
     except ImportError as exc:
         print(f"bench_metrics: the Prometheus client library is missing ({exc}): install "
               f"python3-prometheus-client", file=sys.stderr)
         return 1
     snap = _snapshot(args.jobs)
-    renderer = exposition.Renderer(lambda: snap, lambda: metrics.Health(123456, 78, 3),
+    renderer = exposition.Renderer(lambda: snap, lambda: Health(123456, 78, 3),
                                    "node0001")
 
     def prepare() -> None:

@@ -27,7 +27,7 @@ from bench._common import median_time
 from bench._table import Row, add_json_option, write_rows
 from geco.config import Config
 from geco.job import privatetmp
-from geco.job.jobkey import JobKey
+from geco.jobkey import JobKey
 
 M = 1 << 20
 

@@ -83,7 +83,7 @@ from bench._common import REPO, journald, percentile, sigterm_exits
 from bench._table import Row, add_json_option, cells, table, write_rows
 from bench.bench_flood import socket_floor
 from geco.errors import GecoError
-from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import resourcefile
 from geco.wire import cluster, keys
 from geco.wire.frame import decode, encode

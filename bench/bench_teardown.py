@@ -11,7 +11,7 @@ Python forker inside it (moved in before it forks) that fills the job up to
 leftovers are) and sleepers for the rest. When the kernel lists every one of
 them in the job, the teardown is timed:
 
-* ``release``: :func:`geco.job.containment.release` (freeze, SIGKILL, thaw, wait
+* ``release``: :func:`geco.job.teardown.release` (freeze, SIGKILL, thaw, wait
   until empty, remove), what the epilog has called so far;
 * ``tear_down``: :func:`geco.job.teardown.tear_down`, the epilog's and reaper's
   teardown with accounting and the stuck-process report (when this checkout has
@@ -52,7 +52,7 @@ from bench._table import Row, add_json_option, write_rows
 from geco import log
 from geco.cgroup import Hierarchy, Limits, V1Backend
 from geco.config import Config
-from geco.job import containment
+from geco.job import teardown
 
 try:
     from geco.job.teardown import tear_down
@@ -232,7 +232,7 @@ def timed_teardown(backend: TimedV1Backend, variant: str, cfg: Config) -> Run:
     backend.reset()
     start = time.perf_counter()
     if variant == "release":
-        released = containment.release(KEY, backend, timeout=cfg.kill_timeout)
+        released = teardown.release(KEY, backend, timeout=cfg.kill_timeout)
         killed = released.killed
     else:
         result = tear_down(KEY, backend, cfg, queue_instance=None, cleaned_by="bench")

@@ -38,10 +38,11 @@ from bench._table import Row, add_json_option, write_rows
 
 REPO = Path(__file__).resolve().parent.parent
 
-from geco import log  # noqa: E402
+from geco import jobfiles, log  # noqa: E402
 from geco.config import Config  # noqa: E402
 from geco.job import trace  # noqa: E402
-from geco.job.resourceset import NodeResources, ResourceSet  # noqa: E402
+from geco.jobkey import JobKey  # noqa: E402
+from geco.resourceset import NodeResources, ResourceSet  # noqa: E402
 from geco.sge import resourcefile  # noqa: E402
 
 
@@ -161,7 +162,7 @@ def main() -> int:
             print(f"  (level 3 file: {sum(1 for _ in traced.open())} lines)")
 
         # the starter's fast path: one stat of a trace file that does not exist
-        path = trace.trace_path(cfg, 2, 1)
+        path = jobfiles.trace(cfg.trace_dir, JobKey(2, 1))
         started = time.perf_counter()
         for _ in range(n):
             path.exists()
@@ -172,7 +173,7 @@ def main() -> int:
               f"starter, job-started record to journald (fresh process, socket included): "
               f"median {job_started:.0f} us of 5 runs")
         import_us = _import_time(base / "pycache")
-        print(f"import geco.job.trace (+ geco.job.resourceset) in a hook: median {import_us} us "
+        print(f"import geco.job.trace (+ geco.resourceset) in a hook: median {import_us} us "
               "of 5 runs; only the prolog, the epilog and a traced job's starter import it")
         table = [Row(f"log record in gecod, trace router, {name.removeprefix('router, ')}",
                      seconds * 1e6, "us", "-", baseline * 1e6, "no router")
@@ -181,7 +182,7 @@ def main() -> int:
         if job_started is not None:
             table.append(Row("starter, job-started record to journald (fresh process)",
                              job_started, "us"))
-        table.append(Row("import geco.job.trace (+ geco.job.resourceset), cumulative",
+        table.append(Row("import geco.job.trace (+ geco.resourceset), cumulative",
                          import_us, "us"))
         write_rows(args.json, table)
     finally:

@@ -5,7 +5,7 @@ Run from the repo root as root (it makes cgroups):
     /opt/geco-dev/venv/bin/python -m bench.bench_usage [--jobs 200] [--rounds 5] [--json PATH]
 
 * ``--jobs`` real cgroup v1 job cgroups (``geco-test-bench-usage``, one cpu, a memory
-  limit, no process) are sampled by gecod's own :class:`geco.daemon.sampler.Sampler`
+  limit, no process) are sampled by gecod's own :class:`geco.usage.sampler.Sampler`
   (one round = one sample of every job): the best round's time per job, beside the
   floor of reading one counter file per job; projected to 1,000 jobs at the default
   interval as a share of one core (goal: <= 0.1%).
@@ -27,11 +27,12 @@ from pathlib import Path
 
 from bench._common import REPO, run_in_cgroups, v1_backend
 from bench._table import Row, add_json_option, write_rows
+from geco import jobfiles
 from geco.cgroup import Limits, V1Backend
 from geco.config import Config
-from geco.daemon.sampler import Sampler
-from geco.job import samples
-from geco.job.jobkey import JobKey
+from geco.jobkey import JobKey
+from geco.usage import samples
+from geco.usage.sampler import Sampler
 
 DAY = 86400.0
 
@@ -102,7 +103,7 @@ def main() -> int:
         samples.append(cfg.usage_dir, header, samples.Sample(
             1000.0 + i * cfg.usage_interval, i * 1_000_000, 0, 300 << 20, 310 << 20, 2, 0),
             max_samples=cfg.usage_max_samples)
-    size = samples.path_of(cfg.usage_dir, key).stat().st_size
+    size = jobfiles.samples(cfg.usage_dir, key).stat().st_size
     rows.append(Row("usage samples on disk per job-day", size / 1024, "KiB",
                     goal=f"<= {cfg.usage_max_samples * samples.RECORD.size / 1024 + 4:.0f}"))
     config = base / "geco.toml"

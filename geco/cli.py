@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from geco import __version__
+from geco import __version__, jobfiles
 from geco import config as _config
 from geco.errors import (
     CgroupError,
@@ -47,16 +47,16 @@ from geco.errors import (
     QstatParseError,
     ResourceFormatError,
 )
-from geco.job import rsrcinfo
-from geco.job.jobkey import JobKey
-from geco.job.resourceset import ResourceSet
+from geco.jobkey import JobKey
+from geco.reports import rsrcinfo
+from geco.resourceset import ResourceSet
 from geco.sge import resourcefile, v1format
 from geco.sge.pe_hostfile import parse_pe_hostfile
 
 if TYPE_CHECKING:
     from geco.cgroup import Backend
     from geco.config import Config
-    from geco.job.jobstatus import JobStatus
+    from geco.reports.jobstatus import JobStatus
 
 __all__ = ["main"]
 
@@ -174,7 +174,7 @@ def _keygen(args: argparse.Namespace) -> int:
 
 
 def _preload_config(args: argparse.Namespace) -> int:
-    from geco import preload_config  # see _keygen
+    from geco.wire import preload_config  # see _keygen
 
     source = Path(os.environ.get("GECO_CONFIG") or _config.DEFAULT_PATH)
     try:
@@ -264,8 +264,8 @@ def _job_status(args: argparse.Namespace) -> int:
     import json
 
     from geco import cgroup  # see _keygen
-    from geco.job import jobstatus
-    from geco.job.resourceset import short_hostname
+    from geco.reports import jobstatus
+    from geco.resourceset import short_hostname
 
     job, task = args.job
     try:
@@ -305,8 +305,8 @@ def _other_hosts_status(cfg: Config, found: Sequence[JobStatus]
                         ) -> tuple[list[JobStatus], list[tuple[str, str]]]:
     """The other hosts' figures of a parallel job's tasks shown here, asked over the cluster
     channel (root: it needs the cluster key); and the hosts not shown, with why."""
-    from geco.job import jobstatus  # see _keygen
-    from geco.job.resourceset import short_hostname
+    from geco.reports import jobstatus  # see _keygen
+    from geco.resourceset import short_hostname
     from geco.wire import cluster
 
     shown: list[JobStatus] = []
@@ -333,8 +333,8 @@ def _other_hosts_status(cfg: Config, found: Sequence[JobStatus]
 
 
 def _journal(args: argparse.Namespace) -> int:
-    from geco.job import journalview  # see _keygen
-    from geco.job.resourceset import short_hostname
+    from geco.reports import journalview  # see _keygen
+    from geco.resourceset import short_hostname
 
     job, task = args.job
     try:
@@ -408,13 +408,12 @@ def _add_check_command(sub: Any) -> None:
 
 def _check(args: argparse.Namespace) -> int:
     from geco import cgroup  # see _keygen
-    from geco.job import strays
-    from geco.job.resourceset import short_hostname
-    from geco.node import nodeview
+    from geco.reports import doors, nodeview
+    from geco.resourceset import short_hostname
 
     try:
         cfg = _config.load()
-        found = strays.doors(cfg)
+        found = doors.doors(cfg)
         picture = nodeview.lines(cfg, cgroup.for_config(cfg))
     except GecoError as exc:
         return _failed("check", exc)
@@ -495,12 +494,15 @@ def _add_usage_command(sub: Any) -> None:
 def _usage(args: argparse.Namespace) -> int:
     import json
 
-    from geco.job import efficiency, samples  # see _keygen
-    from geco.job.resourceset import short_hostname
+    from geco.resourceset import short_hostname
+    from geco.usage import (
+        efficiency,
+        samples,  # see _keygen
+    )
 
     job, task = args.job
     if args.plot is not None:
-        from geco.job import usageplot
+        from geco.usage import usageplot
 
         try:
             plot_path = usageplot.check_path(args.plot)
@@ -535,7 +537,7 @@ def _usage(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps([r.as_json() for r, _ in reports], indent=2) + "\n")
     else:
-        from geco.job.usagechart import chart
+        from geco.usage.usagechart import chart
 
         blocks = [efficiency.render(r) + (chart(s) if args.chart else "") for r, s in reports]
         for k in keys:  # a job task of several hosts: its figures over all of them
@@ -661,7 +663,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             rs = _rsrcinfo(args)
             if args.serialize:  # into the job's own file: the GPUs geco picked are kept
                 into = Path(args.serialize).absolute()
-                if into == resourcefile.path_for(_config.load().resources_dir, rs.key):
+                if into == jobfiles.resource_file(_config.load().resources_dir, rs.key):
                     rs = resourcefile.rewrite(into.parent, rs, contained=True)
                 else:
                     resourcefile.write_to(into, rs)

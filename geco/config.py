@@ -143,7 +143,7 @@ class Config(NamedTuple):
 
     @property
     def usage_dir(self) -> Path:
-        """Where each job task's usage samples live (:mod:`geco.job.samples`)."""
+        """Where each job task's usage samples live (:mod:`geco.usage.samples`)."""
         return self.state_dir / "usage"
 
 
@@ -356,7 +356,7 @@ def _coerce(name: str, value: Any, default: Any) -> Any:
             raise ValueError(f'must be an absolute path or "" (the default), got {value!r}')
         return os.path.normpath(value) if value else ""
     if name in _CPU_LISTS:
-        from geco.node.topology import format_cpulist, parse_cpulist  # only where one is set
+        from geco.cpulist import format_cpulist, parse_cpulist  # only where one is set
 
         try:
             if not isinstance(value, str):

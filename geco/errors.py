@@ -128,7 +128,7 @@ class JobNotFound(GecoError):
 
 
 class JobKeyError(GecoError, ValueError):
-    """A job key is not ``<job>.<task>`` in decimal digits (see :mod:`geco.job.jobkey`)."""
+    """A job key is not ``<job>.<task>`` in decimal digits (see :mod:`geco.jobkey`)."""
 
 
 class CgroupError(GecoError):

@@ -9,7 +9,7 @@ as seconds or ``hours:minutes:seconds`` (a zero part may be left empty,
 Memory is returned as whole bytes (``int``), computed with :class:`~decimal.Decimal`
 so ``1.5G`` is exactly 1610612736 and never a float's neighbour. "No limit" is
 ``None``, not 0, so a caller cannot mistake it for a request of zero bytes;
-:class:`geco.job.resourceset.ResourceSet` then stores 0, its own "none".
+:class:`geco.resourceset.ResourceSet` then stores 0, its own "none".
 
 Not accepted: the hexadecimal and octal integers ``sge_types(5)`` also allows.
 geco reads ``CE_doubleval`` (Grid Engine's own parse) first and needs these

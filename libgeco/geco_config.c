@@ -6,7 +6,7 @@
  * max_skew_ms, policy, exec_filter and log, and for the preload in sshd
  * session_socket, session_policy, job_cgroups, session_admin_uids,
  * session_admin_gids and session_bypass, and job_mntns where jobs get a private /tmp
- * (geco/preload_config.py renders it, and
+ * (geco/wire/preload_config.py renders it, and
  * validates each value as apply() below reads it). Runs once, in the
  * constructor: no fork() between here and the exec.
  */

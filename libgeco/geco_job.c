@@ -1,6 +1,6 @@
 /*
  * geco_job.c - a Grid Engine job's identity and its spooled environment file (see
- * geco_job.h for the rule; geco.job.jobkey is its Python twin).
+ * geco_job.h for the rule; geco.jobkey is its Python twin).
  */
 #define _GNU_SOURCE
 #include "geco_job.h"
@@ -146,7 +146,7 @@ cleanup:
 
 const char *geco_env_strerror(int result)
 {
-    /* the refusals' words are geco.job.jobkey's (tests/vectors/job_identity.json); the
+    /* the refusals' words are geco.jobkey's (tests/vectors/job_identity.json); the
        results are 0 down, so the words are indexed by -result */
     static const char *const words[] = {
         [-GECO_ENV_OK] = "ok",

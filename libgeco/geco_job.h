@@ -3,7 +3,7 @@
  * them (the queue's $job_id $ja_task_id, JOB_ID and SGE_TASK_ID), and the spooled
  * `environment` file of its shepherd, which names them.
  *
- * The one C home of the rule; geco.job.jobkey.JobKey.from_sge is its Python twin, and both
+ * The one C home of the rule; geco.jobkey.JobKey.from_sge is its Python twin, and both
  * are tested against tests/vectors/job_identity.json:
  *   job id   decimal digits only (no sign, blank or leading zero), 1..GECO_ID_MAX;
  *   task id  the same, or absent, "", "0" or "undefined": task 1 (not an array job:
@@ -21,7 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* 19 digits, as a geco.job.jobkey.JobKey: a key names files, and every id fits a uint64 */
+/* 19 digits, as a geco.jobkey.JobKey: a key names files, and every id fits a uint64 */
 #define GECO_ID_MAX 9999999999999999999ULL
 
 /* The job id in s[0..n): 1..GECO_ID_MAX, or 0 when refused. */

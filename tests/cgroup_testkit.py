@@ -283,8 +283,8 @@ def gpu_story(backend: Any, registry: list[int], tmp: Path) -> None:
 
     from geco.config import Config
     from geco.job.containment import contain_job
-    from geco.job.resourceset import NodeResources, ResourceSet
     from geco.node import gpus
+    from geco.resourceset import NodeResources, ResourceSet
     from geco.sge import resourcefile
     from geco.sge.execd import JobRef
     from geco.sge.lookup import Found

@@ -51,7 +51,7 @@ from geco import config
 from geco.cgroup import find_hierarchies, parse_mountinfo
 from geco.cgroup._v1 import OPTIONAL, REQUIRED
 from geco.errors import GecoError
-from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import resourcefile
 from geco.wire import address, client
 from geco.wire.frame import decode, encode

@@ -1,5 +1,5 @@
 """A node as a fixture tree, for what `geco check` reads: ``proc/<pid>/{comm,status}``
-(tests/unit/test_strays_doors.py, test_package_login_node.py)."""
+(tests/unit/test_doors.py, test_package_login_node.py)."""
 
 from __future__ import annotations
 

@@ -30,11 +30,11 @@ from geco.cgroup._fs import (
     walk_dirs,
 )
 from geco.errors import CgroupError, JobKeyError
-from geco.job.jobkey import JobKey
+from geco.jobkey import JobKey
 
 __all__ = ["Backend", "Limits", "check_key", "check_name", "is_under", "warn_once"]
 
-_log = log.get("cgroup")
+_log = log.get("cgroup._base")
 _KILL_FREEZE_TIMEOUT = 5.0
 
 # The kernel's list syntax for cpuset.cpus / cpuset.mems: "0-3,8,10-11".
@@ -57,7 +57,7 @@ def warn_once(key: str, msg: str, *args: object) -> None:
 
 
 def check_key(key: str) -> JobKey:
-    """Return ``key`` as a :class:`~geco.job.jobkey.JobKey` when it names a job cgroup, else raise.
+    """Return ``key`` as a :class:`~geco.jobkey.JobKey` when it names a job cgroup, else raise.
 
     Every backend method checks its key again, whoever made it: nothing like
     ``..``, ``/`` or a newline ever reaches a path.
@@ -134,6 +134,11 @@ class Limits(_LimitValues):
                                   f"(0 = no limit), got {number!r}")
         return super().__new__(cls, cpus, mems, memory, memory_swap, pids)
 
+    def journal_fields(self) -> dict[str, object]:
+        """The limits as every journal record that carries them says them."""
+        return {"CPUS": self.cpus, "MEMS": self.mems, "MEMORY_LIMIT": self.memory,
+                "MEMSW_LIMIT": self.memory_swap, "PIDS_LIMIT": self.pids}
+
     def environment(self, ncpus: int, node: str) -> dict[str, str]:
         """What a process of the job is told about them: the ``GECO_*`` variables (the
         starter's job environment, an adopted ssh session's), ``ncpus`` as it sees them."""
@@ -205,6 +210,23 @@ class Backend(ABC):
         CgroupError
             when the key is not ``<job>.<task>``.
         """
+
+    def last_changed(self, key: JobKey) -> float | None:
+        """When the job's cgroups were made (epoch seconds; None when they are gone).
+
+        The newest mtime of the job's cgroup dirs: cgroupfs sets a directory's mtime
+        when it is made, and again when a cgroup below it comes or goes (and may
+        reset it when the kernel re-reads an evicted inode): at worst a cgroup looks
+        younger than it is, and is judged later.
+        """
+        newest: float | None = None
+        for path in self.paths(key).values():
+            try:
+                mtime = os.stat(path).st_mtime
+            except OSError:
+                continue
+            newest = mtime if newest is None else max(newest, mtime)
+        return newest
 
     @abstractmethod
     def cgroup_paths(self, key: JobKey) -> dict[str, str]:

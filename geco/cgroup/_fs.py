@@ -44,7 +44,7 @@ __all__ = [
     "write_each",
 ]
 
-_log = log.get("cgroup")
+_log = log.get("cgroup._fs")
 
 # Poll intervals while waiting for the kernel (freeze, empty cgroup): start
 # short so the common case is fast, cap so a long wait costs little CPU.

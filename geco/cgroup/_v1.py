@@ -69,12 +69,12 @@ from geco.cgroup._fs import (
     write_each,
 )
 from geco.errors import CgroupError
-from geco.job.jobkey import JobKey
+from geco.jobkey import JobKey
 
 __all__ = ["OPTIONAL", "REQUIRED", "SYSTEMD_HIERARCHIES", "Hierarchy", "V1Backend",
            "find_hierarchies", "find_systemd_hierarchies"]
 
-_log = log.get("cgroup")
+_log = log.get("cgroup._v1")
 
 REQUIRED = ("cpuset", "memory")
 # Jobs whose directories a backend remembers (a bound, not a working set): a node's

@@ -66,11 +66,11 @@ from geco.cgroup._fs import (
     write_bytes,
 )
 from geco.errors import CgroupError
-from geco.job.jobkey import JobKey
+from geco.jobkey import JobKey
 
 __all__ = ["HOLDER", "OPTIONAL", "REQUIRED", "V2Backend", "unit_cgroup"]
 
-_log = log.get("cgroup")
+_log = log.get("cgroup._v2")
 
 REQUIRED = ("cpuset", "memory")
 OPTIONAL = ("pids",)

@@ -32,7 +32,7 @@ from geco.errors import GecoError
 
 __all__ = ["REFRESH", "RETRY", "AllowList"]
 
-_log = log.get("gecod.cluster")
+_log = log.get("daemon.allowlist")
 
 REFRESH = 600.0
 RETRY = 60.0

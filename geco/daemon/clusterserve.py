@@ -48,12 +48,15 @@ from geco.daemon.context import GecodContext
 from geco.daemon.lanes import CLUSTER_BUDGET, Lane
 from geco.daemon.pools import Keys, Pool, Pools
 from geco.errors import GecoError, JobKeyError, ProtocolError
-from geco.job import containment, ending, jobstatus, privatetmp, samples
-from geco.job.jobkey import JobKey
-from geco.job.resourceset import short_hostname
-from geco.oom.owner_file import stderr_target, tell_owner
+from geco.job import containment, ending, privatetmp
+from geco.job.undo import undo_job
+from geco.jobkey import JobKey
+from geco.oom.asowner import stderr_target, tell_owner
+from geco.reports import jobstatus
+from geco.resourceset import short_hostname
 from geco.sge import execd, lookup, resourcefile, v1format
 from geco.ssh import policy as ssh
+from geco.usage import samples
 from geco.wire import cluster
 from geco.wire.frame import Frame
 from geco.wire.messages import NODE_REQUESTS, MsgType, NodeRequest
@@ -61,7 +64,7 @@ from geco.wire.replay import ReplayCache
 
 __all__ = ["REPLAY_CAPACITY", "ClusterChannel", "listen", "open_channel"]
 
-_log = log.get("gecod.cluster")
+_log = log.get("daemon.clusterserve")
 # Nonces the channel's replay cache holds over its window (2 x max_skew): 8,738 authentic
 # requests a second at the default 30 s, where 65,536 refused everything at 1,100 a second
 # (logins from other hosts and slaves' OOM reports feed it). Memory only as it fills.
@@ -238,11 +241,7 @@ class ClusterChannel:
 
     def _abort(self, key: JobKey) -> dict[str, Any]:
         """Undo a PREPARE: the job will not start (here or anywhere)."""
-        cfg = self.ctx.config
-        done = containment.release(key, self.ctx.backend, timeout=cfg.kill_timeout)
-        resourcefile.remove(cfg.resources_dir, key)
-        if done.clean:  # the namespace PREPARE made with the cgroups
-            ending.remove_private_tmp(cfg, key, log.JobFields(key.job, key.task))
+        done = undo_job(key, self.ctx.config, self.ctx.backend)
         if not done.clean:
             return {"status": "failed",
                     "reason": f"processes {', '.join(map(str, done.remaining))} are left"}
@@ -268,7 +267,7 @@ class ClusterChannel:
                 **self._usage(key)}
 
     def _usage(self, key: JobKey) -> dict[str, str]:
-        """The job's samples here, for its master to keep (:func:`geco.job.samples.export`);
+        """The job's samples here, for its master to keep (:func:`geco.usage.samples.export`);
         nothing when there are none."""
         try:
             series = samples.read(self.ctx.config.usage_dir, key)

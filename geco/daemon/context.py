@@ -20,9 +20,9 @@ from geco import procfs
 from geco.cgroup import Backend, Limits
 from geco.config import Config
 from geco.errors import GecoError
-from geco.job.jobkey import JobKey
-from geco.job.resourceset import short_hostname
+from geco.jobkey import JobKey
 from geco.node.topology import Topology
+from geco.resourceset import short_hostname
 from geco.wire.messages import AckStatus
 
 if TYPE_CHECKING:

@@ -49,12 +49,12 @@ from geco import log
 from geco.cgroup import Backend, Limits
 from geco.config import Config
 from geco.daemon.ratelimit import SUCCESS_BURST
-from geco.job.jobkey import JobKey
+from geco.jobkey import JobKey
 from geco.wire.replay import ReplayCache
 
 __all__ = ["REPLAY_CAPACITY", "FastLane", "Handoff", "open_lane"]
 
-_log = log.get("gecod.fastlane")
+_log = log.get("daemon.fastlane")
 
 # Lane threads: each accepts and serves on its own (the kernel's cgroup lock serializes
 # the moves themselves; two keep both cores of a small node busy, more only contend).
@@ -181,9 +181,7 @@ class FastLane:
             return
         if stamp != (0, 0) and _traced(self.cfg, key):
             return
-        fields = "".join(f"{name}={value}\n" for name, value in (
-            ("CPUS", limits.cpus), ("MEMS", limits.mems), ("MEMORY_LIMIT", limits.memory),
-            ("MEMSW_LIMIT", limits.memory_swap)))
+        fields = "".join(f"{name}={value}\n" for name, value in limits.journal_fields().items())
         if len(self._published) >= _PUBLISHED_KEPT:
             self._published.clear()
         if self.lib.geco_lane_publish(

@@ -48,14 +48,14 @@ from geco import log, procfs
 from geco.daemon.context import GecodContext, Peer
 from geco.errors import GecoError
 from geco.hooks import Exit, epilog, journal_done, prolog, starter
-from geco.job.jobkey import JobKey
+from geco.jobkey import JobKey
 from geco.node import gpus
 from geco.sge import execd, lookup, resourcefile
 from geco.wire.messages import STARTER_ENVIRON, AckStatus, Hook, HookName, Starter, StarterReply
 
 __all__ = ["refusal", "serve", "serve_starter"]
 
-_log = log.get("gecod.hook")
+_log = log.get("daemon.hookserve")
 
 _STATUS = {Exit.OK: AckStatus.OK, Exit.REQUEUE: AckStatus.REQUEUE, Exit.JOB_ERROR: AckStatus.HOLD}
 
@@ -83,7 +83,7 @@ def serve(msg: Hook, ctx: GecodContext) -> tuple[AckStatus, str]:
     name = msg.hook.name.lower()
     if cfg.log_level in _VERBOSE:
         return _not_here(msg, f"log level {cfg.log_level}: the {name}'s lines go to the job")
-    logger = log.speaking_as(name, f"geco-{name}")
+    logger = log.speaking_as(f"hooks.{name}", f"geco-{name}")
     try:
         shepherd = procfs.ppid(msg.pid)
         job = execd.JobRef(msg.job_id, msg.task_id, Path(procfs.cwd(shepherd)))
@@ -140,7 +140,7 @@ def serve_starter(msg: Starter, nonce: bytes, peer: Peer, ctx: GecodContext) -> 
     except (GecoError, OSError, ValueError) as exc:
         _log.debug("job %s: the starter (pid %d) does its work itself: %s", key, msg.pid, exc)
         return StarterReply(key.job, key.task, AckStatus.FAILED, nonce)
-    starter.journal_started(log.speaking_as("starter", "geco-starter"), key, node,
+    starter.journal_started(log.speaking_as("hooks.starter", "geco-starter"), key, node,
                             facts["GECO_CPUS"], msg.argv, program,
                             procfs.seconds_since_start(msg.pid))
     return reply

@@ -13,7 +13,7 @@ accept) and one for the reply (:data:`_WRITE_DEADLINE`), a request head of at mo
 405, 400 or 431 otherwise, and the connection closed). A request head is answered as
 soon as it is whole, so a client that connects and sends nothing, half a head, or reads
 its reply a byte at a time holds one connection of its share until its deadline, never
-the other clients, never gecod's workers. The body (:mod:`geco.daemon.exposition`)
+the other clients, never gecod's workers. The body (:mod:`geco.usage.exposition`)
 comes from memory: the usage sampler's last round and a few of the server's counters.
 
 ``[metrics] listen`` is ``"<IP address>:<port>"`` (``127.0.0.1:9477``,
@@ -40,16 +40,18 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from geco import log
-from geco._tuple import NamedTuple
 from geco.config import Config
-from geco.daemon.sampler import Snapshot
 from geco.errors import ConfigError, GecoError
 from geco.wire import address
 
-__all__ = ["MAX_CONNECTIONS", "PER_PEER_CONNECTIONS", "Endpoint", "Health", "Listen",
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from geco.usage.sampler import Health, Snapshot
+
+__all__ = ["MAX_CONNECTIONS", "PER_PEER_CONNECTIONS", "Endpoint", "Listen",
            "describe", "listener", "open_endpoint", "parse_listen", "reply_to"]
 
-_log = log.get("gecod.metrics")
+_log = log.get("daemon.metrics")
 
 # Seconds a client has, from its accept, to send its whole request head (Prometheus
 # sends it at once).
@@ -75,16 +77,8 @@ _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Al
             431: "Request Header Fields Too Large", 500: "Internal Server Error"}
 
 
-class Health(NamedTuple):
-    """gecod's own counters at a scrape (memory reads only)."""
-
-    requests: int
-    refused: int
-    queue_depth: int
-
-
 class Body(Protocol):
-    """What the endpoint serves (:class:`geco.daemon.exposition.Renderer`)."""
+    """What the endpoint serves (:class:`geco.usage.exposition.Renderer`)."""
 
     content_type: str
 
@@ -493,11 +487,11 @@ def open_endpoint(cfg: Config, where: Listen, snapshot: Callable[[], Snapshot],
     it cannot be: python3-prometheus-client missing, the address not bindable. The
     metrics are then missing, nothing else: gecod serves on.
 
-    ``snapshot`` and ``health`` are :class:`geco.daemon.exposition.Renderer`'s sources;
+    ``snapshot`` and ``health`` are :class:`geco.usage.exposition.Renderer`'s sources;
     call the endpoint's ``body.prepare`` after each sampler round.
     """
     try:
-        from geco.daemon import exposition
+        from geco.usage import exposition
     except ImportError as exc:
         if inherited is not None:
             inherited.close()

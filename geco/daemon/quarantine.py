@@ -63,15 +63,15 @@ from geco.config import Config
 from geco.daemon.context import GecodContext, Outcome, Peer, Shepherd, WouldWait
 from geco.errors import GecoError, JobKeyError, JobNotFound, TaskNotRunning
 from geco.job import containment, privatetmp
-from geco.job.jobkey import JobKey
-from geco.job.resourceset import short_hostname
+from geco.jobkey import JobKey
+from geco.resourceset import short_hostname
 from geco.sge import execd
 from geco.sge.lookup import Found
 from geco.wire.messages import AckStatus, MsgType
 
 __all__ = ["Request", "pid_reused", "quarantine", "spool_root"]
 
-_log = log.get("gecod.quarantine")
+_log = log.get("daemon.quarantine")
 
 # How far up the ppid chain QUARANTINE_SELF looks for the job's shepherd
 # (shepherd -> starter -> shell -> ... ; a deeper chain is not a job start).

@@ -59,22 +59,23 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
-from geco import log
+from geco import jobfiles, log
 from geco.cgroup import Backend
 from geco.config import Config
 from geco.errors import GecoError, JobNotFound, TaskNotRunning
-from geco.job import containment, ending, samples, teardown
-from geco.job.jobkey import JobKey
-from geco.job.resourceset import ResourceSet, short_hostname
-from geco.node import gpupicks
+from geco.job import ending, teardown
+from geco.jobkey import JobKey
+from geco.resourceset import ResourceSet, short_hostname
 from geco.sge import execd, qstat, resourcefile
+from geco.usage import samples
+from geco.usage.sampler import Loop
 
 __all__ = ["FIRST_ROUND_DELAY", "Reaper", "RoundReport", "Verdict", "min_age", "prune_old",
            "prune_traces"]
 
-_log = log.get("gecod.reaper")
+_log = log.get("daemon.reaper")
 
 # The first round comes this soon after start (or after one interval, if shorter):
 # a node that rebooted mid-job has its leftovers removed at once, not minutes later.
@@ -84,7 +85,6 @@ FIRST_ROUND_DELAY = 5.0
 # start"). Rounds closer together than 30 s (tests) shorten it to two intervals.
 _MIN_AGE = 60.0
 _DAY = 86400.0
-_TRACE_SUFFIX = ".trace"
 
 
 def min_age(interval: float) -> float:
@@ -136,15 +136,6 @@ class _Cancellable(Protocol):
     def cancel(self) -> None: ...
 
 
-class Loop(Protocol):
-    """What the reaper needs of gecod's runloop (:class:`geco.daemon.runloop.RunLoop`)."""
-
-    def add_timer(self, delay: float, callback: Callable[[], None],
-                  repeat: float | None = None) -> Any: ...
-
-    def call_soon_threadsafe(self, callback: Callable[[], None]) -> None: ...
-
-
 # ---------------------------------------------------------------------------
 # small facts read from the system
 # ---------------------------------------------------------------------------
@@ -152,7 +143,7 @@ class Loop(Protocol):
 
 def prune_traces(trace_dir: Path, keep_days: int, now: float | None = None) -> int:
     """Delete trace files (``*.trace``) older than ``keep_days`` days (:func:`prune_old`)."""
-    return prune_old(trace_dir, keep_days, lambda name: name.endswith(_TRACE_SUFFIX),
+    return prune_old(trace_dir, keep_days, jobfiles.is_trace,
                      "trace", now)
 
 
@@ -413,7 +404,7 @@ class Reaper:
         """The verdict on one job and why (see steps 2a-2c of the module docstring)."""
         if spool is not None:
             return Verdict.ALIVE, f"in the execd spool ({spool})"
-        changed = containment.last_changed(key, self.backend)
+        changed = self.backend.last_changed(key)
         if changed is None:
             return Verdict.YOUNG, "its cgroups vanished"
         if self.clock() - changed < min_age(cfg.gecod_reaper_interval):
@@ -499,7 +490,7 @@ class Reaper:
         rs = self._resources(cfg, key)
         if rs is None or rs.runtime_limit <= 0:
             return 0
-        path = resourcefile.path_for(cfg.resources_dir, key)
+        path = jobfiles.resource_file(cfg.resources_dir, key)
         start = execd.job_started(spool, path)
         if start is None:
             return 0
@@ -528,7 +519,7 @@ class Reaper:
         anew (a job runs on, and its later tasks and OOM reports need it), with the GPUs geco
         picked for it here put back (:func:`geco.sge.resourcefile.rewrite`)."""
         job, task = key.job, key.task
-        path = resourcefile.path_for(cfg.resources_dir, key)
+        path = jobfiles.resource_file(cfg.resources_dir, key)
         try:
             return resourcefile.read(cfg.resources_dir, key)
         except GecoError as exc:
@@ -555,48 +546,32 @@ class Reaper:
             return None
 
     def _forget_orphans(self, cfg: Config, keys: set[JobKey]) -> None:
-        """Remove the files of jobs that have neither cgroups nor a spool dir here (their
-        cgroups were removed to free cores, with no one to end the job: gecod down)."""
-        try:
-            names = os.listdir(cfg.resources_dir)
-        except OSError:
-            return
+        """Forget the jobs whose files (:data:`geco.jobfiles.ENDED`) outlived them here:
+        without cgroups, their files older than a round, and no spool dir here (their
+        cgroups were removed to free cores, with no one to end the job: gecod down), or no
+        resource file (what rode with it, left by a geco that did not know it)."""
         old = self.clock() - min_age(cfg.gecod_reaper_interval)
-        for name in names:
+        for key, changed in jobfiles.kept(cfg).items():
             try:
-                key = JobKey.parse(name)
-                if key in keys or os.stat(cfg.resources_dir / key).st_mtime > old \
-                        or execd.find_spool_dir(cfg.execd_spool_dir, key, self.node):
+                if key in keys or changed > old or (
+                        jobfiles.resource_file(cfg.resources_dir, key).exists()
+                        and execd.find_spool_dir(cfg.execd_spool_dir, key, self.node)):
                     continue
-            except (GecoError, OSError, ValueError):
-                continue  # not a job's file, or gone meanwhile
-            ending.forget(cfg, key)
-            _log.info("reaper: job %s has no cgroups and no spool dir here; removed its "
-                      "resource file", key,
+            except (GecoError, OSError) as exc:  # tried again next round
+                _log.debug("reaper: job %s: its files are kept: %s", key, exc)
+                continue
+            jobfiles.forget(cfg, key)
+            _log.info("reaper: job %s has no cgroups here and its files outlived it; "
+                      "removed them", key,
                       extra=log.job_fields(key.job, key.task, "resource-file-pruned"))
-        self._forget_orphan_picks(cfg, keys, old)
         self._remove_orphan_namespaces(cfg, keys)
-
-    def _forget_orphan_picks(self, cfg: Config, keys: set[JobKey], old: float) -> None:
-        """Remove the records of GPU picks left without their resource file and cgroups (the
-        file removed by hand, or by a geco that did not know them); they go with it else."""
-        for key in gpupicks.keys(cfg.resources_dir):
-            try:
-                if key in keys or resourcefile.path_for(cfg.resources_dir, key).exists() \
-                        or os.stat(gpupicks.path_for(cfg.resources_dir, key)).st_mtime > old:
-                    continue
-                gpupicks.remove(cfg.resources_dir, key)
-            except (GecoError, OSError) as exc:  # gone meanwhile, or tried next round
-                _log.debug("reaper: job %s: its GPU picks are kept: %s", key, exc)
 
     def _remove_orphan_namespaces(self, cfg: Config, keys: set[JobKey]) -> None:
         """Remove the private /tmp of jobs without cgroups here (a job's end that could not
         remove it, or gecod stopped between a job's cgroups and its namespace): a job's
         namespace is made after its cgroups and goes after them."""
-        from geco.job.privatetmp import pins_dir  # nodes with private /tmp only
-
         try:
-            names = os.listdir(pins_dir(cfg))
+            names = os.listdir(jobfiles.pins_dir(cfg.state_dir))
         except OSError:
             return
         for name in names:
@@ -607,8 +582,10 @@ class Reaper:
                     continue
             except GecoError:
                 continue
+            from geco.job import privatetmp  # nodes with private /tmp only
+
             journal = log.JobFields(key.job, key.task)
-            freed = ending.remove_private_tmp(cfg, key, journal)
+            freed = privatetmp.free(cfg, key, journal)
             if freed is not None:
                 _log.info("reaper: job %s has no cgroups here; removed its private /tmp "
                           "(%d bytes) and /dev/shm (%d bytes)", key, freed.tmp, freed.shm,
@@ -619,7 +596,7 @@ class Reaper:
         """Old trace files and ended jobs' usage samples go; return the traces removed."""
         self._prune_old(cfg.usage_dir, cfg.usage_keep_days, samples.is_file_name, "usage")
         return self._prune_old(cfg.trace_dir, cfg.trace_keep_days,
-                               lambda name: name.endswith(_TRACE_SUFFIX), "trace")
+                               jobfiles.is_trace, "trace")
 
     def _prune_old(self, directory: Path, keep_days: int, is_ours: Callable[[str], bool],
                    what: str) -> int:

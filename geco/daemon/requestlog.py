@@ -27,13 +27,13 @@ from geco.daemon.ratelimit import (
     JournalBudget,
     describe_refusals,
 )
-from geco.job.jobkey import JobKey
+from geco.jobkey import JobKey
 from geco.wire.frame import Frame
 from geco.wire.messages import AckStatus
 
 __all__ = ["RequestLog"]
 
-_log = log.get("gecod")
+_log = log.get("daemon.requestlog")
 
 
 class RequestLog:
@@ -71,10 +71,7 @@ class RequestLog:
                       # Grid Engine's share of ELAPSED_MS (qstat), apart from geco's
                       RESOURCES=found.source if found else None,
                       LOOKUP_MS=round(found.seconds * 1000, 1) if found else None,
-                      CPUS=limits.cpus if limits else None,
-                      MEMS=limits.mems if limits else None,
-                      MEMORY_LIMIT=limits.memory if limits else None,
-                      MEMSW_LIMIT=limits.memory_swap if limits else None))
+                      **(limits.journal_fields() if limits else {})))
 
     def refusal(self, conn: Connection, reason: str, text: str, status: AckStatus | None,
                 request: str | None = None) -> None:

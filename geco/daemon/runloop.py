@@ -67,7 +67,7 @@ from geco import log
 
 __all__ = ["FileLike", "RunLoop", "SourceCallback", "State", "Timer"]
 
-_log = log.get("runloop")
+_log = log.get("daemon.runloop")
 
 
 class FileLike(Protocol):

@@ -93,7 +93,7 @@ from geco.daemon.pools import Busy, Pools
 from geco.daemon.requestlog import RequestLog
 from geco.daemon.runloop import RunLoop
 from geco.errors import ProtocolError
-from geco.job.jobkey import JobKey
+from geco.jobkey import JobKey
 from geco.wire.frame import (
     AFTER_MAC,
     HEADER_BYTES,
@@ -110,7 +110,7 @@ from geco.wire.replay import Replay, ReplayCache
 
 __all__ = ["Server", "python_replay"]
 
-_log = log.get("gecod")
+_log = log.get("daemon.server")
 
 # Connections accepted per readiness event, so a connect flood cannot starve replies: on
 # root's socket many (execd's children), on the others few, so that a flood of strangers'

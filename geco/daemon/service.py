@@ -74,18 +74,18 @@ from geco.daemon.pools import Pools
 from geco.daemon.quarantine import spool_root
 from geco.daemon.reaper import Reaper
 from geco.daemon.runloop import RunLoop
-from geco.daemon.sampler import Sampler
 from geco.daemon.server import Server
 from geco.daemon.shepherdwatch import ShepherdWatch
 from geco.errors import GecoError
 from geco.job import privatetmp, trace
-from geco.job.jobkey import JobKey
+from geco.jobkey import JobKey
 from geco.node.topology import Topology
+from geco.usage.sampler import Health, Sampler
 from geco.wire import address, cluster, keys
 
 __all__ = ["Daemon", "notify", "run"]
 
-_log = log.get("gecod")
+_log = log.get("daemon.service")
 
 EXIT_OK, EXIT_FAILED = 0, 1
 # Seconds a thread holds the GIL while another waits for it (sys.setswitchinterval).
@@ -278,8 +278,7 @@ class Daemon:
             return None
         endpoint = metrics.open_endpoint(
             self.cfg, self.metrics_where, lambda: self.sampler.latest,
-            lambda: metrics.Health(self.server.served, self.server.refused,
-                                   self.server.working),
+            lambda: Health(self.server.served, self.server.refused, self.server.working),
             self.sampler.node, inherited)
         if endpoint is not None:
             self.sampler.on_round = endpoint.body.prepare

@@ -41,12 +41,12 @@ from geco.daemon.quarantine import spool_root
 from geco.daemon.runloop import RunLoop
 from geco.errors import GecoError
 from geco.job import ending, teardown
-from geco.job.jobkey import JobKey
+from geco.jobkey import JobKey
 from geco.sge import execd
 
 __all__ = ["ShepherdWatch"]
 
-_log = log.get("gecod.shepherdwatch")
+_log = log.get("daemon.shepherdwatch")
 
 
 @dataclass(eq=False, slots=True)

@@ -29,14 +29,14 @@ from geco import log
 from geco.daemon.context import GecodContext, Peer, WouldWait
 from geco.errors import GecoError
 from geco.job import teardown
-from geco.job.jobkey import JobKey
-from geco.job.resourceset import short_hostname
+from geco.jobkey import JobKey
+from geco.resourceset import short_hostname
 from geco.ssh.policy import Login, Placement, serve_exec, serve_login, sshd_program, under_root_sshd
 from geco.wire.messages import REPLY_MAX_TEXT, AckStatus, Adopt, AdoptReply, AdoptStage
 
 __all__ = ["refusal", "serve"]
 
-_log = log.get("gecod.ssh")
+_log = log.get("daemon.sshlogin")
 
 # How long a session's move waits for its job's lock: a start or a move holds it for
 # milliseconds; an end holds it while it kills and removes the job, and then the session

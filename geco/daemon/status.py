@@ -15,13 +15,13 @@ from dataclasses import dataclass
 
 from geco import log
 from geco.cgroup import Backend
+from geco.cpulist import format_cpulist, parse_cpulist
 from geco.errors import GecoError
-from geco.job.jobkey import JobKey
-from geco.node.topology import format_cpulist, parse_cpulist
+from geco.jobkey import JobKey
 
 __all__ = ["JobCgroup", "NodeJobs", "scan", "status_document"]
 
-_log = log.get("gecod.status")
+_log = log.get("daemon.status")
 
 # A STATUS_REPLY payload is at most 4096 bytes (docs/wire-format.md); the job
 # list is cut to fit and says so, rather than the reply being refused.

@@ -39,7 +39,7 @@ from geco.errors import (
     QstatParseError,
     ResourceFormatError,
 )
-from geco.job.jobkey import JobKey
+from geco.jobkey import JobKey
 from geco.node.gpus import GpuGrantError
 from geco.sge import execd
 
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from pathlib import Path
 
-    from geco.job.resourceset import ResourceSet
+    from geco.resourceset import ResourceSet
 
 __all__ = ["Exit", "attach_trace", "journal_done", "run"]
 
@@ -106,7 +106,7 @@ class _Trace:
                 self.path = self.stack.enter_context(
                     trace.for_job(cfg, rs, program=self.program, backlog=self.backlog))
             except Exception as exc:  # never raised by for_job on purpose; a bug is reported
-                log.get("trace").warning("no trace for this hook: internal error %s: %s",
+                log.get("job.trace").warning("no trace for this hook: internal error %s: %s",
                                          type(exc).__name__, exc)
             finally:
                 self._drop_backlog()
@@ -191,7 +191,7 @@ def _run(name: str, body: Callable[[_config.Config, log.Logger], Exit],
         logger.error("geco %s: %s", name, exc)
         return Exit.OK if after_the_job else Exit.REQUEUE
     log.setup_hook(cfg.log_level, identifier=f"geco-{name}")
-    hook_log = log.get(name)
+    hook_log = log.get(f"hooks.{name}")
     global _current
     _current = job_trace = _Trace(f"geco-{name}")
     try:

@@ -39,7 +39,7 @@ from geco.sge import execd
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from geco.job.resourceset import ResourceSet
+    from geco.resourceset import ResourceSet
 
 __all__ = ["end", "main"]
 

@@ -28,7 +28,7 @@ import sys
 
 from geco import cgroup, config, log, procfs
 from geco.errors import GecoError
-from geco.job.resourceset import short_hostname
+from geco.resourceset import short_hostname
 from geco.ssh.policy import Answer, Login, Placement, is_admin, serve_login, sshd_program
 
 __all__ = ["main"]

@@ -41,14 +41,15 @@ import sys
 import time
 from pathlib import Path
 
-from geco import cgroup, log, procfs
+from geco import cgroup, gpushare, jobfiles, log, procfs
 from geco.config import Config
 from geco.errors import GecoError
 from geco.hooks import Exit, attach_trace, run
 from geco.job import containment
-from geco.job.resourceset import NodeResources, ResourceSet
 from geco.node import gpus, health
-from geco.sge import execd, lookup, resourcefile, v1format
+from geco.node.limits import MemoryDefault
+from geco.resourceset import NodeResources, ResourceSet
+from geco.sge import execd, lookup, v1format
 from geco.units import format_memory
 
 __all__ = ["contain", "main"]
@@ -69,7 +70,7 @@ def _seconds(value: float) -> str:
 
 def _resources(job: execd.JobRef, cfg: Config, logger: log.Logger) -> lookup.Found:
     """The job's resource set and where it came from (file, qstat, spool)."""
-    path = resourcefile.path_for(cfg.resources_dir, job.key)
+    path = jobfiles.resource_file(cfg.resources_dir, job.key)
     if path.exists():
         logger.debug("job %s: reading the saved resources %s", job.key, path)
     else:
@@ -148,7 +149,7 @@ def contain(job: execd.JobRef, shepherd: int, hook: int, cfg: Config, logger: lo
     if trace_file is not None:
         logger.debug("job %s: tracing at level %d into %s", job.key, rs.trace_level, trace_file)
     node = rs.node()
-    _story(job, found, node, resourcefile.path_for(cfg.resources_dir, job.key), logger)
+    _story(job, found, node, jobfiles.resource_file(cfg.resources_dir, job.key), logger)
     backend = backend or cgroup.for_config(cfg)
     logger.debug("job %s: cgroup %s, controllers %s under %s", job.key,
                  type(backend).__name__, ",".join(backend.controllers),
@@ -173,9 +174,9 @@ def contain(job: execd.JobRef, shepherd: int, hook: int, cfg: Config, logger: lo
     here = node.name if node is not None else os.uname().nodename
     slots = node.slots if node is not None else 0
     default = node is not None and \
-        containment.MemoryDefault.for_job(cfg, found, node).applies(node)
+        MemoryDefault.for_job(cfg, found, node).applies(node)
     # a GPU node's record names the job's GPUs (none: every GPU is kept from it)
-    granted = gpus.format_ids(done.gpus) if done.gpus is not None \
+    granted = gpushare.format_ids(done.gpus) if done.gpus is not None \
         else gpus.job_environment(cfg, job.key).get("GECO_GPUS")
     logger.info(
         "job %s contained on %s: cores %s, NUMA nodes %s, memory %s, memory+swap %s%s, "
@@ -185,9 +186,8 @@ def contain(job: execd.JobRef, shepherd: int, hook: int, cfg: Config, logger: lo
         " (this node's default for a job that requests no memory)" if default else "",
         limits.pids or "unlimited",
         "" if granted is None else f", GPUs {granted or 'none'}", shepherd,
-        extra=log.job_fields(job.job_id, job.task_id, "job-contained", CPUS=limits.cpus,
-                             MEMS=limits.mems, MEMORY_LIMIT=limits.memory,
-                             MEMSW_LIMIT=limits.memory_swap, PIDS_LIMIT=limits.pids,
+        extra=log.job_fields(job.job_id, job.task_id, "job-contained",
+                             **limits.journal_fields(),
                              MEMORY_DEFAULT="yes" if default else "no",
                              GPUS=granted, SHEPHERD_PID=shepherd,
                              SLOTS=slots, OWNER=rs.owner))
@@ -239,14 +239,15 @@ def _requeue_or_hold(job: execd.JobRef, cfg: Config, why: str, logger: log.Logge
 
 def _undo(job: execd.JobRef, shepherd: int, hook: int, cfg: Config,
           backend: cgroup.Backend) -> None:
-    """Leave nothing of a job that is re-queued: the prolog and the shepherd step out of
-    its cgroups (killing them would put the queue in error), then they are removed."""
+    """Leave nothing of a job that is re-queued (Grid Engine may place it elsewhere next
+    time: its next prolog asks again): the prolog and the shepherd step out of its cgroups
+    (killing them would put the queue in error), then the job is undone."""
+    from geco.job.undo import undo_job  # a re-queue only
+
     sge_execd = procfs.ppid(shepherd) or 1
     backend.move_to_cgroups_of(hook, sge_execd)
     backend.move_to_cgroups_of(shepherd, sge_execd)
-    containment.release(job.key, backend, timeout=cfg.kill_timeout)
-    # Grid Engine may place it elsewhere next time: its next prolog asks again
-    resourcefile.remove(cfg.resources_dir, job.key)
+    undo_job(job.key, cfg, backend)
 
 
 def main() -> int:

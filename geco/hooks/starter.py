@@ -49,7 +49,7 @@ from geco._tuple import NamedTuple
 from geco.config import Config
 from geco.errors import GecoError, NotContained
 from geco.hooks import Exit, run
-from geco.job.jobkey import JobKey
+from geco.jobkey import JobKey
 from geco.node import gpus
 from geco.sge import execd
 

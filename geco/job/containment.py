@@ -3,13 +3,10 @@
 :func:`contain` turns a job's record for this host into cgroups: it picks
 whole cores (packed by :mod:`geco.node.cores` on the hwloc topology), sets the
 memory limits (the node's default for a job that requests none:
-:class:`MemoryDefault`), the task limit (:class:`PidsLimit`, from the
-configuration) and the job's GPUs (:class:`GpuShare`: granted or picked, every other
-GPU and its MIG caps denied; on a node where geco knows no GPU, every NVIDIA device),
-and creates the cgroups in every managed controller.
-:func:`release` is the other half: freeze, kill, thaw, wait until empty,
-remove (the epilog and gecod's reaper go through :mod:`geco.job.teardown`, which
-adds the journal record and the escalation when a process does not die).
+:class:`~geco.node.limits.MemoryDefault`), the task limit and the job's GPUs (the rules
+of :mod:`geco.node.limits`), and creates the cgroups in every managed controller.
+The other half, freeze, kill, thaw, wait until empty and remove, is
+:mod:`geco.job.teardown`'s.
 
 Core and GPU choice need a node-wide lock: two prologs starting at the same moment
 would otherwise both see the same cores as free. The allocator's state is
@@ -29,9 +26,10 @@ from geco._tuple import NamedTuple
 from geco.cgroup import Backend, Limits
 from geco.config import Config
 from geco.errors import CgroupError, CoresUnavailable, GecoError
-from geco.job.jobkey import JobKey
-from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
-from geco.node import gpupicks, gpus, health
+from geco.jobkey import JobKey
+from geco.node import gpus, health
+from geco.node.limits import GpuShare, MemoryDefault, PidsLimit, gpu_share, jobs_memory, limits_for
+from geco.resourceset import NodeResources, short_hostname
 from geco.sge import execd, lookup, resourcefile
 from geco.sge.execd import JobRef
 from geco.sge.lookup import Found
@@ -41,238 +39,9 @@ if TYPE_CHECKING:
     from geco.node.cores import Allocation
     from geco.node.topology import Topology
 
-__all__ = ["Contained", "GpuShare", "MemoryDefault", "PidsLimit", "Release", "contain",
-           "contain_job", "jobs_memory", "join", "kill_and_remove",
-           "last_changed", "pids_unenforced", "read_usage", "release", "task_tmpdir"]
+__all__ = ["Contained", "contain", "contain_job", "join", "task_tmpdir"]
 
-_log = log.get("containment")
-# The most tasks a Linux pid namespace can ever hold (PID_MAX_LIMIT on 64-bit); the
-# kernel refuses a larger pids.max (EINVAL), and a limit that large limits nothing.
-_PID_MAX_LIMIT = 1 << 22
-
-
-class PidsLimit(NamedTuple):
-    """The node's rule for a job's task limit (``pids.max``: processes and threads).
-
-    A job gets ``per_slot`` x its slots on this node, at least ``minimum``, so a
-    fork bomb fills its own cgroup and not the node's pid space (execd, gecod,
-    sshd and the other jobs keep forking). ``per_slot == 0`` means no limit.
-
-    Attributes
-    ----------
-    per_slot: config ``[cgroup] pids_per_slot``.
-    minimum: config ``[cgroup] pids_min``, the floor for jobs with few slots.
-    """
-
-    per_slot: int = 0
-    minimum: int = 0
-
-    @classmethod
-    def from_config(cls, cfg: Config) -> PidsLimit:
-        """The rule the configuration sets (``[cgroup] pids_per_slot`` and ``pids_min``)."""
-        return cls(cfg.pids_per_slot, cfg.pids_min)
-
-    def for_slots(self, slots: int) -> int:
-        """Return ``pids.max`` for a job with ``slots`` slots here; 0 = no limit.
-
-        A record with no slots here still gets one slot's worth (never "0 = none"
-        by accident), and a limit beyond what any pid namespace can hold is none.
-        """
-        if self.per_slot <= 0:
-            return 0
-        limit = max(self.per_slot * max(slots, 1), self.minimum)
-        return 0 if limit > _PID_MAX_LIMIT else limit
-
-
-class MemoryDefault(NamedTuple):
-    """The node's memory for a job that requests none (neither ``m_mem_free`` nor
-    ``h_vmem``): ``per_slot`` x its slots here of RAM, and ``vmem_per_slot`` x its slots
-    of RAM+swap, so no job runs unlimited and pushes the node into swap or a global OOM
-    (Slurm's DefMemPerCPU). A job that asked for either keeps exactly what it asked:
-    a default beside a request would cap what the request granted. 0 = no default.
-
-    Attributes
-    ----------
-    per_slot: config ``[cgroup] memory_per_slot``, else Grid Engine's ``m_mem_free``
-        default (:mod:`geco.sge.complexes`), bytes.
-    vmem_per_slot: config ``[cgroup] vmem_per_slot``, else Grid Engine's ``h_vmem``
-        default, bytes.
-    """
-
-    per_slot: int = 0
-    vmem_per_slot: int = 0
-
-    @classmethod
-    def from_config(cls, cfg: Config) -> MemoryDefault:
-        """The default the configuration sets."""
-        return cls(cfg.memory_per_slot, cfg.vmem_per_slot)
-
-    @classmethod
-    def for_job(cls, cfg: Config, found: Found, node: NodeResources) -> MemoryDefault:
-        """The default for ``node`` (a job's share of this host, ``found`` its resource
-        set): the configuration's, and where it sets none, the complex's default Grid
-        Engine booked for the job (asked only for a job that requests no memory). None
-        for a job known from the spool alone (the qmaster unreachable): its requests are
-        unknown, not absent, and a default could cap what it was granted; the site chose
-        to run such jobs without memory limits."""
-        if found.source == "spool":
-            return cls()
-        if node.memory_limit or node.vmem_limit:
-            return cls.from_config(cfg)
-        return cls.booked(cfg)
-
-    @classmethod
-    def booked(cls, cfg: Config) -> MemoryDefault:
-        """What a job that requests no memory gets: the configuration's default, and where
-        it sets none, the complex's default Grid Engine books (``qconf -sc``, kept a while:
-        :func:`geco.sge.complexes.memory_defaults`)."""
-        rule = cls.from_config(cfg)
-        if rule.per_slot and rule.vmem_per_slot:
-            return rule
-        from geco.sge import complexes  # only for a job that requests no memory
-
-        booked = complexes.memory_defaults(cfg)
-        return cls(rule.per_slot or booked.get("m_mem_free", 0),
-                   rule.vmem_per_slot or booked.get("h_vmem", 0))
-
-    def applies(self, node: NodeResources) -> bool:
-        """True when ``node`` (a job's share of this host) gets the default."""
-        return bool(self.per_slot or self.vmem_per_slot) \
-            and not (node.memory_limit or node.vmem_limit)
-
-    def applied(self, node: NodeResources) -> NodeResources:
-        """``node`` with the default as its limits when it requested no memory."""
-        if not self.applies(node):
-            return node
-        slots = max(node.slots, 1)
-        return node._replace(memory_limit=self.per_slot * slots,
-                             vmem_limit=self.vmem_per_slot * slots)
-
-
-class GpuShare(NamedTuple):
-    """What a job's GPUs on this node are decided from (under the node lock).
-
-    Attributes
-    ----------
-    table: the node's GPUs (:func:`geco.node.gpus.node_table`); empty on a node where geco
-        knows none (the job has none, and is denied every NVIDIA device).
-    resources: the job's resource set; when geco picks the ids, this node's record
-        gets them and is saved (``resources_dir``), so they are known after a restart.
-    hostname: this node's name as the resource set spells it (None: this host's).
-    resources_dir: where the running jobs' resource files are.
-    caps: the node's MIG capability devices (:func:`geco.node.gpus.mig_caps`), None: none.
-    names: ``[gpu] names``, what Grid Engine's GPU ids mean here (:func:`geco.node.gpus.map_share`).
-    """
-
-    table: tuple[gpus.Gpu, ...]
-    resources: ResourceSet
-    hostname: str | None
-    resources_dir: Path
-    caps: gpus.MigCaps | None = None
-    names: tuple[tuple[str, int | str], ...] = ()
-
-    def ids(self, key: JobKey, near: frozenset[int],
-            backend: Backend) -> tuple[int, ...] | None:
-        """The job's GPUs here: those Grid Engine granted (its ids mapped to this node's),
-        else as many as it counted, picked among the ones no other running job holds
-        (nearest its NUMA nodes ``near``); None on a node without GPUs (where a job granted
-        some was refused), and for a grant that names no GPU here (the job is held).
-
-        A grant geco cannot map is the job's own problem: refusing its start would have
-        Grid Engine start it again and again. It is contained with no GPU (every one
-        denied), journaled, and held by the first hook that tells it its GPUs (prolog or
-        starter: :func:`geco.node.gpus.job_environment` raises the same sentence, exit 100).
-
-        Raises
-        ------
-        GpusUnavailable
-            when fewer are free than the job counts.
-        """
-        if not self.table:
-            return None
-        try:
-            share = gpus.map_share(self._share(), self.table, self.names)
-        except gpus.GpuGrantError as exc:
-            _log.error("job %s: %s; it is contained with no GPU, and its prolog or starter "
-                       "holds it in error state", key, exc,
-                       extra=log.job_fields(key.job, key.task, "gpu-grant-unmapped",
-                                            REASON=str(exc)))
-            return None
-        if not share.counted:
-            return share.ids
-        busy: set[int] = set()
-        for other in backend.job_keys():
-            if other != key:
-                busy.update(self._held_by(other))
-        return gpus.pick(self.table, share.amount, busy, near)
-
-    def denied(self, ids: tuple[int, ...] | None) -> list[tuple[str, int, int | None]]:
-        """The devices the job may not open, granted ``ids`` (:func:`geco.node.gpus.denied`)."""
-        return gpus.denied(self.table, ids or (), self.caps)
-
-    def save(self, ids: tuple[int, ...] | None) -> None:
-        """Record picked or mapped ids in this node's resource file, picked ones also in
-        their record beside it (:mod:`geco.node.gpupicks`: a file written anew from qstat
-        gets them back), once the job's cgroups deny the other GPUs (ids that never took
-        effect are never on record); nothing to record for the ids Grid Engine granted as
-        ids, nor on a node without GPUs or for a grant that could not be mapped (``ids``
-        None: Grid Engine's words stay on record).
-
-        Raises
-        ------
-        GecoError
-            when the file cannot be written: the job must not run with GPUs no later
-            allocation would know it holds.
-        """
-        node = self.resources.node(self.hostname)
-        if ids is None or node is None:
-            return
-        given = gpus.parse_share(node.gpus)
-        done = gpus.Share(given.amount, ids, given.counted)
-        if done.counted and done.ids:  # beside the file: a rewrite from qstat keeps them
-            gpupicks.save(self.resources_dir, self.resources, node.name, done)
-        if done == given:
-            return
-        picked = node._replace(gpus=str(done))
-        resourcefile.write(self.resources_dir, self.resources.replace(
-            nodes=tuple(picked if n is node else n for n in self.resources.nodes)))
-
-    def _share(self) -> gpus.Share:
-        node = self.resources.node(self.hostname)
-        return gpus.parse_share(node.gpus) if node is not None else gpus.Share()
-
-    def _held_by(self, key: JobKey) -> tuple[int, ...]:
-        """The ids job ``key`` holds here: its resource file's, else (a file unusable or
-        missing, or a count without ids) those recorded when they were picked."""
-        try:
-            rs = resourcefile.read(self.resources_dir, key)
-            node = rs.node(self.hostname) if rs is not None else None
-            share = gpus.parse_share(node.gpus) if node is not None else gpus.Share()
-            if share.ids or (rs is not None and not share.counted):
-                return share.ids
-            why = ""
-        except GecoError as exc:
-            why = str(exc)
-        try:
-            picks = gpupicks.load(self.resources_dir, key)
-        except GecoError as exc:
-            why = f"{why}; {exc}" if why else str(exc)
-            picks = None
-        if picks is not None and short_hostname(picks.host) == short_hostname(self.hostname):
-            return picks.share.ids
-        if why:  # its GPUs look free, and it says so
-            _log.warning("job %s: cannot tell which GPUs it holds: %s", key, why)
-        return ()
-
-
-def pids_unenforced(backend: Backend, rule: PidsLimit) -> str:
-    """Why jobs on this node get no task limit although ``rule`` asks for one; "" when
-    they do (for ``geco status --job`` and ``geco check``)."""
-    if rule.per_slot <= 0 or "pids" in backend.controllers:
-        return ""
-    where = "mounted (cgroup v1)" if backend.version == 1 else "available (cgroup v2)"
-    return (f"the pids controller is not {where}: the task limit ([cgroup] pids_per_slot) "
-            "is not enforced on this node")
+_log = log.get("job.containment")
 
 
 # Seconds a job start waits for the node's allocation lock (held by root alone, each time
@@ -289,24 +58,6 @@ def _node_lock(state_dir: Path) -> contextlib.AbstractContextManager[None]:
                                      path=state_dir / "cores.lock") from exc
     return rootlock.held(state_dir / "cores.lock", wait=_NODE_LOCK_WAIT,
                          what="node's core allocation")
-
-
-def last_changed(key: JobKey, backend: Backend) -> float | None:
-    """When the job's cgroups were made (epoch seconds; None when they are gone).
-
-    The newest mtime of the job's cgroup dirs: cgroupfs sets a directory's mtime
-    when it is made, and again when a cgroup below it comes or goes (and may
-    reset it when the kernel re-reads an evicted inode): at worst a cgroup looks
-    younger than it is, and is judged later.
-    """
-    newest: float | None = None
-    for path in backend.paths(key).values():
-        try:
-            mtime = os.stat(path).st_mtime
-        except OSError:
-            continue
-        newest = mtime if newest is None else max(newest, mtime)
-    return newest
 
 
 def _drop_stale(backend: Backend, active_jobs: Path | None, keep: str, *,
@@ -396,7 +147,7 @@ def contain(key: JobKey, node: NodeResources, backend: Backend, *, state_dir: Pa
     node: the job's record for this host (slots, memory limits).
     backend: the cgroup backend of this host.
     state_dir: where the node lock lives.
-    pids: the node's task-limit rule (:meth:`PidsLimit.from_config`); the job gets
+    pids: the node's task-limit rule (:meth:`geco.node.limits.PidsLimit.from_config`); the job gets
         ``pids.for_slots(node.slots)``.
     pid: the job's first process (its shepherd), moved in under the node lock, so
         that no other allocation ever sees the new cgroups empty. When the kernel
@@ -439,7 +190,7 @@ def _contain(key: JobKey, node: NodeResources, backend: Backend, *, state_dir: P
         if existing is not None:
             return existing, False, None
         # here, not at the top: a hook that joins cgroups gecod made needs no hwloc
-        from geco.node.topology import Topology, format_cpulist
+        from geco.node.topology import Topology
 
         resources_dir = state_dir / "resources"  # Config.resources_dir
         _drop_stale(backend, active_jobs, keep=key, resources_dir=resources_dir)
@@ -460,9 +211,7 @@ def _contain(key: JobKey, node: NodeResources, backend: Backend, *, state_dir: P
                                short=True) and reclaim is None:
                 raise
             chosen, gpu_ids = allocate()
-        limits = Limits(cpus=format_cpulist(chosen.cpus), mems=format_cpulist(chosen.mems),
-                        memory=node.memory_limit, memory_swap=node.vmem_limit,
-                        pids=pids.for_slots(node.slots))
+        limits = limits_for(node, chosen, pids)
         backend.create(key, limits)
         try:
             if gpu is not None:
@@ -623,7 +372,7 @@ def _make(job: JobRef, cfg: Config, backend: Backend, pid: int | None, found: Fo
         pid=pid, hardware_threads=cfg.hardware_threads, reserved_cpus=cfg.cpus_reserve,
         topology=topology,
         active_jobs=job.spool_dir.parent if job.spool_dir else None, reclaim=reclaim,
-        gpu=_gpu_share(cfg, found.resources, node, hostname), namespace=namespace)
+        gpu=gpu_share(cfg, found.resources, node, hostname), namespace=namespace)
     return Contained(limits, created, found, gpu_ids)
 
 
@@ -665,42 +414,11 @@ def _sge_tmpdir(spool_dir: Path, owner: str) -> tuple[Path | None, int | None]:
     return (Path(os.fsdecode(value)) if value.startswith(b"/") else None), uid
 
 
-def _gpu_share(cfg: Config, rs: ResourceSet, node: NodeResources,
-               hostname: str | None) -> GpuShare:
-    """How the job's GPUs here are decided, and the devices it is denied.
-
-    On a node where geco knows no GPU the table is empty and the job is denied every
-    NVIDIA device (:func:`geco.node.gpus.denied`): the driver may load, and nvidia-modprobe
-    make the device files, after the job started. That costs every job there one more
-    devices write (v1) or device program (v2) at its start.
-
-    Raises
-    ------
-    GecoError
-        when the job was granted GPUs on a node where geco knows of none: it must
-        not start believing it has them.
-    """
-    table = gpus.node_table(cfg.gpu_devices)
-    if not table and gpus.parse_share(node.gpus).amount:
-        raise GecoError(f"job {rs.key} was granted GPUs ({node.gpus}) on "
-                        f"{hostname or short_hostname()}, which has none geco knows of: is "
-                        "the driver loaded, or [gpu] devices set?")
-    return GpuShare(table, rs, hostname, cfg.resources_dir, gpus.mig_caps(), cfg.gpu_names)
-
-
-def jobs_memory(reserve: int) -> int:
-    """The RAM all jobs together may use: the node's total less ``reserve`` for its own
-    daemons (at least one page: a reserve past the RAM leaves jobs next to nothing,
-    never unlimited)."""
-    page = os.sysconf("SC_PAGE_SIZE")
-    return max((os.sysconf("SC_PHYS_PAGES") * page - reserve) // page * page, page)
-
-
 def _allocate(key: JobKey, node: NodeResources, backend: Backend, topo: Topology,
               hardware_threads: bool, reserved_cpus: str) -> Allocation:
     """Whole cores for the job among those no other job cgroup holds (under the node lock)."""
+    from geco.cpulist import parse_cpulist
     from geco.node import cores
-    from geco.node.topology import parse_cpulist
 
     busy = cores.busy_from_cpusets(_cpus_held(backend, key))
     return cores.allocate(topo, node.slots, busy_pus=busy,
@@ -722,74 +440,3 @@ def _cpus_held(backend: Backend, key: JobKey) -> Iterator[str]:
             if backend.paths(other)["cpuset"].is_dir():
                 raise
             _log.debug("job %s: its cgroups are being removed; its cores are free", other)
-
-
-class Release(NamedTuple):
-    """What the teardown of one job's cgroups found and did."""
-
-    killed: int
-    remaining: tuple[int, ...]
-    usage: dict[str, int]
-
-    @property
-    def clean(self) -> bool:
-        """True when the cgroups are gone."""
-        return not self.remaining
-
-
-def read_usage(key: JobKey, backend: Backend) -> dict[str, int]:
-    """Return the job's accounting counters (see :meth:`Backend.usage`), ``{}`` when unreadable.
-
-    Read them before :func:`kill_and_remove`: removing the cgroups removes
-    the counters with them.
-    """
-    try:
-        return backend.usage(key)
-    except GecoError as exc:  # a half-made cgroup has no counters; teardown still runs
-        _log.debug("job %s: no usage figures: %s", key, exc)
-        return {}
-
-
-def kill_and_remove(key: JobKey, backend: Backend, *,
-                    timeout: float) -> tuple[int, tuple[int, ...]]:
-    """SIGKILL everything in the job's cgroups (sub-cgroups included), wait, remove them.
-
-    The backend freezes the cgroup so nothing can fork while it is being
-    killed, SIGKILLs every member and thaws so the kills are delivered; then
-    we wait for the cgroup to empty within ``timeout`` seconds and remove it.
-
-    Returns
-    -------
-    (processes signalled, pids left): the cgroups are removed exactly when no
-    pid is left; a cgroup that does not empty is kept, never silently leaked.
-
-    Raises
-    ------
-    CgroupError
-        when the kernel refuses a read, a write or the removal.
-    """
-    # kill() freezes first on its own (best effort: a missing freezer or a process
-    # stuck in D must not stop the SIGKILLs), so nothing can fork away meanwhile
-    killed = backend.kill(key)
-    if not backend.wait_empty(key, timeout, kill_late=True):
-        return killed, tuple(backend.pids(key))
-    backend.destroy(key)
-    return killed, ()
-
-
-def release(key: JobKey, backend: Backend, *, timeout: float) -> Release:
-    """Kill everything left in a job's cgroups and remove them (see :func:`kill_and_remove`).
-
-    The usage counters are read first, while the cgroups still exist. A job
-    without cgroups is a clean release of nothing.
-
-    Raises
-    ------
-    CgroupError
-        as :func:`kill_and_remove`.
-    """
-    if not backend.exists(key):
-        return Release(0, (), {})
-    usage = read_usage(key, backend)
-    killed, remaining = kill_and_remove(key, backend, timeout=timeout)
-    return Release(killed, remaining, usage)

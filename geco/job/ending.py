@@ -28,8 +28,8 @@ The steps, in order:
 6. Its cgroups gone: the :class:`Ended` record is journaled (``job-end``: who ended the
    job, its figures, its other hosts'); what of its owner's other jobs holds one of its
    GPUs open is killed (:func:`geco.job.gpufds.revoke`: the kernel checks a device at
-   open only); the job is forgotten (its resource file, OOM count file and stuck
-   marker); then its owner's strays are looked for (:func:`geco.job.strays.after_job`)
+   open only); the job's files are forgotten (:func:`geco.jobfiles.forget`); then its
+   owner's strays are looked for (:func:`geco.job.strays.after_job`)
    as the caller schedules it: at once (:func:`at_once`), or later (gecod's shepherd
    watch, once the job's clients have seen its end). A job that is stuck keeps its
    files: the reaper's next try needs them.
@@ -45,15 +45,15 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from geco import log
+from geco import gpushare, jobfiles, log
 from geco._tuple import NamedTuple
+from geco.accounting import Accounting
 from geco.cgroup import Backend
 from geco.config import Config
 from geco.errors import GecoError
 from geco.job import strays, teardown
-from geco.job.accounting import Accounting
-from geco.job.jobkey import JobKey
 from geco.job.teardown import Teardown
+from geco.jobkey import JobKey
 from geco.node import gpus
 from geco.sge import resourcefile
 from geco.units import format_memory
@@ -64,7 +64,7 @@ if TYPE_CHECKING:
     from typing import Protocol
 
     from geco.job.privatetmp import Freed
-    from geco.job.resourceset import ResourceSet
+    from geco.resourceset import ResourceSet
     from geco.wire.cluster import Answer, WholeJob
 
     class Gate(Protocol):
@@ -74,9 +74,9 @@ if TYPE_CHECKING:
 
         def job_lock(self, key: JobKey) -> AbstractContextManager[None]: ...
 
-__all__ = ["UNREAD", "Ended", "Unread", "at_once", "end_job", "forget"]
+__all__ = ["UNREAD", "Ended", "Unread", "at_once", "end_job"]
 
-_log = log.get("ending")
+_log = log.get("job.ending")
 
 # Schedules the look for an ended job's strays: called with the owner and the look.
 Schedule = Callable[[str | None, Callable[[], object]], None]
@@ -184,7 +184,7 @@ def end_job(key: JobKey, backend: Backend, cfg: Config, *, cleaned_by: str,
             _gather(cfg, key, rs, answers, journal)
         ended = Ended(key, cleaned_by, done, owner, _gpus_held(cfg, key, rs),
                       _whole(rs, done.accounting, answers),
-                      remove_private_tmp(cfg, key, journal) if done.clean else None)
+                      _free_tmp(cfg, key, journal) if done.clean else None)
         if ended.clean:
             _journal(ended, event, journal, cfg)
             if ended.gpus:
@@ -192,7 +192,7 @@ def end_job(key: JobKey, backend: Backend, cfg: Config, *, cleaned_by: str,
 
                 gpufds.revoke(cfg, backend, key, ended.gpus, owner, journal=journal)
     if ended.clean:
-        forget(cfg, key)
+        jobfiles.forget(cfg, key)
         if strays_when is not None and cfg.strays_kill:
             strays_when(owner, lambda: strays.after_job(cfg, backend, key, owner,
                                                         cleaned_by=cleaned_by))
@@ -255,8 +255,8 @@ def _gather(cfg: Config, key: JobKey, rs: ResourceSet, answers: list[Answer],
     the job's end record here."""
     import base64
 
-    from geco.job import samples  # a parallel job's master only
-    from geco.job.resourceset import short_hostname
+    from geco.resourceset import short_hostname
+    from geco.usage import samples  # a parallel job's master only
 
     for a in answers:
         text = a.document.get("usage") if a.status == "released" else None
@@ -273,21 +273,10 @@ def _gather(cfg: Config, key: JobKey, rs: ResourceSet, answers: list[Answer],
                          exc, extra=journal.event("usage-sample-failed", NODE=a.host))
 
 
-def remove_private_tmp(cfg: Config, key: JobKey, journal: log.JobFields) -> Freed | None:
-    """Remove the job's private /tmp and /dev/shm here, once its processes are gone; what
-    they held (None when it had none, or when they could not be removed: journaled, the
-    reaper tries again)."""
-    from geco.job import privatetmp
+def _free_tmp(cfg: Config, key: JobKey, journal: log.JobFields) -> Freed | None:
+    from geco.job import privatetmp  # not at load: the epilog's start-up
 
-    where = privatetmp.places(cfg, key)
-    if not (os.path.lexists(where.pin) or os.path.lexists(where.job_dir)):
-        return None
-    try:
-        return privatetmp.remove(cfg, key)
-    except GecoError as exc:
-        _log.warning("job %s: its private /tmp is not removed: %s", key, exc,
-                     extra=journal.event("private-tmp-left"))
-        return None
+    return privatetmp.free(cfg, key, journal)
 
 
 def _journal(ended: Ended, event: str, journal: log.JobFields, cfg: Config) -> None:
@@ -295,7 +284,7 @@ def _journal(ended: Ended, event: str, journal: log.JobFields, cfg: Config) -> N
     it, its figures, the GPUs it held here and, for a parallel job's master, every host's."""
     done, key, whole = ended.teardown, ended.key, ended.whole
     others = f"; {whole.text}" if whole else ""
-    shown = gpus.format_ids(ended.gpus)
+    shown = gpushare.format_ids(ended.gpus)
     fields = {"KILLED": done.killed, "CLEANED_BY": ended.cleaned_by,
               **(whole.fields if whole else {})}
     if ended.tmp is not None:  # what the job left in its private /tmp and /dev/shm
@@ -315,10 +304,10 @@ def _journal(ended: Ended, event: str, journal: log.JobFields, cfg: Config) -> N
 
 
 def _efficiency(key: JobKey, cfg: Config) -> tuple[str, dict[str, object]]:
-    """The job's efficiency from its samples (:mod:`geco.job.efficiency`; a parallel job's
+    """The job's efficiency from its samples (:mod:`geco.usage.efficiency`; a parallel job's
     master: over every host's), for the record: words for its message and its fields;
     nothing when it has no samples here."""
-    from geco.job import efficiency, samples
+    from geco.usage import efficiency, samples
 
     try:
         series = samples.read_job(cfg.usage_dir, key)
@@ -336,19 +325,3 @@ def _efficiency(key: JobKey, cfg: Config) -> tuple[str, dict[str, object]]:
                    "CPU_EFFICIENCY": w.cpu_efficiency,
                    "MEMORY_EFFICIENCY": w.memory_efficiency,
                    "ADVICE": "; ".join(w.advice) or None}
-
-
-def forget(cfg: Config, key: JobKey) -> None:
-    """Remove the resource file, OOM count file and stuck marker of a job whose cgroups are
-    gone (also the reaper's, for a job whose cgroups went with no one to end it)."""
-    try:
-        teardown.stuck_marker(cfg, key).unlink(missing_ok=True)
-        resourcefile.remove(cfg.resources_dir, key)
-        # gecod's count file (geco.oom.watch): a hook, which counts nothing, loads gecod's
-        # OOM module (a tenth of its start) only for a job that has one
-        if (cfg.state_dir / "oom" / key).exists():
-            from geco.oom import remove_counts
-
-            remove_counts(cfg.state_dir, key)
-    except GecoError as exc:  # names the file; a later round or gecod's start prunes it
-        _log.warning("job %s: %s", key, exc)

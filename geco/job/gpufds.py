@@ -44,20 +44,20 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from geco import log, procfs
+from geco import gpushare, log, procfs
 from geco._tuple import NamedTuple
 from geco.cgroup import Backend
 from geco.cgroup._fs import signal_pid
 from geco.config import Config
 from geco.errors import GecoError
 from geco.job import strays
-from geco.job.jobkey import JobKey
+from geco.jobkey import JobKey
 from geco.node import gpus
 from geco.sge import resourcefile
 
 __all__ = ["BUDGET", "Holder", "Revoked", "revoke"]
 
-_log = log.get("gpufds")
+_log = log.get("job.gpufds")
 
 # Seconds the look through the owner's other jobs may take. It runs in every teardown of
 # a GPU job (the epilog, which Grid Engine waits for before the job's slots are free
@@ -142,8 +142,8 @@ def revoke(cfg: Config, backend: Backend, key: JobKey, ids: tuple[int, ...],
                      time.monotonic() + BUDGET)
     except (GecoError, OSError) as exc:
         _log.error("job %s ended, but whether processes of its owner's other jobs here hold "
-                   "its GPU %s open is not known: %s", key, gpus.format_ids(ids), exc,
-                   extra=journal.event("gpu-fds-unchecked", GPUS=gpus.format_ids(ids),
+                   "its GPU %s open is not known: %s", key, gpushare.format_ids(ids), exc,
+                   extra=journal.event("gpu-fds-unchecked", GPUS=gpushare.format_ids(ids),
                                        USER=owner, REASON=str(exc)))
         return Revoked(complete=False)
 
@@ -169,7 +169,7 @@ def _facts(cfg: Config, key: JobKey) -> tuple[str | None, frozenset[int]]:
     try:
         rs = resourcefile.read(cfg.resources_dir, key)
         node = rs.node() if rs is not None else None
-        own = frozenset(gpus.parse_share(node.gpus).ids) if node is not None else frozenset()
+        own = frozenset(gpushare.parse_share(node.gpus).ids) if node is not None else frozenset()
     except GecoError as exc:  # unreadable: what it holds is not known, so look for all
         _log.debug("job %s: its resource file cannot be read: %s", key, exc)
         rs, own = None, frozenset()
@@ -229,9 +229,9 @@ def _kill_holder(ended: _EndedJob, backend: Backend, job: _Job, pid: int, held: 
             return False
     except GecoError as exc:
         _log.error("job %s ended: cannot kill process %d of job %s, which holds its GPU %s "
-                   "open: %s", ended.key, pid, job.key, gpus.format_ids(held), exc)
+                   "open: %s", ended.key, pid, job.key, gpushare.format_ids(held), exc)
         return False
-    text = gpus.format_ids(held)
+    text = gpushare.format_ids(held)
     _log.warning("job %s ended: killed process %d of %s's job %s, which held the job's GPU "
                  "%s open (an fd handed over from the job: the kernel checks a device at "
                  "open only)", ended.key, pid, ended.owner, job.key, text,
@@ -246,7 +246,7 @@ def _out_of_time(ended: _EndedJob, backend: Backend, jobs: list[_Job],
     owner = ended.owner
     uid = _uid(owner)
     unreached = _kill_unlooked(ended.key, backend, jobs, looked, uid) if uid is not None else []
-    text, pids = gpus.format_ids(ended.ids), " ".join(map(str, unreached))
+    text, pids = gpushare.format_ids(ended.ids), " ".join(map(str, unreached))
     _log.warning("job %s ended, but the look for its GPU %s among the processes of %s's other "
                  "jobs here ran out of its %g s: killed the %d process(es) of %s it did not "
                  "reach (%s), as any may hold the GPU", ended.key, text, owner, BUDGET,

@@ -34,21 +34,21 @@ import os
 import stat
 from pathlib import Path
 
-from geco import log
+from geco import jobfiles, log
 from geco._tuple import NamedTuple
 from geco.config import Config
 from geco.errors import GecoError
-from geco.job.jobkey import JobKey
+from geco.jobkey import JobKey
 from geco.units import format_memory, parse_memory
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from geco.oom.owner_file import JobNamespace
+    from geco.oom.asowner import JobNamespace
 
-__all__ = ["HELPER", "Freed", "Places", "add_sge_tmpdir", "describe", "exists", "make",
-           "namespace", "pins_dir", "places", "remove", "shm_bytes"]
+__all__ = ["HELPER", "Freed", "Places", "add_sge_tmpdir", "describe", "exists", "free", "make",
+           "namespace", "places", "remove", "shm_bytes"]
 
-_log = log.get("privatetmp")
+_log = log.get("job.privatetmp")
 
 HELPER = Path("/usr/libexec/geco/geco-mntns")
 _BASE_MODE = 0o700
@@ -76,22 +76,16 @@ class Freed(NamedTuple):
     shm: int
 
 
-def pins_dir(cfg: Config) -> Path:
-    """Where the jobs' namespaces are pinned (the preload's ``job_mntns``)."""
-    return cfg.state_dir / "mntns"
-
-
 def places(cfg: Config, key: JobKey) -> Places:
-    base = Path(cfg.tmp_base) if cfg.tmp_base else cfg.state_dir / "tmp"
-    job_dir = base / str(key)
-    return Places(pins_dir(cfg) / str(key), job_dir, job_dir / "tmp",
+    job_dir = jobfiles.tmp_dir(cfg, key)
+    return Places(jobfiles.namespace_pin(cfg.state_dir, key), job_dir, job_dir / "tmp",
                   job_dir / "var-tmp" if cfg.tmp_var_tmp else None)
 
 
 def namespace(cfg: Config, key: JobKey) -> JobNamespace:
     """Job ``key``'s mount namespace here, where its paths are the job's (an OOM report for
     its ``-e /tmp/...`` file is written there), noting whether it is pinned now."""
-    from geco.oom.owner_file import JobNamespace  # gecod's OOM reports only
+    from geco.oom.asowner import JobNamespace  # gecod's OOM reports only
 
     pin = places(cfg, key).pin
     return JobNamespace(pin, cfg.tmp_node_namespace, os.path.lexists(pin))
@@ -186,6 +180,21 @@ def remove(cfg: Config, key: JobKey) -> Freed:
     if os.path.lexists(where.job_dir):
         tmp = _remove_dir(where.job_dir)
     return Freed(tmp, shm)
+
+
+def free(cfg: Config, key: JobKey, journal: log.JobFields) -> Freed | None:
+    """Remove the job's private /tmp and /dev/shm here, once its processes are gone; what
+    they held (None when it had none, or when they could not be removed: journaled, the
+    reaper tries again)."""
+    where = places(cfg, key)
+    if not (os.path.lexists(where.pin) or os.path.lexists(where.job_dir)):
+        return None
+    try:
+        return remove(cfg, key)
+    except GecoError as exc:
+        _log.warning("job %s: its private /tmp is not removed: %s", key, exc,
+                     extra=journal.event("private-tmp-left"))
+        return None
 
 
 def _helper(cfg: Config) -> list[str]:

@@ -9,7 +9,7 @@ job's cgroups and processes (OAR's Leon: normal, then exterminate):
    still exist: removing a cgroup removes its counters.
 2. Freeze, SIGKILL every process (sub-cgroups included), thaw, wait up to
    ``cfg.kill_timeout`` seconds for the cgroups to empty, remove them deepest
-   first (:func:`geco.job.containment.kill_and_remove`).
+   first (:func:`kill_and_remove`).
 3. Clean: return the figures; the job's end journals them (``job-end``).
 4. Held by FUSE: a process that outlived the kill waiting for a FUSE daemon's answer
    (a request the daemon has read is waited out through SIGKILL: fs/fuse/dev.c) is
@@ -52,20 +52,21 @@ import pwd
 import re
 from pathlib import Path
 
-from geco import log, procfs
+from geco import jobfiles, log, procfs
 from geco._tuple import NamedTuple
+from geco.accounting import Accounting
 from geco.cgroup import Backend, check_key
 from geco.config import Config
 from geco.errors import GecoError
-from geco.job import containment, samples
-from geco.job.accounting import Accounting
-from geco.job.jobkey import JobKey
-from geco.job.resourceset import ResourceSet, short_hostname
+from geco.jobkey import JobKey
+from geco.resourceset import ResourceSet, short_hostname
 from geco.sge import qmod as qmod_command
+from geco.usage import samples
 
-__all__ = ["StuckProcess", "Teardown", "found_stuck", "stuck_marker", "tear_down"]
+__all__ = ["Release", "StuckProcess", "Teardown", "found_stuck", "kill_and_remove", "read_usage",
+           "release", "tear_down"]
 
-_log = log.get("teardown")
+_log = log.get("job.teardown")
 
 # The kernel's list of FUSE connections (fusectl), one directory per connection.
 FUSECTL = Path("/sys/fs/fuse/connections")
@@ -185,12 +186,12 @@ def tear_down(key: JobKey, backend: Backend, cfg: Config, *, queue_instance: str
     key = check_key(key)
     if not backend.exists(key):
         return Teardown(key, 0, (), Accounting(), None, had_cgroups=False)
-    usage = containment.read_usage(key, backend)
+    usage = read_usage(key, backend)
     accounting = Accounting.from_usage(usage)
     samples.keep_last(cfg, key, usage, resources)  # the counters go with the cgroups
     killed, error = 0, ""
     try:
-        killed, left = containment.kill_and_remove(key, backend, timeout=cfg.kill_timeout)
+        killed, left = kill_and_remove(key, backend, timeout=cfg.kill_timeout)
         if left and owner:
             if journal is None:
                 journal = log.JobFields(key.job, key.task)
@@ -213,7 +214,7 @@ def tear_down(key: JobKey, backend: Backend, cfg: Config, *, queue_instance: str
     disabled = None
     if cfg.disable_queue_on_stuck:
         disabled = _disable_queue(key, journal, queue_instance or f"*@{short_hostname()}",
-                                  stuck_marker(cfg, key), cfg, qmod, cleaned_by)
+                                  jobfiles.stuck_marker(cfg.state_dir, key), cfg, qmod, cleaned_by)
     return Teardown(key, killed, stuck, accounting, disabled, error)
 
 
@@ -366,15 +367,10 @@ def _disable_queue(key: JobKey, journal: log.JobFields, instance: str, marker: P
     return None
 
 
-def stuck_marker(cfg: Config, key: JobKey) -> Path:
-    """The file that says the queue was disabled for job ``key`` (forgotten with the job)."""
-    return cfg.state_dir / "stuck" / check_key(key)
-
-
 def found_stuck(cfg: Config, key: JobKey) -> bool:
     """True when a teardown since boot found job ``key`` stuck and disabled its queue: the
     reaper owns it now and tries again every round."""
-    return _marked(stuck_marker(cfg, key)) is not None
+    return _marked(jobfiles.stuck_marker(cfg.state_dir, key)) is not None
 
 
 def _marked(marker: Path) -> str | None:
@@ -407,3 +403,79 @@ def _remember(marker: Path, instance: str) -> None:
     except OSError as exc:
         _log.warning("cannot write %s (%s): the queue may be disabled again next round",
                      marker, exc)
+
+
+# ---------------------------------------------------------------------------
+# the cgroups' end: also for a job that never ran (geco.job.undo)
+# ---------------------------------------------------------------------------
+
+
+class Release(NamedTuple):
+    """What the teardown of one job's cgroups found and did."""
+
+    killed: int
+    remaining: tuple[int, ...]
+    usage: dict[str, int]
+
+    @property
+    def clean(self) -> bool:
+        """True when the cgroups are gone."""
+        return not self.remaining
+
+
+def read_usage(key: JobKey, backend: Backend) -> dict[str, int]:
+    """Return the job's accounting counters (see :meth:`Backend.usage`), ``{}`` when unreadable.
+
+    Read them before :func:`kill_and_remove`: removing the cgroups removes
+    the counters with them.
+    """
+    try:
+        return backend.usage(key)
+    except GecoError as exc:  # a half-made cgroup has no counters; teardown still runs
+        _log.debug("job %s: no usage figures: %s", key, exc)
+        return {}
+
+
+def kill_and_remove(key: JobKey, backend: Backend, *,
+                    timeout: float) -> tuple[int, tuple[int, ...]]:
+    """SIGKILL everything in the job's cgroups (sub-cgroups included), wait, remove them.
+
+    The backend freezes the cgroup so nothing can fork while it is being
+    killed, SIGKILLs every member and thaws so the kills are delivered; then
+    we wait for the cgroup to empty within ``timeout`` seconds and remove it.
+
+    Returns
+    -------
+    (processes signalled, pids left): the cgroups are removed exactly when no
+    pid is left; a cgroup that does not empty is kept, never silently leaked.
+
+    Raises
+    ------
+    CgroupError
+        when the kernel refuses a read, a write or the removal.
+    """
+    # kill() freezes first on its own (best effort: a missing freezer or a process
+    # stuck in D must not stop the SIGKILLs), so nothing can fork away meanwhile
+    killed = backend.kill(key)
+    if not backend.wait_empty(key, timeout, kill_late=True):
+        return killed, tuple(backend.pids(key))
+    backend.destroy(key)
+    return killed, ()
+
+
+def release(key: JobKey, backend: Backend, *, timeout: float) -> Release:
+    """Kill everything left in a job's cgroups and remove them (see :func:`kill_and_remove`).
+
+    The usage counters are read first, while the cgroups still exist. A job
+    without cgroups is a clean release of nothing.
+
+    Raises
+    ------
+    CgroupError
+        as :func:`kill_and_remove`.
+    """
+    if not backend.exists(key):
+        return Release(0, (), {})
+    usage = read_usage(key, backend)
+    killed, remaining = kill_and_remove(key, backend, timeout=timeout)
+    return Release(killed, remaining, usage)

@@ -21,7 +21,7 @@ readably in one file::
 
 Only root writes a trace file, and it stays root's: the owner can read it but
 not write it, so nobody can grow a file in /var/log beyond what geco says
-about their job (:mod:`geco.job.ownerfile`: ``root:<owner's private group>`` 0640, or
+about their job (:mod:`geco.ownerread`: ``root:<owner's private group>`` 0640, or
 root's alone, with a warning, ``GECO_EVENT=trace-root-only``, when the owner has no
 private group). The starter, which runs as the owner, writes no lines here; they are
 in the journal like every hook's. A refused or failing trace (a symlink or FIFO
@@ -47,18 +47,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from geco import log
+from geco import jobfiles, log, ownerread
 from geco.config import Config
 from geco.errors import JobKeyError
-from geco.job import ownerfile
-from geco.job.jobkey import JobKey
-from geco.job.resourceset import ResourceSet
+from geco.jobkey import JobKey
 from geco.log_handlers import SeedFormatter
+from geco.resourceset import ResourceSet
 
-__all__ = ["LEVELS", "TraceFormatter", "TraceRouter", "for_job", "logging_level",
-           "trace_path"]
+__all__ = ["LEVELS", "TraceFormatter", "TraceRouter", "for_job", "logging_level"]
 
-_log = log.get("trace")
+_log = log.get("job.trace")
 
 # geco_trace_level -> the least severe logging level written
 LEVELS = {1: logging.ERROR, 2: logging.WARNING, 3: logging.INFO, 4: logging.DEBUG}
@@ -82,11 +80,6 @@ def logging_level(trace_level: int) -> int | None:
     return LEVELS.get(trace_level, logging.DEBUG)
 
 
-def trace_path(cfg: Config, job_id: int, task_id: int) -> Path:
-    """Return the trace file of one job task: ``<trace_dir>/<job>.<task>.trace``."""
-    return cfg.trace_dir / f"{job_id}.{task_id}.trace"
-
-
 class TraceFormatter(SeedFormatter):
     """The seed format with the writing program after the time stamp."""
 
@@ -105,17 +98,17 @@ class TraceFormatter(SeedFormatter):
 # opening a trace file safely
 
 
-def _open_trace(cfg: Config, job_id: int, task_id: int, owner: ownerfile.Readers) -> int:
-    """Return a write-only append descriptor of the job's trace file, or raise ownerfile.Refused."""
-    path = trace_path(cfg, job_id, task_id)
+def _open_trace(cfg: Config, job_id: int, task_id: int, owner: ownerread.Readers) -> int:
+    """Return a write-only append descriptor of the job's trace file, or raise ownerread.Refused."""
+    path = jobfiles.trace(cfg.trace_dir, JobKey(job_id, task_id))
     try:
-        dfd = ownerfile.open_dir(cfg.trace_dir)
+        dfd = ownerread.open_dir(cfg.trace_dir)
     except OSError as exc:  # mkdir refused (read-only /var/log, ...)
-        raise ownerfile.Refused(f"cannot make {cfg.trace_dir}: {exc.strerror}") from exc
+        raise ownerread.Refused(f"cannot make {cfg.trace_dir}: {exc.strerror}") from exc
     try:
-        return ownerfile.open_in(dfd, path.name, owner, path, _OPEN_FLAGS)
+        return ownerread.open_in(dfd, path.name, owner, path, _OPEN_FLAGS)
     except OSError as exc:  # fstat/fchown/unlink refused
-        raise ownerfile.Refused(f"cannot set up {path}: {exc.strerror}") from exc
+        raise ownerread.Refused(f"cannot set up {path}: {exc.strerror}") from exc
     finally:
         os.close(dfd)
 
@@ -178,13 +171,13 @@ def _for_job(cfg: Config, rs: ResourceSet | None, program: str,
         return
     handler: _TraceFile | None = None
     try:
-        owner = ownerfile.readers_of(rs.owner)
+        owner = ownerread.readers_of(rs.owner)
         if owner.root_only:
             _root_only(rs.job_id, rs.task_id, rs.owner, owner.root_only)
         fd = _open_trace(cfg, rs.job_id, rs.task_id, owner)
-        handler = _TraceFile(fd, trace_path(cfg, rs.job_id, rs.task_id), level, program,
+        handler = _TraceFile(fd, jobfiles.trace(cfg.trace_dir, rs.key), level, program,
                              (rs.job_id, rs.task_id))
-    except ownerfile.Refused as exc:
+    except ownerread.Refused as exc:
         _refused(rs.job_id, rs.task_id, str(exc))
     except Exception as exc:  # a trace must never fail the job: a bug here is reported only
         _refused(rs.job_id, rs.task_id, f"internal error {type(exc).__name__}: {exc}")
@@ -246,7 +239,7 @@ class _Job:
     ino: int
     level: int | None            # least severe logging level traced; None = off
     owner_name: str
-    owner: ownerfile.Readers | None = None  # looked up when the first line is written
+    owner: ownerread.Readers | None = None  # looked up when the first line is written
     refused_until: float = 0.0   # monotonic time before which no open is retried
 
 
@@ -375,7 +368,7 @@ class TraceRouter(logging.Handler):
         job = (entry.job_id, entry.task_id)
         try:
             if entry.owner is None:
-                entry.owner = ownerfile.readers_of(entry.owner_name)
+                entry.owner = ownerread.readers_of(entry.owner_name)
                 if entry.owner.root_only:
                     _root_only(*job, entry.owner_name, entry.owner.root_only)
             data = _encode(self.format(record))
@@ -384,12 +377,13 @@ class TraceRouter(logging.Handler):
                 os.write(fd, data)
             finally:
                 os.close(fd)
-        except ownerfile.Refused as exc:
+        except ownerread.Refused as exc:
             entry.refused_until = now + _RETRY_REFUSED
             _refused(*job, str(exc))
         except OSError as exc:
             entry.refused_until = now + _RETRY_REFUSED
-            _refused(*job, f"cannot write {trace_path(self.cfg, *job)}: {exc.strerror}")
+            path = jobfiles.trace(self.cfg.trace_dir, JobKey(*job))
+            _refused(*job, f"cannot write {path}: {exc.strerror}")
         except Exception as exc:  # a trace must never take gecod down
             entry.refused_until = now + _RETRY_REFUSED
             _refused(*job, f"internal error {type(exc).__name__}: {exc}")

@@ -46,8 +46,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 
 from geco._tuple import NamedTuple
+from geco.cpulist import format_cpulist, parse_cpulist
 from geco.errors import CoresUnavailable
-from geco.node.topology import Topology, format_cpulist, parse_cpulist
+from geco.node.topology import Topology
 
 __all__ = ["Allocation", "allocate", "busy_from_cpusets"]
 

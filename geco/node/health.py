@@ -33,11 +33,11 @@ import os
 import time
 from pathlib import Path
 
-from geco import atomicfile, log, rootlock
+from geco import atomicfile, jobfiles, log, rootlock
 from geco.config import Config
 from geco.errors import GecoError
-from geco.job.jobkey import JobKey
-from geco.job.resourceset import short_hostname
+from geco.jobkey import JobKey
+from geco.resourceset import short_hostname
 from geco.sge import execd
 from geco.sge.execd import JobRef
 
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 __all__ = ["contained", "describe", "failed", "forget_requeues", "requeued"]
 
-_log = log.get("health")
+_log = log.get("node.health")
 
 _DISABLED = "disabled"  # a streak line naming a queue instance qmod -d took out
 _REASON_MAX = 300  # a reason's characters kept in the ledger (the journal has it whole)
@@ -196,34 +196,30 @@ def describe(cfg: Config) -> str:
     return text
 
 
-def _requeues(cfg: Config, key: JobKey) -> Path:
-    return _dir(cfg) / "requeues" / str(key)
-
-
 def requeued(cfg: Config, key: JobKey) -> int:
     """Count one more re-queue of job ``key`` by this master; return how many so far
     (0 when the count cannot be kept: the job is re-queued as before)."""
     _forget_old_requeues(cfg)
     try:
-        with _changed(cfg, _requeues(cfg, key)) as rows:
+        with _changed(cfg, jobfiles.requeue_count(cfg.state_dir, key)) as rows:
             count = int(rows[0][1]) + 1 if rows and rows[0][1].isdigit() else 1
             rows[:] = [[str(key), str(count), str(int(time.time()))]]
         return count
     except (OSError, GecoError) as exc:
         _log.warning("job %s: cannot count its re-queues in %s: %s", key,
-                     _requeues(cfg, key), exc)
+                     jobfiles.requeue_count(cfg.state_dir, key), exc)
         return 0
 
 
 def forget_requeues(cfg: Config, key: JobKey) -> None:
     """Job ``key`` started: its re-queues are history."""
     with contextlib.suppress(OSError):
-        os.unlink(_requeues(cfg, key))
+        os.unlink(jobfiles.requeue_count(cfg.state_dir, key))
 
 
 def _forget_old_requeues(cfg: Config) -> None:
     """Remove the counts of jobs that went on elsewhere (their start here never came)."""
-    folder = _dir(cfg) / "requeues"
+    folder = jobfiles.requeues_dir(cfg.state_dir)
     too_old = time.time() - _REQUEUES_KEPT
     with contextlib.suppress(OSError), os.scandir(folder) as entries:
         for entry in entries:

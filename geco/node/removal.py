@@ -102,7 +102,7 @@ def _read(path: Path) -> str:
 def queue_hooks(cfg: Config, host: str | None = None) -> tuple[list[tuple[str, str, str]], str]:
     """The (queue, attribute, value) of this host's queues that run one of geco's hooks,
     and "" or why the queue configuration could not be read (qconf refused or absent)."""
-    from geco.job.resourceset import short_hostname
+    from geco.resourceset import short_hostname
     from geco.sge import command
 
     me = short_hostname(host)

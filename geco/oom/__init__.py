@@ -16,7 +16,7 @@ module each (every public name is also here, as ``geco.oom.<name>``):
   (HTCondor's style: limit, peak, remedy); a kill while the job was well below
   its limit, or one the kernel log puts outside the job's cgroup, is a
   node-wide shortage and says so instead of blaming the job.
-* :mod:`geco.oom.owner_file`: :func:`append_to_owner_file`, that text
+* :mod:`geco.oom.asowner`: :func:`append_to_owner_file`, that text
   appended to the job's stderr file as the owner (in the job's mount namespace:
   its private /tmp).
 * :mod:`geco.oom.monitor`: :class:`OomMonitor`, every job cgroup watched in
@@ -38,15 +38,15 @@ CAP_KILL for ``kill-job``.
 
 from __future__ import annotations
 
-from geco.oom.kmsg import KMSG, KernelLog, KillRecord, parse_oom_kill
-from geco.oom.message import RequestHint, owner_message, request_hint, suggest_request
-from geco.oom.monitor import POLICIES, Loop, OomMonitor, check_policy, handle
-from geco.oom.owner_file import (
+from geco.oom.asowner import (
     JobNamespace,
     StderrTarget,
     append_to_owner_file,
     stderr_target,
 )
+from geco.oom.kmsg import KMSG, KernelLog, KillRecord, parse_oom_kill
+from geco.oom.message import RequestHint, owner_message, request_hint, suggest_request
+from geco.oom.monitor import POLICIES, Loop, OomMonitor, check_policy, handle
 from geco.oom.watch import OomEvent, OomWatch, open_inotify, parse_keyed, remove_counts
 
 __all__ = [

@@ -25,7 +25,7 @@ from geco.oom.fdowner import FdOwner
 
 __all__ = ["KMSG", "KernelLog", "KillRecord", "parse_oom_kill"]
 
-_log = log.get("oom")
+_log = log.get("oom.kmsg")
 
 KMSG = Path("/dev/kmsg")
 # Kill lines kept for watches that have not asked for them yet (other jobs'

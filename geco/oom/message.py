@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal
 
 from geco.errors import GecoError
-from geco.job.resourceset import ResourceSet
-from geco.node.gpus import format_ids, parse_share
+from geco.gpushare import format_ids, parse_share
 from geco.oom.watch import OomEvent
+from geco.resourceset import ResourceSet
 from geco.units import format_memory, parse_memory
 
 __all__ = ["RequestHint", "owner_message", "request_hint", "suggest_request"]

@@ -32,12 +32,12 @@ from geco import log
 from geco.cgroup import Backend
 from geco.daemon.pools import Busy, Pool
 from geco.errors import CgroupError, GecoError
-from geco.job.jobkey import JobKey
-from geco.job.resourceset import short_hostname
+from geco.jobkey import JobKey
+from geco.oom.asowner import JobNamespace, StderrTarget, stderr_target, tell_owner
 from geco.oom.kmsg import KMSG, KernelLog
 from geco.oom.message import RequestHint, owner_message, request_hint
-from geco.oom.owner_file import JobNamespace, StderrTarget, stderr_target, tell_owner
 from geco.oom.watch import OomEvent, OomWatch, remove_counts
+from geco.resourceset import short_hostname
 from geco.sge import execd, resourcefile
 from geco.wire import cluster
 
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
 __all__ = ["POLICIES", "Loop", "OomMonitor", "check_policy", "handle"]
 
-_log = log.get("oom")
+_log = log.get("oom.monitor")
 
 POLICIES = ("kernel", "kill-job")
 # A v1 wake-up comes before the kill is counted; look again after these delays.

@@ -34,17 +34,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from geco import atomicfile, log
+from geco import atomicfile, jobfiles, log
 from geco.cgroup import Backend, Limits, check_key
 from geco.errors import CgroupError, GecoError
-from geco.job.jobkey import JobKey
-from geco.job.resourceset import short_hostname
+from geco.jobkey import JobKey
 from geco.oom.fdowner import FdOwner
 from geco.oom.kmsg import KernelLog, _is_under
+from geco.resourceset import short_hostname
 
 __all__ = ["OomEvent", "OomWatch", "open_inotify", "parse_keyed", "remove_counts"]
 
-_log = log.get("oom")
+_log = log.get("oom.watch")
 
 # A kill while the job used less than this share of its limit was not the
 # job's doing: the node as a whole ran short (HTCondor's rule, starter.rst).
@@ -196,10 +196,6 @@ def _memory_figures(limits: Limits, usage: Mapping[str, int], version: int) -> t
 # ---------------------------------------------------------------------------
 
 
-def _counts_path(state_dir: Path, key: JobKey) -> Path:
-    return state_dir / "oom" / check_key(key)
-
-
 def _read_counts(path: Path) -> tuple[str, int] | None:
     """Return (incarnation, reported) from a count file, or None when there is none."""
     try:
@@ -226,7 +222,7 @@ def remove_counts(state_dir: Path, key: JobKey) -> None:
     GecoError
         when it exists and cannot be removed.
     """
-    atomicfile.remove(_counts_path(state_dir, key), "OOM count file")
+    atomicfile.remove(jobfiles.oom_count(state_dir, key), "OOM count file")
 
 
 @functools.cache
@@ -271,7 +267,7 @@ class OomWatch(FdOwner):
         cgroup_paths = backend.cgroup_paths(key)
         self.cgroup_path = cgroup_paths.get("memory", cgroup_paths.get("", ""))
         self._kmsg = kmsg
-        self._counts_file = _counts_path(state_dir, key)
+        self._counts_file = jobfiles.oom_count(state_dir, key)
         self._counter_file = self.directory / (
             "memory.oom_control" if self.version == 1 else "memory.events")
         self.gone = False

@@ -33,7 +33,7 @@ from geco.sge.siteenv import SgeEnv, discover
 
 __all__ = ["beside_qstat", "excerpt", "find_command", "run_once", "run_qconf", "run_qstat"]
 
-_log = log.get("qstat")
+_log = log.get("sge.command")
 
 # What a Grid Engine client prints, with exit status 0, when it cannot reach the
 # qmaster (SoGE's spelling): a transient failure, never a document about the job.

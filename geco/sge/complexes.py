@@ -4,7 +4,7 @@ A consumable complex with a default (``qconf -sc``: ``h_vmem ... YES YES 2G``) i
 implicit request of every job that does not name it: Grid Engine books it, and without
 geco enforces ``h_vmem`` on the job's processes itself. ``qstat -j`` never lists such a
 default, so a job with none of its own would run unlimited under geco;
-:class:`geco.job.containment.MemoryDefault` takes these defaults where ``[cgroup]
+:class:`geco.node.limits.MemoryDefault` takes these defaults where ``[cgroup]
 memory_per_slot`` / ``vmem_per_slot`` are not set.
 
 ``qconf -sc`` is asked at most once per :data:`FRESH_SEC` per node, and only for a job

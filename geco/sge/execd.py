@@ -23,7 +23,7 @@ from pathlib import Path
 from geco import procfs
 from geco._tuple import NamedTuple
 from geco.errors import GecoError, JobKeyError
-from geco.job.jobkey import JobKey
+from geco.jobkey import JobKey
 
 __all__ = ["JobRef", "find_shepherd", "find_spool_dir", "is_job_shepherd", "job_dir_in",
            "job_dir_of", "job_from_hook", "job_start_dir", "job_started", "key_of_environment",

@@ -6,11 +6,11 @@ node may run jobs of another cluster later (a test machine that had Son of Grid
 Engine and then Open Cluster Scheduler). Two jobs of one number never share both
 the cluster and the submission time, so these two are what a job's records say
 beside ``JOB_ID`` (``SGE_CLUSTER``, ``JOB_SUBMITTED``: :func:`geco.log.job_instance`)
-and what ``geco journal`` tells them apart by (:mod:`geco.job.journalview`).
+and what ``geco journal`` tells them apart by (:mod:`geco.reports.journalview`).
 
 Both are read once per job, from its execd spool dir on its master host, which
 execd writes before anything of the job starts (no qstat needed), and then travel
-in the job's resource set (:class:`~geco.job.resourceset.ResourceSet` ``cluster`` and
+in the job's resource set (:class:`~geco.resourceset.ResourceSet` ``cluster`` and
 ``submitted``; the resource file, a parallel job's PREPARE to its other hosts):
 
 * the cluster: ``$SGE_ROOT/$SGE_CELL/common/cluster_name`` (the cluster's name,
@@ -34,7 +34,7 @@ from pathlib import Path
 
 from geco._tuple import NamedTuple
 from geco.errors import GecoError
-from geco.job.resourceset import ResourceSet
+from geco.resourceset import ResourceSet
 from geco.sge import execd
 
 __all__ = ["JobInstance", "from_spool"]

@@ -1,6 +1,6 @@
 """A job's granted resources, the way every geco component gets them.
 
-The prolog and gecod both need one task's :class:`~geco.job.resourceset.ResourceSet`
+The prolog and gecod both need one task's :class:`~geco.resourceset.ResourceSet`
 before they can build its cgroups, and must get it the same way, in this order:
 
 1. the resource file ``<state_dir>/resources/<job>.<task>`` (an earlier hook or
@@ -29,12 +29,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from geco import log
+from geco import gpushare, log
 from geco._tuple import NamedTuple
 from geco.config import Config
 from geco.errors import GecoError, QstatError, TaskNotRunning
-from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
-from geco.node import gpus
+from geco.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import execd, jobinstance, resourcefile
 
 __all__ = ["Found", "find", "from_spool"]
@@ -85,7 +84,7 @@ def _granted_gpus(spool_dir: Path, gpu_complex: str) -> str:
         env = execd.parse_key_values((spool_dir / "environment").read_bytes())
     except OSError:
         return ""
-    return gpus.from_hgr(env.get(f"SGE_HGR_{gpu_complex}".encode(), b"").decode(
+    return gpushare.from_hgr(env.get(f"SGE_HGR_{gpu_complex}".encode(), b"").decode(
         errors="replace"))
 
 

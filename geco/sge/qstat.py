@@ -27,7 +27,7 @@ The XML parser never resolves entities, never touches the network, keeps
 libxml2's size limits and refuses any DOCTYPE (Grid Engine never prints one),
 so a "billion laughs" or an external entity is a :class:`QstatParseError`,
 never a hang or a file read. Text is decoded byte for byte: bytes that are not
-UTF-8 survive as surrogate escapes, as :mod:`geco.job.resourceset` expects.
+UTF-8 survive as surrogate escapes, as :mod:`geco.resourceset` expects.
 
 Outcomes a hook maps to an exit code (``sge_shepherd(8)``):
 
@@ -59,8 +59,8 @@ from lxml import etree
 from geco import log
 from geco.config import Config
 from geco.errors import JobNotFound, QstatParseError, TaskNotRunning
-from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
-from geco.node.gpus import COUNT_PREFIX, GpuComplex
+from geco.gpushare import COUNT_PREFIX, GpuComplex
+from geco.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import _xml, requests
 from geco.sge.command import excerpt, run_qstat
 from geco.sge.pe_hostfile import Placement, merge, parse_pe_hostfile, shown
@@ -78,7 +78,7 @@ __all__ = [
     "parse_placement_gt",
 ]
 
-_log = log.get("qstat")
+_log = log.get("sge.qstat")
 
 # JB_type bit set for "-t" (array) jobs (recorded: 128 for -t, 64 for "-b y", 0 otherwise).
 _JB_TYPE_ARRAY = 0x80

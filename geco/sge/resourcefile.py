@@ -12,7 +12,7 @@ caller decides whether to ask qstat again, or goes on with what else it knows
 
 A set Grid Engine gives anew in place of a file that is missing or unusable is written by
 :func:`rewrite`, the one way to do it: it keeps the GPU ids geco picked for the job on this
-node (:mod:`geco.node.gpupicks`), which Grid Engine does not know. :func:`remove` removes
+node (:mod:`geco.sge.gpupicks`), which Grid Engine does not know. :func:`remove` removes
 their record with the file.
 
 Every set read or written here also tells this process's later journal records of
@@ -24,26 +24,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from geco import log
+from geco import jobfiles, log
 from geco.atomicfile import write_atomic
 from geco.errors import GecoError
-from geco.job.jobkey import JobKey
-from geco.job.resourceset import ResourceSet
-from geco.node import gpupicks
-from geco.sge import v1format
+from geco.jobkey import JobKey
+from geco.resourceset import ResourceSet
+from geco.sge import gpupicks, v1format
 
-__all__ = ["path_for", "read", "read_usable", "remove", "rewrite", "write", "write_to"]
+__all__ = ["read", "read_usable", "remove", "rewrite", "write", "write_to"]
 
-_log = log.get("resourcefile")
+_log = log.get("sge.resourcefile")
 
 # Job facts (names, owners, paths) are visible to everyone through qstat anyway;
 # world-readable lets `geco rsrcinfo -u` work for users. Only root writes.
 _FILE_MODE = 0o644
-
-
-def path_for(resources_dir: Path, key: JobKey) -> Path:
-    """Return the file of one job task."""
-    return resources_dir / key
 
 
 def read(resources_dir: Path, key: JobKey) -> ResourceSet | None:
@@ -56,7 +50,7 @@ def read(resources_dir: Path, key: JobKey) -> ResourceSet | None:
     GecoError
         when the file cannot be read.
     """
-    path = path_for(resources_dir, key)
+    path = jobfiles.resource_file(resources_dir, key)
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -91,7 +85,7 @@ def write(resources_dir: Path, rs: ResourceSet) -> Path:
         when the directory or file cannot be written (a full disk, a read-only
         state dir); nothing half-written is left behind.
     """
-    path = path_for(resources_dir, rs.key)
+    path = jobfiles.resource_file(resources_dir, rs.key)
     write_to(path, rs, make_dir=True)
     return path
 
@@ -100,7 +94,7 @@ def rewrite(resources_dir: Path, rs: ResourceSet, hostname: str | None = None, *
             contained: bool = False) -> ResourceSet:
     """Write ``rs``, read anew from Grid Engine (qstat, the spool) because the job's file is
     missing or unusable, with the GPU ids geco picked for it on this node put back
-    (:func:`geco.node.gpupicks.kept`); return what was written.
+    (:func:`geco.sge.gpupicks.kept`); return what was written.
 
     Picks that cannot be put back are never made up: the count stays without ids, the job
     keeps the GPUs its cgroup lets it open, and a warning says which job and why
@@ -164,7 +158,7 @@ def remove(resources_dir: Path, key: JobKey) -> bool:
     GecoError
         when either exists and cannot be removed.
     """
-    path = path_for(resources_dir, key)
+    path = jobfiles.resource_file(resources_dir, key)
     gpupicks.remove(resources_dir, key)
     try:
         path.unlink()

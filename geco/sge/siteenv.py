@@ -47,7 +47,7 @@ from pathlib import Path
 
 from geco import log, procfs
 from geco.config import Config
-from geco.job.resourceset import short_hostname
+from geco.resourceset import short_hostname
 
 __all__ = ["SYSTEM_PATH", "SgeEnv", "discover"]
 

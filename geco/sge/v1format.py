@@ -24,7 +24,7 @@ Canonical output, which :func:`serialize` writes and the seed's example uses:
 integral ``lf`` values without decimals (``lf0``), others as Python's
 shortest ``repr`` (``lf1.5``); no trailing newline. The parser also reads the
 original's ``%lf`` text (``lf3221225472.000000``). Memory sizes are ``lf`` in
-the text but whole bytes (``int``) in :class:`~geco.job.resourceset.ResourceSet`.
+the text but whole bytes (``int``) in :class:`~geco.resourceset.ResourceSet`.
 
 Both directions raise :class:`~geco.errors.ResourceFormatError`. From
 :func:`serialize` its ``offset`` is where the refused value would have started
@@ -37,7 +37,7 @@ import math
 import re
 
 from geco.errors import ResourceFormatError
-from geco.job.resourceset import NodeResources, ResourceSet
+from geco.resourceset import NodeResources, ResourceSet
 
 __all__ = ["MAX_SIZE", "parse", "serialize"]
 

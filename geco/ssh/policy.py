@@ -49,8 +49,7 @@ from geco._tuple import NamedTuple
 from geco.cgroup import Backend
 from geco.config import Config
 from geco.errors import GecoError
-from geco.job import containment
-from geco.job.jobkey import JobKey
+from geco.jobkey import JobKey
 from geco.node import gpus
 from geco.sge import execd, resourcefile
 
@@ -66,7 +65,7 @@ __all__ = ["Answer", "Login", "NodeJob", "OverBudget", "Placement", "Verdict", "
            "is_admin", "login_verdict", "running_jobs", "serve_exec", "serve_login",
            "sshd_program", "under_root_sshd"]
 
-_log = log.get("ssh")
+_log = log.get("ssh.policy")
 
 # the programs an ssh session's processes run in before they exec the user's
 _SSHD = ("sshd", "sshd-session")
@@ -205,7 +204,7 @@ def running_jobs(cfg: Config, backend: Backend, node: str) -> list[NodeJob]:
         if spool is None:
             continue
         owner = _owner(cfg, key, spool)
-        started = containment.last_changed(key, backend)
+        started = backend.last_changed(key)
         if owner and started is not None:
             jobs.append(NodeJob(key, owner, started, spool))
     return sorted(jobs, key=lambda j: (j.started, j.key.order()))

@@ -31,11 +31,11 @@ from typing import Any
 
 from geco import log
 from geco._tuple import NamedTuple
+from geco.accounting import Accounting
 from geco.config import Config
 from geco.errors import ConfigError, GecoError, ProtocolError
-from geco.job.accounting import Accounting
-from geco.job.jobkey import JobKey
-from geco.job.resourceset import ResourceSet, short_hostname
+from geco.jobkey import JobKey
+from geco.resourceset import ResourceSet, short_hostname
 from geco.units import format_memory
 from geco.wire import address, keys
 from geco.wire.frame import decode, encode, nonce_of
@@ -45,7 +45,7 @@ from geco.wire.reader import read_frame
 __all__ = ["Answer", "WholeJob", "abort", "ask", "ask_all", "caller", "load_key", "master",
            "other_hosts", "port", "prepare", "release", "report_oom", "show", "whole_job"]
 
-_log = log.get("cluster")
+_log = log.get("wire.cluster")
 # A reply's ``status`` when the request was done.
 DONE = frozenset({"ready", "aborted", "released", "shown", "reported", "found"})
 # An ABORT is sent when the job cannot start anyway, and a status is looked at by someone
@@ -249,7 +249,7 @@ def release(rs: ResourceSet, cfg: Config, logger: log.Logger | None = None) -> l
 
 def show(job: JobKey, hosts: Sequence[str], cfg: Config) -> list[Answer]:
     """Each host's live figures of job task ``job`` (``document["jobs"]``: its
-    :func:`geco.job.jobstatus.to_dict` there), all asked at once.
+    :func:`geco.reports.jobstatus.to_dict` there), all asked at once.
 
     Raises
     ------

@@ -8,7 +8,7 @@ The parsers (and the one exception type each documents):
   are Grid Engine's answers, not parse failures;
 * ``pe_hostfile`` (:func:`geco.sge.pe_hostfile.parse_pe_hostfile`): QstatParseError;
 * the spooled ``environment`` and ``config`` (:mod:`geco.sge.execd`; their users
-  :func:`geco.sge.lookup.from_spool` and :func:`geco.oom.owner_file.stderr_target`):
+  :func:`geco.sge.lookup.from_spool` and :func:`geco.oom.asowner.stderr_target`):
   never an error for the text itself, GecoError for a file that cannot be used.
 
 The property, for every input: a result or that one error, never another
@@ -41,11 +41,12 @@ from geco.errors import (
     ResourceFormatError,
     TaskNotRunning,
 )
-from geco.job import journalview, samples
-from geco.job.resourceset import NodeResources, ResourceSet
-from geco.oom import owner_file
+from geco.oom import asowner
+from geco.reports import journalview
+from geco.resourceset import NodeResources, ResourceSet
 from geco.sge import execd, lookup, qstat, v1format
 from geco.sge.pe_hostfile import Placement, parse_pe_hostfile
+from geco.usage import samples
 from tests.fuzz import fuzzkit
 
 # hypothesis warns when it shows an example of megabytes; they are the point here
@@ -625,8 +626,8 @@ def test_a_hostile_spool_gives_a_storable_resource_set_or_one_geco_error(
         assert isinstance(rs, ResourceSet)
         storable(rs)
     assert isinstance(only((GecoError,), lambda: execd.read_config(spool)), dict | GecoError)
-    target = only((GecoError,), lambda: owner_file.stderr_target(spool))
-    assert target is None or isinstance(target, owner_file.StderrTarget | GecoError)
+    target = only((GecoError,), lambda: asowner.stderr_target(spool))
+    assert target is None or isinstance(target, asowner.StderrTarget | GecoError)
 
 
 # -- what a user's job leaves for root to read and print (issue 48) -------------------
@@ -649,8 +650,8 @@ def test_any_usage_file_reads_back_or_gives_one_geco_error(data: bytes) -> None:
     """Given any bytes as a usage samples file (a slave's answer, a file left by a crash),
     when read back, then it is a series whose report and chart are made, or one
     GecoError: a job's end, a RELEASE and `geco usage` never meet another exception."""
-    from geco.job import efficiency
-    from geco.job.usagechart import chart
+    from geco.usage import efficiency
+    from geco.usage.usagechart import chart
 
     def use() -> object:
         series = samples.load(data, "a slave's samples")

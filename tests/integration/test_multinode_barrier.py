@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from geco.job.resourceset import NodeResources, ResourceSet
+from geco.resourceset import NodeResources, ResourceSet
 from geco.sge import v1format
 from geco.wire.frame import decode, encode
 from geco.wire.messages import (

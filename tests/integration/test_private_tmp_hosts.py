@@ -19,7 +19,7 @@ import pytest
 
 from geco.config import Config
 from geco.job import privatetmp
-from geco.job.jobkey import JobKey
+from geco.jobkey import JobKey
 from tests.clusterkit import cluster, submit_pe
 from tests.integration.livekit import no_queue_in_error, wait_until, with_setting
 

@@ -22,7 +22,7 @@ import pytest
 
 from geco.config import Config
 from geco.job import privatetmp
-from geco.job.jobkey import JobKey
+from geco.jobkey import JobKey
 from tests.integration.livekit import (
     job_cgroups,
     job_of,

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from geco.job.resourceset import short_hostname
+from geco.resourceset import short_hostname
 from tests.integration.livekit import no_queue_in_error, site_settings
 from tests.sshkit import free_port
 

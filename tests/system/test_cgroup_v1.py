@@ -36,7 +36,7 @@ from geco.cgroup import (
 )
 from geco.cgroup._v1 import find_systemd_hierarchies
 from geco.errors import CgroupError, JobKeyError
-from geco.job.jobkey import JobKey
+from geco.jobkey import JobKey
 from tests.cgroup_testkit import (
     count,
     counter_body,

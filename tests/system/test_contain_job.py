@@ -16,13 +16,15 @@ from pathlib import Path
 
 import pytest
 
+from geco import jobfiles
 from geco.cgroup import V1Backend, find_hierarchies, parse_mountinfo
 from geco.config import Config
 from geco.errors import CgroupError, GecoError
 from geco.job.containment import contain_job
-from geco.job.jobkey import JobKey
-from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.job.undo import undo_job
+from geco.jobkey import JobKey
 from geco.node import gpus
+from geco.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import resourcefile
 from geco.sge.execd import JobRef
 from tests.cgroup_testkit import Child, open_verdicts, usable_v1_hierarchies, v1_backend, verdicts
@@ -125,8 +127,8 @@ def test_cpus_kept_for_the_nodes_daemons_are_never_given_to_a_job(
     """Given [cgroup] cpus_reserve naming one of the GECO parent's cpus, then a job gets
     another one, and when only reserved cpus are left, the next job is refused (its
     cores unavailable) with nothing of it made."""
+    from geco.cpulist import format_cpulist, parse_cpulist
     from geco.errors import CoresUnavailable
-    from geco.node.topology import format_cpulist, parse_cpulist
 
     cpus = sorted(parse_cpulist(backend.available_cpus()))
     if len(cpus) < 2:
@@ -225,7 +227,7 @@ def test_on_a_node_without_gpus_a_process_that_cannot_deny_devices_still_contain
     asked = refuse_devices(backend, monkeypatch)
     monkeypatch.setattr("geco.job.containment._devices_open_said", False)
     records = RecordingHandler()
-    with handler_on("geco.containment", records):
+    with handler_on("geco.job.containment", records):
         for job in (63, 64):
             ref, cfg = spooled(tmp_path, job, NodeResources(short_hostname(), slots=1))
             done = contain_job(ref, cfg, backend, pid=Child(lambda _: None, children).pid)
@@ -259,3 +261,26 @@ def test_on_a_gpu_node_a_process_that_cannot_deny_devices_refuses_the_job(
     assert str(err.value) == ("cannot write to devices.deny: Operation not permitted "
                               "(errno=EPERM key=65.1)")
     assert not backend.exists(ref.key)
+
+
+def test_a_job_undone_leaves_nothing_here_and_a_second_undo_is_nothing_to_do(
+        backend: V1Backend, children: list[int], tmp_path: Path) -> None:
+    """Given a job contained with a process (its resource file, an OOM count and a stuck
+    marker beside), when it is undone (a re-queue, a master's ABORT), then its process is
+    killed, its cgroups are gone, the release is clean with its kill counted, and none of
+    the files its end forgets is left; undoing it again finds nothing."""
+    job, cfg = spooled(tmp_path, 33, NodeResources(short_hostname(), slots=1))
+    child = Child(lambda _: None, children)
+    contain_job(job, cfg, backend, pid=child.pid)
+    for path in (jobfiles.oom_count(cfg.state_dir, job.key),
+                 jobfiles.stuck_marker(cfg.state_dir, job.key)):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("x\n")
+
+    done = undo_job(job.key, cfg._replace(kill_timeout=30.0), backend)
+
+    assert (done.clean, done.killed) == (True, 1)
+    assert not backend.exists(job.key)
+    assert child.wait() == -9
+    assert [k.what for k in jobfiles.ENDED if k.path(cfg, job.key).exists()] == []
+    assert undo_job(job.key, cfg, backend) == (0, (), {})

@@ -30,10 +30,10 @@ from typing import Any
 
 import pytest
 
+from geco.cpulist import parse_cpulist
 from geco.errors import GecoError, ProtocolError
-from geco.job.jobkey import JobKey
-from geco.job.resourceset import NodeResources, ResourceSet
-from geco.node.topology import parse_cpulist
+from geco.jobkey import JobKey
+from geco.resourceset import NodeResources, ResourceSet
 from geco.sge import resourcefile
 from geco.wire import address, client
 from geco.wire.frame import PEERCRED, PUBLIC_KEY, Frame, ack_for_error, decode, decode_ack, encode

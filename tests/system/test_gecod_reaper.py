@@ -35,7 +35,8 @@ from typing import Any
 
 import pytest
 
-from geco.job.jobkey import JobKey
+from geco import jobfiles
+from geco.jobkey import JobKey
 from geco.sge import resourcefile
 from tests import gecodkit
 from tests.gecodkit import (
@@ -386,7 +387,7 @@ def test_a_garbage_resource_file_is_warned_about_and_gecod_serves_on(
     since = time.time()
     job = new_job()
     p = contained_job(node, gecod, job)
-    path = resourcefile.path_for(node.state_dir / "resources", JobKey(job, 1))
+    path = jobfiles.resource_file(node.state_dir / "resources", JobKey(job, 1))
     path.write_bytes(b"GECOResourceSet_v1{li" + str(job).encode() + b",li1,lf")
 
     [warning] = wait_logged(journal, since, GECO_EVENT="resource-file-unusable",

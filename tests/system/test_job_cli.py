@@ -34,10 +34,10 @@ from typing import Any
 import pytest
 
 from geco import log
+from geco.accounting import Accounting
 from geco.cgroup import Limits, V1Backend, find_hierarchies, parse_mountinfo
-from geco.job.accounting import Accounting
-from geco.job.journalview import JOURNAL_DIRS
-from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.reports.journalview import JOURNAL_DIRS
+from geco.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import resourcefile
 from tests.cgroup_testkit import (
     parse_list,

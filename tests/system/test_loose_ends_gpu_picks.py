@@ -26,14 +26,15 @@ from typing import Any
 
 import pytest
 
+from geco import jobfiles
 from geco.cgroup import V1Backend, find_hierarchies, parse_mountinfo
 from geco.config import Config
 from geco.daemon.reaper import Reaper, Verdict
-from geco.job import containment, ending
+from geco.job import teardown
 from geco.job.containment import contain_job
-from geco.job.jobkey import JobKey
-from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
-from geco.node import gpupicks, gpus
+from geco.jobkey import JobKey
+from geco.node import gpus
+from geco.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import resourcefile
 from geco.sge.execd import JobRef
 from geco.sge.lookup import Found
@@ -106,7 +107,7 @@ class Node:
         return rs.nodes[0].gpus
 
     def corrupt(self, job: int) -> Path:
-        path = resourcefile.path_for(self.cfg.resources_dir, JobKey(job, 1))
+        path = jobfiles.resource_file(self.cfg.resources_dir, JobKey(job, 1))
         path.write_bytes(GARBAGE)
         return path
 
@@ -185,7 +186,7 @@ def test_with_the_file_and_the_record_of_the_picks_both_gone_no_id_is_made_up(
     (gpu-picks-unknown), and the kernel still lets the job open X only."""
     child, x = node.start(721)
     path = node.corrupt(721)
-    picks = gpupicks.path_for(node.cfg.resources_dir, JobKey(721, 1))
+    picks = jobfiles.gpu_picks(node.cfg.resources_dir, JobKey(721, 1))
     if record == "missing":
         picks.unlink()
     else:
@@ -213,15 +214,15 @@ def test_the_record_of_the_picks_goes_with_the_resource_file(node: Node) -> None
     then the record of its picks is gone too; one left without its file and cgroups (removed
     by hand) is pruned by a reaper round."""
     _, _ = node.start(731)
-    picks = gpupicks.path_for(node.cfg.resources_dir, JobKey(731, 1))
+    picks = jobfiles.gpu_picks(node.cfg.resources_dir, JobKey(731, 1))
     assert picks.exists()
-    ending.forget(node.cfg, JobKey(731, 1))
+    jobfiles.forget(node.cfg, JobKey(731, 1))
     assert not picks.exists()
 
     _, _ = node.start(732)
-    picks = gpupicks.path_for(node.cfg.resources_dir, JobKey(732, 1))
-    resourcefile.path_for(node.cfg.resources_dir, JobKey(732, 1)).unlink()
-    assert containment.release(JobKey(732, 1), node.backend, timeout=30).clean
+    picks = jobfiles.gpu_picks(node.cfg.resources_dir, JobKey(732, 1))
+    jobfiles.resource_file(node.cfg.resources_dir, JobKey(732, 1)).unlink()
+    assert teardown.release(JobKey(732, 1), node.backend, timeout=30).clean
     then = os.stat(picks).st_mtime - 3600
     os.utime(picks, (then, then))
 

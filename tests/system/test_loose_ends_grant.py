@@ -21,9 +21,9 @@ from geco import config as _config
 from geco.cgroup import V1Backend, find_hierarchies, parse_mountinfo
 from geco.config import Config
 from geco.hooks import Exit, prolog, run
-from geco.job.jobkey import JobKey
-from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.jobkey import JobKey
 from geco.node import health
+from geco.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import resourcefile
 from geco.sge.execd import JobRef
 from geco.sge.lookup import Found

@@ -21,7 +21,7 @@ from geco.cgroup import Limits, V1Backend, find_hierarchies, parse_mountinfo
 from geco.config import Config
 from geco.daemon.context import GecodContext
 from geco.job.ending import end_job
-from geco.job.jobkey import JobKey
+from geco.jobkey import JobKey
 from tests.cgroup_testkit import usable_v1_hierarchies, v1_fixtures
 
 MOUNTED = find_hierarchies(parse_mountinfo(Path("/proc/self/mountinfo").read_bytes()),

@@ -30,7 +30,7 @@ import pytest
 from geco import cgroup
 from geco.cgroup._v1 import find_systemd_hierarchies
 from geco.errors import CgroupError, GecoError
-from geco.job.jobkey import JobKey
+from geco.jobkey import JobKey
 from geco.sge import resourcefile
 from geco.wire import address
 from tests.gecodkit import MARKS, REPO, Gecod, Node, new_job

@@ -38,8 +38,8 @@ from geco import oom
 from geco.cgroup import Limits, V1Backend, V2Backend, find_hierarchies, parse_mountinfo
 from geco.daemon.runloop import RunLoop
 from geco.errors import GecoError
-from geco.job.jobkey import JobKey
-from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.jobkey import JobKey
+from geco.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import resourcefile
 from geco.units import format_memory, parse_memory
 from tests.cgroup_testkit import (

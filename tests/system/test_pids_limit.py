@@ -18,9 +18,10 @@ import pytest
 from geco.cgroup import V1Backend, find_hierarchies, parse_mountinfo
 from geco.cgroup import _base as cgroup_base
 from geco.config import Config
-from geco.job import jobstatus
-from geco.job.containment import PidsLimit, contain, pids_unenforced
-from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.job.containment import contain
+from geco.node.limits import PidsLimit, pids_unenforced
+from geco.reports import jobstatus
+from geco.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge.resourcefile import write as write_resources
 from tests.cgroup_testkit import (
     Child,
@@ -122,7 +123,7 @@ def test_given_no_pids_hierarchy_when_a_job_asks_for_a_limit_then_a_warning_once
             assert limits.pids == 24  # asked for, but nothing can enforce it here
             assert b.read_limits(key).pids == 0
         st = jobstatus.read(cfg, b, "24.1")
-    assert [r.getMessage() for r in caplog.records if r.name == "geco.cgroup"] == [
+    assert [r.getMessage() for r in caplog.records if r.name == "geco.cgroup._v1"] == [
         "the pids controller is not mounted: task limits (pids.max, [cgroup] pids_per_slot) "
         "are not enforced on this node; mount it (cgroup v1 pids hierarchy) to have them"]
     assert pids_unenforced(b, RULE) in st.notes

@@ -33,12 +33,12 @@ from typing import Any
 import cffi
 import pytest
 
-from geco import preload_config
+from geco import jobfiles
 from geco.config import Config
 from geco.errors import ProtocolError
 from geco.job import privatetmp
-from geco.job.jobkey import JOB_ID_RULE, TASK_ID_RULE, JobKey
-from geco.wire import address
+from geco.jobkey import JOB_ID_RULE, TASK_ID_RULE, JobKey
+from geco.wire import address, preload_config
 from geco.wire.frame import PUBLIC_KEY, Frame, decode, encode
 from geco.wire.messages import (
     MAX_PAYLOAD,
@@ -255,7 +255,7 @@ def test_a_shepherd_of_a_job_with_a_private_tmp_runs_inside_it_where_execd_put_i
     shepherd.chmod(0o755)
     node.gecod("ok")
     try:
-        node.write_conf(extra=f"job_mntns={privatetmp.pins_dir(cfg)}\n")
+        node.write_conf(extra=f"job_mntns={jobfiles.pins_dir(cfg.state_dir)}\n")
         inside = node.exec_variant("execv", shepherd, cwd=spool)
         assert inside.stderr == "", inside
         assert inside.rest.decode().split("\n")[:2] == ["mine", str(spool)], inside
@@ -264,7 +264,7 @@ def test_a_shepherd_of_a_job_with_a_private_tmp_runs_inside_it_where_execd_put_i
         assert "mine" not in outside.rest.decode().split("\n"), outside
     finally:
         privatetmp.remove(cfg, key)
-        subprocess.run(["umount", "-l", str(privatetmp.pins_dir(cfg))], check=False,
+        subprocess.run(["umount", "-l", str(jobfiles.pins_dir(cfg.state_dir))], check=False,
                        capture_output=True)
         shutil.rmtree(spool)
     (node.root / "fake").mkdir()

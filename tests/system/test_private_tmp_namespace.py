@@ -20,7 +20,7 @@ import pytest
 from geco.config import Config
 from geco.errors import GecoError
 from geco.job import privatetmp
-from geco.job.jobkey import JobKey
+from geco.jobkey import JobKey
 from tests import privatetmpkit
 
 pytestmark = [pytest.mark.root,
@@ -220,7 +220,7 @@ import sys
 from pathlib import Path
 from geco.config import Config
 from geco.job import privatetmp
-from geco.job.jobkey import JobKey
+from geco.jobkey import JobKey
 cfg = Config(state_dir=Path(sys.argv[1]), tmp_node_namespace=sys.argv[2])
 key = JobKey(906, 1)
 if sys.argv[3] == "make":

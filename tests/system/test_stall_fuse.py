@@ -30,8 +30,8 @@ import pytest
 from geco.cgroup import Limits, V1Backend, find_hierarchies, parse_mountinfo
 from geco.config import Config
 from geco.job.ending import end_job
-from geco.job.jobkey import JobKey
-from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.jobkey import JobKey
+from geco.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import resourcefile
 from tests.cgroup_testkit import Child, eventually, usable_v1_hierarchies, v1_fixtures
 

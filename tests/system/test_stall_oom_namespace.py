@@ -23,7 +23,7 @@ from geco import oom
 from geco.config import Config
 from geco.errors import GecoError
 from geco.job import privatetmp
-from geco.job.jobkey import JobKey
+from geco.jobkey import JobKey
 from tests import privatetmpkit
 
 pytestmark = [pytest.mark.root,
@@ -127,7 +127,7 @@ from geco import oom
 from geco.config import Config
 from geco.errors import GecoError
 from geco.job import privatetmp
-from geco.job.jobkey import JobKey
+from geco.jobkey import JobKey
 state, node_ns, name, uid, gid = sys.argv[1:6]
 cfg = Config(state_dir=Path(state), tmp_node_namespace=node_ns)
 key = JobKey(932, 1)

@@ -30,13 +30,14 @@ from typing import Any
 
 import pytest
 
+from geco import gpushare
 from geco.cgroup import Limits, V1Backend, find_hierarchies, parse_mountinfo
 from geco.config import Config
 from geco.job.ending import end_job
-from geco.job.jobkey import JobKey
-from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.job.teardown import StuckProcess, Teardown, tear_down
+from geco.jobkey import JobKey
 from geco.node import gpus
+from geco.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import resourcefile
 from tests.cgroup_testkit import (
     Child,
@@ -297,7 +298,7 @@ def gpu_job(cfg: Config, backend: V1Backend, owner: str, gpu_ids: str) -> str:
         job, 1, owner=owner, nodes=(NodeResources(short_hostname(), gpus=gpu_ids),)))
     backend.create(key, Limits())
     table = gpus.node_table(cfg.gpu_devices)
-    backend.deny_devices(key, gpus.denied(table, gpus.parse_share(gpu_ids).ids))
+    backend.deny_devices(key, gpus.denied(table, gpushare.parse_share(gpu_ids).ids))
     return key
 
 

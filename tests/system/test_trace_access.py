@@ -32,7 +32,7 @@ from geco import hooks, log
 from geco.config import Config
 from geco.hooks import Exit
 from geco.job import trace
-from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import resourcefile
 from tests.servicekit import JobOwner
 
@@ -221,7 +221,7 @@ log.journal_socket = lambda: None
 from geco.hooks import Exit, run
 sys.argv = ["starter", "/bin/true"]
 code = run("starter", lambda cfg, logger: Exit.OK)
-print(code, " ".join(m for m in ("geco.job.trace", "geco.sge.resourcefile", "geco.job.resourceset")
+print(code, " ".join(m for m in ("geco.job.trace", "geco.sge.resourcefile", "geco.resourceset")
                      if m in sys.modules) or "none")
 """
 

@@ -17,8 +17,8 @@ import sys
 import time
 from typing import Any
 
-from geco.job import samples
-from geco.job.jobkey import JobKey
+from geco.jobkey import JobKey
+from geco.usage import samples
 from tests.gecodkit import (
     MARKS,
     REPO,

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from geco.config import Config
-from geco.job.containment import MemoryDefault
-from geco.job.resourceset import NodeResources, ResourceSet
+from geco.node.limits import MemoryDefault
+from geco.resourceset import NodeResources, ResourceSet
 from geco.sge import complexes
 from geco.sge.lookup import Found
 

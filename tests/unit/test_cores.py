@@ -15,9 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from geco.cpulist import format_cpulist
 from geco.errors import CoresUnavailable
 from geco.node.cores import Allocation, allocate, busy_from_cpusets
-from geco.node.topology import Core, Topology, format_cpulist
+from geco.node.topology import Core, Topology
 
 NONE: frozenset[int] = frozenset()
 SMALL = "core:2 pu:1"               # hwloc 2 refuses plain "core:2": the last level must be PUs

@@ -20,15 +20,15 @@ from typing import Any, cast
 
 import pytest
 
-from geco import log
+from geco import jobfiles, log
 from geco.cgroup import Backend
 from geco.config import Config
 from geco.daemon.context import GecodContext, Shepherd
 from geco.daemon.shepherdwatch import ShepherdWatch
 from geco.hooks import Exit, epilog
 from geco.job import ending
-from geco.job.jobkey import JobKey
-from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.jobkey import JobKey
+from geco.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import execd, resourcefile
 
 KEY = JobKey(7001, 1)
@@ -156,7 +156,7 @@ def events(records: list[logging.LogRecord]) -> list[str]:
 
 
 def forgotten(cfg: Config) -> bool:
-    return not resourcefile.path_for(cfg.resources_dir, KEY).exists() \
+    return not jobfiles.resource_file(cfg.resources_dir, KEY).exists() \
         and not (cfg.state_dir / "oom" / KEY).exists()
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from geco import procfs
 from geco.errors import GecoError
-from geco.job.jobkey import JOB_ID_RULE, TASK_ID_RULE
+from geco.jobkey import JOB_ID_RULE, TASK_ID_RULE
 from geco.sge import execd
 from geco.sge.execd import JobRef
 

@@ -16,9 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from geco import gpushare
 from geco.errors import GecoError
+from geco.gpushare import Share
 from geco.node import gpus
-from geco.node.gpus import Gpu, GpusUnavailable, Share
+from geco.node.gpus import Gpu, GpusUnavailable
 from geco.sge import lookup
 from geco.sge.execd import JobRef
 
@@ -204,7 +206,7 @@ def test_a_node_records_gpu_list_is_granted_ids_or_a_count_and_its_pick(
         text: str, share: Share, canonical: str) -> None:
     """Numbers are ids; a list with any other word is Grid Engine's ids as granted (each
     once, in its order), mapped to the node's GPUs at containment (test_ocs_gpu_names)."""
-    assert gpus.parse_share(text) == share
+    assert gpushare.parse_share(text) == share
     assert str(share) == canonical
 
 
@@ -215,7 +217,7 @@ def test_a_node_records_gpu_list_is_granted_ids_or_a_count_and_its_pick(
 ])
 def test_a_gpu_list_of_anything_else_is_named(text: str, message: str) -> None:
     with pytest.raises(GecoError) as info:
-        gpus.parse_share(text)
+        gpushare.parse_share(text)
     assert str(info.value) == message
 
 
@@ -240,9 +242,9 @@ def test_a_granted_id_the_node_lacks_is_named() -> None:
     """Given ids Grid Engine granted (numbers: the GPUs of those ids), then they are the
     job's where the node has them, and an id it lacks is the job's error naming it, the
     rule and the node's GPUs (the hooks hold the job: test_ocs_gpu_names)."""
-    assert gpus.map_share(gpus.parse_share("7 0"), TWO_SOCKETS) == Share(2, (0, 7))
+    assert gpus.map_share(gpushare.parse_share("7 0"), TWO_SOCKETS) == Share(2, (0, 7))
     with pytest.raises(gpus.GpuGrantError) as info:
-        gpus.map_share(gpus.parse_share("1,3"), TWO_SOCKETS[:2])
+        gpus.map_share(gpushare.parse_share("1,3"), TWO_SOCKETS[:2])
     assert str(info.value) == (
         "Grid Engine granted GPU '3', but it names no GPU here: geco reads a granted id as "
         "a name in [gpu] names, else nvidia<N> as /dev/nvidia<N>, else a number N as the "
@@ -253,7 +255,7 @@ def test_a_granted_id_the_node_lacks_is_named() -> None:
 def test_the_job_is_told_its_node_ids_and_cuda_counts_its_own_from_zero() -> None:
     """SGE_HGR_gpu="1 3" (or RSMAP gpu=2(1 3)) -> CUDA_VISIBLE_DEVICES=0,1: the job's cgroup
     lets CUDA open only those two, which it numbers from 0 in PCI bus order."""
-    assert gpus.environment(gpus.parse_share("1 3").ids) == {
+    assert gpus.environment(gpushare.parse_share("1 3").ids) == {
         "GECO_GPUS": "1,3", "CUDA_VISIBLE_DEVICES": "0,1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     assert gpus.environment(()) == {"GECO_GPUS": "", "CUDA_VISIBLE_DEVICES": "",
                                     "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}

@@ -12,8 +12,8 @@ from typing import cast
 from geco.cgroup import Backend
 from geco.config import Config
 from geco.job import gpufds
-from geco.job.jobkey import JobKey
-from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.jobkey import JobKey
+from geco.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import resourcefile
 from tests.logkit import RecordingHandler, handler_on
 
@@ -40,7 +40,7 @@ def test_a_job_whose_owner_nobody_names_is_journaled_unchecked_and_nothing_is_ki
     resourcefile.write(cfg.resources_dir, ResourceSet(
         5, 1, nodes=(NodeResources(short_hostname(), gpus="1"),)))
     records = RecordingHandler()
-    with handler_on("geco.gpufds", records):
+    with handler_on("geco.job.gpufds", records):
         result = gpufds.revoke(cfg, cast(Backend, Untouched()), JobKey(5, 1), (1,), None)
 
     assert result == gpufds.Revoked(complete=False)

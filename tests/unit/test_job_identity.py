@@ -1,4 +1,4 @@
-"""geco.job.jobkey's reading of Grid Engine's job ids against tests/vectors/job_identity.json.
+"""geco.jobkey's reading of Grid Engine's job ids against tests/vectors/job_identity.json.
 
 The same vectors test the C twin (libgeco/geco_job.c) in test_job_identity_c.py: one rule
 for what JOB_ID, SGE_TASK_ID and a spooled environment file mean, and what is refused.
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from geco.errors import JobKeyError
-from geco.job.jobkey import JOB_ID_RULE, TASK_ID_RULE, JobKey
+from geco.jobkey import JOB_ID_RULE, TASK_ID_RULE, JobKey
 from geco.sge import execd
 
 VECTORS = json.loads((Path(__file__).resolve().parents[1] / "vectors" / "job_identity.json")

@@ -1,4 +1,4 @@
-"""libgeco/geco_job.c against tests/vectors/job_identity.json, the vectors geco.job.jobkey meets.
+"""libgeco/geco_job.c against tests/vectors/job_identity.json, the vectors geco.jobkey meets.
 
 The C file is compiled here, from source, into pytest's temporary directory (never into
 the repo), as a cffi extension under UBSan, so a signed overflow or a bad shift aborts

@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from geco import jobfiles
 from geco.cgroup import Limits
 from geco.config import Config
 from geco.errors import CgroupError, GecoError
-from geco.job import jobstatus
-from geco.job.jobkey import JobKey
-from geco.job.jobstatus import JobStatus, Process, format_duration, format_table
-from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.jobkey import JobKey
+from geco.reports import jobstatus
+from geco.reports.jobstatus import JobStatus, Process, format_duration, format_table
+from geco.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import resourcefile
 
 HOST = short_hostname()
@@ -130,7 +131,7 @@ def test_without_resource_file_owner_and_start_are_unknown_and_noted(cfg: Config
 
 
 def test_a_corrupt_resource_file_is_noted_not_fatal(cfg: Config) -> None:
-    path = resourcefile.path_for(cfg.resources_dir, JobKey(42, 1))
+    path = jobfiles.resource_file(cfg.resources_dir, JobKey(42, 1))
     path.parent.mkdir(parents=True)
     path.write_bytes(b"GECOResourceSet_v1{")
     backend = FakeBackend({"42.1": (LIMITS, USAGE, [])})

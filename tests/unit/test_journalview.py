@@ -2,7 +2,7 @@
 how the entries of one job number are told apart into the jobs that had it.
 
 Entries are built by hand (the shape systemd-python's Reader gives after
-geco.job.journalview's conversion); reading a real journal is in
+geco.reports.journalview's conversion); reading a real journal is in
 tests/system/test_job_cli.py. Times are shown in UTC here (TZ=UTC) so the
 lines can be asserted whole.
 """
@@ -17,9 +17,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from geco.accounting import Accounting
 from geco.errors import GecoError
-from geco.job.accounting import Accounting
-from geco.job.journalview import (
+from geco.reports.journalview import (
     Entry,
     Instance,
     accounting_from_fields,

@@ -2,7 +2,7 @@
 
 :func:`geco.sge.resourcefile.rewrite` writes a set Grid Engine gave anew (qstat knows a Son of
 Grid Engine job's GPU count, not which GPUs geco picked) with the picks put back from their
-record (:mod:`geco.node.gpupicks`) -- only when that record is this job's, on this host, for
+record (:mod:`geco.sge.gpupicks`) -- only when that record is this job's, on this host, for
 the same count; otherwise nothing is made up and, for a job that holds its GPUs already, a
 warning says why. Real files in ``tmp_path``; the containment and the reaper on real cgroups
 are ``tests/system/test_loose_ends_gpu_picks.py``.
@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from geco import jobfiles
+from geco.config import Config
 from geco.errors import GecoError
-from geco.job.jobkey import JobKey
-from geco.job.resourceset import NodeResources, ResourceSet
-from geco.node import gpupicks
-from geco.node.gpus import parse_share
-from geco.sge import resourcefile
+from geco.gpushare import parse_share
+from geco.jobkey import JobKey
+from geco.resourceset import NodeResources, ResourceSet
+from geco.sge import gpupicks, resourcefile
 from tests.logkit import RecordingHandler, handler_on
 
 KEY = JobKey(42, 3)
@@ -102,16 +103,19 @@ def test_a_host_name_that_could_not_be_read_back_is_refused_in_one_sentence(
     assert str(err.value) == ("cannot record the GPUs picked for job 42.3 on "
                               "'n001 gpus=count:1=0': count:1=1 on a host so named is not a "
                               "record geco can read back")
-    assert not gpupicks.path_for(tmp_path, KEY).exists()
+    assert not jobfiles.gpu_picks(tmp_path, KEY).exists()
 
 
 def test_removing_the_resource_file_removes_the_record_and_a_record_alone_is_listed(
         tmp_path: Path) -> None:
-    resourcefile.write(tmp_path, granted("count:2"))
-    gpupicks.save(tmp_path, granted("count:2"), "n001", parse_share("count:2=0,1"))
-    assert gpupicks.keys(tmp_path) == [KEY]
+    cfg = Config(state_dir=tmp_path)
+    resourcefile.write(cfg.resources_dir, granted("count:2"))
+    gpupicks.save(cfg.resources_dir, granted("count:2"), "n001", parse_share("count:2=0,1"))
+    jobfiles.resource_file(cfg.resources_dir, KEY).unlink()
+    assert list(jobfiles.kept(cfg)) == [KEY]
 
-    assert resourcefile.remove(tmp_path, KEY)
+    resourcefile.write(cfg.resources_dir, granted("count:2"))
+    assert resourcefile.remove(cfg.resources_dir, KEY)
 
-    assert not gpupicks.path_for(tmp_path, KEY).exists()
-    assert gpupicks.keys(tmp_path) == []
+    assert not jobfiles.gpu_picks(cfg.resources_dir, KEY).exists()
+    assert jobfiles.kept(cfg) == {}

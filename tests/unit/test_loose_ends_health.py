@@ -58,7 +58,7 @@ def test_three_different_jobs_failing_for_the_node_disable_its_queue_once_with_w
     check says so; a fourth failing job does not run qmod again."""
     cfg = _cfg(tmp_path)
     records = RecordingHandler()
-    with handler_on("geco.health", records):
+    with handler_on("geco.node.health", records):
         _fail(cfg, qmod, 1)
         _fail(cfg, qmod, 2)
         assert _runs(qmod[1]) == []
@@ -133,7 +133,7 @@ def test_on_sick_journal_only_says_so_and_sick_after_0_never_counts(
         tmp_path: Path, qmod: tuple[Path, Path]) -> None:
     records = RecordingHandler()
     said = _cfg(tmp_path, health_on_sick="journal")
-    with handler_on("geco.health", records):
+    with handler_on("geco.node.health", records):
         for job in range(1, 4):
             _fail(said, qmod, job)
     [sick] = [r for r in records.records if r.geco_fields.get("GECO_EVENT") == "node-sick"]
@@ -151,7 +151,7 @@ def test_a_qmod_that_fails_is_journaled_and_tried_again_at_the_next_failure(
     qmod[0].write_text(f"#!/bin/sh\nprintf '%s\\n' \"$*\" >> {qmod[1]}\n"
                        "echo 'error: no qmaster' >&2\nexit 1\n")
     records = RecordingHandler()
-    with handler_on("geco.health", records):
+    with handler_on("geco.node.health", records):
         for job in range(1, 5):
             _fail(cfg, qmod, job)
     assert _runs(qmod[1]) == [f"-d {INSTANCE}"] * 2
@@ -168,9 +168,9 @@ def test_a_parallel_job_is_requeued_up_to_the_limit_then_held_with_why(
     cfg = _cfg(tmp_path, health_requeue_limit=2)
     job = JobRef(9, 1, None)
     why = "host node3 did not prepare it: unreachable"
-    logger = prolog.log.get("prolog")
+    logger = prolog.log.get("hooks.prolog")
     records = RecordingHandler()
-    with handler_on("geco.prolog", records):
+    with handler_on("geco.hooks.prolog", records):
         codes = [prolog._requeue_or_hold(job, cfg, why, logger) for _ in range(4)]
     assert codes == [Exit.REQUEUE, Exit.REQUEUE, Exit.JOB_ERROR, Exit.REQUEUE]
     [held] = [r for r in records.records if r.geco_fields.get("GECO_EVENT") == "job-held"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from geco.job.jobkey import JobKey
+from geco.jobkey import JobKey
 from geco.sge.execd import find_spool_dir
 
 

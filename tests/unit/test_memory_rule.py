@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from geco import config
-from geco.job.containment import MemoryDefault
-from geco.job.jobkey import JobKey
-from geco.job.resourceset import NodeResources
+from geco.jobkey import JobKey
+from geco.node.limits import MemoryDefault
 from geco.oom.message import RequestHint, owner_message
 from geco.oom.watch import OomEvent
+from geco.resourceset import NodeResources
 
 M, G = 1 << 20, 1 << 30
 

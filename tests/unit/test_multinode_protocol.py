@@ -17,11 +17,11 @@ import pytest
 
 from geco import config as config_mod
 from geco import log
+from geco.accounting import Accounting
 from geco.errors import ConfigError, GecoError, ProtocolError
-from geco.job.accounting import Accounting
-from geco.job.jobkey import JobKey
-from geco.job.resourceset import NodeResources, ResourceSet
+from geco.jobkey import JobKey
 from geco.oom import OomEvent, handle
+from geco.resourceset import NodeResources, ResourceSet
 from geco.wire import cluster
 from geco.wire.frame import PEERCRED, PUBLIC_KEY, decode, encode, expected_length
 from geco.wire.messages import CLUSTER_MAX_PAYLOAD, MsgType, NodeRequest

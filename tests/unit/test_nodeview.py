@@ -1,4 +1,4 @@
-"""What `geco check` says the node gives jobs (geco.node.nodeview): cores, memory, the default
+"""What `geco check` says the node gives jobs (geco.reports.nodeview): cores, memory, the default
 for a job that requests none, the GPUs with their devices, and how the kernel moves a
 process into its job, as the configuration and the kernel say them."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 from geco.cgroup import Backend, detect
 from geco.config import Config
-from geco.node import nodeview
-from geco.node.topology import format_cpulist
+from geco.cpulist import format_cpulist
+from geco.reports import nodeview
 
 M = 1 << 20
 

@@ -6,7 +6,7 @@ whose ``complex_values`` said ``gpu=2(0 1)``, and ``nvidia0`` / ``nvidia1`` wher
 tests/fixtures/ocs-9.1.4). geco reads each granted id by the first rule that applies: a
 name in ``[gpu] names``, else ``nvidia<N>`` as ``/dev/nvidia<N>``, else a number N as the GPU
 of id N (PCI bus order). It maps them once, where the node's table is known (the job's
-containment: :class:`geco.job.containment.GpuShare`), saves the ids in the node's resource file,
+containment: :class:`geco.node.limits.GpuShare`), saves the ids in the node's resource file,
 and everything after reads ids. A grant it cannot map holds the job (exit 100, one sentence)
 instead of refusing its shepherd, which Grid Engine would start again and again.
 
@@ -26,13 +26,13 @@ from pathlib import Path
 import pytest
 
 from geco import config as _config
+from geco import gpushare
 from geco.config import Config
+from geco.gpushare import Share
 from geco.hooks import Exit, run
-from geco.job import containment
-from geco.job.jobkey import JobKey
-from geco.job.resourceset import NodeResources, ResourceSet
-from geco.node import gpus
-from geco.node.gpus import Share
+from geco.jobkey import JobKey
+from geco.node import gpus, limits
+from geco.resourceset import NodeResources, ResourceSet
 from geco.sge import lookup, resourcefile
 from geco.sge.execd import JobRef
 from tests.logkit import RecordingHandler, handler_on
@@ -70,7 +70,7 @@ def contained(cfg: Config, granted: str) -> tuple[tuple[int, ...] | None, list[o
     rs = ResourceSet(KEY.job, KEY.task, owner="ocsuser",
                      nodes=(NodeResources(HOST, slots=1, gpus=granted),))
     resourcefile.write(cfg.resources_dir, rs)
-    share = containment._gpu_share(cfg, rs, rs.nodes[0], HOST)
+    share = limits.gpu_share(cfg, rs, rs.nodes[0], HOST)
     ids = share.ids(KEY, frozenset(), backend=None)  # type: ignore[arg-type]  # granted ids: no other job is asked
     share.save(ids)
     saved = resourcefile.read(cfg.resources_dir, KEY)
@@ -150,7 +150,7 @@ def test_a_grant_that_names_no_gpu_holds_the_job_with_one_sentence(
     the id, the rule and the node's GPUs."""
     cfg = node("")
     records = RecordingHandler()
-    with handler_on("geco.containment", records):
+    with handler_on("geco.node.limits", records):
         assert contained(cfg, "gpuZ") == (None, [("c", 195, 1), ("c", 195, 0)], "gpuZ")
     sentence = (
         "Grid Engine granted GPU 'gpuZ', but it names no GPU here: geco reads a granted id "
@@ -176,7 +176,7 @@ def test_a_table_name_set_to_a_gpu_the_node_lacks_says_so(
     cfg = node('names = { gpuA = 5, gpuB = "/dev/no-such-gpu" }')
     for name, target in (("gpuA", "5"), ("gpuB", "'/dev/no-such-gpu'")):
         with pytest.raises(gpus.GpuGrantError) as info:
-            gpus.map_share(gpus.parse_share(name), gpus.node_table(cfg.gpu_devices),
+            gpus.map_share(gpushare.parse_share(name), gpus.node_table(cfg.gpu_devices),
                            cfg.gpu_names)
         assert str(info.value).startswith(
             f"Grid Engine granted GPU '{name}', but [gpu] names sets it to {target}, no GPU "
@@ -196,7 +196,7 @@ def test_an_id_granted_twice_is_one_gpu_but_two_ids_of_one_gpu_hold_the_job(
     (0 and nvidia1: minor 1 is id 0), then the job would get fewer GPUs than it was granted,
     so it is held, naming both and the device."""
     cfg = node("")
-    assert gpus.parse_share("nvidia0 nvidia0") == Share(1, names=("nvidia0",))
+    assert gpushare.parse_share("nvidia0 nvidia0") == Share(1, names=("nvidia0",))
     assert contained(cfg, "nvidia0 nvidia0") == ((1,), [("c", 195, 1)], "1")
     assert contained(cfg, "0,nvidia1")[0] is None
     with pytest.raises(gpus.GpuGrantError) as info:

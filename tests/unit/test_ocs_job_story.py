@@ -29,8 +29,8 @@ import pytest
 from geco import log
 from geco.config import Config
 from geco.errors import ResourceFormatError
-from geco.job.jobkey import JobKey
-from geco.job.resourceset import NodeResources, ResourceSet
+from geco.jobkey import JobKey
+from geco.resourceset import NodeResources, ResourceSet
 from geco.sge import execd, jobinstance, lookup, resourcefile, v1format
 from tests.logkit import RecordingHandler, handler_on
 

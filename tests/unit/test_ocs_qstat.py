@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from geco.config import Config
-from geco.job.resourceset import NodeResources, ResourceSet
-from geco.node.gpus import GpuComplex
+from geco.gpushare import GpuComplex
+from geco.resourceset import NodeResources, ResourceSet
 from geco.sge.pe_hostfile import Placement, parse_pe_hostfile
 from geco.sge.qstat import TaskNotRunning, fetch, parse_job, parse_placement_gt
 

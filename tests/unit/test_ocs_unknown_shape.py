@@ -52,7 +52,7 @@ class ShapeWarnings(logging.Handler):
 def shape_warnings() -> Iterator[list[logging.LogRecord]]:
     """The qstat-shape-unknown records logged while the test runs."""
     handler = ShapeWarnings()
-    with handler_on("geco.qstat", handler):
+    with handler_on("geco.sge.qstat", handler):
         yield handler.records
 
 

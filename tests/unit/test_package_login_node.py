@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from geco.config import Config
-from geco.job import strays
-from geco.job.resourceset import short_hostname
+from geco.reports import doors
+from geco.resourceset import short_hostname
 from tests.nodekit import process
 from tests.sshkit import GECO_PAM_STACK, PLAIN_PAM_STACK
 
@@ -33,7 +33,7 @@ def node(tmp_path: Path) -> dict[str, Path]:
 
 def sshd_door(node: dict[str, Path], stack: str, spool: Path) -> tuple[bool, str]:
     (node["etc"] / "pam.d" / "sshd").write_text(stack)
-    [door] = [d for d in strays.doors(Config(execd_spool_dir=spool), **node) if d.name == "sshd"]
+    [door] = [d for d in doors.doors(Config(execd_spool_dir=spool), **node) if d.name == "sshd"]
     return door.open, door.text
 
 

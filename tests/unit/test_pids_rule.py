@@ -19,11 +19,11 @@ from geco import config
 from geco.cgroup import Limits, V2Backend
 from geco.config import Config
 from geco.job import containment
-from geco.job.containment import PidsLimit, pids_unenforced
-from geco.job.jobkey import JobKey
-from geco.job.jobstatus import JobStatus, Process, format_table, to_dict
-from geco.job.resourceset import NodeResources
+from geco.jobkey import JobKey
+from geco.node.limits import PidsLimit, pids_unenforced
 from geco.node.topology import Topology
+from geco.reports.jobstatus import JobStatus, Process, format_table, to_dict
+from geco.resourceset import NodeResources
 
 # -- the rule ------------------------------------------------------------------
 

@@ -10,8 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from geco import config, preload_config
+from geco import config
 from geco.errors import ConfigError
+from geco.wire import preload_config
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_TEXT = ("socket=path:/run/geco/gecod-root.sock\n"

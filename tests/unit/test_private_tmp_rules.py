@@ -11,7 +11,7 @@ import pytest
 from geco import config
 from geco.config import Config
 from geco.job import privatetmp
-from geco.job.jobkey import JobKey
+from geco.jobkey import JobKey
 
 M, G = 1 << 20, 1 << 30
 

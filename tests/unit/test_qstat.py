@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 
 from geco.config import Config
 from geco.errors import JobNotFound, QstatError, QstatParseError
-from geco.job.resourceset import NodeResources, ResourceSet
-from geco.node.gpus import GpuComplex
+from geco.gpushare import GpuComplex
+from geco.resourceset import NodeResources, ResourceSet
 from geco.sge.command import run_qstat
 from geco.sge.pe_hostfile import Placement, parse_pe_hostfile
 from geco.sge.qstat import (

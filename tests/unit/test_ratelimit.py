@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from geco.daemon.ratelimit import Held, JournalBudget, describe_refusals
-from geco.job.jobkey import JobKey
+from geco.jobkey import JobKey
 
 
 def test_a_peer_gets_its_burst_then_its_refusals_are_summed_up_by_reason() -> None:

@@ -20,6 +20,9 @@ from typing import Any
 
 import pytest
 
+from geco import jobfiles
+from geco.accounting import Accounting
+from geco.cgroup import Backend
 from geco.config import Config
 from geco.daemon import reaper
 from geco.daemon.reaper import Reaper, RoundReport, Verdict
@@ -32,9 +35,8 @@ from geco.errors import (
     TaskNotRunning,
 )
 from geco.job import teardown
-from geco.job.accounting import Accounting
-from geco.job.jobkey import JobKey
-from geco.job.resourceset import NodeResources, ResourceSet
+from geco.jobkey import JobKey
+from geco.resourceset import NodeResources, ResourceSet
 from geco.sge import execd, resourcefile
 
 HOST = "n001"
@@ -69,6 +71,8 @@ class FakeBackend:
 
     def paths(self, key: str) -> dict[str, Path]:
         return {c: self.root / c / key for c in ("cpuset", "memory")}
+
+    last_changed = Backend.last_changed  # the real rule, on these directories
 
     def job_keys(self) -> list[JobKey]:
         return sorted(map(JobKey.parse, self.members), key=JobKey.order)
@@ -763,3 +767,40 @@ def test_a_tick_after_the_executor_shut_down_is_ignored(node: Node) -> None:
     node.reaper._tick()  # no RuntimeError
     assert node.reaper.rounds == 0
 
+
+
+# -- the files of jobs gone without their end --------------------------------------
+
+
+def test_the_files_a_job_outlived_are_forgotten_by_a_round_and_no_others(
+        node: Node, records: list[logging.LogRecord]) -> None:
+    """Given files a job's end forgets, left by jobs without cgroups here: 9.1's resource
+    file, OOM count and stuck marker (an hour old, no spool dir), 9.2's GPU picks alone (an
+    hour old, in the spool: its resource file removed by hand), 9.3's resource file of a
+    moment ago, 9.4's resource file an hour old in the spool, and 9.5's with cgroups; when
+    a round runs, then 9.1's and 9.2's files are gone, one record each, and the others
+    are kept."""
+    def made(path: Path, age: float) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("x\n")
+        os.utime(path, (time.time() - age, time.time() - age))
+        return path
+
+    cfg = node.cfg
+    gone = [made(jobfiles.resource_file(cfg.resources_dir, JobKey(9, 1)), OLD),
+            made(jobfiles.oom_count(cfg.state_dir, JobKey(9, 1)), OLD),
+            made(jobfiles.stuck_marker(cfg.state_dir, JobKey(9, 1)), OLD),
+            made(jobfiles.gpu_picks(cfg.resources_dir, JobKey(9, 2)), OLD)]
+    node.spool("9.2")
+    kept = [made(jobfiles.resource_file(cfg.resources_dir, JobKey(9, 3)), 1.0),
+            made(jobfiles.resource_file(cfg.resources_dir, JobKey(9, 4)), OLD),
+            made(jobfiles.resource_file(cfg.resources_dir, JobKey(9, 5)), OLD)]
+    node.spool("9.4")
+    node.backend.add("9.5", pids=(100,))
+    node.spool("9.5")
+
+    node.round()
+
+    assert [p for p in gone if p.exists()] == [] and all(p.exists() for p in kept)
+    assert sorted(fields(r)["JOB_ID"] + "." + fields(r)["SGE_TASK_ID"]
+                  for r in journaled(records, "resource-file-pruned")) == ["9.1", "9.2"]

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from geco.errors import GecoError, ResourceFormatError
-from geco.job.jobkey import JobKey
-from geco.job.resourceset import NodeResources, ResourceSet
+from geco.jobkey import JobKey
+from geco.resourceset import NodeResources, ResourceSet
 from geco.sge import resourcefile, v1format
 
 RS = ResourceSet(42, 3, job_name="a,b{c}:\nd", owner="alice", group="users", cwd="/home/alice",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from geco.job.resourceset import NodeResources, ResourceSet
+from geco.resourceset import NodeResources, ResourceSet
 from geco.sge import v1format
 
 REPO = Path(__file__).resolve().parents[2]

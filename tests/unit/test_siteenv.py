@@ -244,7 +244,7 @@ def test_a_prolog_facing_an_unreachable_qmaster_requeues_unless_the_site_opts_in
     monkeypatch.setattr(_config, "DEFAULT_PATH", site)
     seen: list[int] = []
     records = RecordingHandler()
-    with handler_on("geco.prolog", records):
+    with handler_on("geco.hooks.prolog", records):
         code = run("prolog", prolog_body(spooled_job(tmp_path), seen))
     err = capsys.readouterr().err
     [warning] = [r for r in records.records if r.levelno == logging.WARNING]

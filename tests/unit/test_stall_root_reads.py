@@ -23,16 +23,17 @@ from pathlib import Path
 
 import pytest
 
+from geco import jobfiles
 from geco.config import Config
 from geco.errors import CgroupError
-from geco.job import samples
-from geco.job.efficiency import render, report
-from geco.job.jobkey import JobKey
-from geco.job.jobstatus import JobStatus, Process, format_table
-from geco.job.samples import Header, Sample
+from geco.jobkey import JobKey
 from geco.node import health
+from geco.reports.jobstatus import JobStatus, Process, format_table
 from geco.sge.execd import JobRef
 from geco.terminal import printable
+from geco.usage import samples
+from geco.usage.efficiency import render, report
+from geco.usage.samples import Header, Sample
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="root's files, another uid's lock")
 
@@ -104,8 +105,8 @@ def test_a_usage_file_its_reader_holds_is_read_and_written_by_root_at_once(
     d = shared_dir / "usage"
     header = Header(42, 1, owner="nobody", started=1000.0)
     samples.append(d, header, Sample(1000.0), max_samples=10)
-    samples.path_of(d, KEY).chmod(0o644)
-    with held_by_nobody(samples.path_of(d, KEY)):
+    jobfiles.samples(d, KEY).chmod(0o644)
+    with held_by_nobody(jobfiles.samples(d, KEY)):
         took = _within(lambda: samples.append(d, header, Sample(1001.0), max_samples=10,
                                               wait=1.0))
         took += _within(lambda: samples.read_job(d, KEY))

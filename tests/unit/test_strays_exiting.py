@@ -21,7 +21,7 @@ import pytest
 
 from geco.cgroup import Backend
 from geco.job import strays
-from geco.job.jobkey import JobKey
+from geco.jobkey import JobKey
 from tests.nodekit import process
 
 OWNER = 1002

@@ -17,13 +17,13 @@ from typing import Any, cast
 import pytest
 
 from geco import procfs
+from geco.accounting import Accounting
 from geco.cgroup import Backend, check_key
 from geco.config import Config
 from geco.errors import CgroupError
-from geco.job.accounting import Accounting
 from geco.job.ending import end_job
-from geco.job.resourceset import short_hostname
 from geco.job.teardown import StuckProcess, Teardown, tear_down
+from geco.resourceset import short_hostname
 from geco.sge import execd
 from geco.sge.siteenv import discover
 from tests.logkit import RecordingHandler, handler_on
@@ -104,7 +104,7 @@ class Records(RecordingHandler):
 @pytest.fixture
 def records() -> Iterator[Records]:
     handler = Records()
-    with handler_on("geco.teardown", handler), handler_on("geco.ending", handler):
+    with handler_on("geco.job.teardown", handler), handler_on("geco.job.ending", handler):
         yield handler
 
 

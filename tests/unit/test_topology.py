@@ -17,8 +17,9 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from geco.cpulist import MAX_CPU, format_cpulist, parse_cpulist
 from geco.errors import TopologyError
-from geco.node.topology import MAX_CPU, Core, Topology, format_cpulist, parse_cpulist
+from geco.node.topology import Core, Topology
 
 BOX = "pack:2 numa:2 core:16 pu:2"
 SYS_CPU = Path("/sys/devices/system/cpu")

@@ -27,8 +27,8 @@ from geco.config import Config
 from geco.errors import GecoError
 from geco.hooks import Exit
 from geco.job import trace
-from geco.job.jobkey import JobKey
-from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.jobkey import JobKey
+from geco.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import lookup, resourcefile
 from tests.logkit import RecordingHandler
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from geco.job.samples import Header, Sample, Series
-from geco.job.usagechart import chart, columns
+from geco.usage.samples import Header, Sample, Series
+from geco.usage.usagechart import chart, columns
 
 G, M = 1 << 30, 1 << 20
 

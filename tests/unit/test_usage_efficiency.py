@@ -1,11 +1,11 @@
-"""seff's figures and the advice lines from a job task's samples (geco.job.efficiency)."""
+"""seff's figures and the advice lines from a job task's samples (geco.usage.efficiency)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from geco.job.efficiency import render, render_whole, report, whole
-from geco.job.samples import Header, Sample, Series
+from geco.usage.efficiency import render, render_whole, report, whole
+from geco.usage.samples import Header, Sample, Series
 
 G, M = 1 << 30, 1 << 20
 

@@ -1,5 +1,5 @@
-"""gecod's Prometheus endpoint (geco.daemon.metrics, geco.daemon.exposition) and the
-sampler's in-memory snapshot it reads (geco.daemon.sampler).
+"""gecod's Prometheus endpoint (geco.daemon.metrics, geco.usage.exposition) and the
+sampler's in-memory snapshot it reads (geco.usage.sampler).
 
 The exposition is parsed back with prometheus_client's own parser; the endpoint is a
 real socket on a loopback port, with clients that behave and clients that do not.
@@ -25,14 +25,14 @@ import pytest
 from geco.cgroup._counters import Counter, whole
 from geco.config import Config
 from geco.daemon import metrics
-from geco.daemon.metrics import Health, Listen, parse_listen
-from geco.daemon.sampler import JobFigures, NodeFigures, Sampler, Snapshot
+from geco.daemon.metrics import Listen, parse_listen
 from geco.errors import ConfigError, GecoError
-from geco.job import samples
-from geco.job.jobkey import JobKey
-from geco.job.samples import Header, Sample
+from geco.jobkey import JobKey
+from geco.usage import samples
+from geco.usage.sampler import Health, JobFigures, NodeFigures, Sampler, Snapshot
+from geco.usage.samples import Header, Sample
 
-exposition = pytest.importorskip("geco.daemon.exposition")
+exposition = pytest.importorskip("geco.usage.exposition")
 parser = pytest.importorskip("prometheus_client.parser")
 
 WAIT = 10.0
@@ -474,12 +474,12 @@ def test_a_port_taken_costs_only_the_metrics_with_one_line(caplog: pytest.LogCap
 def test_without_the_prometheus_library_gecod_serves_on_and_says_so_once(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     # as on a node without python3-prometheus-client: importing the exposition fails
-    import geco.daemon
+    import geco.usage
 
     for name in [n for n in sys.modules if n.split(".")[0] == "prometheus_client"]:
         monkeypatch.setitem(sys.modules, name, None)
-    monkeypatch.delitem(sys.modules, "geco.daemon.exposition")
-    monkeypatch.delattr(geco.daemon, "exposition")
+    monkeypatch.delitem(sys.modules, "geco.usage.exposition")
+    monkeypatch.delattr(geco.usage, "exposition")
     inherited = metrics.listener(Listen("127.0.0.1", 0))
     cfg = Config(metrics_listen="127.0.0.1:9477")
     with caplog.at_level(logging.ERROR, logger="geco"):

@@ -17,8 +17,8 @@ import pytest
 from lxml import etree
 
 from geco.errors import GecoError
-from geco.job import samples, usageplot
-from geco.job.samples import Header, Sample, Series
+from geco.usage import samples, usageplot
+from geco.usage.samples import Header, Sample, Series
 
 pytest.importorskip("matplotlib")
 

@@ -1,4 +1,4 @@
-"""A job's usage samples file (geco.job.samples): bounded, whole, and safe from its owner.
+"""A job's usage samples file (geco.usage.samples): bounded, whole, and safe from its owner.
 
 Real files in a temporary directory; the owner checks need root (files are root's).
 """
@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from geco import jobfiles
 from geco.errors import GecoError
-from geco.job import samples
-from geco.job.jobkey import JobKey
-from geco.job.samples import Header, Sample
+from geco.jobkey import JobKey
+from geco.usage import samples
+from geco.usage.samples import Header, Sample
 
 KEY = JobKey(42, 1)
 HEADER = Header(42, 1, owner="nobody", job_name="burn", host="node1", cores=2,
@@ -60,7 +61,7 @@ def test_a_full_file_keeps_every_other_sample_and_the_last_never_more_than_the_b
         series = samples.read(d, KEY)
         assert series is not None and len(series.samples) <= 8
         assert series.samples[-1].time == 1000.0 + i
-    size = samples.path_of(d, KEY).stat().st_size
+    size = jobfiles.samples(d, KEY).stat().st_size
     assert size <= len(samples.MAGIC) + 200 + 8 * samples.RECORD.size
     assert series.samples[0].time == 1000.0  # the job's start is never thinned away
 
@@ -69,7 +70,7 @@ def test_a_full_file_keeps_every_other_sample_and_the_last_never_more_than_the_b
 def test_a_record_cut_short_by_a_crash_is_dropped(tmp_path: Path) -> None:
     d = _usage_dir(tmp_path)
     samples.append(d, HEADER, _sample(1000.0), max_samples=10)
-    with samples.path_of(d, KEY).open("ab") as f:
+    with jobfiles.samples(d, KEY).open("ab") as f:
         f.write(b"\x01\x02\x03")
     series = samples.read(d, KEY)
     assert series is not None and series.samples == (_sample(1000.0),)
@@ -84,7 +85,7 @@ def test_the_file_is_roots_and_readable_by_no_one_else_without_a_private_group(
     """nobody's primary group (nogroup) is not theirs alone: the file is root's only."""
     d = _usage_dir(tmp_path)
     samples.append(d, HEADER, _sample(1000.0), max_samples=10)
-    st = samples.path_of(d, KEY).stat()
+    st = jobfiles.samples(d, KEY).stat()
     assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, 0, 0o600)
     assert stat.S_IMODE(d.stat().st_mode) == 0o755
 
@@ -102,7 +103,7 @@ def test_a_symlinked_directory_or_a_planted_fifo_is_refused_and_nothing_written_
     link.unlink()
     d = _usage_dir(tmp_path)
     d.mkdir()
-    os.mkfifo(samples.path_of(d, KEY))
+    os.mkfifo(jobfiles.samples(d, KEY))
     started = time.monotonic()
     with pytest.raises(GecoError, match="not a regular file"):
         samples.append(d, HEADER, _sample(1000.0), max_samples=10)
@@ -118,7 +119,7 @@ def test_a_lock_its_owner_holds_on_the_file_stalls_no_writer_and_no_reader(
     lock a file of their own that no user can open (root's, 0600)."""
     d = _usage_dir(tmp_path)
     samples.append(d, HEADER, _sample(1000.0), max_samples=10)
-    with samples.path_of(d, KEY).open("rb") as reader:
+    with jobfiles.samples(d, KEY).open("rb") as reader:
         fcntl.flock(reader, fcntl.LOCK_EX)
         started = time.monotonic()
         samples.append(d, HEADER, _sample(1001.0), max_samples=2)  # a thinning, too
@@ -185,7 +186,7 @@ def test_an_earlier_job_of_the_same_number_leaves_its_samples_to_no_one(
     earlier job's, and this job's first sample starts it afresh under its own header."""
     d = _usage_dir(tmp_path)
     samples.append(d, HEADER, _sample(1000.0), max_samples=10)
-    os.utime(samples.path_of(d, KEY), (5000.0, 5000.0))
+    os.utime(jobfiles.samples(d, KEY), (5000.0, 5000.0))
     later = HEADER._replace(owner="root", job_name="next", started=9000.0)
     samples.append(d, later, _sample(9001.0), max_samples=10)
     series = samples.read(d, KEY)

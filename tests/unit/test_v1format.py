@@ -13,7 +13,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from geco.errors import ResourceFormatError
-from geco.job.resourceset import NodeResources, ResourceSet
+from geco.resourceset import NodeResources, ResourceSet
 from geco.sge.v1format import MAX_SIZE, parse, serialize
 
 # the example printed in seeds/geco-core-library.txt, section GECOResource

@@ -129,7 +129,7 @@ def test_given_the_readmes_remount_then_geco_check_says_the_kernel_moves_at_once
     puts the kernel's moves in favordynmods mode and ``geco check`` says so; a remount with
     the boot's own options (mount(2): mount(8) would keep the options it finds) puts the
     kernel's default back, and the line follows."""
-    from geco.node import nodeview
+    from geco.reports import nodeview
 
     def moves() -> str:
         return dict(nodeview.lines(Config(), detect(name="geco-test-moves")))["moves"]
@@ -406,7 +406,7 @@ def test_given_memory_reserve_in_the_config_then_contain_job_holds_the_base_to_r
     """Through contain_job, as the prolog and gecod set it: the base's memory.max is the
     node's RAM less [cgroup] memory_reserve, in whole pages."""
     from geco.job.containment import contain_job
-    from geco.job.resourceset import NodeResources, ResourceSet
+    from geco.resourceset import NodeResources, ResourceSet
     from geco.sge.execd import JobRef
     from geco.sge.lookup import Found
 

@@ -45,7 +45,7 @@ from typing import Any
 import pytest
 
 from geco import config as geco_config
-from geco.node.topology import parse_cpulist
+from geco.cpulist import parse_cpulist
 from geco.wire import client
 from tests import packagekit
 from tests.integration import livekit as kit

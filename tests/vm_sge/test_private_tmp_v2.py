@@ -21,7 +21,7 @@ import pytest
 
 from geco.config import Config
 from geco.job import privatetmp
-from geco.job.jobkey import JobKey
+from geco.jobkey import JobKey
 from tests.cleanslate import site_config_rewritten
 from tests.integration import livekit as kit
 from tests.jobdirkit import JobDir

@@ -41,7 +41,7 @@ from typing import Any
 import pytest
 
 from geco import config
-from geco.job.resourceset import NodeResources, ResourceSet, short_hostname
+from geco.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import resourcefile
 from geco.wire import client
 

@@ -16,10 +16,10 @@ from pathlib import Path
 from geco import procfs
 from geco.cgroup import Backend, favors_dynmods, parse_mountinfo
 from geco.config import Config
+from geco.cpulist import format_cpulist, parse_cpulist
 from geco.errors import GecoError
-from geco.job.containment import MemoryDefault, jobs_memory
 from geco.node import gpus, health
-from geco.node.topology import format_cpulist, parse_cpulist
+from geco.node.limits import MemoryDefault, jobs_memory
 from geco.units import format_memory
 
 __all__ = ["lines"]

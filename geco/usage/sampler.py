@@ -2,9 +2,9 @@
 
 A round, in a thread of its own (one round at a time: a tick that finds the last round
 still running is skipped, never queued), reads each job cgroup's counters and appends
-them to the job's samples file (:mod:`geco.job.samples`). Both are opened at a job's
+them to the job's samples file (:mod:`geco.usage.samples`). Both are opened at a job's
 first round and held (:class:`geco.cgroup._counters.Held`,
-:class:`~geco.job.samples.Writer`): a round is then a ``pread`` per counter and a
+:class:`~geco.usage.samples.Writer`): a round is then a ``pread`` per counter and a
 ``pwrite`` per job (under the writers' lock, taken for each), within a quarter of
 gecod's open-file limit (beyond it a job's files are opened each round). What a job was
 granted here and whose it is (the file's header) is read once per job from its resource
@@ -14,7 +14,7 @@ a job's processes or files cost it its own samples, never another job's or gecod
 time, and a lock its owner takes on its file costs nothing (the writers' lock is root's
 own, :mod:`geco.rootlock`, and not waited for).
 
-The job's end appends the last sample (:func:`geco.job.samples.keep_last`, from the
+The job's end appends the last sample (:func:`geco.usage.samples.keep_last`, from the
 teardown); the reaper deletes ended jobs' files after ``[usage] keep_days``.
 
 Each round also leaves its figures in memory, :attr:`Sampler.latest` (a
@@ -33,31 +33,50 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from geco import log
 from geco._tuple import NamedTuple
 from geco.cgroup import Backend
 from geco.cgroup._counters import Counter, Held, read_once
 from geco.config import Config
-from geco.daemon.reaper import Loop
+from geco.cpulist import parse_cpulist
 from geco.errors import GecoError
-from geco.job import samples
-from geco.job.containment import jobs_memory
-from geco.job.jobkey import JobKey
-from geco.job.resourceset import ResourceSet, short_hostname
-from geco.node.topology import Topology, parse_cpulist
+from geco.jobkey import JobKey
+from geco.node.limits import jobs_memory
+from geco.node.topology import Topology
+from geco.resourceset import ResourceSet, short_hostname
 from geco.sge import resourcefile
+from geco.usage import samples
 
-__all__ = ["JobFigures", "NodeFigures", "Sampler", "Snapshot"]
+__all__ = ["Health", "JobFigures", "Loop", "NodeFigures", "Sampler", "Snapshot"]
 
-_log = log.get("gecod.sampler")
+_log = log.get("usage.sampler")
+
+
+class Loop(Protocol):
+    """What the sampler and the reaper need of gecod's runloop
+    (:class:`geco.daemon.runloop.RunLoop`)."""
+
+    def add_timer(self, delay: float, callback: Callable[[], None],
+                  repeat: float | None = None) -> Any: ...
+
+    def call_soon_threadsafe(self, callback: Callable[[], None]) -> None: ...
 
 # The figures a sample keeps: only their counter files are read.
 _SAMPLED = frozenset(samples.USAGE_NAMES)
 # The share of gecod's open-file limit the sampler's held files may take (the rest is
 # the server's: connections, journald, cgroup reads).
 _FD_SHARE = 4
+
+
+class Health(NamedTuple):
+    """gecod's own counters at a scrape (memory reads only), served beside the
+    :class:`Snapshot` (:mod:`geco.usage.exposition`)."""
+
+    requests: int
+    refused: int
+    queue_depth: int
 
 
 class JobFigures(NamedTuple):

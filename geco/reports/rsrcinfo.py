@@ -13,7 +13,7 @@ import json
 import shlex
 from collections.abc import Callable
 
-from geco.job.resourceset import ResourceSet
+from geco.resourceset import ResourceSet
 from geco.sge import v1format
 from geco.units import format_memory
 

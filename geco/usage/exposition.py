@@ -3,7 +3,7 @@
 What :mod:`geco.daemon.metrics` serves on ``GET /metrics``, made with the
 ``prometheus_client`` library (python3-prometheus-client; imported only by this module,
 which gecod imports only when ``[metrics] listen`` is set). Everything comes from memory:
-the sampler's :class:`~geco.daemon.sampler.Snapshot` (replaced whole each ``[usage]
+the sampler's :class:`~geco.usage.sampler.Snapshot` (replaced whole each ``[usage]
 interval``) and a few of the server's counters, so a scrape reads neither the kernel nor
 a file, and costs the same whatever the node's jobs do.
 
@@ -32,17 +32,13 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from geco import __version__
-from geco.daemon.metrics import Health
-from geco.daemon.sampler import JobFigures, NodeFigures, Snapshot
+from geco.usage.efficiency import cpu_ratio, memory_ratio
+from geco.usage.sampler import Health, JobFigures, NodeFigures, Snapshot
 
 __all__ = ["CONTENT_TYPE", "Renderer", "job_families"]
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 JOB_LABELS = ("job_id", "task_id", "owner", "queue", "node")
-
-
-def _ratio(part: float, whole: float) -> float | None:
-    return part / whole if whole > 0 and part >= 0 else None
 
 
 _Kind = type[GaugeMetricFamily] | type[CounterMetricFamily]
@@ -92,12 +88,11 @@ def job_families(jobs: Iterable[JobFigures]) -> list[Metric]:
         if header.started > 0:
             started.add_metric(labels, header.started)
         if s.cpu_user_usec >= 0 and s.cpu_system_usec >= 0 and header.started > 0:
-            wall = s.time - header.started
-            ratio = _ratio((s.cpu_user_usec + s.cpu_system_usec) / 1e6, header.cores * wall)
+            ratio = cpu_ratio((s.cpu_user_usec + s.cpu_system_usec) / 1e6, header.cores,
+                              s.time - header.started)
             if ratio is not None:
                 cpu_eff.add_metric(labels, ratio)
-        top = max(s.memory_peak, s.memory_current)
-        ratio = _ratio(top, header.memory) if top >= 0 else None
+        ratio = memory_ratio(max(s.memory_peak, s.memory_current), header.memory)
         if ratio is not None:
             mem_eff.add_metric(labels, ratio)
     return list(families)

@@ -15,7 +15,7 @@ import pytest
 
 from geco import cli
 from geco.config import Config, load
-from geco.job import strays
+from geco.reports import doors
 from tests.nodekit import process
 
 
@@ -29,7 +29,7 @@ def node(tmp_path: Path) -> dict[str, Path]:
 
 
 def lines(cfg: Config, node: dict[str, Path]) -> dict[str, tuple[bool, str]]:
-    return {d.name: (d.open, d.text) for d in strays.doors(cfg, **node)}
+    return {d.name: (d.open, d.text) for d in doors.doors(cfg, **node)}
 
 
 def test_a_quiet_node_with_stray_killing_on_has_every_door_closed(node: dict[str, Path]) -> None:

@@ -22,20 +22,17 @@ submitted=<seconds>`` (the node record's name and GPU list, and which job of its
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
-from geco import atomicfile, log
+from geco import atomicfile, gpushare, jobfiles, log
 from geco._tuple import NamedTuple
 from geco.errors import GecoError
-from geco.job.jobkey import JobKey
-from geco.job.resourceset import ResourceSet, short_hostname
-from geco.node import gpus
+from geco.jobkey import JobKey
+from geco.resourceset import ResourceSet, short_hostname
 
-__all__ = ["DIR_NAME", "Picks", "kept", "keys", "load", "path_for", "remove", "save"]
+__all__ = ["Picks", "kept", "load", "remove", "save"]
 
-DIR_NAME = "gpu-picks"
 _MAGIC = "geco-gpu-picks-v1"
 _LINE = re.compile(_MAGIC + r" host=(\S+) gpus=(count:[0-9]+=[0-9,]+) submitted=([0-9.]+)\n")
 _MODE = 0o644  # what the resource file says too, and as readable
@@ -52,16 +49,11 @@ class Picks(NamedTuple):
     """
 
     host: str
-    share: gpus.Share
+    share: gpushare.Share
     submitted: float = 0.0
 
 
-def path_for(resources_dir: Path, key: JobKey) -> Path:
-    """The record of job task ``key``."""
-    return resources_dir / DIR_NAME / key
-
-
-def save(resources_dir: Path, rs: ResourceSet, host: str, share: gpus.Share) -> None:
+def save(resources_dir: Path, rs: ResourceSet, host: str, share: gpushare.Share) -> None:
     """Record ``share`` (a count with the ids picked for it) as job ``rs``'s on ``host``.
 
     Raises
@@ -74,7 +66,7 @@ def save(resources_dir: Path, rs: ResourceSet, host: str, share: gpus.Share) -> 
     if _LINE.fullmatch(line) is None:  # never written unreadable
         raise GecoError(f"cannot record the GPUs picked for job {rs.key} on {host!r}: "
                         f"{share} on a host so named is not a record geco can read back")
-    atomicfile.write_atomic(path_for(resources_dir, rs.key), line.encode(), mode=_MODE,
+    atomicfile.write_atomic(jobfiles.gpu_picks(resources_dir, rs.key), line.encode(), mode=_MODE,
                             make_dir=True, what="record of the GPUs picked")
 
 
@@ -86,7 +78,7 @@ def load(resources_dir: Path, key: JobKey) -> Picks | None:
     GecoError
         when it cannot be read or is not one record line (naming the file).
     """
-    path = path_for(resources_dir, key)
+    path = jobfiles.gpu_picks(resources_dir, key)
     try:
         text = path.read_bytes().decode("ascii")
     except FileNotFoundError:
@@ -100,7 +92,7 @@ def load(resources_dir: Path, key: JobKey) -> Picks | None:
     try:
         if found is None:
             raise ValueError(text)
-        return Picks(found[1], gpus.parse_share(found[2]), float(found[3]))
+        return Picks(found[1], gpushare.parse_share(found[2]), float(found[3]))
     except (GecoError, ValueError):
         raise GecoError(f"the record of the GPUs picked for job {key} is not "
                         f"'{_MAGIC} host=<name> gpus=count:<n>=<ids> submitted=<seconds>'",
@@ -115,16 +107,7 @@ def remove(resources_dir: Path, key: JobKey) -> None:
     GecoError
         when it exists and cannot be removed.
     """
-    atomicfile.remove(path_for(resources_dir, key), "record of the GPUs picked")
-
-
-def keys(resources_dir: Path) -> list[JobKey]:
-    """The jobs with a record (for pruning those left without a resource file)."""
-    try:
-        names = os.listdir(resources_dir / DIR_NAME)
-    except OSError:
-        return []
-    return [JobKey.parse(n) for n in names if JobKey.is_key_text(n)]
+    atomicfile.remove(jobfiles.gpu_picks(resources_dir, key), "record of the GPUs picked")
 
 
 def kept(resources_dir: Path, rs: ResourceSet, hostname: str | None = None, *,
@@ -145,7 +128,7 @@ def kept(resources_dir: Path, rs: ResourceSet, hostname: str | None = None, *,
     """
     node = rs.node(hostname)
     try:
-        fresh = gpus.parse_share(node.gpus) if node is not None else gpus.Share()
+        fresh = gpushare.parse_share(node.gpus) if node is not None else gpushare.Share()
     except GecoError:
         return rs, ""  # Grid Engine's own answer is not geco's to mend
     if not fresh.counted or fresh.ids or node is None:
@@ -155,7 +138,7 @@ def kept(resources_dir: Path, rs: ResourceSet, hostname: str | None = None, *,
     except GecoError as exc:
         return rs, str(exc)
     if picks is None:
-        return rs, (f"no record of them ({path_for(resources_dir, rs.key)})"
+        return rs, (f"no record of them ({jobfiles.gpu_picks(resources_dir, rs.key)})"
                     if contained and fresh.amount else "")
     if short_hostname(picks.host) != short_hostname(node.name):
         return rs, f"the record of them is {picks.host}'s, not {node.name}'s"

@@ -28,7 +28,7 @@ from pathlib import Path
 from geco import log
 from geco._tuple import NamedTuple
 
-_log = log.get("ownerfile")
+_log = log.get("ownerread")
 
 __all__ = ["DIR_FLAGS", "ROOT_ONLY_MODE", "Readers", "Refused", "open_dir", "open_in",
            "readers_of"]

@@ -1,6 +1,6 @@
 """A job task's CPU and memory over time, drawn to a PNG or SVG file (``geco usage --plot``).
 
-The terminal chart's two panels (:mod:`geco.job.usagechart`, whose points these are) as a
+The terminal chart's two panels (:mod:`geco.usage.usagechart`, whose points these are) as a
 picture: CPU, the cores in use since the sample before, under the cores granted as a dashed
 line; memory, the current and (where the kernel counts it) the peak so far, under the limit
 as a dashed line; time since the job's start along the bottom. One row of the two panels
@@ -26,9 +26,9 @@ from typing import Any
 from geco import atomicfile
 from geco._tuple import NamedTuple
 from geco.errors import GecoError
-from geco.job.samples import Series
-from geco.job.usagechart import cpu_points, memory_points, start_of
 from geco.units import format_memory
+from geco.usage.samples import Series
+from geco.usage.usagechart import cpu_points, memory_points, start_of
 
 __all__ = ["GIDS", "MISSING", "SUFFIXES", "Drawn", "check_path", "plot", "require",
            "too_few"]

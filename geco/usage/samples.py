@@ -1,9 +1,9 @@
 """A job's resource use over time: samples of its cgroups, one bounded file per job task.
 
 gecod samples each running job every ``[usage] interval`` seconds
-(:mod:`geco.daemon.sampler`), and the job's end adds a last sample. The file,
+(:mod:`geco.usage.sampler`), and the job's end adds a last sample. The file,
 ``<state_dir>/usage/<job>.<task>``, is root's and readable by the job's owner
-(:mod:`geco.job.ownerfile`); it survives a gecod restart and is kept ``[usage]
+(:mod:`geco.ownerread`); it survives a gecod restart and is kept ``[usage]
 keep_days`` after the job. A parallel job's master keeps a copy of each other host's
 file, ``<job>.<task>@<host>``, sent with that host's answer to the job's end (at most
 :data:`GATHERED` samples: the cluster channel's frames are bounded).
@@ -36,20 +36,19 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from geco import log, rootlock
+from geco import jobfiles, log, ownerread, rootlock
 from geco._tuple import NamedTuple
 from geco.config import Config
 from geco.errors import GecoError
-from geco.job import ownerfile
-from geco.job.jobkey import JobKey
-from geco.job.resourceset import ResourceSet, short_hostname
+from geco.jobkey import JobKey
+from geco.resourceset import ResourceSet, short_hostname
 from geco.sge import execd
 
-_log = log.get("samples")
+_log = log.get("usage.samples")
 
 __all__ = ["GATHERED", "MAGIC", "RECORD", "USAGE_NAMES", "Header", "Sample", "Series",
            "Writer", "append", "export", "header_of", "is_file_name", "keep_copy", "keep_last",
-           "level_of", "load", "path_of", "read", "read_job"]
+           "level_of", "load", "read", "read_job"]
 
 MAGIC = b"GECO_SAMPLES_v1 "
 RECORD = struct.Struct("<d9q")
@@ -123,10 +122,6 @@ class Series(NamedTuple):
     samples: tuple[Sample, ...]
 
 
-def path_of(directory: Path, key: JobKey) -> Path:
-    return directory / str(key)
-
-
 def _header_bytes(header: Header) -> bytes:
     data = MAGIC + json.dumps(header._asdict(), sort_keys=True,
                               separators=(",", ":")).encode() + b"\n"
@@ -165,9 +160,9 @@ def _open(directory: Path, name: str, owner: str, readers: tuple[str, ...],
     """The file ``name`` in ``directory``, opened for writing: root's, readable by
     ``owner``'s private group and the groups ``readers`` (``[usage] readers``); refused when
     it is no such file."""
-    dfd = ownerfile.open_dir(directory)
+    dfd = ownerread.open_dir(directory)
     try:
-        return ownerfile.open_in(dfd, name, ownerfile.readers_of(owner, readers),
+        return ownerread.open_in(dfd, name, ownerread.readers_of(owner, readers),
                                  directory / name, flags)
     finally:
         os.close(dfd)
@@ -199,7 +194,7 @@ def _failures(key: JobKey, display: Path) -> Iterator[None]:
     """A file that cannot be used, as one :class:`GecoError` naming it."""
     try:
         yield
-    except ownerfile.Refused as exc:
+    except ownerread.Refused as exc:
         cause = exc.__cause__
         code = errno.errorcode.get(cause.errno or 0) if isinstance(cause, OSError) else None
         raise GecoError(f"cannot keep job {key}'s usage samples: {exc}", errno=code) from None
@@ -225,7 +220,7 @@ class Writer:
         self._key = JobKey(header.job_id, header.task_id)
         self._directory = directory
         self._readers = readers
-        self._display = path_of(directory, self._key)
+        self._display = jobfiles.samples(directory, self._key)
         self._start = 0  # where the records begin; 0: the header is not checked yet
         with _failures(self._key, self._display):
             self._fd = _open(directory, str(self._key), header.owner, readers)

@@ -12,7 +12,7 @@ What is shown, and where it comes from:
 * tasks now, at their peak and forks refused at the limit: the backend's
   :meth:`~geco.cgroup.Backend.usage` (pids controller);
 * current and peak memory, CPU user/system time, OOM kills: the backend's
-  :meth:`~geco.cgroup.Backend.usage`, through :class:`~geco.job.accounting.Accounting`
+  :meth:`~geco.cgroup.Backend.usage`, through :class:`~geco.accounting.Accounting`
   -- the same record the job-end journal entry gets;
 * processes: the pids in the job's cgroups with their ``comm``;
 * owner, job name and ``h_rt``: the resource file, when there is one;
@@ -29,15 +29,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from geco import procfs
+from geco import gpushare, jobfiles, procfs
+from geco.accounting import Accounting
 from geco.cgroup import Backend, check_key
 from geco.config import Config
 from geco.errors import CgroupError, GecoError
-from geco.job.accounting import Accounting
-from geco.job.containment import PidsLimit, pids_unenforced
-from geco.job.jobkey import JobKey
-from geco.job.resourceset import ResourceSet, short_hostname
+from geco.jobkey import JobKey
 from geco.node import gpus
+from geco.node.limits import PidsLimit, pids_unenforced
+from geco.resourceset import ResourceSet, short_hostname
 from geco.sge import execd, resourcefile
 from geco.terminal import printable
 from geco.units import format_memory
@@ -151,7 +151,7 @@ def _resources(cfg: Config, key: JobKey) -> tuple[ResourceSet | None, str]:
     except GecoError as exc:
         return None, f"the resource file is unusable: {exc}"
     if rs is None:
-        path = resourcefile.path_for(cfg.resources_dir, key)
+        path = jobfiles.resource_file(cfg.resources_dir, key)
         return None, f"no resource file {path} (owner, name and h_rt unknown)"
     return rs, ""
 
@@ -203,7 +203,7 @@ def read(cfg: Config, backend: Backend, key: JobKey, *, now: float | None = None
     config = spool / "config" if spool is not None else None
     started = _mtime(config) if config else None
     if started is None and rs is not None:
-        started = _mtime(resourcefile.path_for(cfg.resources_dir, rs.key))
+        started = _mtime(jobfiles.resource_file(cfg.resources_dir, rs.key))
     if started is None:
         notes.append("start time unknown: no spooled job config and no resource file")
     now = time.time() if now is None else now
@@ -230,7 +230,7 @@ def _gpus(cfg: Config, rs: ResourceSet | None) -> str | None:
         if not gpus.node_table(cfg.gpu_devices):
             return None
         node = rs.node() if rs is not None else None
-        return gpus.format_ids(gpus.parse_share(node.gpus).ids) if node is not None else ""
+        return gpushare.format_ids(gpushare.parse_share(node.gpus).ids) if node is not None else ""
     except GecoError:
         return ""
 

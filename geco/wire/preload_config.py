@@ -34,10 +34,9 @@ import re
 from collections.abc import Callable, Iterable
 from pathlib import Path, PurePosixPath
 
-from geco import atomicfile
+from geco import atomicfile, jobfiles
 from geco.config import Config
 from geco.errors import ConfigError
-from geco.job import privatetmp
 from geco.wire import address
 
 __all__ = ["DEFAULT_PATH", "render", "write"]
@@ -204,7 +203,7 @@ def render(cfg: Config, *, source: Path | str | None = None) -> str:
             f"session_bypass={bypass}\n")
     # where the preload finds a job's namespace to enter: always, as gecod pins one only
     # with [tmp] private, which then needs no sge_execd restart to take effect
-    text += f"job_mntns={_value('private', str(privatetmp.pins_dir(cfg)), 'tmp')}\n"
+    text += f"job_mntns={_value('private', str(jobfiles.pins_dir(cfg.state_dir)), 'tmp')}\n"
     if unknown:
         text += (f"# not on this node, left out of session_admin_*: {', '.join(unknown)} "
                  f"(re-run geco preload-config once they are)\n")

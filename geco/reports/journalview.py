@@ -49,8 +49,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from geco import log
+from geco.accounting import Accounting
 from geco.errors import GecoError
-from geco.job.accounting import Accounting
 from geco.terminal import printable
 
 __all__ = ["JOURNAL_DIRS", "Entry", "Instance", "accounting_from_fields", "check_access",

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 
 from geco._tuple import NamedTuple
-from geco.job.jobkey import JobKey
+from geco.jobkey import JobKey
 
 __all__ = ["NodeResources", "ResourceSet", "short_hostname"]
 

@@ -12,11 +12,12 @@ import math
 from typing import Any
 
 from geco._tuple import NamedTuple
-from geco.job.samples import Series
 from geco.terminal import printable
 from geco.units import format_memory
+from geco.usage.samples import Series
 
-__all__ = ["Report", "Whole", "render", "render_whole", "report", "whole"]
+__all__ = ["Report", "Whole", "cpu_ratio", "memory_ratio", "render", "render_whole", "report",
+           "whole"]
 
 # Below this many seconds of wall time a job says too little to advise on.
 _ADVISE_AFTER = 10.0
@@ -28,6 +29,20 @@ _CORE_NOISE = 0.05
 _TIGHT, _LOOSE = 0.9, 0.5
 _MEMORY_SLACK = 256 << 20
 _HEADROOM = 1.2  # what to request: the peak and a fifth more
+
+
+def cpu_ratio(cpu_seconds: float, cores: int, wall: float) -> float | None:
+    """seff's CPU efficiency as a share (1 = every granted core busy all along): CPU time
+    / (cores x wall time); None when it cannot be told (no cores, no wall time yet, a
+    counter the kernel does not keep here: negative)."""
+    return cpu_seconds / (cores * wall) if cpu_seconds >= 0 and cores > 0 and wall > 0 \
+        else None
+
+
+def memory_ratio(peak: int, requested: int) -> float | None:
+    """seff's memory efficiency as a share: peak / requested; None without a request (or
+    a peak the kernel does not keep here: negative)."""
+    return peak / requested if peak >= 0 and requested > 0 else None
 
 
 class Report(NamedTuple):
@@ -93,13 +108,14 @@ def report(series: Series, *, running: bool) -> Report:
     cpu = None
     if last is not None and last.cpu_user_usec >= 0 and last.cpu_system_usec >= 0:
         cpu = (last.cpu_user_usec + last.cpu_system_usec) / 1e6
-    cpu_eff = round(100 * cpu / (h.cores * wall), 1) if cpu is not None and h.cores and wall \
-        else None
+    cpu_share = cpu_ratio(cpu, h.cores, wall) if cpu is not None else None
+    cpu_eff = round(100 * cpu_share, 1) if cpu_share is not None else None
     peak = max((max(s.memory_peak, s.memory_current) for s in samples), default=0)
     peak = max(peak, 0)
     peak_at = next((s.time for s in samples if max(s.memory_peak, s.memory_current) == peak),
                    None) if peak else None
-    mem_eff = round(100 * peak / h.memory, 1) if h.memory and peak else None
+    memory_share = memory_ratio(peak, h.memory) if peak else None
+    mem_eff = round(100 * memory_share, 1) if memory_share is not None else None
     kills = max((s.oom_kills for s in samples), default=0)
     kills = max(kills, 0)
     return Report(f"{h.job_id}.{h.task_id}", h.host, h.owner, h.job_name, running, started,

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from itertools import pairwise
 
-from geco.job.samples import Sample, Series
 from geco.units import format_memory
+from geco.usage.samples import Sample, Series
 
 __all__ = ["chart", "columns", "cpu_points", "memory_points", "start_of"]
 
