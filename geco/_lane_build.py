@@ -1,4 +1,5 @@
-"""cffi builder for ``geco._lane_cffi``: gecod's fast lane (``lane/geco_lane.c``).
+"""cffi builder for ``geco._lane_cffi``: gecod's fast lane (``lane/*.c``, one job a file,
+``lane/lane.h`` names them; ``lane/geco_lane.h`` is its interface).
 
 The lane shares libgeco's wire format (``libgeco/geco_proto.c``) and job identity
 (``libgeco/geco_job.c``) with the preload, the hook program and pam_geco.so: one
@@ -24,6 +25,8 @@ __all__ = ["ffibuilder"]
 
 MODULE_NAME = "geco._lane_cffi"
 REPO = Path(__file__).resolve().parent.parent
+#: the lane's C files (lane/lane.h says what each does)
+LANE_SOURCES = ("geco_lane.c", "serve.c", "jobs.c", "handoff.c", "journal.c", "replay.c")
 
 
 
@@ -49,8 +52,8 @@ def _builder(root: Path) -> FFI:
     builder.cdef(_cdef())
     builder.set_source(
         MODULE_NAME, '#include "geco_lane.h"\n',
-        sources=[str(root / "lane" / "geco_lane.c"), str(root / "libgeco" / "geco_proto.c"),
-                 str(root / "libgeco" / "geco_job.c")],
+        sources=[*(str(root / "lane" / c) for c in LANE_SOURCES),
+                 str(root / "libgeco" / "geco_proto.c"), str(root / "libgeco" / "geco_job.c")],
         include_dirs=[str(root / "lane"), str(root / "libgeco")], libraries=["sodium"],
         extra_compile_args=["-std=gnu11", "-O2", "-pthread", "-Wall", "-Wextra"],
         extra_link_args=["-pthread"])

@@ -6,7 +6,7 @@ is the kernel's: a socket round trip, a MAC, a few ``/proc`` and spool reads and
 one ``cgroup.procs`` write per hierarchy, tens of microseconds. Python spent
 about half a millisecond of the loop's core on each (the profile: logging, the
 frame's objects, the loop's turns), so 64 tasks at once waited tens of
-milliseconds. The lane (``lane/geco_lane.c``) accepts root's socket in
+milliseconds. The lane (``lane/``, C) accepts root's socket in
 threads of its own and serves exactly that case there; everything else comes
 back to :class:`geco.daemon.server.Server` as a :class:`Handoff`, with the bytes
 read so far, and is decided as without the lane.

@@ -42,7 +42,7 @@ from tests.gecodkit import gecod as gecod  # the module's gecod, on this module'
 pytestmark = MARKS
 
 REPO = Path(__file__).resolve().parents[2]
-LANE = "lane/geco_lane.c"
+LANE = "lane/journal.c"
 
 # A process that sends one JOB_STARTED frame for itself twice, on root's socket; prints
 # both ACK statuses (the second is the replay).
@@ -186,7 +186,7 @@ def test_a_later_task_is_served_by_the_lane_and_looks_as_if_python_had_served_it
     lines = gecod.output_with(*(f"quarantined process {t.pid} into job {job}.1"
                                 for t in tasks)).splitlines()
     for task in tasks:
-        assert any("|INFO ]: (geco_lane.c:" in line and
+        assert any("|INFO ]: (journal.c:" in line and
                    f"quarantined process {task.pid} into job {job}.1" in line for line in lines)
     assert status(node, gecod.sock)["served"] >= served_before + 2
 

@@ -1,4 +1,4 @@
-"""The fast lane's replay cache (lane/geco_lane.c) keeps geco.wire.replay.ReplayCache's rules.
+"""The fast lane's replay cache (lane/replay.c) keeps geco.wire.replay.ReplayCache's rules.
 
 gecod's decoding of every frame MAC'd with the secret key asks the lane's cache
 when the lane runs, so the two must agree on every sequence: a nonce is taken

@@ -3,7 +3,7 @@
 * the replay caches: a flood of distinct nonces leaves each at its capacity, and a nonce
   seen within the window is still refused (the PEERCRED cache forgets its oldest, the
   secret key's refuses new ones when full: fail closed);
-* the fast lane's replay ring (``lane/geco_lane.c``), which gives back the pages its head
+* the fast lane's replay ring (``lane/replay.c``), which gives back the pages its head
   has left: over many laps of the ring at changing rates it answers exactly as
   :class:`geco.wire.replay.ReplayCache` does (no live nonce is lost with a page);
 * the journal budget of refusals: a flood from thousands of peers keeps at most

@@ -166,7 +166,7 @@ class C:
 
     def decode_job_started(self, frame: bytes, *, now: int, skew: int = SKEW_NS
                            ) -> tuple[int, JobStarted | None]:
-        """gecod's fast lane's decoding of a request (lane/geco_lane.c)."""
+        """gecod's fast lane's decoding of a request (lane/serve.c)."""
         out = self.ffi.new("geco_job_started_t *")
         rc = self.lib.geco_decode_job_started(self._in(frame or b"\0"), len(frame),
                                               self._in(KEY), now, skew, out)
