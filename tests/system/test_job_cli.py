@@ -328,7 +328,7 @@ def test_journal_as_nobody_shows_what_the_journal_files_let_nobody_see(
 
 def check_access_as_nobody(store: Path) -> tuple[int, str]:
     """Run journalview.check_access([store's parent], machine id "m") as nobody."""
-    code = ("import sys\nfrom pathlib import Path\nfrom geco.job import journalview\n"
+    code = ("import sys\nfrom pathlib import Path\nfrom geco.reports import journalview\n"
             "from geco.errors import GecoError\n"
             f"try:\n    print(journalview.check_access([Path({str(store.parent)!r})], 'm'))\n"
             "except GecoError as exc:\n    print(exc)\n    sys.exit(1)\n")

@@ -123,7 +123,7 @@ def test_given_no_pids_hierarchy_when_a_job_asks_for_a_limit_then_a_warning_once
             assert limits.pids == 24  # asked for, but nothing can enforce it here
             assert b.read_limits(key).pids == 0
         st = jobstatus.read(cfg, b, "24.1")
-    assert [r.getMessage() for r in caplog.records if r.name == "geco.cgroup._v1"] == [
+    assert [r.getMessage() for r in caplog.records if r.name == "geco.cgroup._base"] == [
         "the pids controller is not mounted: task limits (pids.max, [cgroup] pids_per_slot) "
         "are not enforced on this node; mount it (cgroup v1 pids hierarchy) to have them"]
     assert pids_unenforced(b, RULE) in st.notes
