@@ -42,10 +42,10 @@ from geco.cgroup import V1Backend
 from geco.config import Config
 from geco.daemon import clusterserve
 from geco.daemon.context import GecodContext
-from geco.daemon.pools import Pools
 from geco.daemon.runloop import RunLoop
 from geco.daemon.server import Server
 from geco.node.topology import Topology
+from geco.pools import Pools
 from geco.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.wire import cluster, keys
 from geco.wire.messages import MsgType

@@ -444,7 +444,7 @@ def _add_uninstall_command(sub: Any) -> None:
 
 def _uninstall_check(args: argparse.Namespace) -> int:
     from geco import cgroup  # see _keygen
-    from geco.node import removal
+    from geco.reports import removal
 
     try:
         cfg = _config.load()

@@ -33,20 +33,6 @@
 
 /* -- the lane ------------------------------------------------------------------ */
 
-int64_t lane_realtime_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-double lane_monotonic_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 geco_lane_t *geco_lane_new(int listen_fd, int notify_fd, int64_t replay_window_ns,
                            uint32_t replay_capacity)
 {

@@ -21,6 +21,7 @@
 #include <stdint.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 
 #include "geco_lane.h"
 
@@ -93,11 +94,23 @@ struct geco_lane {
     struct replay replay;
 };
 
+/* the clocks: CLOCK_REALTIME in ns (the replay window), CLOCK_MONOTONIC in seconds */
+static inline int64_t lane_realtime_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static inline double lane_monotonic_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
 #pragma GCC visibility push(hidden)
 
-/* geco_lane.c: the clocks (CLOCK_REALTIME in ns, CLOCK_MONOTONIC in seconds) */
-int64_t lane_realtime_ns(void);
-double lane_monotonic_s(void);
 
 /* serve.c: read what is here of h's frame: 1 when more is to come, 0 when it is whole,
    bad, closed early or failed (then lane_complete) */

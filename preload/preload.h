@@ -3,7 +3,8 @@
  * exports only its wrappers, exports.map).
  *
  *   geco_preload.c   geco_gate(): every wrapped exec asks it first; start reading there
- *   wrappers.c       the exported exec, spawn, popen and system wrappers, the real ones
+ *   wrappers.c       the exported exec, spawn, popen and system wrappers
+ *   real.c           the real functions they call through to
  *   setup.c          the constructor: which program loaded us, config, key
  *   emit.c           messages to the configured destination
  *   shepherd.c       sge_execd's gate: a shepherd's exec waits for gecod's ack
@@ -18,7 +19,10 @@
 #define GECO_PRELOAD_H
 
 #include <limits.h>
+#include <spawn.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <sys/types.h>
 
 #include "geco_config.h"
 #include "geco_log.h"
@@ -50,8 +54,28 @@ extern char *exec_env[EXEC_ENV_SLOTS];
 int geco_gate(const char *path, char *const *envp, char *const **use_envp);
 /* setup.c: resolve the real functions, read config and key, once (pthread_once) */
 void preload_setup(void);
-/* wrappers.c: dlsym(RTLD_NEXT) every real function (setup.c calls it first) */
+/* real.c: dlsym(RTLD_NEXT) every real function (setup.c calls it first) */
 void resolve_real(void);
+
+/* the real functions' signatures, one typedef each */
+typedef int (*execve_fn)(const char *, char *const[], char *const[]);
+typedef int (*execv_fn)(const char *, char *const[]);
+typedef int (*fexecve_fn)(int, char *const[], char *const[]);
+typedef int (*spawn_fn)(pid_t *, const char *, const posix_spawn_file_actions_t *,
+                        const posix_spawnattr_t *, char *const[], char *const[]);
+typedef FILE *(*popen_fn)(const char *, const char *);
+typedef int (*system_fn)(const char *);
+
+/* real.c: the real functions, one pointer each (resolve_real() fills them) */
+extern execve_fn real_execve;
+extern execv_fn real_execv;
+extern execv_fn real_execvp;
+extern execve_fn real_execvpe;
+extern fexecve_fn real_fexecve;
+extern spawn_fn real_posix_spawn;
+extern spawn_fn real_posix_spawnp;
+extern popen_fn real_popen;
+extern system_fn real_system;
 
 /* emit.c: write one message to the configured destination. severity: 3 error, 4 warning. */
 void emit(int severity, const char *text, size_t len);

@@ -11,7 +11,6 @@
  */
 #define _GNU_SOURCE
 
-#include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
 #include <spawn.h>
@@ -24,41 +23,8 @@
 
 #define GECO_EXPORT __attribute__((visibility("default")))
 
-/* the real functions: one pointer each, one typedef a signature */
-typedef int (*execve_fn)(const char *, char *const[], char *const[]);
-typedef int (*execv_fn)(const char *, char *const[]);
-typedef int (*fexecve_fn)(int, char *const[], char *const[]);
-typedef int (*spawn_fn)(pid_t *, const char *, const posix_spawn_file_actions_t *,
-                        const posix_spawnattr_t *, char *const[], char *const[]);
-typedef FILE *(*popen_fn)(const char *, const char *);
-typedef int (*system_fn)(const char *);
-
 /* execl, execle and execlp have no va_list twin to call through to; like
    glibc, the wrappers build argv on the stack and call execve/execvpe. */
-static execve_fn real_execve;
-static execv_fn real_execv;
-static execv_fn real_execvp;
-static execve_fn real_execvpe;
-static fexecve_fn real_fexecve;
-/* sshd's other ways to run a program (~/.ssh/rc, /etc/ssh/sshrc and xauth go through
-   popen): wrapped for ssh sessions only */
-static spawn_fn real_posix_spawn;
-static spawn_fn real_posix_spawnp;
-static popen_fn real_popen;
-static system_fn real_system;
-
-void resolve_real(void)
-{
-    real_execve = (execve_fn)dlsym(RTLD_NEXT, "execve");
-    real_execv = (execv_fn)dlsym(RTLD_NEXT, "execv");
-    real_execvp = (execv_fn)dlsym(RTLD_NEXT, "execvp");
-    real_execvpe = (execve_fn)dlsym(RTLD_NEXT, "execvpe");
-    real_fexecve = (fexecve_fn)dlsym(RTLD_NEXT, "fexecve");
-    real_posix_spawn = (spawn_fn)dlsym(RTLD_NEXT, "posix_spawn");
-    real_posix_spawnp = (spawn_fn)dlsym(RTLD_NEXT, "posix_spawnp");
-    real_popen = (popen_fn)dlsym(RTLD_NEXT, "popen");
-    real_system = (system_fn)dlsym(RTLD_NEXT, "system");
-}
 
 /* Real function missing (a libc without it): fail like a kernel without the call. */
 static int missing(void)

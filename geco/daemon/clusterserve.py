@@ -24,7 +24,7 @@ here. A refusal is journaled (``cluster-refused``: peer address, the job only
 when the frame was the key holder's, reason; within the peer's budget) and
 answered with an ACK that says nothing of the job, as on the local socket.
 
-Each kind of request runs in the pool of its kind (:class:`geco.daemon.pools.Pools`):
+Each kind of request runs in the pool of its kind (:class:`geco.pools.Pools`):
 PREPARE with the job starts, ABORT and RELEASE with the job ends, CALLERID and
 NODE_STATUS with other hosts' look-ups (per host), OOM_REPORT with the OOM reports
 (per job and host). A user's logins or OOM kills on another host never hold up a
@@ -46,12 +46,12 @@ from geco.config import Config
 from geco.daemon.allowlist import AllowList
 from geco.daemon.context import GecodContext
 from geco.daemon.lanes import CLUSTER_BUDGET, Lane
-from geco.daemon.pools import Keys, Pool, Pools
 from geco.errors import GecoError, JobKeyError, ProtocolError
 from geco.job import containment, ending, privatetmp
 from geco.job.undo import undo_job
 from geco.jobkey import JobKey
 from geco.oom.asowner import stderr_target, tell_owner
+from geco.pools import Keys, Pool, Pools
 from geco.reports import jobstatus
 from geco.resourceset import short_hostname
 from geco.sge import execd, lookup, resourcefile, v1format

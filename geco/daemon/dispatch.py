@@ -4,7 +4,7 @@
 (its payload unpacked once there, :attr:`~geco.wire.frame.Frame.message`) and says what
 to do with it: an :class:`~geco.daemon.context.Outcome` to answer at once (refused
 before any work), or the :class:`Work` to run in the pool of its kind
-(:mod:`geco.daemon.pools`):
+(:mod:`geco.pools`):
 
 =================  ============================  =========================================
 request            work                          pool, keyed by
@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from geco.daemon import hookserve, sshlogin
 from geco.daemon.context import GecodContext, Outcome
 from geco.daemon.lanes import Connection
-from geco.daemon.pools import Keys, Pool, Pools
 from geco.daemon.quarantine import Request, pid_reused, quarantine
+from geco.pools import Keys, Pool, Pools
 from geco.wire.frame import Frame, encode
 from geco.wire.messages import (
     CLUSTER_MAX_PAYLOAD,

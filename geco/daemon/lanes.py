@@ -20,8 +20,8 @@ from typing import Protocol
 
 from geco.daemon.context import Peer
 from geco.daemon.fastlane import FastLane
-from geco.daemon.pools import Keys, Pool
 from geco.daemon.runloop import Timer
+from geco.pools import Keys, Pool
 from geco.wire.address import Address
 from geco.wire.frame import MAX_FRAME, Frame, Header
 from geco.wire.messages import CLUSTER_MAX_PAYLOAD, MAX_PAYLOAD

@@ -3,7 +3,7 @@
 gecod listens on two sockets (three with the cluster channel), each a
 :class:`~geco.daemon.lanes.Lane` with its own connections and request budget, so that no user can
 crowd root out; each kind of request then runs in a pool of its own
-(:mod:`geco.daemon.pools`: job starts, job ends, a user's requests, ssh logins,
+(:mod:`geco.pools`: job starts, job ends, a user's requests, ssh logins,
 other hosts' look-ups), bounded per uid, job or peer, so that nothing a user can
 cause queues a job start or another user's login:
 
@@ -89,11 +89,11 @@ from geco.daemon.lanes import (
     tcp_peer,
     uncount,
 )
-from geco.daemon.pools import Busy, Pools
 from geco.daemon.requestlog import RequestLog
 from geco.daemon.runloop import RunLoop
 from geco.errors import ProtocolError
 from geco.jobkey import JobKey
+from geco.pools import Busy, Pools
 from geco.wire.frame import (
     AFTER_MAC,
     HEADER_BYTES,

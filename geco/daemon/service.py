@@ -70,7 +70,6 @@ from geco import config as _config
 from geco.daemon import clusterserve, fastlane, handover, metrics, status
 from geco.daemon.context import GecodContext
 from geco.daemon.lanes import PUBLIC_BUDGET, Lane, root_budget
-from geco.daemon.pools import Pools
 from geco.daemon.quarantine import spool_root
 from geco.daemon.reaper import Reaper
 from geco.daemon.runloop import RunLoop
@@ -80,6 +79,7 @@ from geco.errors import GecoError
 from geco.job import privatetmp, trace
 from geco.jobkey import JobKey
 from geco.node.topology import Topology
+from geco.pools import Pools
 from geco.usage.sampler import Health, Sampler
 from geco.wire import address, cluster, keys
 

@@ -36,12 +36,12 @@ from pathlib import Path
 from geco import log
 from geco.cgroup import Backend
 from geco.daemon.context import GecodContext, Shepherd
-from geco.daemon.pools import Busy, Pool
 from geco.daemon.quarantine import spool_root
 from geco.daemon.runloop import RunLoop
 from geco.errors import GecoError
 from geco.job import ending, teardown
 from geco.jobkey import JobKey
+from geco.pools import Busy, Pool
 from geco.sge import execd
 
 __all__ = ["ShepherdWatch"]

@@ -30,13 +30,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from geco import log
 from geco.cgroup import Backend
-from geco.daemon.pools import Busy, Pool
 from geco.errors import CgroupError, GecoError
 from geco.jobkey import JobKey
 from geco.oom.asowner import JobNamespace, StderrTarget, stderr_target, tell_owner
 from geco.oom.kmsg import KMSG, KernelLog
 from geco.oom.message import RequestHint, owner_message, request_hint
 from geco.oom.watch import OomEvent, OomWatch, remove_counts
+from geco.pools import Busy, Pool
 from geco.resourceset import short_hostname
 from geco.sge import execd, resourcefile
 from geco.wire import cluster

@@ -18,7 +18,7 @@ import pytest
 from geco.cgroup import Limits, find_hierarchies, parse_mountinfo
 from geco.config import Config
 from geco.jobkey import JobKey
-from geco.node import removal
+from geco.reports import removal
 from geco.resourceset import short_hostname
 from tests.cgroup_testkit import eventually, start_in, usable_v1_hierarchies, v1_fixtures
 from tests.sshkit import GECO_PAM_STACK, PLAIN_PAM_STACK

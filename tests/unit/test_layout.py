@@ -139,10 +139,6 @@ FLOORS = (("street",), ("cgroup", "sge"), ("node",), ("wire",), ("oom", "ssh", "
           ("job",), ("reports", "hooks"), ("daemon",), ("cli",))
 # The imports that still run up, each with why it is not yet mended.
 UPWARD = {
-    # uninstall-check names PAM files that load pam_geco.so, read as sshd reads its stack
-    ("geco.node.removal", "geco.ssh.pamstack"),
-    # the OOM relay's blocking steps run on gecod's worker pools (rule 9: the owner's cap)
-    ("geco.oom.monitor", "geco.daemon.pools"),
     # geco check's line on the metrics endpoint: the daemon's own reading of [metrics]
     ("geco.reports.nodeview", "geco.daemon.metrics"),
 }
@@ -173,8 +169,8 @@ def test_the_floor_finder_sees_an_import_that_runs_up() -> None:
 
 
 SHARED = {"accounting", "atomicfile", "cli", "config", "configcache", "cpulist", "errors",
-          "gpushare", "jobfiles", "jobkey", "log", "log_handlers", "ownerread", "procfs",
-          "resourceset", "rootlock", "terminal", "units"}
+          "gpushare", "jobfiles", "jobkey", "log", "log_handlers", "ownerread", "pools",
+          "procfs", "resourceset", "rootlock", "terminal", "units"}
 WINGS = {"cgroup", "daemon", "hooks", "job", "node", "oom", "reports", "sge", "ssh", "usage",
          "wire"}
 

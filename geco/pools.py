@@ -34,7 +34,7 @@ from geco import log
 
 __all__ = ["Busy", "Cap", "Keys", "Pool", "Pools"]
 
-_log = log.get("daemon.pools")
+_log = log.get("pools")
 
 T = TypeVar("T")
 
