@@ -55,6 +55,7 @@ from geco.pools import Keys, Pool, Pools
 from geco.reports import jobstatus
 from geco.resourceset import short_hostname
 from geco.sge import execd, lookup, resourcefile, v1format
+from geco.sge.execd import JobRef
 from geco.ssh import policy as ssh
 from geco.usage import samples
 from geco.wire import cluster
@@ -255,9 +256,8 @@ class ClusterChannel:
                 self.before_release(key)
             return True
 
-        ended = ending.end_job(key, self.ctx.backend, self.ctx.config, cleaned_by="master",
-                               gate=self.ctx, confirm=check_oom, event="job-end-slave",
-                               strays_when=None)
+        ended = ending.end_job(JobRef(key.job, key.task), self.ctx.config, self.ctx.backend,
+                               ending.Ender("master", self.ctx, check_oom))
         assert ended is not None  # check_oom confirms: the master decided the end
         result = ended.teardown
         return {"status": "released" if result.clean else "failed",

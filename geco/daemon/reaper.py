@@ -69,6 +69,7 @@ from geco.job import ending, teardown
 from geco.jobkey import JobKey
 from geco.resourceset import ResourceSet, short_hostname
 from geco.sge import execd, qstat, resourcefile
+from geco.sge.execd import JobRef
 from geco.usage import samples
 from geco.usage.sampler import Loop
 
@@ -429,17 +430,15 @@ class Reaper:
     def _reap(self, cfg: Config, key: JobKey, why: str) -> teardown.Teardown | None:
         """End a gone job (:func:`geco.job.ending.end_job`) and journal it (``reaped``); its
         owner's strays are looked for after that record."""
-        looks: list[Callable[[], object]] = []
         # the spool (and the queue instance in its config) is gone: None = every queue
         # of this host; tear_down disables it once per stuck job, not every round
-        ended = ending.end_job(key, self.backend, cfg, cleaned_by="reaper", gate=self.gate,
-                               confirm=lambda: self._still_gone(cfg, key),
-                               strays_when=lambda owner, look: looks.append(look))
+        ended = ending.end_job(JobRef(key.job, key.task), cfg, self.backend, ending.Ender(
+            "reaper", self.gate, lambda: self._still_gone(cfg, key)))
         if ended is None:
             return None
         self._journal(cfg, key, why, ended.teardown)
-        for look in looks:
-            look()
+        if ended.strays is not None:
+            ended.strays()
         return ended.teardown
 
     def _still_gone(self, cfg: Config, key: JobKey) -> bool:

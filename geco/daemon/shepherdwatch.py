@@ -43,6 +43,7 @@ from geco.job import ending, teardown
 from geco.jobkey import JobKey
 from geco.pools import Busy, Pool
 from geco.sge import execd
+from geco.sge.execd import JobRef
 
 __all__ = ["ShepherdWatch"]
 
@@ -166,15 +167,17 @@ class ShepherdWatch:
         """Worker: the job's shepherd is gone; end the job unless it started again."""
         key = shepherd.key
         try:
-            ended = ending.end_job(key, self.ctx.backend, self.ctx.config, cleaned_by="gecod",
-                                   gate=self.ctx, confirm=lambda: self._over(shepherd),
-                                   queue_instance=shepherd.queue_instance,
-                                   strays_when=self._strays_later)
+            ended = ending.end_job(
+                JobRef(key.job, key.task), self.ctx.config, self.ctx.backend,
+                ending.Ender("gecod", self.ctx, lambda: self._over(shepherd),
+                             shepherd.queue_instance))
         except (GecoError, OSError) as exc:  # the reaper retries what is left
             _log.warning("job %s: its shepherd exited but its teardown failed: %s", key, exc,
                          extra=log.job_fields(key.job, key.task, "teardown-failed",
                                               REASON=str(exc)))
             return
+        if ended is not None and ended.strays is not None:
+            self._strays_later(ended.owner, ended.strays)
         if ended is not None and ended.clean and self.on_ended is not None:
             self.loop.call_soon_threadsafe(functools.partial(self.on_ended, key))
 

@@ -69,9 +69,11 @@ def end(job: execd.JobRef, shepherd: int, hook: int, cfg: Config, logger: log.Lo
             backend.move_to_cgroups_of(shepherd, sge_execd)
         return True
 
-    ending.end_job(job.key, backend, cfg, cleaned_by="epilog", gate=gate, confirm=step_out,
-                   resources=resources, queue_instance=instance, spool_dir=job.spool_dir,
-                   release_others=True, logger=logger)
+    ended = ending.end_job(job, cfg, backend,
+                           ending.Ender("epilog", gate, step_out, instance, logger),
+                           resources=resources)
+    if ended is not None and ended.strays is not None:
+        ended.strays()
     return Exit.OK
 
 

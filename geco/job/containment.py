@@ -28,7 +28,7 @@ from geco.config import Config
 from geco.errors import CgroupError, CoresUnavailable, GecoError
 from geco.jobkey import JobKey
 from geco.node import gpus, health
-from geco.node.limits import GpuShare, MemoryDefault, PidsLimit, gpu_share, jobs_memory, limits_for
+from geco.node.limits import GpuShare, MemoryDefault, Rules, gpu_share, jobs_memory, limits_for
 from geco.resourceset import NodeResources, short_hostname
 from geco.sge import execd, lookup, resourcefile
 from geco.sge.execd import JobRef
@@ -132,7 +132,7 @@ def _join_locked(key: JobKey, backend: Backend, pid: int | None) -> Limits | Non
 
 
 def contain(key: JobKey, node: NodeResources, backend: Backend, *, state_dir: Path,
-            pids: PidsLimit, pid: int | None = None, hardware_threads: bool = False,
+            rules: Rules, pid: int | None = None, hardware_threads: bool = False,
             reserved_cpus: str = "",
             topology: Topology | None = None, active_jobs: Path | None = None,
             reclaim: Callable[[], None] | None = None) -> Limits:
@@ -147,8 +147,8 @@ def contain(key: JobKey, node: NodeResources, backend: Backend, *, state_dir: Pa
     node: the job's record for this host (slots, memory limits).
     backend: the cgroup backend of this host.
     state_dir: where the node lock lives.
-    pids: the node's task-limit rule (:meth:`geco.node.limits.PidsLimit.from_config`); the job gets
-        ``pids.for_slots(node.slots)``.
+    rules: the node's rules for the job's limits (:meth:`geco.node.limits.Rules.from_config`;
+        :func:`geco.node.limits.limits_for` applies them).
     pid: the job's first process (its shepherd), moved in under the node lock, so
         that no other allocation ever sees the new cgroups empty. When the kernel
         refuses the move, cgroups made here are removed again.
@@ -168,14 +168,14 @@ def contain(key: JobKey, node: NodeResources, backend: Backend, *, state_dir: Pa
     CgroupError
         when the kernel refuses a cgroup operation.
     """
-    return _contain(key, node, backend, state_dir=state_dir, pids=pids, pid=pid,
+    return _contain(key, node, backend, state_dir=state_dir, rules=rules, pid=pid,
                     hardware_threads=hardware_threads, reserved_cpus=reserved_cpus,
                     topology=topology,
                     active_jobs=active_jobs, reclaim=reclaim, gpu=None)[0]
 
 
 def _contain(key: JobKey, node: NodeResources, backend: Backend, *, state_dir: Path,
-             pids: PidsLimit, pid: int | None, hardware_threads: bool, reserved_cpus: str,
+             rules: Rules, pid: int | None, hardware_threads: bool, reserved_cpus: str,
              topology: Topology | None, active_jobs: Path | None,
              reclaim: Callable[[], None] | None,
              gpu: GpuShare | None, namespace: Callable[[], object] | None = None
@@ -211,7 +211,7 @@ def _contain(key: JobKey, node: NodeResources, backend: Backend, *, state_dir: P
                                short=True) and reclaim is None:
                 raise
             chosen, gpu_ids = allocate()
-        limits = limits_for(node, chosen, pids)
+        limits = limits_for(node, chosen, rules)
         backend.create(key, limits)
         try:
             if gpu is not None:
@@ -368,7 +368,7 @@ def _make(job: JobRef, cfg: Config, backend: Backend, pid: int | None, found: Fo
                                                   REASON=str(exc)))
                 return None
     limits, created, gpu_ids = _contain(
-        job.key, node, backend, state_dir=cfg.state_dir, pids=PidsLimit.from_config(cfg),
+        job.key, node, backend, state_dir=cfg.state_dir, rules=Rules.from_config(cfg),
         pid=pid, hardware_threads=cfg.hardware_threads, reserved_cpus=cfg.cpus_reserve,
         topology=topology,
         active_jobs=job.spool_dir.parent if job.spool_dir else None, reclaim=reclaim,

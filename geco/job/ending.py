@@ -1,7 +1,8 @@
 """A job's one way out on this node: :func:`end_job`, the mirror of the way in
 (:func:`geco.job.containment.contain_job`).
 
-Each way a job ends decides only that it has ended, and calls :func:`end_job`:
+Each way a job ends decides only that it has ended, and calls :func:`end_job`, saying
+who it is (:class:`Ender`):
 
 * the epilog (:func:`geco.hooks.epilog.end`, run by Grid Engine, or by gecod for it);
 * gecod's shepherd watch (:mod:`geco.daemon.shepherdwatch`): the job's master shepherd exited;
@@ -28,13 +29,11 @@ The steps, in order:
 6. Its cgroups gone: the :class:`Ended` record is journaled (``job-end``: who ended the
    job, its figures, its other hosts'); what of its owner's other jobs holds one of its
    GPUs open is killed (:func:`geco.job.gpufds.revoke`: the kernel checks a device at
-   open only); the job's files are forgotten (:func:`geco.jobfiles.forget`); then its
-   owner's strays are looked for (:func:`geco.job.strays.after_job`)
-   as the caller schedules it: at once (:func:`at_once`), or later (gecod's shepherd
-   watch, once the job's clients have seen its end). A job that is stuck keeps its
-   files: the reaper's next try needs them.
+   open only); the job's files are forgotten (:func:`geco.jobfiles.forget`). A job
+   that is stuck keeps its files: the reaper's next try needs them.
 
-It returns the :class:`Ended` record.
+It returns the :class:`Ended` record, with the look for its owner's strays
+(:func:`geco.job.strays.after_job`) for the caller to run when it suits it.
 """
 
 from __future__ import annotations
@@ -43,7 +42,6 @@ import contextlib
 import enum
 import os
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 from geco import gpushare, jobfiles, log
 from geco._tuple import NamedTuple
@@ -65,6 +63,7 @@ if TYPE_CHECKING:
 
     from geco.job.privatetmp import Freed
     from geco.resourceset import ResourceSet
+    from geco.sge.execd import JobRef
     from geco.wire.cluster import Answer, WholeJob
 
     class Gate(Protocol):
@@ -74,13 +73,9 @@ if TYPE_CHECKING:
 
         def job_lock(self, key: JobKey) -> AbstractContextManager[None]: ...
 
-__all__ = ["UNREAD", "Ended", "Unread", "at_once", "end_job"]
+__all__ = ["UNREAD", "Ended", "Ender", "Unread", "end_job"]
 
 _log = log.get("job.ending")
-
-# Schedules the look for an ended job's strays: called with the owner and the look.
-Schedule = Callable[[str | None, Callable[[], object]], None]
-
 
 class Unread(enum.Enum):
     """The type of :data:`UNREAD`."""
@@ -90,6 +85,36 @@ class Unread(enum.Enum):
 
 # ``resources`` of a caller that has not read the job's resource set: end_job reads it.
 UNREAD = Unread.UNREAD
+
+
+class Ender(NamedTuple):
+    """Who ends a job here, and what only that caller lends its end.
+
+    Attributes
+    ----------
+    name: ``epilog`` (a parallel job's master: it tells the job's other hosts to end it,
+        and their figures join its record), ``gecod`` (its shepherd watch), ``reaper``
+        or ``master`` (a slave host's end, asked by the job's master: its record is
+        ``job-end-slave``, and its owner's strays are the master's to look for), journaled
+        as ``CLEANED_BY``.
+    gate: gecod's per-job lock and set of ending jobs; None outside gecod.
+    confirm: called under the lock: False leaves the job alone (it started again, or
+        someone else ended it); it may ready the job for its end.
+    queue_instance: ``<queue>@<host>`` to disable when the job is stuck (None: every
+        queue of this host).
+    logger: what the other hosts' failures are journaled through (the epilog's).
+    """
+
+    name: str
+    gate: Gate | None = None
+    confirm: Callable[[], bool] | None = None
+    queue_instance: str | None = None
+    logger: log.Logger | None = None
+
+    @property
+    def event(self) -> str:
+        """The record's ``GECO_EVENT``."""
+        return "job-end-slave" if self.name == "master" else "job-end"
 
 
 class Ended(NamedTuple):
@@ -106,6 +131,10 @@ class Ended(NamedTuple):
     whole: a parallel job's master: every host's figures (:func:`geco.wire.cluster.whole_job`).
     tmp: what its private /tmp and /dev/shm held when they were removed (None: it had none
         here, or they could not be removed: then the reaper tries again).
+    strays: the look for its owner's strays (:func:`geco.job.strays.after_job`), for the
+        caller to run when it suits it: at once (the epilog), after its own record (the
+        reaper), once the job's clients have seen its end (gecod's shepherd watch); None
+        when there is none to run (not clean, ``[strays] kill`` off, a slave host's end).
     """
 
     key: JobKey
@@ -115,6 +144,7 @@ class Ended(NamedTuple):
     gpus: tuple[int, ...] = ()
     whole: WholeJob | None = None
     tmp: Freed | None = None
+    strays: Callable[[], object] | None = None
 
     @property
     def clean(self) -> bool:
@@ -122,81 +152,61 @@ class Ended(NamedTuple):
         return self.teardown.clean
 
 
-def at_once(owner: str | None, look: Callable[[], object]) -> None:
-    """Look for the owner's strays now, in the calling thread (the epilog, the reaper)."""
-    look()
-
-
-def end_job(key: JobKey, backend: Backend, cfg: Config, *, cleaned_by: str,
-            gate: Gate | None = None, confirm: Callable[[], bool] | None = None,
-            resources: ResourceSet | Unread | None = UNREAD,
-            queue_instance: str | None = None, spool_dir: Path | None = None,
-            release_others: bool = False, logger: log.Logger | None = None,
-            event: str = "job-end", strays_when: Schedule | None = at_once) -> Ended | None:
-    """End job ``key`` on this node (see the module docstring for the steps).
+def end_job(job: JobRef, cfg: Config, backend: Backend, by: Ender, *,
+            resources: ResourceSet | Unread | None = UNREAD) -> Ended | None:
+    """End ``job`` on this node (see the module docstring for the steps).
 
     Parameters
     ----------
-    key: ``<job>.<task>``.
-    backend: this node's cgroup backend.
+    job: the job task; its execd spool dir, where given, is where its owner is read when
+        its resource set names none (default: looked up).
     cfg: the configuration.
-    cleaned_by: who ends it, journaled as ``CLEANED_BY``.
-    gate: gecod's per-job lock and its set of ending jobs; None outside gecod.
-    confirm: called under the lock: False leaves the job alone (it started again, or
-        someone else ended it); it may ready the job for its end.
+    backend: this node's cgroup backend.
+    by: who ends it (:class:`Ender`).
     resources: the job's resource set when the caller read it already (None: it has
         none); :data:`UNREAD`: read here. None or unusable: the job is ended with what is
         known (no GPUs, no other hosts, its owner from its spool).
-    queue_instance: ``<queue>@<host>`` to disable when the job is stuck (None: every
-        queue of this host).
-    spool_dir: the job's execd spool dir, where its owner is read when its resource set
-        names none (default: looked up).
-    release_others: this is a parallel job's master end: its other hosts are told to end
-        it, and their figures join this host's ``job-end`` record.
-    logger: what the other hosts' failures are journaled through (the hook's).
-    event: the record's ``GECO_EVENT``: ``job-end``, or ``job-end-slave`` on a slave host.
-    strays_when: how the owner's strays are looked for once the cgroups are gone:
-        :func:`at_once`, or a scheduler of the caller's; None: not on this host (a slave's
-        release, which its master waits for).
 
     Returns
     -------
-    What was done; None when ``confirm`` left the job alone.
+    What was done; None when ``by.confirm`` left the job alone.
 
     Raises
     ------
     GecoError, OSError
-        from ``confirm``, or when ``key`` is no job key; the teardown's own problems are
-        journaled and returned.
+        from ``by.confirm``, or when the job's key is no job key; the teardown's own
+        problems are journaled and returned.
     """
-    with _ending(gate, key):
-        if confirm is not None and not confirm():
+    key = job.key
+    with _ending(by.gate, key):
+        if by.confirm is not None and not by.confirm():
             return None
         rs = (resourcefile.read_usable(cfg.resources_dir, key)
               if isinstance(resources, Unread) else resources)
-        owner = strays.owner_in(rs, cfg, key, spool_dir)
+        owner = strays.owner_in(rs, cfg, key, job.spool_dir)
         journal = log.JobFields(key.job, key.task)  # after the read, which names its instance
-        answers = _release(rs, cfg, logger) if release_others else None
-        done = teardown.tear_down(key, backend, cfg, queue_instance=queue_instance,
-                                  cleaned_by=cleaned_by, journal=journal, resources=rs,
+        answers = _release(rs, cfg, by.logger) if by.name == "epilog" else None
+        done = teardown.tear_down(key, backend, cfg, queue_instance=by.queue_instance,
+                                  cleaned_by=by.name, journal=journal, resources=rs,
                                   owner=owner)
         if rs is not None and answers:
             _gather(cfg, key, rs, answers, journal)
-        ended = Ended(key, cleaned_by, done, owner, _gpus_held(cfg, key, rs),
+        ended = Ended(key, by.name, done, owner, _gpus_held(cfg, key, rs),
                       _whole(rs, done.accounting, answers),
                       _free_tmp(cfg, key, journal) if done.clean else None)
         if ended.clean:
-            _journal(ended, event, journal, cfg)
+            _journal(ended, by.event, journal, cfg)
             if ended.gpus:
                 from geco.job import gpufds  # a GPU job's end only
 
                 gpufds.revoke(cfg, backend, key, ended.gpus, owner, journal=journal)
-    if ended.clean:
-        jobfiles.forget(cfg, key)
-        if strays_when is not None and cfg.strays_kill:
-            strays_when(owner, lambda: strays.after_job(cfg, backend, key, owner,
-                                                        cleaned_by=cleaned_by))
-    return ended
+    if not ended.clean:
+        return ended
+    jobfiles.forget(cfg, key)
+    if by.name == "master" or not cfg.strays_kill:
+        return ended
+    return ended._replace(strays=lambda: strays.after_job(cfg, backend, key, owner,
+                                                          cleaned_by=by.name))
 
 
 @contextlib.contextmanager

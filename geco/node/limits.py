@@ -25,8 +25,8 @@ from geco.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import gpupicks, resourcefile
 from geco.sge.lookup import Found
 
-__all__ = ["GpuShare", "MemoryDefault", "PidsLimit", "gpu_share", "jobs_memory", "limits_for",
-           "pids_unenforced"]
+__all__ = ["GpuShare", "MemoryDefault", "PidsLimit", "Rules", "gpu_share", "jobs_memory",
+           "limits_for", "pids_unenforced"]
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -293,10 +293,28 @@ def jobs_memory(reserve: int) -> int:
     return max((os.sysconf("SC_PHYS_PAGES") * page - reserve) // page * page, page)
 
 
-def limits_for(node: NodeResources, chosen: Allocation, pids: PidsLimit) -> Limits:
+class Rules(NamedTuple):
+    """The node's rules for a job's limits beyond its cores and its granted memory: one
+    value, read from the configuration once per containment (a new rule is a field
+    here and a line in :func:`limits_for`).
+
+    Attributes
+    ----------
+    pids: the task limit (:class:`PidsLimit`).
+    """
+
+    pids: PidsLimit = PidsLimit()
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> Rules:
+        """The rules the configuration sets."""
+        return cls(PidsLimit.from_config(cfg))
+
+
+def limits_for(node: NodeResources, chosen: Allocation, rules: Rules) -> Limits:
     """What the kernel is to enforce for a job's share ``node`` of this host on the cores
     and NUMA nodes ``chosen``: its memory as granted (or the default, applied to ``node``
-    before), and its task limit for its slots here."""
+    before), and by ``rules`` its task limit for its slots here."""
     return Limits(cpus=format_cpulist(chosen.cpus), mems=format_cpulist(chosen.mems),
                   memory=node.memory_limit, memory_swap=node.vmem_limit,
-                  pids=pids.for_slots(node.slots))
+                  pids=rules.pids.for_slots(node.slots))

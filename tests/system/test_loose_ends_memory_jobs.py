@@ -20,8 +20,9 @@ import pytest
 from geco.cgroup import Limits, V1Backend, find_hierarchies, parse_mountinfo
 from geco.config import Config
 from geco.daemon.context import GecodContext
-from geco.job.ending import end_job
+from geco.job.ending import Ender, end_job
 from geco.jobkey import JobKey
+from geco.sge.execd import JobRef
 from tests.cgroup_testkit import usable_v1_hierarchies, v1_fixtures
 
 MOUNTED = find_hierarchies(parse_mountinfo(Path("/proc/self/mountinfo").read_bytes()),
@@ -63,8 +64,7 @@ def test_ended_jobs_leave_gecods_tables(tmp_path: Path, backend: V1Backend) -> N
         _contained(ctx, key)
     assert set(ctx.ready) == set(keys)
     for key in keys:
-        ended = end_job(key, backend, ctx.config, cleaned_by="gecod", gate=ctx,
-                        strays_when=None)
+        ended = end_job(JobRef(key.job, key.task), ctx.config, backend, Ender("gecod", ctx))
         assert ended is not None and ended.clean, key
     assert not backend.job_keys()
     # every job came and went: gecod's tables hold none of them
@@ -82,5 +82,5 @@ def test_a_job_still_there_is_kept(tmp_path: Path, backend: V1Backend) -> None:
         _contained(ctx, key)
     with ctx.job_lock(running):
         pass
-    end_job(ended, backend, ctx.config, cleaned_by="gecod", gate=ctx, strays_when=None)
+    end_job(JobRef(ended.job, ended.task), ctx.config, backend, Ender("gecod", ctx))
     assert set(ctx.ready) == {running}

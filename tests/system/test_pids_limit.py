@@ -19,7 +19,7 @@ from geco.cgroup import V1Backend, find_hierarchies, parse_mountinfo
 from geco.cgroup import _base as cgroup_base
 from geco.config import Config
 from geco.job.containment import contain
-from geco.node.limits import PidsLimit, pids_unenforced
+from geco.node.limits import PidsLimit, Rules, pids_unenforced
 from geco.reports import jobstatus
 from geco.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge.resourcefile import write as write_resources
@@ -52,7 +52,7 @@ def contain_child(backend: V1Backend, key: str, slots: int, children: list[int],
     """Fork a fork loop, contain it as job ``key`` with ``slots`` slots, let it run."""
     child = Child(fork_forever, children)
     contain(key, NodeResources(short_hostname(), slots=slots), backend,
-            state_dir=tmp_path / "state", pids=rule, pid=child.pid)
+            state_dir=tmp_path / "state", rules=Rules(rule), pid=child.pid)
     child.go()
     return child
 
@@ -119,7 +119,7 @@ def test_given_no_pids_hierarchy_when_a_job_asks_for_a_limit_then_a_warning_once
         for key in ("24.1", "24.2"):
             child = Child(lambda out: None, children)
             limits = contain(key, NodeResources(short_hostname()), b,
-                             state_dir=tmp_path / "state", pids=RULE, pid=child.pid)
+                             state_dir=tmp_path / "state", rules=Rules(RULE), pid=child.pid)
             assert limits.pids == 24  # asked for, but nothing can enforce it here
             assert b.read_limits(key).pids == 0
         st = jobstatus.read(cfg, b, "24.1")

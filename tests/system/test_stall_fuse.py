@@ -29,10 +29,11 @@ import pytest
 
 from geco.cgroup import Limits, V1Backend, find_hierarchies, parse_mountinfo
 from geco.config import Config
-from geco.job.ending import end_job
+from geco.job.ending import Ender, end_job
 from geco.jobkey import JobKey
 from geco.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import resourcefile
+from geco.sge.execd import JobRef
 from tests.cgroup_testkit import Child, eventually, usable_v1_hierarchies, v1_fixtures
 
 MOUNTED = find_hierarchies(parse_mountinfo(Path("/proc/self/mountinfo").read_bytes()),
@@ -210,8 +211,8 @@ def test_given_a_job_process_in_a_fuse_wait_when_the_job_ends_then_the_owners_fu
     bystander.go()
     assert eventually(lambda: in_fuse_wait(stuck.pid) and in_fuse_wait(bystander.pid))
 
-    ended = end_job(key, backend, cfg, cleaned_by="epilog",
-                    spool_dir=tmp_path / "no-spool", strays_when=None)
+    ended = end_job(JobRef(key.job, key.task, tmp_path / "no-spool"), cfg, backend,
+                    Ender("epilog"))
 
     assert ended is not None
     done = ended.teardown

@@ -33,12 +33,13 @@ import pytest
 from geco import gpushare
 from geco.cgroup import Limits, V1Backend, find_hierarchies, parse_mountinfo
 from geco.config import Config
-from geco.job.ending import end_job
+from geco.job.ending import Ender, end_job
 from geco.job.teardown import StuckProcess, Teardown, tear_down
 from geco.jobkey import JobKey
 from geco.node import gpus
 from geco.resourceset import NodeResources, ResourceSet, short_hostname
 from geco.sge import resourcefile
+from geco.sge.execd import JobRef
 from tests.cgroup_testkit import (
     Child,
     eventually,
@@ -282,9 +283,9 @@ def gpu_node(tmp_path: Path, devices: Path) -> tuple[Config, dict[str, str]]:
 def end(key: str, backend: V1Backend, cfg: Config, cleaned_by: str) -> Teardown:
     """End the job as every way of ending it does (geco.job.ending.end_job: its resource
     set read once, the job-end record, its files forgotten), with no look for strays."""
-    ended = end_job(JobKey.parse(key), backend, cfg, cleaned_by=cleaned_by,
-                    queue_instance=None, spool_dir=cfg.state_dir / "no-spool",
-                    strays_when=None)
+    job = JobKey.parse(key)
+    ended = end_job(JobRef(job.job, job.task, cfg.state_dir / "no-spool"), cfg, backend,
+                    Ender(cleaned_by))
     assert ended is not None
     return ended.teardown
 

@@ -232,8 +232,8 @@ def test_an_end_the_caller_takes_back_under_the_lock_does_nothing(
     backend = FakeBackend(tmp_path / "proc")
     ctx = GecodContext(cfg, cast(Backend, backend))
 
-    ended = ending.end_job(KEY, cast(Backend, backend), cfg, cleaned_by="gecod", gate=ctx,
-                           confirm=lambda: False)
+    ended = ending.end_job(execd.JobRef(KEY.job, KEY.task), cfg, cast(Backend, backend),
+                           ending.Ender("gecod", ctx, lambda: False))
 
     assert ended is None and reads[KEY] == 0 and backend.calls == []
     assert not forgotten(cfg) and ctx.ending == set()
@@ -251,8 +251,8 @@ def test_the_job_end_record_is_written_from_what_end_job_returns(
     marker.parent.mkdir(parents=True)
     marker.write_text("all.q@here\n")
 
-    ended = ending.end_job(KEY, cast(Backend, backend), cfg, cleaned_by="reaper",
-                           strays_when=None)
+    ended = ending.end_job(execd.JobRef(KEY.job, KEY.task), cfg, cast(Backend, backend),
+                           ending.Ender("reaper"))
 
     assert ended is not None and ended.clean and (ended.cleaned_by, ended.owner) == (
         "reaper", "geco-test-nobody")

@@ -20,7 +20,7 @@ from geco.cgroup import Limits, V2Backend
 from geco.config import Config
 from geco.job import containment
 from geco.jobkey import JobKey
-from geco.node.limits import PidsLimit, pids_unenforced
+from geco.node.limits import PidsLimit, Rules, pids_unenforced
 from geco.node.topology import Topology
 from geco.reports.jobstatus import JobStatus, Process, format_table, to_dict
 from geco.resourceset import NodeResources
@@ -110,7 +110,7 @@ def test_given_cgroup2_when_a_job_is_contained_then_its_pids_max_is_the_rule_for
     backend = fake_cgroup2(tmp_path / "cg", [])
     limits = containment.contain(
         "42.1", NodeResources("n001", slots=3), backend, state_dir=tmp_path / "state",
-        pids=PidsLimit(100, 250), topology=Topology.load("core:4 pu:1"))
+        rules=Rules(PidsLimit(100, 250)), topology=Topology.load("core:4 pu:1"))
     assert limits.pids == 300
     assert (tmp_path / "cg" / "GECO" / "42.1" / "pids.max").read_text().strip() == "300"
     assert backend.read_limits("42.1").pids == 300
@@ -120,7 +120,7 @@ def test_given_cgroup2_and_pids_per_slot_0_when_contained_then_pids_max_says_max
         tmp_path: Path) -> None:
     backend = fake_cgroup2(tmp_path / "cg", [])
     containment.contain("42.1", NodeResources("n001", slots=1), backend,
-                        state_dir=tmp_path / "state", pids=PidsLimit(0, 4096),
+                        state_dir=tmp_path / "state", rules=Rules(PidsLimit(0, 4096)),
                         topology=Topology.load("core:4 pu:1"))
     assert (tmp_path / "cg" / "GECO" / "42.1" / "pids.max").read_text().strip() == "max"
     assert backend.read_limits("42.1").pids == 0

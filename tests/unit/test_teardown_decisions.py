@@ -21,10 +21,11 @@ from geco.accounting import Accounting
 from geco.cgroup import Backend, check_key
 from geco.config import Config
 from geco.errors import CgroupError
-from geco.job.ending import end_job
+from geco.job.ending import Ender, end_job
 from geco.job.teardown import StuckProcess, Teardown, tear_down
 from geco.resourceset import short_hostname
 from geco.sge import execd
+from geco.sge.execd import JobRef
 from geco.sge.siteenv import discover
 from tests.logkit import RecordingHandler, handler_on
 from tests.qmodkit import recording_qmod
@@ -123,11 +124,14 @@ def backend_of(fake: FakeBackend) -> Backend:
     return cast(Backend, fake)
 
 
-def end(key: str, fake: FakeBackend, config: Config, **how: Any) -> Teardown:
+def end(key: str, fake: FakeBackend, config: Config, *, cleaned_by: str,
+        queue_instance: str | None) -> Teardown:
     """End the job as every caller does (geco.job.ending.end_job, which journals job-end),
     with no resource set and no spool, and no look for strays."""
-    ended = end_job(check_key(key), backend_of(fake), config, resources=None,
-                    spool_dir=config.state_dir / "no-spool", strays_when=None, **how)
+    job = check_key(key)
+    ended = end_job(JobRef(job.job, job.task, config.state_dir / "no-spool"), config,
+                    backend_of(fake), Ender(cleaned_by, queue_instance=queue_instance),
+                    resources=None)
     assert ended is not None
     return ended.teardown
 
