@@ -38,24 +38,9 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from geco.config import Config
 
-__all__ = [
-    "ENDED",
-    "GPU_PICKS",
-    "File",
-    "forget",
-    "gpu_picks",
-    "is_trace",
-    "namespace_pin",
-    "oom_count",
-    "pins_dir",
-    "requeue_count",
-    "requeues_dir",
-    "resource_file",
-    "samples",
-    "stuck_marker",
-    "tmp_dir",
-    "trace",
-]
+__all__ = ["ENDED", "GPU_PICKS", "File", "forget", "gpu_picks", "is_trace", "kept",
+           "namespace_pin", "oom_count", "oom_dir", "pins_dir", "requeue_count", "requeues_dir",
+           "resource_file", "samples", "stuck_marker", "tmp_dir", "trace"]
 
 GPU_PICKS = "gpu-picks"  # below resources_dir, beside the resource files
 _OOM = "oom"  # below state_dir
@@ -77,7 +62,12 @@ def gpu_picks(resources_dir: Path, key: str) -> Path:
 
 def oom_count(state_dir: Path, key: str) -> Path:
     """The job's OOM kills gecod has reported (:mod:`geco.oom.watch`)."""
-    return state_dir / _OOM / JobKey.parse(key)
+    return oom_dir(state_dir) / JobKey.parse(key)
+
+
+def oom_dir(state_dir: Path) -> Path:
+    """The jobs' OOM counts (gecod prunes those of jobs gone at its start)."""
+    return state_dir / _OOM
 
 
 def stuck_marker(state_dir: Path, key: str) -> Path:
@@ -140,7 +130,7 @@ class File(NamedTuple):
 # a crash between the two leaves a resource file, whose next removal takes both
 ENDED = (File("record of GPU picks", lambda cfg: cfg.resources_dir / GPU_PICKS),
          File("resource file", lambda cfg: cfg.resources_dir),
-         File("OOM count file", lambda cfg: cfg.state_dir / _OOM),
+         File("OOM count file", lambda cfg: oom_dir(cfg.state_dir)),
          File("stuck marker", lambda cfg: cfg.state_dir / _STUCK))
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from geco import log
+from geco import jobfiles, log
 from geco.cgroup import Backend
 from geco.errors import CgroupError, GecoError
 from geco.jobkey import JobKey
@@ -523,11 +523,11 @@ class OomMonitor:
         """Remove count files of jobs whose cgroup is gone (ended while gecod was down)."""
         live = set(live)
         try:
-            names = os.listdir(self.state_dir / "oom")
+            names = os.listdir(jobfiles.oom_dir(self.state_dir))
         except FileNotFoundError:
             return
         except OSError as exc:
-            _log.warning("cannot list %s: %s", self.state_dir / "oom", exc)
+            _log.warning("cannot list %s: %s", jobfiles.oom_dir(self.state_dir), exc)
             return
         for name in names:
             if name.startswith(".") or name in live:
