@@ -32,7 +32,9 @@ that asked qstat, ``RESOURCES_SEC`` (qstat's time) is also shown. Printed beside
 bare ``python -I -S -c pass``, measured in the same run.
 
 With ``--since`` it submits nothing and reports every hook journaled since then
-(the jobs of a test run).
+(the jobs of a test run), and the job starts gecod answered (``GECO_EVENT=quarantined``:
+``ELAPSED_MS`` from accept to answer, ``LOOKUP_MS`` qstat's share of it), beside the
+preload's wait for them (``[gecod] request_timeout``): how close a slow node comes to it.
 """
 
 from __future__ import annotations
@@ -81,6 +83,29 @@ def report(title: str, times: dict[str, list[dict[str, str]]]) -> None:
               f"{percentile(total, .9):7.1f}")
 
 
+def report_starts(answered: list[dict[str, str]]) -> None:
+    """One line: the job starts gecod answered, accept to answer and qstat's share, ms,
+    beside the preload's wait (this node's configuration)."""
+    from geco import config
+    from geco.errors import GecoError
+
+    elapsed = _ms(answered, "ELAPSED_MS", 1)
+    lookup = _ms(answered, "LOOKUP_MS", 1)
+    if not elapsed:
+        print("job starts gecod answered: none journaled")
+        return
+    line = (f"job starts gecod answered: {len(elapsed)}, accept to answer p50 "
+            f"{_median(elapsed):.1f} ms, p90 {percentile(elapsed, .9):.1f}, max {max(elapsed):.1f}")
+    if lookup:
+        line += (f"; qstat's share ({len(lookup)} asked) p50 {_median(lookup):.1f}, "
+                 f"max {max(lookup):.1f}")
+    try:
+        wait = f"{config.load().gecod_request_timeout * 1000:.0f} ms"
+    except (GecoError, OSError) as exc:  # a figure: printed on a node without geco's too
+        wait = f"unknown ({exc})"
+    print(f"{line}; the preload waits {wait}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=20, help="jobs in each of the two rounds")
@@ -91,6 +116,7 @@ def main() -> int:
     if args.since is not None:
         report(f"geco hooks journaled since {time.ctime(args.since)}, ms",
                hook_times(args.since))
+        report_starts(_entries(args.since, None, "quarantined"))
         return 0
     if os.geteuid() != 0:
         print("bench_hooks: run as root (it starts Grid Engine)", file=sys.stderr)
@@ -172,16 +198,17 @@ def _round(owner: harness.JobOwner, workdir: Path, count: int) -> tuple[list[int
     return jobs, started
 
 
-def _entries(since: float, jobs: list[int], event: str) -> list[dict[str, str]]:
+def _entries(since: float, jobs: list[int] | None, event: str) -> list[dict[str, str]]:
+    """The ``event`` records journaled since ``since``, of ``jobs`` (None: every job's)."""
     out = harness.run(["journalctl", "-o", "json", "--no-pager", f"--since=@{int(since)}",
                        f"GECO_EVENT={event}"], check=False).stdout
-    wanted = set(jobs)
     return [e for e in (json.loads(line) for line in out.splitlines() if line)
-            if e.get("JOB_ID", "").isdigit() and int(e["JOB_ID"]) in wanted]
+            if e.get("JOB_ID", "").isdigit() and (jobs is None or int(e["JOB_ID"]) in jobs)]
 
 
-def _ms(entries: list[dict[str, str]], field: str) -> list[float]:
-    return [float(e[field]) * 1000 for e in entries if field in e]
+def _ms(entries: list[dict[str, str]], field: str, scale: float = 1000) -> list[float]:
+    """``field`` of each entry that has it, in ms (``scale``: ms per the field's unit)."""
+    return [float(e[field]) * scale for e in entries if e.get(field)]
 
 
 def _median(values: list[float]) -> float:

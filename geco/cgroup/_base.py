@@ -14,8 +14,9 @@ import posixpath
 import re
 import signal
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from geco import log
 from geco._tuple import NamedTuple
@@ -138,6 +139,23 @@ class Limits(_LimitValues):
         """The limits as every journal record that carries them says them."""
         return {"CPUS": self.cpus, "MEMS": self.mems, "MEMORY_LIMIT": self.memory,
                 "MEMSW_LIMIT": self.memory_swap, "PIDS_LIMIT": self.pids}
+
+    def as_json(self) -> dict[str, object]:
+        """The limits in every JSON document that carries them (a slave host's READY
+        reply, its master's ``NODE_LIMITS``): the field names, bytes and counts as numbers;
+        :meth:`from_json` reads them back."""
+        return dict(self._asdict())
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> Limits:
+        """The limits :meth:`as_json` wrote (a field it lacks: no limit; others ignored).
+
+        Raises
+        ------
+        CgroupError
+            naming the field whose value is of the wrong kind.
+        """
+        return cls(**{name: doc[name] for name in cls._fields if name in doc})
 
     def environment(self, ncpus: int, node: str) -> dict[str, str]:
         """What a process of the job is told about them: the ``GECO_*`` variables (the

@@ -236,9 +236,7 @@ class ClusterChannel:
         except GecoError as exc:
             resourcefile.remove(cfg.resources_dir, key)
             return {"status": "failed", "reason": str(exc)}
-        limits = done.limits
-        return {"status": "ready", "cpus": limits.cpus, "mems": limits.mems,
-                "memory": limits.memory, "memory_swap": limits.memory_swap}
+        return {"status": "ready", **done.limits.as_json()}
 
     def _abort(self, key: JobKey) -> dict[str, Any]:
         """Undo a PREPARE: the job will not start (here or anywhere)."""

@@ -24,6 +24,7 @@ receiver checks the clock and keeps a replay cache, as on the local socket.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import socket
 import time
 from collections.abc import Iterable, Sequence
@@ -32,8 +33,9 @@ from typing import Any
 from geco import log
 from geco._tuple import NamedTuple
 from geco.accounting import Accounting
+from geco.cgroup import Limits
 from geco.config import Config
-from geco.errors import ConfigError, GecoError, ProtocolError
+from geco.errors import CgroupError, ConfigError, GecoError, ProtocolError
 from geco.jobkey import JobKey
 from geco.resourceset import ResourceSet, short_hostname
 from geco.units import format_memory
@@ -197,7 +199,8 @@ def prepare(rs: ResourceSet, cfg: Config, logger: log.Logger | None = None) -> l
                     took, ", ".join(hosts),
                     extra=log.job_fields(rs.job_id, rs.task_id, "job-prepared",
                                          NODES=len(hosts) + 1, SLAVE_HOSTS=" ".join(hosts),
-                                         BARRIER_SEC=f"{took:.3f}"))
+                                         BARRIER_SEC=f"{took:.3f}",
+                                         NODE_LIMITS=_limits_made(answers)))
         return []
     for a in failed:
         logger.error("job %s cannot start: host %s did not prepare it: %s (%s); the job is "
@@ -208,6 +211,19 @@ def prepare(rs: ResourceSet, cfg: Config, logger: log.Logger | None = None) -> l
     undo = [a.host for a in answers if a.status not in ("refused", "failed", "unreachable")]
     abort(rs, undo, key, cfg, logger)
     return failed
+
+
+def _limits_made(answers: Sequence[Answer]) -> str:
+    """Each slave host's limits as its READY reply gave them (``NODE_LIMITS``: JSON, one
+    :meth:`~geco.cgroup.Limits.as_json` per host); a reply whose limits do not read (a
+    field of the wrong kind) leaves its host out: the job runs all the same."""
+    import json
+
+    made = {}
+    for a in answers:
+        with contextlib.suppress(CgroupError):
+            made[a.host] = Limits.from_json(a.document).as_json()
+    return json.dumps(made, sort_keys=True, separators=(",", ":"))
 
 
 def abort(rs: ResourceSet, hosts: Iterable[str], key: bytes, cfg: Config,

@@ -83,7 +83,8 @@ def test_a_parallel_job_runs_on_three_hosts_each_contained_with_one_qstat(
     """Given a -pe job of 3 slots with h_vmem=300M over the three hosts, then every task
     (the master's and the two `qrsh -inherit` ones) runs in its own host's job cgroups with
     that host's core and a 300M RAM+swap cap; qstat was asked once for the whole job; the
-    slaves were prepared before the job started; and the job ends with one job-end record
+    slaves were prepared before the job started, and the master's record says what each
+    made; and the job ends with one job-end record
     carrying every host's figures."""
     job, out = submit(sge, job_owner, "barrier", "-l", "h_vmem=300M")
     [record] = sge.wait_finished(job, timeout=180)
@@ -102,6 +103,10 @@ def test_a_parallel_job_runs_on_three_hosts_each_contained_with_one_qstat(
     [prepared] = journal.wait_for(JOB_ID=job, GECO_EVENT="job-prepared",
                                   SYSLOG_IDENTIFIER="geco-prolog")
     assert sorted(prepared["SLAVE_HOSTS"].split()) == ["geco-node2", "geco-node3"]
+    # each slave's READY said the core and the cap its task then saw
+    made = json.loads(prepared["NODE_LIMITS"])
+    assert {host: (limits["cpus"], limits["memory_swap"]) for host, limits in made.items()} \
+        == {host: (tasks[host][0], int(tasks[host][2])) for host in ("geco-node2", "geco-node3")}
     [end] = journal.wait_for(JOB_ID=job, GECO_EVENT="job-end")
     assert end["NODES"] == "3" and "NODES_MISSING" not in end
     figures = json.loads(end["NODE_FIGURES"])

@@ -85,10 +85,12 @@ COPY_TO_GUEST = ("rm -rf /root/geco && mkdir /root/geco && tar -C \"$RUNINVM_MOU
                  "-cf - . | tar -C /root/geco -xf - && mkdir -p /root/geco/build && "
                  "tar -C \"$RUNINVM_MOUNT\" -cf - ./build/deb | tar -C /root/geco -xf -")
 # geco as a node gets it: its package, installed with apt (the image holds its Depends);
-# then the package's cffi extensions in the guest's checkout, which the tests import
+# then the package's cffi extensions in the guest's checkout, which the tests import, and
+# the preload's wait for gecod fitted to the emulated CPU (tests/packagekit.py)
 INSTALL_PACKAGE = ("apt-get install -y -q --no-install-recommends ./build/deb/geco_*.deb "
                    ">/tmp/apt-geco.log 2>&1 || { cat /tmp/apt-geco.log; exit 1; }; "
-                   "cp /usr/lib/python3/dist-packages/geco/_*_cffi*.so geco/")
+                   "cp /usr/lib/python3/dist-packages/geco/_*_cffi*.so geco/; "
+                   "python3 -c 'from tests import packagekit; packagekit.fit_to_emulated_cpu()'")
 # the extensions alone, for a guest that runs geco from the checkout (no units installed)
 EXTENSIONS = ("dpkg-deb -x build/deb/geco_*.deb /tmp/geco-deb && "
               "cp /tmp/geco-deb/usr/lib/python3/dist-packages/geco/_*_cffi*.so geco/")

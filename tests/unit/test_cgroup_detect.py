@@ -8,6 +8,7 @@ mount points, a pure cgroup2, and a host with neither.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -144,6 +145,19 @@ def test_given_bad_limits_then_they_are_refused(kwargs: dict[str, object], text:
     with pytest.raises(CgroupError) as err:
         Limits(**kwargs)  # type: ignore[arg-type]
     assert str(err.value) == text
+
+
+def test_limits_read_back_from_the_json_they_write_and_a_wrong_kind_is_named() -> None:
+    """What a slave host's READY reply carries comes back as the same limits on its master;
+    a field of the wrong kind is one error naming it, a field left out is no limit."""
+    made = Limits(cpus="0-3", mems="0", memory=2 << 30, memory_swap=3 << 30, pids=512)
+    assert json.loads(json.dumps(made.as_json())) == {
+        "cpus": "0-3", "mems": "0", "memory": 2 << 30, "memory_swap": 3 << 30, "pids": 512}
+    assert Limits.from_json(json.loads(json.dumps(made.as_json()))) == made
+    assert Limits.from_json({"cpus": "3", "status": "ready"}) == Limits(cpus="3")
+    with pytest.raises(CgroupError) as err:
+        Limits.from_json({"memory": "2G"})
+    assert str(err.value) == "Limits.memory must be a whole number >= 0 (0 = no limit), got '2G'"
 
 
 @pytest.mark.parametrize(("memory", "memory_swap", "ram"), [

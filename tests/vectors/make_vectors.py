@@ -93,7 +93,7 @@ def ack(job: int, task: int, status: int, request: bytes, reserved: int = 0) -> 
 
 
 STATUS_DOC: dict[str, Any] = {"jobs": [], "version": 1}
-NODE_DOC: dict[str, Any] = {"cpus": "3", "memory": 0, "memory_swap": 0, "mems": "0",
+NODE_DOC: dict[str, Any] = {"cpus": "3", "memory": 0, "memory_swap": 0, "mems": "0", "pids": 0,
                             "request": bytes(range(0x80, 0x90)).hex(), "status": "ready"}
 
 # name, type, flags, nonce, timestamp, fields, payload, description (section 9)

@@ -1,8 +1,9 @@
 """gecod at the node's poweroff: the guest half (issue 37, point 6).
 
-Meant to run INSIDE the QEMU machine, last in tests/system/test_sge_systemd_vm.py's boot,
-whose guest then powers off in order (``systemctl poweroff``, :data:`tests.system.vmrun.
-ORDERLY_POWEROFF`) with gecod, Grid Engine and a job running. What systemd says of
+Meant to run INSIDE the QEMU machine, last in the boot of systemd's legacy cgroup v1
+(tests/system/test_ssh_v1_systemd_vm.py), whose guest then powers off in order
+(``systemctl poweroff``, :data:`tests.system.vmrun.ORDERLY_POWEROFF`) with gecod, Grid
+Engine and a job running. What systemd says of
 gecod's stop cannot be read after the poweroff from inside: a witness unit, ordered
 ``Before=gecod.service`` and so stopped after it, writes systemd's own account of that
 stop (``Result``, how the main process ended, when the stop began and when it exited)
@@ -63,7 +64,8 @@ def test_gecod_runs_with_a_job_and_a_witness_of_its_stop_at_the_poweroff(sge: An
         "#!/bin/sh\n"
         f"echo \"guest shutdown: gecod.service $(systemctl show gecod.service {fields} "
         f"| tr '\\n' ' ')\" >> {CONTROL}/stdout\n"
-        "journalctl -u gecod.service -n 6 --no-pager -o short-monotonic "
+        # gecod's own last lines: the unit's also hold the hooks it ran for the queue
+        "journalctl -b SYSLOG_IDENTIFIER=gecod -n 6 --no-pager -o short-monotonic "
         f"| sed 's/^/guest shutdown: journal: /' >> {CONTROL}/stdout\n")
     WITNESS_SCRIPT.chmod(0o755)
     Path(f"/run/systemd/system/{WITNESS}").write_text(
@@ -77,4 +79,4 @@ def test_gecod_runs_with_a_job_and_a_witness_of_its_stop_at_the_poweroff(sge: An
     assert _systemctl("is-active", WITNESS).stdout.strip() == "active"
     assert (CONTROL / "stdout").is_file()
     assert _systemctl("is-active", "gecod.service").stdout.strip() == "active"
-    assert (kit.V2_JOBS / key).is_dir()
+    assert kit.job_cgroups(key)
