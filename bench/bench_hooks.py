@@ -51,6 +51,7 @@ from pathlib import Path
 
 from bench._common import gecod, journald, percentile
 from bench._table import Row, add_json_option, write_rows
+from geco.wire import preload_config
 from tests import servicekit as harness  # the test fixtures' service helpers
 from tests.cleanslate import TEST_USER
 
@@ -85,10 +86,7 @@ def report(title: str, times: dict[str, list[dict[str, str]]]) -> None:
 
 def report_starts(answered: list[dict[str, str]]) -> None:
     """One line: the job starts gecod answered, accept to answer and qstat's share, ms,
-    beside the preload's wait (this node's configuration)."""
-    from geco import config
-    from geco.errors import GecoError
-
+    beside the preload's wait on this node (its preload.conf's ``timeout_ms``)."""
     elapsed = _ms(answered, "ELAPSED_MS", 1)
     lookup = _ms(answered, "LOOKUP_MS", 1)
     if not elapsed:
@@ -99,11 +97,16 @@ def report_starts(answered: list[dict[str, str]]) -> None:
     if lookup:
         line += (f"; qstat's share ({len(lookup)} asked) p50 {_median(lookup):.1f}, "
                  f"max {max(lookup):.1f}")
+    print(f"{line}; the preload waits {_preload_wait()}")
+
+
+def _preload_wait(conf: Path = preload_config.DEFAULT_PATH) -> str:
     try:
-        wait = f"{config.load().gecod_request_timeout * 1000:.0f} ms"
-    except (GecoError, OSError) as exc:  # a figure: printed on a node without geco's too
-        wait = f"unknown ({exc})"
-    print(f"{line}; the preload waits {wait}")
+        lines = conf.read_text().splitlines()
+    except OSError as exc:
+        return f"(not known: {conf}: {exc.strerror})"
+    said = [line.partition("=")[2] for line in lines if line.startswith("timeout_ms=")]
+    return f"{said[0]} ms ({conf})" if said else f"(not known: no timeout_ms in {conf})"
 
 
 def main() -> int:

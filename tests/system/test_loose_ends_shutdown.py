@@ -6,7 +6,7 @@ for its log thread, before it exited; systemd's stop timeout ended it with SIGKI
 gecod is a real process with a real qstat that never answers; what PID 1 says about the
 node (``systemctl is-system-running``) is a script on gecod's PATH, as a fake qstat
 stands for Grid Engine elsewhere (the QEMU machine's real poweroff:
-tests/vm_sge/test_loose_ends_shutdown_vm.py, in the legacy v1 boot).
+tests/vm_sge/test_loose_ends_shutdown_vm.py, last in the Grid Engine boot).
 
 The delegation check runs on this machine's cgroup2 (the hybrid layout's ``unified``),
 where a directory named like a unit and marked as systemd marks its units' cgroups

@@ -39,16 +39,18 @@ BENCH = "bench.bench_hooks"  # run as a module from the checkout, as bench/run d
 # it; who is let in is decided before pam_systemd runs: that the host shows once. The
 # preload half runs in the legacy v1 boot (test_ssh_v1_systemd_vm), the shorter of the two
 # that run side by side.
-# Then the package's own story (upgrade, removal and purge with jobs running), which
-# leaves the node without geco: the node's poweroff with gecod and a job running (issue
-# 37) is the legacy v1 boot's (test_ssh_v1_systemd_vm).
+# Then the package's own story (upgrade, removal and purge with jobs running),
+# which leaves the node without geco and then installs it afresh. Last, the node's
+# poweroff with gecod and a job running (issue 37): systemd's account of gecod's stop.
 SSH_LIVE = "tests/integration/test_ssh_live.py"
 GUEST_TESTS = " ".join((
     "tests/vm_sge/test_sge_systemd.py", "tests/vm_sge/test_ssh_systemd.py",
     "tests/vm_sge/test_strays_systemd.py", "tests/vm_sge/test_private_tmp_v2.py",
     f"{SSH_LIVE}::test_a_session_ends_with_its_job_counts_in_its_accounting_and_the_next_"
     "login_is_refused",
-    "tests/vm_sge/test_package_lifecycle.py"))
+    "tests/vm_sge/test_package_lifecycle.py",
+    # armed last, with gecod installed afresh: a witness of gecod's stop at the poweroff
+    "tests/vm_sge/test_loose_ends_shutdown_vm.py"))
 GUEST_COMMAND = (
     f"set -e; {vmrun.COPY_TO_GUEST}; cd /root/geco; since=$(date +%s); "
     f"t0=$(date +%s%N); {vmrun.QMASTER_EARLY}; {vmrun.INSTALL_PACKAGE}; "
@@ -61,7 +63,9 @@ GUEST_COMMAND = (
     "[ $rc = 0 ] || journalctl -u gecod.service --since \"@$since\" -n 200 --no-pager "
     "-o short-precise | sed 's/^/guest gecod: /'; "
     f"python3 -m {BENCH} --since \"$since\" | sed 's/^/guest: /'; "
-    "sed 's/^/guest: /' /root/geco-figures.txt 2>/dev/null || true; exit $rc")
+    "sed 's/^/guest: /' /root/geco-figures.txt 2>/dev/null || true; "
+    # the node's own poweroff, every unit stopped in order: the witness says how gecod's went
+    f"{vmrun.ORDERLY_POWEROFF}")
 
 # 6 GiB: Grid Engine's h_vmem default (2G a slot) must fit twice in the host's capacity;
 # ~1,530 s beside the host's suite here (the suite's longest part): the limit leaves room
@@ -82,7 +86,24 @@ def test_given_the_qemu_machine_when_grid_engine_runs_geco_under_systemd_then_jo
     # where the boot's time goes (it is the longest of the suite's): the slowest guest tests
     figures.extend(f"in the VM, slowest: {line}" for line in result.stdout.splitlines()
                    if re.match(r"\d+\.\d+s (call|setup|teardown) ", line))
+    figures.append(_gecod_at_poweroff(result))
     host = subprocess.run([sys.executable, "-m", BENCH, "--since", str(journal.since)],
                           cwd=vmrun.REPO, capture_output=True, text=True, check=False)
     figures.extend(f"this host: {line}" for line in host.stdout.splitlines())
 
+
+def _gecod_at_poweroff(result: vmrun.VmRun) -> str:
+    """``systemctl poweroff`` with gecod running and a job contained: systemd stopped
+    gecod cleanly (no stop timeout, no SIGKILL: exit 0), by the node's shutdown path; the
+    figure says how long it took (the issue's bound: 5 s; systemd's: TimeoutStopSec)."""
+    stopped = vmrun.unit_stopped(result, "gecod.service")
+    said = [line for line in result.stdout.splitlines()
+            if line.startswith("guest shutdown: journal: ")]
+    assert stopped.get("Result") == "success", (stopped, said)
+    assert (stopped.get("ExecMainCode"), stopped.get("ExecMainStatus")) == ("1", "0"), stopped
+    assert any("the node is shutting down" in line for line in said), said
+    took = (int(stopped["InactiveEnterTimestampMonotonic"])
+            - int(stopped["ActiveExitTimestampMonotonic"])) / 1e6
+    return (f"in the VM: systemctl poweroff with gecod running and a job contained: gecod "
+            f"stopped in {took:.2f} s (systemd: Result={stopped['Result']}, exit "
+            f"{stopped['ExecMainStatus']})")

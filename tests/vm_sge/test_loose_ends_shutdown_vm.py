@@ -1,7 +1,7 @@
 """gecod at the node's poweroff: the guest half (issue 37, point 6).
 
-Meant to run INSIDE the QEMU machine, last in the boot of systemd's legacy cgroup v1
-(tests/system/test_ssh_v1_systemd_vm.py), whose guest then powers off in order
+Meant to run INSIDE the QEMU machine, last in the Grid Engine boot
+(tests/system/test_sge_systemd_vm.py), whose guest then powers off in order
 (``systemctl poweroff``, :data:`tests.system.vmrun.ORDERLY_POWEROFF`) with gecod, Grid
 Engine and a job running. What systemd says of
 gecod's stop cannot be read after the poweroff from inside: a witness unit, ordered

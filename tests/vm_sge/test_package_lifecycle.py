@@ -20,12 +20,13 @@ test_sge_systemd_vm.py), whose guest installed the suite's package with
 * **removal** refused while a job runs, while a PAM file names pam_geco.so and while
   the queue runs geco's starter, each named; then allowed: no gecod, no unit, no
   drop-in, no GECO cgroup, sge_execd restarted plain, and a job runs plain; **purge**
-  takes /etc/geco and /var/lib/geco. (An install on a fresh node is the boot's first
-  step, before the story; a second one here would show it again.)
+  takes /etc/geco and /var/lib/geco; a reinstall on that fresh node contains the next
+  job.
 
 Figures (``/root/geco-figures.txt``, printed by the boot's command): the longest wait for
 gecod's answer during the upgrade (its handover: connections wait in the socket's backlog
-while the old gecod answers what it took).
+while the old gecod answers what it took) and the time from ``apt install`` to the first
+contained job.
 """
 
 from __future__ import annotations
@@ -299,7 +300,8 @@ def test_removal_is_refused_while_geco_is_needed_then_leaves_the_node_plain_and_
     """Given a running job, a PAM file naming pam_geco.so and the queue's starter_method
     geco's, `apt-get remove geco` is refused naming all three; once they are cleared it
     goes: no gecod, no unit or drop-in, no GECO cgroup, sge_execd restarted without the
-    preload, and a job runs plain. `apt-get purge` takes /etc/geco and /var/lib/geco."""
+    preload, and a job runs plain. `apt-get purge` takes /etc/geco and /var/lib/geco, and
+    a reinstall on that fresh node contains the next job."""
     (job_dir.path / "release").unlink(missing_ok=True)
     job = job_dir.submit("held", script=RELEASE)
     Contained(f"{job}.1")
@@ -344,6 +346,20 @@ def test_removal_is_refused_while_geco_is_needed_then_leaves_the_node_plain_and_
     assert purged.returncode == 0, purged.stdout + purged.stderr
     assert not Path("/etc/geco").exists() and not Path("/var/lib/geco").exists()
 
+    # the node is fresh again: apt install to the first contained job, as an admin does it
+    started = time.monotonic()
+    install(packagekit.built())
+    packagekit.fit_to_emulated_cpu()  # purged with /etc/geco
+    systemctl("restart", "sgeexecd.service")  # execd loads the preload (postinst says so)
+    kit.sh(["qconf", "-mattr", "queue", "starter_method", "/usr/libexec/geco/starter",
+            sge.queue], timeout=SLOW)
+    job = job_dir.submit("fresh", script=RELEASE)
+    Contained(f"{job}.1")
+    figure(f"package: apt install on a fresh node to its first contained job: "
+           f"{time.monotonic() - started:.1f} s (apt, execd restart, qconf, qsub; emulated CPU)")
+    (job_dir.path / "release").touch()
+    [record] = sge.wait_finished(job, timeout=SLOW)
+    assert (record["exit_status"], record["failed"]) == ("0", "0"), record
 
 
 def _maps(pid: str) -> str:
