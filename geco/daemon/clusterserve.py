@@ -55,7 +55,6 @@ from geco.pools import Keys, Pool, Pools
 from geco.reports import jobstatus
 from geco.resourceset import short_hostname
 from geco.sge import execd, lookup, resourcefile, v1format
-from geco.sge.execd import JobRef
 from geco.ssh import policy as ssh
 from geco.usage import samples
 from geco.wire import cluster
@@ -254,7 +253,7 @@ class ClusterChannel:
                 self.before_release(key)
             return True
 
-        ended = ending.end_job(JobRef(key.job, key.task), self.ctx.config, self.ctx.backend,
+        ended = ending.end_job(execd.JobRef(key.job, key.task), self.ctx.config, self.ctx.backend,
                                ending.Ender("master", self.ctx, check_oom))
         assert ended is not None  # check_oom confirms: the master decided the end
         result = ended.teardown

@@ -69,7 +69,6 @@ from geco.job import ending, teardown
 from geco.jobkey import JobKey
 from geco.resourceset import ResourceSet, short_hostname
 from geco.sge import execd, qstat, resourcefile
-from geco.sge.execd import JobRef
 from geco.usage import samples
 from geco.usage.sampler import Loop
 
@@ -432,7 +431,7 @@ class Reaper:
         owner's strays are looked for after that record."""
         # the spool (and the queue instance in its config) is gone: None = every queue
         # of this host; tear_down disables it once per stuck job, not every round
-        ended = ending.end_job(JobRef(key.job, key.task), cfg, self.backend, ending.Ender(
+        ended = ending.end_job(execd.JobRef(key.job, key.task), cfg, self.backend, ending.Ender(
             "reaper", self.gate, lambda: self._still_gone(cfg, key)))
         if ended is None:
             return None

@@ -43,7 +43,6 @@ from geco.job import ending, teardown
 from geco.jobkey import JobKey
 from geco.pools import Busy, Pool
 from geco.sge import execd
-from geco.sge.execd import JobRef
 
 __all__ = ["ShepherdWatch"]
 
@@ -168,7 +167,7 @@ class ShepherdWatch:
         key = shepherd.key
         try:
             ended = ending.end_job(
-                JobRef(key.job, key.task), self.ctx.config, self.ctx.backend,
+                execd.JobRef(key.job, key.task), self.ctx.config, self.ctx.backend,
                 ending.Ender("gecod", self.ctx, lambda: self._over(shepherd),
                              shepherd.queue_instance))
         except (GecoError, OSError) as exc:  # the reaper retries what is left

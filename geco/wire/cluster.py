@@ -217,13 +217,18 @@ def _limits_made(answers: Sequence[Answer]) -> str:
     """Each slave host's limits as its READY reply gave them (``NODE_LIMITS``: JSON, one
     :meth:`~geco.cgroup.Limits.as_json` per host); a reply whose limits do not read (a
     field of the wrong kind) leaves its host out: the job runs all the same."""
-    import json
-
     made = {}
     for a in answers:
         with contextlib.suppress(CgroupError):
             made[a.host] = Limits.from_json(a.document).as_json()
-    return json.dumps(made, sort_keys=True, separators=(",", ":"))
+    return _per_host(made)
+
+
+def _per_host(figures: dict[str, dict[str, Any]]) -> str:
+    """A record's per-host field (``NODE_LIMITS``, ``NODE_FIGURES``): compact JSON."""
+    import json
+
+    return json.dumps(figures, sort_keys=True, separators=(",", ":"))
 
 
 def abort(rs: ResourceSet, hosts: Iterable[str], key: bytes, cfg: Config,
@@ -335,8 +340,6 @@ class WholeJob(NamedTuple):
 
 def whole_job(here: str, figures: Accounting, answers: Sequence[Answer]) -> WholeJob:
     """Merge this host's ``figures`` with the slaves' RELEASE answers."""
-    import json
-
     per_host: dict[str, dict[str, Any]] = {here: figures._asdict()}
     missing = []
     for a in answers:
@@ -357,6 +360,6 @@ def whole_job(here: str, figures: Accounting, answers: Sequence[Answer]) -> Whol
     fields: dict[str, object] = {
         "NODES": nodes, "JOB_MEMORY_PEAK_MAX": peak, "JOB_CPU_USER_SEC": f"{user:.3f}",
         "JOB_CPU_SYSTEM_SEC": f"{system:.3f}", "JOB_OOM_KILLS": ooms,
-        "NODE_FIGURES": json.dumps(per_host, sort_keys=True, separators=(",", ":")),
+        "NODE_FIGURES": _per_host(per_host),
         "NODES_MISSING": " ".join(missing) or None}
     return WholeJob(text, fields)
